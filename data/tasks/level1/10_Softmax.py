@@ -1,0 +1,26 @@
+"""Softmax over the last dim of a (batch_size, dim) matrix: exp(x - max) / sum(exp(x - max))."""
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x, dim=-1)
+
+
+batch_size = 4096
+dim = 16384
+
+ASSAY_SIZES = {"small": {"batch_size": 8, "dim": 1000}}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []

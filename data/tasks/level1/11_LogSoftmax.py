@@ -1,0 +1,26 @@
+"""LogSoftmax over the last dim of a (batch_size, dim) matrix: x - max - log(sum(exp(x - max)))."""
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(x, dim=-1)
+
+
+batch_size = 4096
+dim = 16384
+
+ASSAY_SIZES = {"small": {"batch_size": 10, "dim": 777}}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,28 @@
+"""Mean over the last dim of a (batch_size, dim) matrix: out[i] = mean_j x[i, j]."""
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, reduce_dim: int):
+        super().__init__()
+        self.reduce_dim = reduce_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mean(x, dim=self.reduce_dim)
+
+
+batch_size = 4096
+dim = 16384
+reduce_dim = -1
+
+ASSAY_SIZES = {"small": {"batch_size": 16, "dim": 777}}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return [reduce_dim]

@@ -1,0 +1,26 @@
+"""Elementwise chain: y = clamp(x * 2 + 1, -3, 3) over a (batch_size, dim) matrix."""
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2.0 + 1.0).clamp(-3.0, 3.0)
+
+
+batch_size = 4096
+dim = 16384
+
+ASSAY_SIZES = {"small": {"batch_size": 8, "dim": 1000}}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []

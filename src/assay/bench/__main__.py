@@ -1,0 +1,47 @@
+"""Step `baseline`: eager and torch.compile timings of one task, plus the device's peaks.
+
+python -m assay.bench task=L1_1_ReLU [overrides]
+"""
+
+from __future__ import annotations
+
+import logging
+
+from omegaconf import DictConfig
+
+from assay import app
+from assay.bench.baseline import time_reference
+from assay.bench.device import peaks
+from assay.bench.timing import TimingConfig
+from assay.layout import read_json, write_json
+
+log = logging.getLogger("assay.baseline")
+
+
+def baseline(cfg: DictConfig) -> dict:
+    c = app.campaign(cfg)
+    tgt = app.target(cfg)
+    record = read_json(c.task_record(cfg.task))
+    if record.get("error"):
+        out = {"task": cfg.task, "skipped": record["error"], "eager_ms": None, "compile_ms": None}
+        write_json(c.baseline(cfg.task), out)
+        return out
+    device = "cuda" if tgt == "cuda" else "cpu"
+    write_json(c.device(), peaks(device))
+    task = app.load_task(cfg, cfg.task, tgt)
+    v = cfg.verify
+    tcfg = TimingConfig(warmup_s=v.warmup_s, min_runs=v.min_runs, max_runs=v.max_runs,
+                        budget_s=v.budget_s)
+    log.info("%s: timing eager%s on %s", task.id,
+             " and torch.compile" if cfg.baselines.compile else "", device)
+    out = time_reference(task, device, tcfg, cfg.baselines.compile, cfg.baselines.compile_mode)
+    out["target"] = tgt
+    write_json(c.baseline(cfg.task), out)
+    log.info("%s: eager %.4g ms, compile %s ms", task.id, out["eager_ms"], out["compile_ms"])
+    return out
+
+
+main = app.step(baseline, gpu=True)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""One timing protocol for candidates, eager and torch.compile alike.
+
+CUDA: a device-wide sync, then per call an L2 flush (a write over a buffer twice the L2), device
+events around the call alone, inputs rotated among several buffers, warm-up by time, median and
+IQR. CPU: the same with ``perf_counter`` (CPU ops are synchronous) and a cache flush by a write
+over a buffer larger than the last-level cache.
+
+The functions here keep references to the clocks taken at import, before any candidate code is
+loaded, so a candidate that patches ``time.perf_counter`` or ``torch.cuda.Event`` later does not
+change what this module measures (the verifier also checks that they are unchanged).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_perf_counter = time.perf_counter
+_cuda_event = torch.cuda.Event
+_cuda_sync = torch.cuda.synchronize
+
+ORIGINALS = {
+    "time.perf_counter": _perf_counter,
+    "torch.cuda.Event": _cuda_event,
+    "torch.cuda.synchronize": _cuda_sync,
+    "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
+    "torch.cuda.Event.record": torch.cuda.Event.record,
+}
+
+
+def tampered_clocks() -> list[str]:
+    """Names of timing functions that no longer are the originals."""
+    now = {
+        "time.perf_counter": time.perf_counter,
+        "torch.cuda.Event": torch.cuda.Event,
+        "torch.cuda.synchronize": torch.cuda.synchronize,
+        "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
+        "torch.cuda.Event.record": torch.cuda.Event.record,
+    }
+    return [k for k, v in now.items() if v is not ORIGINALS[k]]
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    iqr_ms: float
+    runs: int
+    samples_ms: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"median_ms": self.median_ms, "iqr_ms": self.iqr_ms, "runs": self.runs}
+
+
+@dataclass
+class TimingConfig:
+    warmup_s: float = 0.05
+    min_runs: int = 10
+    max_runs: int = 200
+    budget_s: float = 1.0
+    flush_cache: bool = True
+
+
+class CacheFlusher:
+    """Evicts caches between calls by writing a buffer larger than the last-level cache."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        if device.type == "cuda":
+            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
+            nbytes = 2 * max(l2, 8 << 20)
+        else:
+            nbytes = 64 << 20
+        self.buf = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+
+    def __call__(self) -> None:
+        self.buf.fill_(1.0)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        _cuda_sync(device)
+
+
+def summarize(samples_ms: Sequence[float]) -> Timing:
+    s = sorted(samples_ms)
+    if len(s) >= 4:
+        q = statistics.quantiles(s, n=4)
+        iqr = q[2] - q[0]
+    else:
+        iqr = 0.0
+    return Timing(statistics.median(s), iqr, len(s), list(s))
+
+
+def time_calls(fn: Callable[[int], Any], device: torch.device, cfg: TimingConfig,
+               before_call: Callable[[int], None] | None = None,
+               after_call: Callable[[int, Any], None] | None = None) -> Timing:
+    """Time ``fn(i)`` for i = 0, 1, ...; ``fn`` picks its rotating input from ``i``.
+
+    ``before_call`` runs untimed before each timed call (the verifier swaps data there) and
+    ``after_call`` gets each result (the verifier keeps some of them to check).
+    """
+    flush = CacheFlusher(device) if cfg.flush_cache else None
+    # Warm-up by time: module loading, autotuning and allocator growth stay out of the numbers.
+    sync(device)
+    t0 = _perf_counter()
+    i = 0
+    while _perf_counter() - t0 < cfg.warmup_s or i < 2:
+        fn(i)
+        i += 1
+        sync(device)
+    samples: list[float] = []
+    t0 = _perf_counter()
+    call = 0
+    while call < cfg.max_runs and (call < cfg.min_runs or _perf_counter() - t0 < cfg.budget_s):
+        if before_call is not None:
+            before_call(call)
+        if flush is not None:
+            flush()
+        if device.type == "cuda":
+            start, end = _cuda_event(enable_timing=True), _cuda_event(enable_timing=True)
+            _cuda_sync(device)
+            start.record()
+            out = fn(call)
+            end.record()
+            _cuda_sync(device)
+            samples.append(start.elapsed_time(end))
+        else:
+            s = _perf_counter()
+            out = fn(call)
+            samples.append((_perf_counter() - s) * 1e3)
+        if after_call is not None:
+            after_call(call, out)
+        call += 1
+    return summarize(samples)
+
+
+def noise_ratio(a: Timing, b: Timing) -> float:
+    """Relative spread of two timings of the same code: what counts as 'no difference'."""
+    lo, hi = sorted((a.median_ms, b.median_ms))
+    return (hi - lo) / lo if lo > 0 else 0.0

@@ -1,0 +1,243 @@
+"""Read a campaign's results tree into one table: a row per verified candidate.
+
+This is the one place that walks ``<llm>/<task>/gen_<g>/`` for the consumers of the tree
+(archive export, report, compare, tracking). Each row is a verdict joined with its proposal's
+metadata, the task record, the baseline and, for the profiled candidate, ``profile.json``.
+
+Left out: proposals that were declined (no code), and candidates not verified yet (a proposal
+without a verdict). No torch and no mlflow here: polars only.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from assay.layout import Campaign, read_json
+
+# One explicit schema, so an empty campaign still gives the right columns and dtypes.
+COLLECT_SCHEMA: dict[str, pl.DataType] = {
+    "campaign": pl.String(),
+    "llm": pl.String(),
+    "task": pl.String(),
+    "level": pl.Int64(),
+    "number": pl.Int64(),
+    "name": pl.String(),
+    "generation": pl.Int64(),
+    "candidate": pl.String(),
+    # proposal metadata
+    "operator": pl.String(),
+    "strategy": pl.String(),
+    "parents": pl.List(pl.String()),
+    "model": pl.String(),
+    "tokens_in": pl.Int64(),
+    "tokens_out": pl.Int64(),
+    "tokens": pl.Int64(),
+    "cost_usd": pl.Float64(),
+    "wall_s": pl.Float64(),
+    "code": pl.String(),
+    # verdict
+    "accepted": pl.Boolean(),
+    "reasons": pl.List(pl.String()),
+    "checks": pl.List(pl.String()),  # names of the checks the verifier ran
+    "error": pl.String(),
+    "max_abs_err": pl.Float64(),
+    "rel_err": pl.Float64(),
+    "runtime_ms": pl.Float64(),
+    "runtime_iqr_ms": pl.Float64(),
+    "baseline_eager_ms": pl.Float64(),
+    "baseline_compile_ms": pl.Float64(),
+    "speedup_eager": pl.Float64(),
+    "speedup_compile": pl.Float64(),
+    "roofline_ms": pl.Float64(),
+    "library_time_frac": pl.Float64(),
+    "kernels_launched": pl.List(pl.String()),
+    "device": pl.String(),
+    "policy": pl.String(),
+    "verify_s": pl.Float64(),
+    # task record and baseline
+    "task_source": pl.String(),
+    "functional_source": pl.String(),
+    "task_error": pl.String(),
+    "flops": pl.Float64(),
+    "min_bytes": pl.Float64(),
+    "target": pl.String(),
+    # profile.json, on the profiled candidate's rows only
+    "profiled": pl.Boolean(),
+    "ncu_profile": pl.String(),
+    "torch_profile": pl.String(),
+    "clang_tidy": pl.String(),
+}
+
+_TASK_ID = re.compile(r"^L(?P<level>\d+)_(?:(?P<number>\d+)_)?(?P<name>.*)$")
+
+
+def _read(path: Path) -> Any:
+    try:
+        return read_json(path)
+    except ValueError as e:  # json.JSONDecodeError: name the file, the tree is the truth
+        raise ValueError(f"{path}: not valid JSON: {e}") from None
+
+
+def _float(x: Any) -> float | None:
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _int(x: Any) -> int:
+    try:
+        return int(x or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _str(x: Any) -> str | None:
+    return None if x is None else str(x)
+
+
+def _strs(x: Any) -> list[str]:
+    if x is None:
+        return []
+    if isinstance(x, str):
+        return [x]
+    return [str(v) for v in x]
+
+
+def _first(*values: Any) -> Any:
+    for v in values:
+        if v is not None:
+            return v
+    return None
+
+
+def task_info(campaign: Campaign, task: str) -> dict[str, Any]:
+    """The task record, with level/number/name parsed from the id when the record is missing."""
+    path = campaign.task_record(task)
+    rec = _read(path) if path.exists() else {}
+    m = _TASK_ID.match(task)
+    level = rec.get("level", int(m.group("level")) if m else 0)
+    number = rec.get("number", int(m.group("number")) if m and m.group("number") else 0)
+    name = rec.get("name", m.group("name") if m else task)
+    return {**rec, "id": task, "level": _int(level), "number": _int(number), "name": str(name)}
+
+
+def task_ids(campaign: Campaign) -> list[str]:
+    """Every task with a task record (whether or not any candidate was verified for it)."""
+    d = campaign.root / "tasks"
+    return sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
+
+
+def _task_dirs(campaign: Campaign, llm: str) -> list[str]:
+    d = campaign.root / llm
+    return sorted(p.name for p in d.iterdir()
+                  if p.is_dir() and any(q.is_dir() for q in p.glob("gen_*")))
+
+
+def collect(campaign: Campaign, llm: str | None = None, task: str | None = None) -> pl.DataFrame:
+    """One row per verified candidate of ``campaign`` (optionally of one llm and/or one task).
+
+    Columns and dtypes are ``COLLECT_SCHEMA``; rows are ordered by llm, task, generation,
+    candidate.
+    """
+    columns: dict[str, list[Any]] = {k: [] for k in COLLECT_SCHEMA}
+    if campaign.root.is_dir():
+        llms = [llm] if llm is not None else campaign.llms()
+        tasks_cache: dict[str, dict[str, Any]] = {}
+        baseline_cache: dict[str, dict[str, Any]] = {}
+        for lm in llms:
+            if not (campaign.root / lm).is_dir():
+                continue
+            for t in ([task] if task is not None else _task_dirs(campaign, lm)):
+                if t not in tasks_cache:
+                    tasks_cache[t] = task_info(campaign, t)
+                    bpath = campaign.baseline(t)
+                    baseline_cache[t] = _read(bpath) if bpath.exists() else {}
+                _collect_task(campaign, lm, t, tasks_cache[t], baseline_cache[t], columns)
+    return pl.DataFrame(columns, schema=COLLECT_SCHEMA)
+
+
+def _collect_task(campaign: Campaign, llm: str, task: str, rec: dict[str, Any],
+                  base: dict[str, Any], columns: dict[str, list[Any]]) -> None:
+    ppath = campaign.profile(llm, task)
+    profile = _read(ppath) if ppath.exists() else {}
+    profiled_id = profile.get("candidate")
+    for gen in campaign.generations(llm, task):
+        cdir = campaign.gen_dir(llm, task, gen) / "candidates"
+        if not cdir.is_dir():
+            continue
+        for meta_path in sorted(cdir.glob("*.json")):
+            cid = meta_path.stem
+            meta = _read(meta_path)
+            code_path = campaign.candidate(llm, task, gen, cid)
+            if meta.get("declined") or meta.get("id") is None or not code_path.exists():
+                continue  # declined: no code, nothing to verify
+            vpath = campaign.verdict(llm, task, gen, cid)
+            if not vpath.exists():
+                continue  # not verified yet
+            v = _read(vpath)
+            is_profiled = profiled_id is not None and profiled_id == cid
+            tin, tout = _int(meta.get("tokens_in")), _int(meta.get("tokens_out"))
+            row = {
+                "campaign": campaign.name, "llm": llm, "task": task,
+                "level": rec["level"], "number": rec["number"], "name": rec["name"],
+                "generation": gen, "candidate": cid,
+                "operator": _str(meta.get("operator")), "strategy": _str(meta.get("strategy")),
+                "parents": _strs(meta.get("parents")), "model": _str(meta.get("model")),
+                "tokens_in": tin, "tokens_out": tout, "tokens": tin + tout,
+                "cost_usd": _float(meta.get("cost_usd")) or 0.0,
+                "wall_s": _float(meta.get("wall_s")),
+                "code": code_path.read_text(),
+                "accepted": bool(v.get("accepted", False)),
+                "reasons": _strs(v.get("reasons")),
+                "checks": _strs(list(v.get("checks") or {})),
+                "error": str(v.get("error") or ""),
+                "max_abs_err": _float(v.get("max_abs_err")),
+                "rel_err": _float(v.get("rel_err")),
+                "runtime_ms": _float(v.get("runtime_ms")),
+                "runtime_iqr_ms": _float(v.get("runtime_iqr_ms")),
+                "baseline_eager_ms": _float(_first(v.get("baseline_eager_ms"),
+                                                   base.get("eager_ms"))),
+                "baseline_compile_ms": _float(_first(v.get("baseline_compile_ms"),
+                                                     base.get("compile_ms"))),
+                "speedup_eager": _float(v.get("speedup_eager")),
+                "speedup_compile": _float(v.get("speedup_compile")),
+                "roofline_ms": _float(v.get("roofline_ms")),
+                "library_time_frac": _float(v.get("library_time_frac")),
+                "kernels_launched": _strs(v.get("kernels_launched")),
+                "device": _str(v.get("device") or base.get("device")),
+                "policy": _str(v.get("policy")),
+                "verify_s": _float(v.get("verify_s")),
+                "task_source": _str(rec.get("source")),
+                "functional_source": _str(rec.get("functional_source")),
+                "task_error": _str(rec.get("error")),
+                "flops": _float(rec.get("flops")),
+                "min_bytes": _float(rec.get("min_bytes")),
+                "target": _str(base.get("target")),
+                "profiled": is_profiled,
+                "ncu_profile": _str(profile.get("ncu")) if is_profiled else None,
+                "torch_profile": _str(profile.get("torch_profile")) if is_profiled else None,
+                "clang_tidy": _str(profile.get("clang_tidy")) if is_profiled else None,
+            }
+            for k, val in row.items():
+                columns[k].append(val)
+
+
+def best_accepted(df: pl.DataFrame, by: tuple[str, ...] = ("campaign", "llm", "task")
+                  ) -> pl.DataFrame:
+    """The best accepted candidate per group (highest speedup_eager; untimed ones rank last).
+
+    Returns one row per group that has at least one accepted candidate, all columns of ``df``.
+    """
+    acc = df.filter(pl.col("accepted"))
+    if acc.is_empty():
+        return acc
+    return (acc.sort([*by, "speedup_eager", "generation", "candidate"],
+                     descending=[False] * len(by) + [True, False, False], nulls_last=True)
+               .group_by(list(by), maintain_order=True).first())

@@ -1,0 +1,61 @@
+"""GPU lease: one flock per device, so each GPU job of a campaign sees exactly one GPU.
+
+Snakemake's ``--resources gpu=N`` bounds how many GPU jobs run at once; the lease decides which
+device each one gets. The lock is an ``flock`` on a file per device: the kernel drops it when the
+process dies, SIGKILL included, so a killed job never leaves a GPU taken. The lease sets
+``CUDA_VISIBLE_DEVICES`` before CUDA is initialized in this process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+_held: list[int] = []  # file descriptors kept open for the life of the process
+
+
+def lock_dir() -> Path:
+    d = Path(os.environ.get("ASSAY_GPU_LOCK_DIR") or Path(tempfile.gettempdir()) / "assay-gpu")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this job may choose from: CUDA_VISIBLE_DEVICES if set, else nvidia-smi's list."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d for d in env.split(",") if d.strip() != ""]
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, ln in enumerate(out.stdout.splitlines()) if ln.startswith("GPU ")]
+
+
+def acquire(timeout_s: float = 24 * 3600, poll_s: float = 1.0) -> str | None:
+    """Take a free GPU and make it the only visible one; None when there is no GPU."""
+    gpus = visible_gpus()
+    if not gpus:
+        return None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for dev in gpus:
+            fd = os.open(lock_dir() / f"gpu-{dev}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            _held.append(fd)
+            os.environ["CUDA_VISIBLE_DEVICES"] = dev
+            os.environ["ASSAY_GPU"] = dev
+            return dev
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no GPU of {gpus} came free in {timeout_s:.0f} s")
+        time.sleep(poll_s)

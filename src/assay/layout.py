@@ -1,0 +1,116 @@
+"""The results tree: files are the truth, and every step finds its inputs through here.
+
+results/<campaign>/
+  config.yaml                          resolved Hydra config of the latest run
+  device.json                          measured peaks of the device (roofline)
+  tasks/<task>.json                    task record (extract)
+  baselines/<task>.json                eager and torch.compile timings (baseline)
+  <llm>/<task>/gen_<g>/candidates/<cid>.py    candidate source
+  <llm>/<task>/gen_<g>/candidates/<cid>.json  proposal metadata (parents, operator, tokens...)
+  <llm>/<task>/gen_<g>/proposals.json  the generation's candidate ids (translate / evolve)
+  <llm>/<task>/gen_<g>/verdicts/<cid>.json    one verdict per candidate (verify)
+  <llm>/<task>/gen_<g>/verdicts.json   the generation's verdicts, summarized (verify)
+  <llm>/<task>/profile.json            profile of the best accepted kernel (profile)
+  <llm>/<task>/tracked.json            MLflow run ids (track)
+  archive/level_<n>.parquet            the dataset (export)
+  report.html                          the campaign report (report)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write then rename, so a partial file never looks finished."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be read by others
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+@dataclass(frozen=True)
+class Campaign:
+    root: Path  # results/<campaign>
+
+    @classmethod
+    def at(cls, results_dir: str | Path, name: str) -> "Campaign":
+        return cls(Path(results_dir) / name)
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    def task_record(self, task: str) -> Path:
+        return self.root / "tasks" / f"{task}.json"
+
+    def baseline(self, task: str) -> Path:
+        return self.root / "baselines" / f"{task}.json"
+
+    def device(self) -> Path:
+        return self.root / "device.json"
+
+    def task_dir(self, llm: str, task: str) -> Path:
+        return self.root / llm / task
+
+    def gen_dir(self, llm: str, task: str, gen: int) -> Path:
+        return self.task_dir(llm, task) / f"gen_{gen}"
+
+    def candidate(self, llm: str, task: str, gen: int, cid: str) -> Path:
+        return self.gen_dir(llm, task, gen) / "candidates" / f"{cid}.py"
+
+    def proposal_meta(self, llm: str, task: str, gen: int, cid: str) -> Path:
+        return self.gen_dir(llm, task, gen) / "candidates" / f"{cid}.json"
+
+    def proposals(self, llm: str, task: str, gen: int) -> Path:
+        return self.gen_dir(llm, task, gen) / "proposals.json"
+
+    def verdict(self, llm: str, task: str, gen: int, cid: str) -> Path:
+        return self.gen_dir(llm, task, gen) / "verdicts" / f"{cid}.json"
+
+    def verdicts(self, llm: str, task: str, gen: int) -> Path:
+        return self.gen_dir(llm, task, gen) / "verdicts.json"
+
+    def profile(self, llm: str, task: str) -> Path:
+        return self.task_dir(llm, task) / "profile.json"
+
+    def tracked(self, llm: str, task: str) -> Path:
+        return self.task_dir(llm, task) / "tracked.json"
+
+    def archive_dir(self) -> Path:
+        return self.root / "archive"
+
+    def report(self) -> Path:
+        return self.root / "report.html"
+
+    def llms(self) -> list[str]:
+        skip = {"tasks", "baselines", "archive", ".hydra"}
+        return sorted(p.name for p in self.root.iterdir()
+                      if p.is_dir() and p.name not in skip and not p.name.startswith("."))
+
+    def generations(self, llm: str, task: str) -> list[int]:
+        d = self.task_dir(llm, task)
+        if not d.exists():
+            return []
+        return sorted(int(p.name[4:]) for p in d.glob("gen_*") if p.name[4:].isdigit())

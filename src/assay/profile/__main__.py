@@ -1,0 +1,58 @@
+"""Step `profile`: profile the best accepted kernel(s) of one (llm, task).
+
+python -m assay.profile llm=offline task=L1_1_ReLU [overrides]
+"""
+
+from __future__ import annotations
+
+import logging
+
+from omegaconf import DictConfig
+
+from assay import app
+from assay.evolve.population import rank
+from assay.evolve.state import load_members
+from assay.layout import write_json
+from assay.profile.tools import clang_tidy, ncu_profile, torch_profile
+from assay.verify.config import from_cfg
+from assay.verify.harness import prepare
+
+log = logging.getLogger("assay.profile")
+
+
+def profile(cfg: DictConfig) -> dict:
+    c = app.campaign(cfg)
+    tgt = app.target(cfg)
+    llm, task_id = cfg.llm.name, cfg.task
+    gens = c.generations(llm, task_id)
+    members = rank([m for m in load_members(c, llm, task_id, max(gens, default=0))
+                    if m.accepted])
+    out = {"task": task_id, "llm": llm, "candidate": None, "ncu": None, "torch_profile": None,
+           "clang_tidy": None}
+    if not members:
+        log.info("%s/%s: no accepted kernel to profile", llm, task_id)
+        write_json(c.profile(llm, task_id), out)
+        return out
+    best = members[0]
+    path = c.candidate(llm, task_id, best.generation, best.id)
+    p = cfg.profile
+    vcfg = from_cfg(cfg.verify)
+    device = "cuda" if tgt == "cuda" else "cpu"
+    prep = prepare(app.load_task(cfg, task_id, tgt), device, vcfg)
+    out["candidate"] = best.id
+    if p.torch_profiler:
+        log.info("%s/%s: torch profiler on %s", llm, task_id, best.id)
+        out["torch_profile"] = torch_profile(prep, path, vcfg)
+    if p.ncu in ("auto", True):
+        log.info("%s/%s: ncu on %s", llm, task_id, best.id)
+        out["ncu"] = ncu_profile(prep, path, vcfg, list(p.ncu_metrics), p.timeout_s)
+    if p.clang_tidy in ("auto", True):
+        out["clang_tidy"] = clang_tidy(path.read_text(), tgt, p.timeout_s)
+    write_json(c.profile(llm, task_id), out)
+    return out
+
+
+main = app.step(profile, gpu=True)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""What a task costs at least, and whether its output depends on its inputs at all.
+
+- FLOPs from ``torch.utils.flop_counter`` (matmuls, convolutions, attention): a lower bound on
+  the arithmetic any implementation must do.
+- Minimum bytes: every input, parameter and output moved once. A lower bound on traffic.
+Both are measured on the meta device when the task allows it (no memory, no time), so H100-size
+tasks are analyzed on a laptop.
+- Degeneracy: how much the output spreads, and how much it moves when the inputs or the initial
+  weights change. A task whose output barely moves with its inputs can be "solved" by a constant
+  (the 2025 incident), so it is flagged and the verifier refuses to report speedups on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from assay.tasks.instantiate import (as_outputs, build_model, make_inputs, reference_model,
+                                     seeded)
+from assay.tasks.model import Task
+
+DEGENERATE_INPUT_SENSITIVITY = 1e-3
+DEGENERATE_SPREAD = 1e-6
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def cost(task: Task) -> dict[str, Any]:
+    """FLOPs, minimum bytes and input signatures at the task's size."""
+    module = task.module()
+    try:
+        with torch.device("meta"):
+            model = build_model(module.Model, module, 0, "meta")
+            with seeded(0):
+                inputs = module.get_inputs()
+            counter = FlopCounterMode(display=False)
+            with counter, torch.no_grad():
+                outs = as_outputs(model(*inputs))
+        where = "meta"
+    except Exception:  # noqa: BLE001 - some ops have no meta kernel: run for real
+        model = reference_model(module, 0, "cpu")
+        inputs = make_inputs(module, 0, "cpu")
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            outs = as_outputs(model(*inputs))
+        where = "cpu"
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    params = list(model.parameters()) + list(model.buffers())
+    return {
+        "flops": float(counter.get_total_flops()),
+        "min_bytes": float(sum(map(_nbytes, tensors)) + sum(map(_nbytes, params))
+                           + sum(map(_nbytes, outs))),
+        "inputs": [{"shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch.")}
+                   if isinstance(x, torch.Tensor) else {"value": repr(x)} for x in inputs],
+        "outputs": [{"shape": list(o.shape), "dtype": str(o.dtype).removeprefix("torch.")}
+                    for o in outs],
+        "n_parameters": int(sum(p.numel() for p in model.parameters())),
+        "analyzed_on": where,
+    }
+
+
+def _rel_change(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    num = sum(float((x.double() - y.double()).norm()) ** 2 for x, y in zip(a, b)) ** 0.5
+    den = sum(float(x.double().norm()) ** 2 for x in a) ** 0.5
+    return num / den if den > 0 else (0.0 if num == 0 else float("inf"))
+
+
+def degeneracy(task: Task, device: str = "cpu") -> dict[str, Any]:
+    """Output spread, sensitivity to the inputs, and to the initial weights."""
+    module = task.module()
+
+    def run(model_seed: int, input_seed: int) -> list[torch.Tensor]:
+        model = reference_model(module, model_seed, device)
+        with torch.no_grad():
+            return [o.float().cpu() for o in as_outputs(model(*make_inputs(module, input_seed,
+                                                                          device)))]
+
+    base = run(1, 2)
+    other_inputs = run(1, 3)
+    other_weights = run(4, 2)
+    flat = torch.cat([o.flatten() for o in base])
+    spread = float(flat.std()) if flat.numel() > 1 else 0.0
+    with torch.device("meta"):
+        has_params = any(True for _ in build_model(module.Model, module, 1, "meta").parameters())
+    report = {
+        "output_spread": spread,
+        "input_sensitivity": _rel_change(base, other_inputs),
+        "weight_sensitivity": _rel_change(base, other_weights) if has_params else None,
+        "finite": bool(torch.isfinite(flat).all()),
+    }
+    why = []
+    if report["input_sensitivity"] < DEGENERATE_INPUT_SENSITIVITY:
+        why.append(f"output changes by only {report['input_sensitivity']:.2g} (relative) when "
+                   f"the inputs change")
+    if spread < DEGENERATE_SPREAD and flat.numel() > 1:
+        why.append(f"output spread {spread:.2g}: nearly constant")
+    if not report["finite"]:
+        why.append("reference output has NaN or Inf on random inputs")
+    report["degenerate"] = bool(why)
+    report["why"] = "; ".join(why)
+    return report

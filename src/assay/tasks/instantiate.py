@@ -1,0 +1,110 @@
+"""Build a task's model and inputs from explicit seeds, on a chosen device.
+
+Both the harness (reference) and the candidate's worker build models through here, so the
+same seed gives the same weights on both sides. Parameters that default init leaves constant
+(norm weights of ones, zero biases) are randomized: a kernel that ignores them must not pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+# Distributions applied to floating inputs on top of the task's own sampling. Positive scales
+# keep the task's domain (a task drawing torch.rand for a log stays positive).
+DISTRIBUTIONS = {"native": 1.0, "large": 8.0, "small": 0.125}
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Seed torch's global RNG (tasks sample with it) and restore it afterwards."""
+    state = torch.random.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+
+
+def init_inputs(module: Any) -> list:
+    values = module.get_init_inputs()
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"get_init_inputs() returned {type(values).__name__}, expected a list")
+    return list(values)
+
+
+def build_model(cls: type, module: Any, seed: int, device: str | torch.device) -> nn.Module:
+    """Construct ``cls(*get_init_inputs())`` under ``seed`` and move it to ``device``."""
+    with seeded(seed):
+        model = cls(*init_inputs(module))
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{cls.__name__}(...) is not an nn.Module")
+    return model.to(device).eval()
+
+
+def randomize_constant_parameters(model: nn.Module, seed: int) -> list[str]:
+    """Give every floating parameter or buffer that is constant at init a random value.
+
+    Returns the names changed. Running statistics of batch norm are kept positive.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    changed = []
+    with torch.no_grad():
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if not t.is_floating_point() or t.numel() == 0:
+                continue
+            flat = t.detach().flatten()
+            # A lone scalar is "constant" only when it is a round default (0 or 1).
+            constant = bool((flat == flat[0]).all()) if t.numel() > 1 else float(flat[0]) in (0.0, 1.0)
+            if not constant:
+                continue
+            noise = torch.randn(t.shape, generator=gen, dtype=torch.float32)
+            base = float(flat[0])
+            if name.endswith("running_var"):
+                value = 0.5 + noise.abs()
+            else:
+                value = base + (0.5 if base == 0.0 else 0.25 * abs(base)) * noise
+            t.copy_(value.to(t.dtype))
+            changed.append(name)
+    return changed
+
+
+def reference_model(module: Any, seed: int, device: str | torch.device) -> nn.Module:
+    model = build_model(module.Model, module, seed, device)
+    randomize_constant_parameters(model, seed + 1)
+    return model
+
+
+def make_inputs(module: Any, seed: int, device: str | torch.device,
+                distribution: str = "native") -> list:
+    """Call the task's ``get_inputs()`` under ``seed``; scale floating tensors; move them."""
+    with seeded(seed):
+        values = module.get_inputs()
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"get_inputs() returned {type(values).__name__}, expected a list")
+    scale = DISTRIBUTIONS[distribution]
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            if v.is_floating_point() and scale != 1.0:
+                v = v * scale
+            v = v.to(device)
+        out.append(v)
+    return out
+
+
+def as_outputs(value: Any) -> list[torch.Tensor]:
+    """A forward's result as a flat list of tensors (a task may return a tensor or a tuple)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in value):
+        return list(value)
+    raise TypeError(f"forward returned {type(value).__name__}, expected a tensor or a tuple "
+                    f"of tensors")

@@ -1,0 +1,62 @@
+"""Step `verify`: judge every candidate of one generation of one (llm, task).
+
+python -m assay.verify llm=offline task=L1_1_ReLU gen=0 [overrides]
+Each verdict is written as soon as it is decided; a rerun skips candidates already judged, so
+a killed run loses nothing and judges nothing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from omegaconf import DictConfig
+
+from assay import app
+from assay.layout import read_json, write_json
+from assay.verify.config import from_cfg
+from assay.verify.harness import prepare, verify
+
+log = logging.getLogger("assay.verify")
+
+
+def verify_generation(cfg: DictConfig) -> dict:
+    c = app.campaign(cfg)
+    tgt = app.target(cfg)
+    llm, task_id, gen = cfg.llm.name, cfg.task, int(cfg.gen)
+    ids = read_json(c.proposals(llm, task_id, gen))["candidates"]
+    todo = [cid for cid in ids if not c.verdict(llm, task_id, gen, cid).exists()]
+    log.info("%s/%s gen %d: %d candidates, %d already judged", llm, task_id, gen, len(ids),
+             len(ids) - len(todo))
+    if todo:
+        vcfg = from_cfg(cfg.verify)
+        device = "cuda" if tgt == "cuda" else "cpu"
+        task = app.load_task(cfg, task_id, tgt)
+        record = read_json(c.task_record(task_id))
+        baseline = read_json(c.baseline(task_id))
+        peaks = read_json(c.device()) if c.device().exists() else None
+        prepared = None
+        if not record.get("degeneracy", {}).get("degenerate"):
+            prepared = prepare(task, device, vcfg)
+        for i, cid in enumerate(todo, 1):
+            t0 = time.perf_counter()
+            v = verify(task, c.candidate(llm, task_id, gen, cid), device, vcfg, baseline, record,
+                       peaks, prepared)
+            write_json(c.verdict(llm, task_id, gen, cid), v.to_dict())
+            what = (f"accepted, {v.speedup_eager:.2f}x eager" if v.accepted and v.speedup_eager
+                    else "accepted" if v.accepted else f"rejected: {', '.join(v.reasons)}")
+            log.info("%s/%s gen %d [%d/%d] %s %s (%.1f s)", llm, task_id, gen, i, len(todo), cid,
+                     what, time.perf_counter() - t0)
+    verdicts = [read_json(c.verdict(llm, task_id, gen, cid)) for cid in ids]
+    summary = {"generation": gen, "candidates": ids,
+               "accepted": [v["candidate"] for v in verdicts if v["accepted"]],
+               "best_speedup_eager": max((v["speedup_eager"] or 0 for v in verdicts
+                                          if v["accepted"]), default=None)}
+    write_json(c.verdicts(llm, task_id, gen), summary)
+    return summary
+
+
+main = app.step(verify_generation, gpu=True)
+
+if __name__ == "__main__":
+    main()

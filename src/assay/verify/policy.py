@@ -1,0 +1,79 @@
+"""What ran, and whether the policy allows it.
+
+strict: the result must come from the candidate's own kernels. ATen compute ops (at the Python
+level or called from C++) and library kernels (cuBLAS, cuDNN, ATen's own) are refused; only
+allocation, views and copies are allowed around the custom kernels.
+permissive: library calls are allowed and reported as a share of the device time, up to a
+configured ceiling.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# ATen ops that move or allocate memory but compute nothing a task asks for.
+ALLOWED_OPS = {
+    "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::zeros", "aten::zeros_like",
+    "aten::zero_", "aten::fill_", "aten::full", "aten::ones", "aten::ones_like",
+    "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::as_strided", "aten::contiguous",
+    "aten::clone", "aten::copy_", "aten::to", "aten::_to_copy", "aten::detach", "aten::alias",
+    "aten::t", "aten::transpose", "aten::permute", "aten::expand", "aten::unsqueeze",
+    "aten::squeeze", "aten::flatten", "aten::select", "aten::slice", "aten::resize_",
+    "aten::lift_fresh", "aten::numpy_T", "aten::unflatten", "aten::split", "aten::chunk",
+    "aten::narrow", "aten::unbind", "aten::_unsafe_view", "aten::view_as", "aten::item",
+    "aten::_local_scalar_dense", "aten::is_nonzero", "aten::set_", "aten::record_stream",
+}
+# Device kernels that belong to a library rather than to the candidate.
+LIBRARY_KERNEL = re.compile(
+    r"at::native|at::cuda|cublas|cudnn|cutlass|gemm|gemv|xmma|sm\d+_xmma|ampere_|volta_|"
+    r"turing_|hopper_|nvjet|cusparse|cufft|curand|triton_|Memcpy|Memset|splitKreduce",
+    re.IGNORECASE)
+# The movement kernels ATen launches for allocation/copies; allowed like their ops.
+MOVEMENT_KERNEL = re.compile(r"Memcpy|Memset|copy_kernel|fill_kernel|FillFunctor", re.I)
+
+
+@dataclass
+class Audit:
+    ok: bool
+    detail: str
+    kernels: list[str] = field(default_factory=list)
+    library_time_frac: float | None = None
+
+
+def audit(rows: list[dict[str, Any]], device: str, policy: str,
+          max_library_frac: float = 1.0) -> Audit:
+    ops = [r for r in rows if r["name"].startswith("aten::")]
+    compute_ops = sorted({r["name"] for r in ops if r["name"] not in ALLOWED_OPS})
+    if device.startswith("cuda"):
+        kernels = [r for r in rows if r["kind"] == "kernel" and r["device_us"] > 0]
+        names = [r["name"] for r in kernels]
+        total = sum(r["device_us"] for r in kernels)
+        lib = sum(r["device_us"] for r in kernels if LIBRARY_KERNEL.search(r["name"])
+                  and not MOVEMENT_KERNEL.search(r["name"]))
+        lib_frac = lib / total if total > 0 else 0.0
+        custom = [r for r in kernels if not LIBRARY_KERNEL.search(r["name"])]
+        if not custom and not compute_ops:
+            return Audit(False, "no custom kernel ran on the device", names, lib_frac)
+    else:
+        names = sorted({r["name"] for r in ops})
+        total = sum(r["cpu_us"] for r in ops) or 0.0
+        lib = sum(r["cpu_us"] for r in ops if r["name"] in compute_ops)
+        lib_frac = lib / total if total > 0 else 0.0
+    if policy == "strict":
+        if compute_ops:
+            return Audit(False, f"library compute under the strict policy: "
+                                f"{', '.join(compute_ops[:8])}", names, lib_frac)
+        if device.startswith("cuda") and lib_frac > 0:
+            lib_names = sorted({n for n in names if LIBRARY_KERNEL.search(n)
+                                and not MOVEMENT_KERNEL.search(n)})
+            return Audit(False, f"library kernels under the strict policy: "
+                                f"{', '.join(lib_names[:5])}", names, lib_frac)
+        return Audit(True, "", names, lib_frac)
+    if policy == "permissive":
+        if lib_frac > max_library_frac:
+            return Audit(False, f"library share {lib_frac:.0%} over the allowed "
+                                f"{max_library_frac:.0%}", names, lib_frac)
+        return Audit(True, f"library share {lib_frac:.0%}", names, lib_frac)
+    return Audit(False, f"unknown policy {policy!r} (strict or permissive)", names, lib_frac)

@@ -1,0 +1,83 @@
+"""Task loading, discovery and analysis (FLOPs, bytes, degeneracy)."""
+
+from __future__ import annotations
+
+import pytest
+
+from assay.tasks.analyze import cost, degeneracy
+from assay.tasks.model import Task, TaskError
+from assay.tasks.suite import discover
+from conftest import REPO
+
+MATMUL = """
+import torch
+from torch import nn
+class Model(nn.Module):
+    def forward(self, a, b):
+        return a @ b
+M, K, N = 64, 32, 48
+ASSAY_SIZES = {"small": {"M": 8, "K": 4, "N": 6}}
+def get_inputs():
+    return [torch.randn(M, K), torch.randn(K, N)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_sizes_override_module_globals(write_file):
+    path = write_file("level1/3_Mm.py", MATMUL)
+    large = Task.from_file(path)
+    small = Task.from_file(path, size="small")
+    assert (large.id, large.level, large.number, large.name) == ("L1_3_Mm", 1, 3, "Mm")
+    a, b = small.module().get_inputs()
+    assert a.shape == (8, 4) and b.shape == (4, 6)
+    assert large.module().get_inputs()[0].shape == (64, 32)
+
+
+def test_cost_counts_matmul_flops_and_bytes(write_file):
+    rec = cost(Task.from_file(write_file("level1/3_Mm.py", MATMUL)))
+    assert rec["flops"] == 2 * 64 * 32 * 48
+    assert rec["min_bytes"] == 4 * (64 * 32 + 32 * 48 + 64 * 48)
+    assert rec["analyzed_on"] == "meta"
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("def get_inputs(:\n", "syntax error"),
+    ("import torch\ndef get_inputs():\n    return []\n", "missing Model, get_init_inputs"),
+])
+def test_bad_files_give_one_clear_line(write_file, text, problem):
+    path = write_file("level1/1_Bad.py", text)
+    with pytest.raises(TaskError) as e:
+        Task.from_file(path)
+    assert str(path) in str(e.value) and problem in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_discover_filters_and_reports_bad_files(write_file, tmp_path):
+    write_file("tasks/level1/1_Mm.py", MATMUL)
+    write_file("tasks/level1/2_Broken.py", "class Model(:\n")
+    write_file("tasks/level2/1_Mm2.py", MATMUL)
+    refs, errors = discover(tmp_path / "tasks")
+    assert [r.id for r in refs] == ["L1_1_Mm", "L2_1_Mm2"]
+    assert len(errors) == 1 and "2_Broken.py" in errors[0]
+    refs, _ = discover(tmp_path / "tasks", levels=[2])
+    assert [r.id for r in refs] == ["L2_1_Mm2"]
+    refs, _ = discover(tmp_path / "tasks", include=["L1_*"])
+    assert [r.id for r in refs] == ["L1_1_Mm"]
+    # A single KernelBench-style level folder loads as it is.
+    refs, _ = discover(tmp_path / "tasks" / "level1")
+    assert [r.id for r in refs] == ["L1_1_Mm"]
+
+
+def test_bundled_suite_discovers_three_levels():
+    refs, errors = discover(REPO / "data" / "tasks")
+    assert not errors
+    assert {r.level for r in refs} == {1, 2, 3} and len(refs) >= 24
+
+
+def test_degeneracy_flags_the_degenerate_bundled_task():
+    path = next((REPO / "data" / "tasks" / "level2").glob("*Degenerate*.py"))
+    rep = degeneracy(Task.from_file(path, size="small"))
+    assert rep["degenerate"] and "inputs change" in rep["why"]
+    ok = degeneracy(Task.from_file(REPO / "data/tasks/level1/1_ReLU.py", size="small"))
+    assert not ok["degenerate"] and ok["input_sensitivity"] > 0.1

@@ -1,0 +1,143 @@
+"""The verifier's first version on the cpu target: honest kernels pass, cheats fail by name."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from assay.tasks.model import Task
+from assay.verify.harness import VerifyConfig, verify
+
+TASK = """
+import torch
+from torch import nn
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+rows, cols = 16, 999
+def get_inputs():
+    return [torch.randn(rows, cols)]
+def get_init_inputs():
+    return []
+"""
+
+KERNEL = '''
+import ctypes, torch
+from torch import nn
+from assay.bench.build import load_library
+SOURCE = r"""
+#include <cstdint>
+extern "C" void relu(const float* x, float* y, int64_t n) {
+  #pragma omp parallel for
+  for (int64_t i = 0; i < LIMIT; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+"""
+_lib = load_library(SOURCE.replace("LIMIT", "@LIMIT@"), "cpp")
+class ModelNew(nn.Module):
+    def forward(self, x):
+        x = x.contiguous()
+        y = @ALLOC@
+        _lib.relu(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr()), ctypes.c_int64(x.numel()))
+        @EXTRA@
+        return y
+'''
+
+
+def kernel(limit="n", alloc="torch.empty_like(x)", extra="pass", prelude=""):
+    return prelude + (KERNEL.replace("@LIMIT@", limit).replace("@ALLOC@", alloc)
+                      .replace("@EXTRA@", extra))
+
+
+CASES = {
+    "honest": (kernel(), []),
+    "partial_write": (kernel(limit="n / 2"), ["correctness"]),
+    "library_call": ("""
+import torch
+from torch import nn
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.clamp(x, min=0)
+""", ["kernel_audit"]),
+    "in_place_input": (kernel(alloc="x", extra="pass"), ["inputs_unchanged"]),
+    "wrong_shape_broadcasts": (kernel(extra="y = y[:1]"), ["output_layout", "correctness"]),
+    "patched_clock": (kernel(prelude="import time\ntime.perf_counter = lambda: 0.0\n"),
+                      ["harness_integrity"]),
+    "changes_thread_count": (kernel(prelude="import torch\ntorch.set_num_threads(1)\n"), ["global_state"]),
+    "crash": ("import os\nos._exit(7)\n", ["crash"]),
+    "compile_error": ("""
+from assay.bench.build import load_library
+_lib = load_library("int main( {", "cpp")
+""", ["compiles"]),
+    "stale_cache": (kernel(extra="""
+        key = x.data_ptr()
+        cache = globals().setdefault("_cache", {})
+        if key in cache:
+            return cache[key]
+        cache[key] = y"""), ["timed_outputs"]),
+}
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    path = tmp_path_factory.mktemp("task") / "level1" / "1_Relu.py"
+    path.parent.mkdir()
+    path.write_text(TASK)
+    return Task.from_file(path)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_candidate(name, task, tmp_path):
+    code, expected = CASES[name]
+    cand = tmp_path / f"{name}.py"
+    cand.write_text(code)
+    v = verify(task, cand, "cpu", VerifyConfig(budget_s=0.2, min_runs=10, max_runs=40))
+    assert v.accepted == (not expected), (v.reasons, {k: c["detail"][:300]
+                                                      for k, c in v.checks.items()})
+    for reason in expected:
+        assert reason in v.reasons, (reason, v.reasons)
+    if not expected:
+        assert v.runtime_ms > 0 and v.max_abs_err == 0.0
+
+
+def test_timeout_is_a_verdict(task, tmp_path):
+    cand = tmp_path / "sleepy.py"
+    cand.write_text("import time\ntime.sleep(60)\n")
+    v = verify(task, cand, "cpu", VerifyConfig(timeout_s=5))
+    assert not v.accepted and v.reasons == ["timeout"]
+    assert v.verify_s < 30
+
+
+def test_permissive_policy_reports_library_share(task, tmp_path):
+    cand = tmp_path / "lib.py"
+    cand.write_text(CASES["library_call"][0])
+    v = verify(task, cand, "cpu", VerifyConfig(policy="permissive", budget_s=0.2))
+    assert v.accepted and v.library_time_frac > 0.5
+
+
+def test_cli_exit_codes(task, tmp_path):
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text(CASES["honest"][0])
+    bad.write_text(CASES["partial_write"][0])
+    base = [sys.executable, "-m", "assay.cli", "verify", "--task", str(task.path), "--device",
+            "cpu", "--no-compile"]
+    out = tmp_path / "v.json"
+    r = subprocess.run(base + ["--candidate", str(good), "--json", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    verdict = json.loads(out.read_text())
+    for key in ("accepted", "checks", "reasons", "max_abs_err", "rel_err", "runtime_ms",
+                "baseline_eager_ms", "baseline_compile_ms", "speedup_eager", "speedup_compile",
+                "roofline_ms", "kernels_launched", "library_time_frac"):
+        assert key in verdict
+    assert verdict["baseline_eager_ms"] > 0 and verdict["speedup_eager"] > 0
+    r = subprocess.run(base + ["--candidate", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 1 and "correctness" in r.stdout
+    r = subprocess.run(base + ["--candidate", str(tmp_path / "missing.py")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "missing.py" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "assay.cli", "verify", "--task", str(task.path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2

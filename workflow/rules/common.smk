@@ -1,0 +1,34 @@
+# What every rule needs: the composed Hydra config, the campaign folder, tasks, LLMs, levels.
+import shlex
+
+from assay.app import compose, task_refs
+
+OVERRIDES = [str(o) for o in config.get("overrides", [])]
+CFG = compose(OVERRIDES)
+C = f"{CFG.results_dir}/{CFG.campaign}"
+LLMS = [str(x) for x in CFG.llms]
+GENS = int(CFG.evolve.generations)
+REFS, TASK_ERRORS = task_refs(CFG)
+for _err in TASK_ERRORS:
+    print(f"assay: task left out: {_err}", file=sys.stderr)
+TASKS = [r.id for r in REFS]
+LEVELS = sorted({r.level for r in REFS})
+# GPU steps hold one GPU each (`--resources gpu=N`); the lease in assay.gpu picks which.
+GPU = 0 if CFG.target.name == "cpu" else 1
+OVR = " ".join(shlex.quote(o) for o in OVERRIDES)
+
+
+wildcard_constraints:
+    task=r"L\d+_[A-Za-z0-9_]+",
+    llm=r"[A-Za-z0-9_-]+",
+    gen=r"\d+",
+
+
+def assay_step(module, **params):
+    """The shell command of one step: the campaign's overrides plus this job's own."""
+    own = " ".join(f"{k}={v}" for k, v in params.items())
+    return f"python -m assay.{module} {OVR} {own}"
+
+
+def gen_dir(gen):
+    return f"{C}/{{llm}}/{{task}}/gen_{gen}"

@@ -1,0 +1,12 @@
+rule evolve:
+    input:
+        lambda w: f"{C}/{w.llm}/{w.task}/gen_{int(w.gen) - 1}/verdicts.json",
+    output:
+        f"{C}/{{llm}}/{{task}}/gen_{{gen}}/proposals.json",
+    wildcard_constraints:
+        gen=r"[1-9]\d*",
+    log:
+        f"{C}/logs/evolve/{{llm}}/{{task}}/gen_{{gen}}.log",
+    shell:
+        assay_step("evolve", llm="{wildcards.llm}", task="{wildcards.task}", gen="{wildcards.gen}")
+        + " > {log} 2>&1"

@@ -1,0 +1,10 @@
+rule report:
+    input:
+        archive=expand(f"{C}/archive/level_{{level}}.parquet", level=LEVELS),
+        tracked=expand(f"{C}/{{llm}}/tracked.json", llm=LLMS),
+    output:
+        f"{C}/report.html",
+    log:
+        f"{C}/logs/report.log",
+    shell:
+        assay_step("report") + " > {log} 2>&1"
