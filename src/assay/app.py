@@ -55,6 +55,13 @@ def step(fn: Callable[[DictConfig], Any], gpu: bool = False) -> Callable[[], Any
         except (TaskError, UserError) as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
+        except Exception as e:
+            # An LLM backend that stays down after its retries fails this step with one line;
+            # everything already written stays, and a rerun continues.
+            if type(e).__name__ != "LLMError":
+                raise
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(3)
 
     return hydra.main(version_base="1.3", config_path=str(config_dir()),
                       config_name="config")(run)

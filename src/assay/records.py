@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-OPERATORS = ("translate", "mutate", "crossover", "repair")
+OPERATORS = ("functional", "translate", "mutate", "crossover", "repair")
 
 
 def candidate_id(code: str) -> str:
