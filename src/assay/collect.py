@@ -229,6 +229,59 @@ def _collect_task(campaign: Campaign, llm: str, task: str, rec: dict[str, Any],
                 columns[k].append(val)
 
 
+SPEND_SCHEMA: dict[str, pl.DataType] = {
+    "campaign": pl.String(),
+    "llm": pl.String(),
+    "task": pl.String(),
+    "generation": pl.Int64(),
+    "proposed": pl.Int64(),  # candidates written (new code)
+    "declined": pl.Int64(),  # proposals that came back without code
+    "tokens": pl.Int64(),
+    "cost_usd": pl.Float64(),
+}
+
+
+def spend(campaign: Campaign, llm: str | None = None, task: str | None = None) -> pl.DataFrame:
+    """What the proposers spent: one row per (llm, task, generation) with proposals on disk.
+
+    Taken from the generation's ``proposals.json`` totals, which also count declined proposals
+    and duplicates of earlier code (both absent from ``collect()``); where that file has no
+    totals, summed over the generation's proposal metadata files.
+    """
+    columns: dict[str, list[Any]] = {k: [] for k in SPEND_SCHEMA}
+    if campaign.root.is_dir():
+        for lm in ([llm] if llm is not None else campaign.llms()):
+            if not (campaign.root / lm).is_dir():
+                continue
+            for t in ([task] if task is not None else _task_dirs(campaign, lm)):
+                for gen in campaign.generations(lm, t):
+                    row = _spend_gen(campaign, lm, t, gen)
+                    if row is not None:
+                        for k, v in row.items():
+                            columns[k].append(v)
+    return pl.DataFrame(columns, schema=SPEND_SCHEMA)
+
+
+def _spend_gen(campaign: Campaign, llm: str, task: str, gen: int) -> dict[str, Any] | None:
+    ppath = campaign.proposals(llm, task, gen)
+    summary = _read(ppath) if ppath.exists() else None
+    metas = [_read(p) for p in sorted((campaign.gen_dir(llm, task, gen) / "candidates")
+                                      .glob("*.json"))]
+    row = {"campaign": campaign.name, "llm": llm, "task": task, "generation": gen}
+    if isinstance(summary, dict) and "tokens" in summary:
+        return {**row, "proposed": len(summary.get("candidates") or []),
+                "declined": len(summary.get("declined") or []),
+                "tokens": _int(summary.get("tokens")),
+                "cost_usd": _float(summary.get("cost_usd")) or 0.0}
+    if not metas:
+        return None
+    return {**row,
+            "proposed": sum(1 for m in metas if m.get("id") and not m.get("declined")),
+            "declined": sum(1 for m in metas if m.get("declined") or not m.get("id")),
+            "tokens": sum(_int(m.get("tokens_in")) + _int(m.get("tokens_out")) for m in metas),
+            "cost_usd": sum(_float(m.get("cost_usd")) or 0.0 for m in metas)}
+
+
 def best_accepted(df: pl.DataFrame, by: tuple[str, ...] = ("campaign", "llm", "task")
                   ) -> pl.DataFrame:
     """The best accepted candidate per group (highest speedup_eager; untimed ones rank last).

@@ -11,7 +11,9 @@ results/<campaign>/
   <llm>/<task>/gen_<g>/verdicts/<cid>.json    one verdict per candidate (verify)
   <llm>/<task>/gen_<g>/verdicts.json   the generation's verdicts, summarized (verify)
   <llm>/<task>/profile.json            profile of the best accepted kernel (profile)
-  <llm>/<task>/tracked.json            MLflow run ids (track)
+  <llm>/<task>/tracked.json            MLflow run ids of the task's child run (track)
+  <llm>/tracked.json                   the backend's runs, all tasks (track's output)
+  logs/<step>/...                      each job's log
   archive/level_<n>.parquet            the dataset (export)
   report.html                          the campaign report (report)
 """
@@ -53,6 +55,9 @@ def read_json(path: Path) -> Any:
 @dataclass(frozen=True)
 class Campaign:
     root: Path  # results/<campaign>
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
 
     @classmethod
     def at(cls, results_dir: str | Path, name: str) -> "Campaign":
@@ -105,7 +110,7 @@ class Campaign:
         return self.root / "report.html"
 
     def llms(self) -> list[str]:
-        skip = {"tasks", "baselines", "archive", ".hydra"}
+        skip = {"tasks", "baselines", "archive", "logs", "mlartifacts"}
         return sorted(p.name for p in self.root.iterdir()
                       if p.is_dir() and p.name not in skip and not p.name.startswith("."))
 
