@@ -4,6 +4,9 @@
 #   snakemake --cores 8 --resources gpu=4                       # the default campaign
 #   snakemake --cores 2 --config overrides='[campaign=ci,tasks=ci,evolve=ci]'
 #   snakemake --cores 2 --forcerun translate results/default/offline/L1_1_ReLU/profile.json
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -18,12 +21,27 @@ validate(config, "workflow/schemas/workflow.schema.yaml")
 include: "workflow/rules/common.smk"
 
 
+wildcard_constraints:
+    task=r"L\d+_[A-Za-z0-9_]+",
+    llm=r"[A-Za-z0-9_-]+",
+    gen=r"\d+",
+
+
 rule all:
     default_target: True
     input:
         report=f"{C}/report.html",
         archive=expand(f"{C}/archive/level_{{level}}.parquet", level=LEVELS),
         tracked=expand(f"{C}/{{llm}}/tracked.json", llm=LLMS),
+
+
+onstart:
+    # One run per campaign at a time. The default profile turns Snakemake's own lock off
+    # (`nolock`): it survives a SIGKILL and then blocks the rerun that should resume.
+    from assay.layout import hold_lock
+
+    if not hold_lock(Path(C) / ".run.lock"):
+        raise WorkflowError(f"another Snakemake run is working on {C}; wait for it to end")
 
 
 include: "workflow/rules/tasks.smk"

@@ -48,6 +48,28 @@ def write_json(path: Path, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
+_held_locks: list[int] = []
+
+
+def hold_lock(path: Path) -> bool:
+    """Take an exclusive ``flock`` on ``path`` for the rest of this process; False if taken.
+
+    The kernel drops it when the process dies, SIGKILL included, so unlike Snakemake's own
+    lock files it never needs an unlock after a killed run.
+    """
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    _held_locks.append(fd)
+    return True
+
+
 def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 

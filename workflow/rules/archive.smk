@@ -3,6 +3,8 @@ rule track:
         expand(f"{C}/{{{{llm}}}}/{{task}}/profile.json", task=TASKS),
     output:
         f"{C}/{{llm}}/tracked.json",
+    conda:
+        ENV
     log:
         f"{C}/logs/track/{{llm}}.log",
     shell:
@@ -15,6 +17,8 @@ rule export:
     output:
         expand(f"{C}/archive/level_{{level}}.parquet", level=LEVELS),
         f"{C}/archive/README.md",
+    conda:
+        ENV
     log:
         f"{C}/logs/export.log",
     shell:

@@ -1,5 +1,6 @@
-# What every rule needs: the composed Hydra config, the campaign folder, tasks, LLMs, levels.
+# Shared by all the rules: the composed Hydra config, the campaign folder, tasks, LLMs, levels.
 import shlex
+import sys
 
 from assay.app import compose, task_refs
 
@@ -16,19 +17,12 @@ LEVELS = sorted({r.level for r in REFS})
 # GPU steps hold one GPU each (`--resources gpu=N`); the lease in assay.gpu picks which.
 GPU = 0 if CFG.target.name == "cpu" else 1
 OVR = " ".join(shlex.quote(o) for o in OVERRIDES)
-
-
-wildcard_constraints:
-    task=r"L\d+_[A-Za-z0-9_]+",
-    llm=r"[A-Za-z0-9_-]+",
-    gen=r"\d+",
+# `--use-conda` builds this environment for each step; by default the current one is used.
+ENV = "../../environment.yml"
 
 
 def assay_step(module, **params):
     """The shell command of one step: the campaign's overrides plus this job's own."""
     own = " ".join(f"{k}={v}" for k, v in params.items())
-    return f"python -m assay.{module} {OVR} {own}"
-
-
-def gen_dir(gen):
-    return f"{C}/{{llm}}/{{task}}/gen_{gen}"
+    # The interpreter running Snakemake: the one with assay installed (`python` may not exist).
+    return f"{shlex.quote(sys.executable)} -m assay.{module} {OVR} {own}"

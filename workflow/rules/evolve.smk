@@ -5,6 +5,8 @@ rule evolve:
         f"{C}/{{llm}}/{{task}}/gen_{{gen}}/proposals.json",
     wildcard_constraints:
         gen=r"[1-9]\d*",
+    conda:
+        ENV
     log:
         f"{C}/logs/evolve/{{llm}}/{{task}}/gen_{{gen}}.log",
     shell:

@@ -3,6 +3,8 @@ rule profile:
         f"{C}/{{llm}}/{{task}}/gen_{GENS}/verdicts.json",
     output:
         f"{C}/{{llm}}/{{task}}/profile.json",
+    conda:
+        ENV
     log:
         f"{C}/logs/profile/{{llm}}/{{task}}.log",
     resources:

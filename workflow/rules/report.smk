@@ -4,6 +4,8 @@ rule report:
         tracked=expand(f"{C}/{{llm}}/tracked.json", llm=LLMS),
     output:
         f"{C}/report.html",
+    conda:
+        ENV
     log:
         f"{C}/logs/report.log",
     shell:

@@ -1,6 +1,8 @@
 rule extract:
     output:
         f"{C}/tasks/{{task}}.json",
+    conda:
+        ENV
     log:
         f"{C}/logs/extract/{{task}}.log",
     resources:
@@ -14,6 +16,8 @@ rule baseline:
         f"{C}/tasks/{{task}}.json",
     output:
         f"{C}/baselines/{{task}}.json",
+    conda:
+        ENV
     log:
         f"{C}/logs/baseline/{{task}}.log",
     resources:

@@ -3,6 +3,8 @@ rule translate:
         f"{C}/tasks/{{task}}.json",
     output:
         f"{C}/{{llm}}/{{task}}/gen_0/proposals.json",
+    conda:
+        ENV
     log:
         f"{C}/logs/translate/{{llm}}/{{task}}.log",
     shell:

@@ -4,6 +4,8 @@ rule verify:
         baseline=f"{C}/baselines/{{task}}.json",
     output:
         f"{C}/{{llm}}/{{task}}/gen_{{gen}}/verdicts.json",
+    conda:
+        ENV
     log:
         f"{C}/logs/verify/{{llm}}/{{task}}/gen_{{gen}}.log",
     resources:

@@ -145,11 +145,15 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
         before = inputs_digest(xs)
         poison_allocator(device, job["poison_bytes"])
         out = as_outputs(model(*xs))
+        # Copy out on the caller's stream before any device-wide sync: work the candidate left
+        # running on another stream (or a thread) is not finished when the caller may read it.
+        values = [o.detach().to("cpu") if o.device.type != "cpu" else o.detach().clone()
+                  for o in out]
         timing.sync(device)
         ptrs = {v.data_ptr() for v in xs if isinstance(v, torch.Tensor)}
         aliasing.append([o.data_ptr() in ptrs for o in out])
-        outputs.append([{"value": o.detach().cpu().clone(), "stride": tuple(o.stride()),
-                         "device": str(o.device)} for o in out])
+        outputs.append([{"value": v, "stride": tuple(o.stride()), "device": str(o.device)}
+                        for v, o in zip(values, out)])
         digests_after.append({"before": before, "after": inputs_digest(xs)})
         del out
     result.update(outputs=outputs, input_digests=digests_after, aliasing=aliasing)

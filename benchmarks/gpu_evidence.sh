@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (torch 2.11+cu130 there): GPU tests, then the CI campaign on the
+# cuda target at H100 sizes up to `profile`. Results come back under $OUT; track, export and
+# report then run on the CPU machine (mlflow and polars stay off the GPU machine).
+#   wheels: snakemake + hydra-core + omegaconf and their missing deps, in .whl/ (carried)
+set -uo pipefail
+OUT=${OUT:-/tmp/assay-out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+export ASSAY_KERNEL_CACHE=/tmp/assay-kernels
+{
+  date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
+  nvcc --version | tail -1
+} 2>&1 | tee "$OUT/device.txt"
+
+python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log"
+
+CAMPAIGN=${CAMPAIGN:-gpu-ci}
+time python3 -m snakemake --cores 8 --resources gpu=1 --until profile \
+  --config "overrides=[campaign=$CAMPAIGN,tasks=ci,tasks.size=large,evolve=ci,target=cuda]" \
+  2>&1 | tail -40 | tee "$OUT/snakemake.log"
+tar czf "$OUT/results.tgz" results/$CAMPAIGN
+python3 - "$CAMPAIGN" <<'PY' | tee "$OUT/summary.txt"
+import json, sys, glob
+c = sys.argv[1]
+for p in sorted(glob.glob(f"results/{c}/*/*/gen_*/verdicts/*.json")):
+    v = json.load(open(p))
+    parts = p.split("/")
+    sp = f"{v['speedup_eager']:.2f}x" if v.get("speedup_eager") else "-"
+    spc = f"{v['speedup_compile']:.2f}x" if v.get("speedup_compile") else "-"
+    rt = f"{v['runtime_ms']:.4f}" if v.get("runtime_ms") else "-"
+    print(f"{parts[3]:22s} {parts[4]} {v['candidate']} {'ACCEPT' if v['accepted'] else 'reject'} "
+          f"runtime_ms={rt} eager={sp} compile={spc} roofline_ms={v.get('roofline_ms')} "
+          f"reasons={','.join(v['reasons'])}")
+PY
