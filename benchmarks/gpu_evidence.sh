@@ -19,8 +19,8 @@ export ASSAY_KERNEL_CACHE=/tmp/assay-kernels
 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log"
 
 CAMPAIGN=${CAMPAIGN:-gpu-ci}
-time python3 -m snakemake --cores 8 --resources gpu=1 --until profile \
-  --config "overrides=[campaign=$CAMPAIGN,tasks=ci,tasks.size=large,evolve=ci,target=cuda]" \
+time timeout ${SNAKEMAKE_TIMEOUT:-450} python3 -m snakemake --cores 8 --resources gpu=1 --until profile \
+  --config "overrides=[campaign=$CAMPAIGN,tasks=ci,tasks.size=${SIZE:-small},evolve=ci,target=cuda]" \
   2>&1 | tail -40 | tee "$OUT/snakemake.log"
 tar czf "$OUT/results.tgz" results/$CAMPAIGN
 python3 - "$CAMPAIGN" <<'PY' | tee "$OUT/summary.txt"

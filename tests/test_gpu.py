@@ -75,7 +75,7 @@ class ModelNew(nn.Module):
     "side_stream_unsynced": (cuda_kernel().replace(
         "torch.cuda.current_stream().cuda_stream", "_side.cuda_stream").replace(
         "class ModelNew", "_side = torch.cuda.Stream()\nclass ModelNew"),
-        ["correctness"]),
+        ["stream_ordered"]),
 }
 
 

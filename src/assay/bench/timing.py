@@ -51,9 +51,13 @@ class Timing:
     iqr_ms: float
     runs: int
     samples_ms: list[float] = field(default_factory=list)
+    # CUDA: device time that finished only after a device-wide sync, beyond the caller's
+    # stream (median, sync latency subtracted). Work hidden on a side stream shows here.
+    escaped_ms: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"median_ms": self.median_ms, "iqr_ms": self.iqr_ms, "runs": self.runs}
+        return {"median_ms": self.median_ms, "iqr_ms": self.iqr_ms, "runs": self.runs,
+                "escaped_ms": self.escaped_ms}
 
 
 @dataclass
@@ -82,8 +86,9 @@ class CacheFlusher:
 
 
 def sync(device: torch.device) -> None:
+    """Device-wide: waits for every stream, so no work can hide on a side stream."""
     if device.type == "cuda":
-        _cuda_sync(device)
+        _cuda_sync()
 
 
 def summarize(samples_ms: Sequence[float]) -> Timing:
@@ -114,6 +119,8 @@ def time_calls(fn: Callable[[int], Any], device: torch.device, cfg: TimingConfig
         i += 1
         sync(device)
     samples: list[float] = []
+    whole: list[float] = []  # start -> after a device-wide sync (cuda)
+    sync_ms = _sync_latency_ms() if device.type == "cuda" else 0.0
     t0 = _perf_counter()
     call = 0
     while call < cfg.max_runs and (call < cfg.min_runs or _perf_counter() - t0 < cfg.budget_s):
@@ -122,13 +129,16 @@ def time_calls(fn: Callable[[int], Any], device: torch.device, cfg: TimingConfig
         if flush is not None:
             flush()
         if device.type == "cuda":
-            start, end = _cuda_event(enable_timing=True), _cuda_event(enable_timing=True)
-            _cuda_sync(device)
+            start, end, after = (_cuda_event(enable_timing=True) for _ in range(3))
+            _cuda_sync()
             start.record()
             out = fn(call)
             end.record()
-            _cuda_sync(device)
+            _cuda_sync()  # waits for every stream: ``after`` cannot precede hidden work
+            after.record()
+            _cuda_sync()
             samples.append(start.elapsed_time(end))
+            whole.append(start.elapsed_time(after))
         else:
             s = _perf_counter()
             out = fn(call)
@@ -136,7 +146,24 @@ def time_calls(fn: Callable[[int], Any], device: torch.device, cfg: TimingConfig
         if after_call is not None:
             after_call(call, out)
         call += 1
-    return summarize(samples)
+    t = summarize(samples)
+    if whole:
+        t.escaped_ms = max(0.0, statistics.median(whole) - sync_ms - t.median_ms)
+    return t
+
+
+def _sync_latency_ms(n: int = 20) -> float:
+    """Median event time across an empty region closed by a device-wide sync."""
+    vals = []
+    for _ in range(n):
+        start, after = _cuda_event(enable_timing=True), _cuda_event(enable_timing=True)
+        _cuda_sync()
+        start.record()
+        _cuda_sync()
+        after.record()
+        _cuda_sync()
+        vals.append(start.elapsed_time(after))
+    return statistics.median(vals)
 
 
 def noise_ratio(a: Timing, b: Timing) -> float:

@@ -289,6 +289,11 @@ def _judge(v: Verdict, prep: Prepared, result: dict | None, outcome: str,
 
     t = result["timing"]
     v.runtime_ms, v.runtime_iqr_ms = t["median_ms"], t["iqr_ms"]
+    escaped = t.get("escaped_ms", 0.0)
+    v.check("stream_ordered", escaped <= max(0.25 * v.runtime_ms, 0.01),
+            f"{escaped:.4g} ms of device work finished only after a device-wide sync, outside "
+            f"the {v.runtime_ms:.4g} ms timed on the caller's stream (side stream or thread)"
+            if escaped > max(0.25 * v.runtime_ms, 0.01) else "")
     if v.baseline_eager_ms:
         v.speedup_eager = v.baseline_eager_ms / v.runtime_ms if v.runtime_ms > 0 else None
     if v.baseline_compile_ms:

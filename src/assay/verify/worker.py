@@ -67,8 +67,7 @@ def poison_allocator(device: torch.device, nbytes: int) -> None:
     for _ in range(2):
         junk = torch.full((n,), float("nan"), dtype=torch.float32, device=device)
         del junk
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    timing.sync(device)
 
 
 def clone_inputs(inputs: list, device: torch.device) -> list:
@@ -113,6 +112,8 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     job = torch.load(job_dir / "job.pt", weights_only=False)
     device = torch.device(job["device"])
     if device.type == "cuda":
+        # An explicit index: "cuda" alone is refused by set_device and synchronize.
+        device = torch.device("cuda", device.index if device.index is not None else 0)
         torch.cuda.set_device(device)
     torch.set_grad_enabled(False)
     result.update(stage="start", settings_before=global_settings())
