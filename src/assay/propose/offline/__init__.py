@@ -1,0 +1,23 @@
+"""The offline synthesizer: a small kernel generator that needs no LLM.
+
+It traces a task with torch.fx, recognizes what its templates can express and writes complete
+candidate files (C++/OpenMP for the cpu target, CUDA for the cuda target):
+
+* fused elementwise chains over same-shape float32 tensors, with scalars, constants and
+  broadcast parameters (a bias along the last dim): arithmetic, relu, leaky_relu, sigmoid,
+  tanh, exp, log, abs, sqrt, rsqrt, gelu (erf and tanh), silu, mish, elu, selu, softplus,
+  hardtanh/clamp, hardsigmoid, hardswish, pow by a constant, minimum/maximum, ...;
+* row reductions over the trailing dims of a contiguous tensor, after an optional
+  elementwise chain: sum, mean, max, min (keepdim or not), norms, logsumexp, softmax,
+  log_softmax, layer_norm (weight and bias read from the module at run time), RMSNorm,
+  F.normalize.
+
+Everything else is declined with a reason. Modules: ``graph`` (what pattern is this),
+``codegen`` and ``templates`` (the code), ``synthesizer`` (the Proposer and its knobs).
+"""
+
+from assay.propose.offline.graph import Analysis, Plan, Unsupported, analyze_task
+from assay.propose.offline.synthesizer import KNOB_SPACES, OfflineSynthesizer
+
+__all__ = ["KNOB_SPACES", "Analysis", "OfflineSynthesizer", "Plan", "Unsupported",
+           "analyze_task"]

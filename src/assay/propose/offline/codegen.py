@@ -1,0 +1,550 @@
+"""Code generation: a Plan plus knobs -> the text of a candidate file.
+
+Pure functions of their arguments: the same plan, knobs, target and task source give the same
+text (and so the same candidate id); different knobs give different kernel source (the knobs
+line at the top of SOURCE alone guarantees a distinct build-cache key).
+
+The kernel reads every tensor through one pointer per leaf and computes the fused formula per
+element; reductions accumulate per thread, then across threads (OpenMP ``simd reduction`` on
+the host, warp shuffles and shared memory on the GPU).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from assay.propose.offline import templates
+from assay.propose.offline.graph import Plan
+
+# ----------------------------------------------------------------------------------------------
+# Scalar formulas (C syntax shared by C++ and CUDA)
+
+
+def c_float(v: float) -> str:
+    """A float literal that round-trips float32 (9 significant digits)."""
+    if math.isnan(v):
+        return "NAN"
+    if math.isinf(v):
+        return "INFINITY" if v > 0 else "(-INFINITY)"
+    s = f"{v:.9g}"
+    if not any(ch in s for ch in ".en"):
+        s += ".0"
+    return f"{s}f" if not s.startswith("-") else f"({s}f)"
+
+
+def _pow_const(x: str, e: float) -> str:
+    # The same special cases as torch's pow(tensor, scalar) kernel, so rounding matches.
+    table = {2.0: f"({x} * {x})", 3.0: f"({x} * {x} * {x})", 1.0: x, 0.0: "1.0f",
+             0.5: f"sqrtf({x})", -0.5: f"(1.0f / sqrtf({x}))", -1.0: f"(1.0f / {x})",
+             -2.0: f"(1.0f / ({x} * {x}))"}
+    return table.get(e, f"powf({x}, {c_float(e)})")
+
+
+def _clamp(a: list[str], at: dict[str, Any]) -> str:
+    x = a[0]
+    lo, hi = at.get("lo"), at.get("hi")
+    if lo is not None and hi is not None:
+        return f"assay_clamp({x}, {c_float(lo)}, {c_float(hi)})"
+    if lo is not None:
+        return f"({x} < {c_float(lo)} ? {c_float(lo)} : {x})"
+    return f"({x} > {c_float(hi)} ? {c_float(hi)} : {x})"
+
+
+Formula = Callable[[list[str], dict[str, Any]], str]
+
+FORMULAS: dict[str, Formula] = {
+    "add": lambda a, at: f"({a[0]} + {a[1]})",
+    "sub": lambda a, at: f"({a[0]} - {a[1]})",
+    "mul": lambda a, at: f"({a[0]} * {a[1]})",
+    "div": lambda a, at: f"({a[0]} / {a[1]})",
+    "neg": lambda a, at: f"(-{a[0]})",
+    "keep": lambda a, at: a[0],
+    "relu": lambda a, at: f"({a[0]} < 0.0f ? 0.0f : {a[0]})",
+    "relu6": lambda a, at: f"assay_clamp({a[0]}, 0.0f, 6.0f)",
+    "sigmoid": lambda a, at: f"assay_sigmoid({a[0]})",
+    "tanh": lambda a, at: f"tanhf({a[0]})",
+    "exp": lambda a, at: f"expf({a[0]})",
+    "log": lambda a, at: f"logf({a[0]})",
+    "abs": lambda a, at: f"fabsf({a[0]})",
+    "sqrt": lambda a, at: f"sqrtf({a[0]})",
+    "rsqrt": lambda a, at: f"(1.0f / sqrtf({a[0]}))",
+    "erf": lambda a, at: f"erff({a[0]})",
+    "sin": lambda a, at: f"sinf({a[0]})",
+    "cos": lambda a, at: f"cosf({a[0]})",
+    "log1p": lambda a, at: f"log1pf({a[0]})",
+    "expm1": lambda a, at: f"expm1f({a[0]})",
+    "reciprocal": lambda a, at: f"(1.0f / {a[0]})",
+    "square": lambda a, at: f"({a[0]} * {a[0]})",
+    "gelu_erf": lambda a, at: f"assay_gelu_erf({a[0]})",
+    "gelu_tanh": lambda a, at: f"assay_gelu_tanh({a[0]})",
+    "silu": lambda a, at: f"assay_silu({a[0]})",
+    "mish": lambda a, at: f"assay_mish({a[0]})",
+    "elu": lambda a, at: f"assay_elu({a[0]}, {c_float(at['alpha'])})",
+    "selu": lambda a, at: f"assay_selu({a[0]})",
+    "softplus": lambda a, at: (f"assay_softplus({a[0]}, {c_float(at['beta'])}, "
+                               f"{c_float(at['threshold'])})"),
+    "softsign": lambda a, at: f"({a[0]} / (1.0f + fabsf({a[0]})))",
+    "hardsigmoid": lambda a, at: f"assay_hardsigmoid({a[0]})",
+    "hardswish": lambda a, at: f"assay_hardswish({a[0]})",
+    "leaky_relu": lambda a, at: f"assay_leaky_relu({a[0]}, {c_float(at['slope'])})",
+    "clamp": _clamp,
+    "max2": lambda a, at: f"assay_max2({a[0]}, {a[1]})",
+    "min2": lambda a, at: f"assay_min2({a[0]}, {a[1]})",
+    "pow": lambda a, at: f"powf({a[0]}, {a[1]})",
+    "pow_const": lambda a, at: _pow_const(a[0], at["exponent"]),
+    "rpow_const": lambda a, at: f"powf({c_float(at['base'])}, {a[0]})",
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# How each leaf is indexed, per template
+
+
+def leaf_kind(plan: Plan, k: int) -> str:
+    """How the kernel indexes leaf ``k`` (see graph.Leaf for the block convention).
+
+    elementwise: full ``[i]``, scalar ``[0]``, mod ``[i % mid]``, general
+    ``[(i / inner) % mid]``; row plans add col ``[c]`` (a weight over the whole row), colmod
+    ``[c % mid]`` and rowconst (one value per row, loaded once per row).
+    """
+    lf = plan.leaves[k]
+    if lf.bcast in ("full", "scalar"):
+        return lf.bcast
+    nd = plan.ndim
+    if plan.kind == "row":
+        first_col = nd - plan.k
+        if lf.b == nd - 1 and lf.a == first_col:
+            return "col"
+        if lf.b == nd - 1 and lf.a > first_col:
+            return "colmod"
+        if lf.b < first_col:
+            return "rowconst"
+        return "general"
+    return "mod" if lf.b == nd - 1 else "general"
+
+
+def _access(kind: str, k: int) -> str:
+    return {
+        "full": f"t{k}[i]",
+        "scalar": f"t{k}[0]",
+        "mod": f"t{k}[i % mid{k}]",
+        "general": f"t{k}[(i / inner{k}) % mid{k}]",
+        "col": f"t{k}[c]",
+        "colmod": f"t{k}[c % mid{k}]",
+        # inner is a multiple of cols here, so (base + c) / inner == base / inner.
+        "rowconst": f"t{k}[(base / inner{k}) % mid{k}]",
+    }[kind]
+
+
+# ----------------------------------------------------------------------------------------------
+# Scheduling and emission of the formula DAG
+
+
+@dataclass
+class _Schedule:
+    """Where each node is computed: prologue (uniform), row prologue, a pass, or after one."""
+
+    plan: Plan
+    kinds: list[str]
+    avail: list[int] = field(default_factory=list)  # passes completed before a value exists
+    passes: int = 0  # reduction passes
+
+    def __post_init__(self) -> None:
+        for n in self.plan.nodes:
+            if n.op.startswith("reduce_"):
+                p = self.avail[n.args[0]]
+                self.avail.append(p + 1)
+                self.passes = max(self.passes, p + 1)
+            elif n.args:
+                self.avail.append(max(self.avail[a] for a in n.args))
+            else:
+                self.avail.append(0)
+
+    def where(self, j: int) -> str:
+        n = self.plan.nodes[j]
+        if n.op == "const":
+            return "inline"
+        if n.op == "load" and self.kinds[n.attr("leaf")] == "rowconst":
+            return "row"
+        if n.cls == "uniform":
+            return "prologue"
+        if n.cls == "row":
+            return "after"
+        return "elem"
+
+    def reduce_pass(self, j: int) -> int:
+        return self.avail[j] - 1
+
+
+class _Names:
+    """C names of node values in a given emission context."""
+
+    def __init__(self, plan: Plan, sched: _Schedule, vector: set[int] | None = None):
+        self.plan, self.sched, self.vector = plan, sched, vector or set()
+
+    def __call__(self, j: int) -> str:
+        n = self.plan.nodes[j]
+        if n.op == "const":
+            return c_float(n.attr("value"))
+        if n.op == "cols":
+            return "fcols"
+        return f"v{j}"
+
+    def define(self, j: int) -> str:
+        """The statement computing node ``j`` (loads pick their indexing here)."""
+        n = self.plan.nodes[j]
+        if n.op == "load":
+            k = n.attr("leaf")
+            if k in self.vector:
+                return f"const float v{j} = a{k}[u];"
+            return f"const float v{j} = {_access(self.sched.kinds[k], k)};"
+        formula = FORMULAS[n.op]([self(a) for a in n.args], dict(n.attrs))
+        return f"const float v{j} = {formula};"
+
+
+def _elem_closure(plan: Plan, sched: _Schedule, targets: list[int]) -> list[int]:
+    """The per-element nodes needed for ``targets``, in topological (index) order."""
+    need: set[int] = set()
+    stack = list(targets)
+    while stack:
+        j = stack.pop()
+        if j in need or sched.where(j) != "elem":
+            continue
+        need.add(j)
+        stack.extend(plan.nodes[j].args)
+    return sorted(need)
+
+
+def _leaves_of(plan: Plan, nodes: list[int]) -> list[int]:
+    return sorted({plan.nodes[j].attr("leaf") for j in nodes if plan.nodes[j].op == "load"})
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel parameters: one list drives the C signature, the ctypes argtypes and the call.
+
+
+@dataclass(frozen=True)
+class _Param:
+    ctype: str
+    name: str
+    py: str  # the Python expression passed for it
+    ctypes_type: str
+
+
+def _params(plan: Plan, target: str) -> list[_Param]:
+    restrict = "__restrict__" if target == "cuda" else "__restrict"
+    ps = [_Param(f"const float* {restrict}", f"t{k}", f"l{k}.data_ptr()", "ctypes.c_void_p")
+          for k in range(len(plan.leaves))]
+    ps.append(_Param(f"float* {restrict}", "out", "out.data_ptr()", "ctypes.c_void_p"))
+    if plan.kind == "row":
+        ps += [_Param("int64_t", "rows", "rows", "ctypes.c_int64"),
+               _Param("int64_t", "cols", "cols", "ctypes.c_int64")]
+    else:
+        ps.append(_Param("int64_t", "n", "n", "ctypes.c_int64"))
+    for k, lf in enumerate(plan.leaves):
+        if lf.bcast == "block":
+            ps += [_Param("int64_t", f"inner{k}", f"inner{k}", "ctypes.c_int64"),
+                   _Param("int64_t", f"mid{k}", f"mid{k}", "ctypes.c_int64")]
+    return ps
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel source
+
+
+def _prologue(plan: Plan, sched: _Schedule) -> list[str]:
+    names = _Names(plan, sched)
+    lines = []
+    if any(n.op == "cols" for n in plan.nodes):
+        lines.append("const float fcols = (float)cols;")
+    for j, n in enumerate(plan.nodes):
+        if sched.where(j) == "prologue" and n.op != "cols":
+            lines.append(names.define(j))
+    return lines
+
+
+def _row_prologue(plan: Plan, sched: _Schedule) -> list[str]:
+    names = _Names(plan, sched)
+    return [names.define(j) for j in range(len(plan.nodes)) if sched.where(j) == "row"]
+
+
+def _after(plan: Plan, sched: _Schedule, p: int) -> list[str]:
+    """Row values that become available once pass ``p`` is done (not the reductions)."""
+    names = _Names(plan, sched)
+    return [names.define(j) for j, n in enumerate(plan.nodes)
+            if sched.where(j) == "after" and not n.op.startswith("reduce_")
+            and sched.avail[j] == p + 1]
+
+
+_IDENT_CPP = {"sum": "0.0", "max": "-INFINITY", "min": "INFINITY"}
+_OP_CUDA = {"sum": "AssaySum", "max": "AssayMax", "min": "AssayMin"}
+
+
+@dataclass
+class _RowPasses:
+    passes: list[dict[str, Any]]  # per pass: init, loads, body, after, ... (see the templates)
+    vec_ptrs: list[str]  # pointers that a vectorized kernel accesses by vector
+    cached: list[int]  # CUDA: full leaves read by several passes, kept in shared memory
+
+
+def _row_passes(plan: Plan, sched: _Schedule, target: str, vec_ok: Callable[[int], bool]
+                ) -> _RowPasses:
+    """The passes over each row: the reductions of each level, then the output."""
+    passes = []
+    vec_ptrs: list[str] = []
+    out = plan.output
+    npasses = sched.passes + (0 if plan.out_is_row else 1)
+    reds_of = [[j for j, n in enumerate(plan.nodes)
+                if n.op.startswith("reduce_") and sched.reduce_pass(j) == p]
+               for p in range(npasses)]
+    elems_of = [_elem_closure(plan, sched, [plan.nodes[j].args[0] for j in reds_of[p]]
+                              + ([out] if p == sched.passes else []))
+                for p in range(npasses)]
+    # A full leaf read by several passes is read from global memory once when the cache_row
+    # knob is on: the first pass keeps it in shared memory. Each thread reads back only the
+    # elements it stored itself (same lane -> column mapping in every pass), so no barrier.
+    uses: dict[int, list[int]] = {}
+    for p, elems in enumerate(elems_of):
+        for k in _leaves_of(plan, elems):
+            uses.setdefault(k, []).append(p)
+    cached = [k for k in sorted(uses) if len(uses[k]) > 1 and leaf_kind(plan, k) == "full"]
+    for p in range(npasses):
+        reds, elems = reds_of[p], elems_of[p]
+        writes = p == sched.passes  # the output pass of an elementwise-output row plan
+        vector = {k for k in _leaves_of(plan, elems) if vec_ok(k)} if target == "cuda" else set()
+        names = _Names(plan, sched, vector)
+        body = [names.define(j) for j in elems]
+        init, after, clauses = [], [], []
+        for j in reds:
+            kind = plan.nodes[j].op.removeprefix("reduce_")
+            arg = names(plan.nodes[j].args[0])
+            if target == "cpu":
+                if kind == "sum":
+                    # double accumulators: torch sums pairwise; a float running sum over a long
+                    # row would drift past 1e-5.
+                    init.append(f"double acc{j} = 0.0;")
+                    body.append(f"acc{j} += (double){arg};")
+                    clauses.append(f"reduction(+:acc{j})")
+                    after.append(f"const float v{j} = (float)acc{j};")
+                else:
+                    cmp = ">" if kind == "max" else "<"
+                    init.append(f"float acc{j} = {_IDENT_CPP[kind]}; int nan{j} = 0;")
+                    body.append(f"acc{j} = {arg} {cmp} acc{j} ? {arg} : acc{j}; "
+                                f"nan{j} |= ({arg} != {arg});")
+                    clauses.append(f"reduction({kind}:acc{j}) reduction(|:nan{j})")
+                    after.append(f"const float v{j} = nan{j} ? NAN : acc{j};")
+            else:
+                op = _OP_CUDA[kind]
+                init.append(f"{op}::T acc{j} = {op}::id();")
+                body.append(f"acc{j} = {op}::op(acc{j}, static_cast<{op}::T>({arg}));")
+                after.append(f"const float v{j} = static_cast<float>("
+                             f"assay_row_reduce<{op}>(acc{j}, smem));")
+        if writes:
+            body.append(f"o[u] = {names(out)};" if target == "cuda"
+                        else f"out[i] = {names(out)};")
+        after += _after(plan, sched, p)
+        if plan.out_is_row and p == sched.passes - 1:
+            after.append(f"if (leader) out[r] = {names(out)};" if target == "cuda"
+                         else f"out[r] = {names(out)};")
+        vec_loads = []
+        for k in sorted(vector):
+            at = "c0" if leaf_kind(plan, k) == "col" else "base + c0"
+            load = f"assay_load<VEC>(t{k}, {at}, a{k});"
+            if k in cached and uses[k][0] == p:
+                load += f" if (CACHE) assay_store<VEC>(cache{k}, c0, a{k});"
+            elif k in cached:
+                load = f"if (CACHE) assay_load<VEC>(cache{k}, c0, a{k}); else {load}"
+            vec_loads.append(f"float a{k}[VEC]; {load}")
+            vec_ptrs.append(f"t{k}")
+        if writes and target == "cuda":
+            vec_ptrs.append("out")
+        comment = ", ".join(plan.nodes[j].op for j in reds) or "write the output"
+        passes.append({"comment": comment, "init": init, "body": body, "after": after,
+                       "clause": "".join(f" {c}" for c in clauses), "vec_loads": vec_loads,
+                       "stores": writes})
+    return _RowPasses(passes, list(dict.fromkeys(vec_ptrs)), cached)
+
+
+def _knob_line(knobs: dict[str, Any]) -> str:
+    return " ".join(f"{k}={knobs[k]}" for k in sorted(knobs))
+
+
+def kernel_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
+    kinds = [leaf_kind(plan, k) for k in range(len(plan.leaves))]
+    sched = _Schedule(plan, kinds)
+    params = _params(plan, target)
+    common = {
+        "template": plan.kind, "summary": summary.replace("\n", " "),
+        "knob_line": _knob_line(knobs), "helpers": templates.HELPERS.strip("\n"),
+        "prologue": _prologue(plan, sched),
+    }
+    if target == "cpu":
+        # threads: 0 = OpenMP's default team, 1 = serial (no parallel region), k = at most k.
+        # unroll: the simd length in units of 4 lanes (the SSE width of a plain -O3 build).
+        threads = int(knobs["threads"])
+        values = dict(common, params=", ".join(f"{p.ctype} {p.name}" for p in params),
+                      parallel=threads != 1,
+                      omp_clause=f" num_threads(assay_threads({threads}))" if threads > 1 else "",
+                      simdlen=4 * int(knobs["unroll"]))
+        if plan.kind == "elementwise":
+            names = _Names(plan, sched)
+            elems = _elem_closure(plan, sched, [plan.output])
+            body = [names.define(j) for j in elems] + [f"out[i] = {names(plan.output)};"]
+            values.update(body=body, chunk=int(knobs["chunk"]))
+        else:
+            passes = _row_passes(plan, sched, "cpu", lambda k: False).passes
+            chunk = int(knobs["chunk"])
+            values.update(passes=passes, row_prologue=_row_prologue(plan, sched),
+                          schedule="static" if chunk == 0 else f"static, {chunk}")
+        return templates.render(templates.CPP_SOURCE, **values)
+
+    block, vec = int(knobs["block"]), int(knobs["vec"])
+    kparams = ", ".join(f"{p.ctype} {p.name}" for p in params)
+    values = dict(common, block=block, vec=vec, kparams=kparams,
+                  params=kparams + ", void* stream_ptr",
+                  kargs=", ".join(p.name for p in params))
+    head = templates.render(templates.CUDA_COMMON, **values)
+    if plan.kind == "elementwise":
+        elems = _elem_closure(plan, sched, [plan.output])
+        vector = {k for k in _leaves_of(plan, elems) if kinds[k] == "full"}
+        vnames = _Names(plan, sched, vector)
+        snames = _Names(plan, sched)
+        values.update(
+            unroll=int(knobs["unroll"]), persistent=bool(knobs["persistent"]),
+            vec_loads=[f"float a{k}[VEC]; assay_load<VEC>(t{k}, i0, a{k});"
+                       for k in sorted(vector)],
+            vec_body=[vnames.define(j) for j in elems] + [f"o[u] = {vnames(plan.output)};"],
+            scalar_body=[snames.define(j) for j in elems]
+            + [f"out[i] = {snames(plan.output)};"],
+            vec_ptrs=[f"t{k}" for k in sorted(vector)] + ["out"],
+        )
+        return head + templates.render(templates.CUDA_ELEMENTWISE, **values)
+    rp = _row_passes(plan, sched, "cuda", lambda k: kinds[k] in ("full", "col"))
+    warp = bool(knobs["warp_per_row"])
+    values.update(passes=rp.passes, row_prologue=_row_prologue(plan, sched),
+                  vec_ptrs=rp.vec_ptrs, warp_per_row=warp, cached=rp.cached,
+                  cache_row=bool(knobs["cache_row"]), rows_per_block=block // 32 if warp else 1)
+    return head + templates.render(templates.CUDA_ROW, **values)
+
+
+# ----------------------------------------------------------------------------------------------
+# The task's own code, reused for ModelNew's constructor
+
+_DROP_FUNCS = {"get_inputs", "get_init_inputs"}
+
+
+def task_prelude(source: str) -> tuple[str, bool]:
+    """The task file minus what a candidate must not carry: Model.forward (the reference
+    computation), get_inputs/get_init_inputs, size tables and top-level statements.
+
+    Returns the code and whether the task used ``from __future__`` imports (hoisted by the
+    caller: they must open the file).
+    """
+    tree = ast.parse(source)
+    keep: list[ast.stmt] = []
+    future = False
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            future = True
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            keep.append(node)
+        elif isinstance(node, ast.ClassDef):
+            if node.name == "Model":
+                node.body = [s for s in node.body
+                             if not (isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                                     and s.name == "forward")] or [ast.Pass()]
+            keep.append(node)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if node.name not in _DROP_FUNCS:
+                keep.append(node)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {t.id for t in targets if isinstance(t, ast.Name)}
+            used = {sub.id for sub in ast.walk(node) if isinstance(sub, ast.Name)}
+            # Module constants stay (a constructor may read them), except the size table and
+            # values computed from the input builders, which are gone.
+            if "ASSAY_SIZES" not in names and not used & _DROP_FUNCS:
+                keep.append(node)
+    return ast.unparse(ast.Module(body=keep, type_ignores=[])), future
+
+
+# ----------------------------------------------------------------------------------------------
+# The candidate file
+
+
+def _forward_lines(plan: Plan, target: str, params: list[_Param]) -> list[str]:
+    lines = []
+    for k, lf in enumerate(plan.leaves):
+        if lf.source == "input":
+            lines.append(f"l{k} = _tensor({lf.name}, {lf.name!r})")
+        else:
+            where = f"self.{lf.name}"
+            lines.append(f"l{k} = _tensor(_attr(self, {lf.name!r}), {where!r})")
+    a = plan.anchor
+    nd, k = plan.ndim, plan.k
+    lines.append(f"shape = tuple(l{a}.shape)")
+    lines.append(f"_expect(len(shape) == {nd}, f'{plan.leaves[a].name} has {{len(shape)}} "
+                 f"dims, expected {nd}')")
+    lines.append(f"n = l{a}.numel()")
+    for j, lf in enumerate(plan.leaves):
+        what = lf.name
+        if lf.bcast == "full" and j != a:
+            lines.append(f"_expect(l{j}.numel() == n, {what + ' does not match the anchor'!r})")
+        elif lf.bcast == "scalar":
+            lines.append(f"_expect(l{j}.numel() == 1, {what + ' is not a single value'!r})")
+        elif lf.bcast == "block":
+            lines.append(f"inner{j} = math.prod(shape[{lf.b + 1}:])")
+            lines.append(f"mid{j} = math.prod(shape[{lf.a}:{lf.b + 1}])")
+            lines.append(f"_expect(l{j}.numel() == mid{j}, {what + ' does not broadcast'!r})")
+    if plan.kind == "row":
+        lines.append(f"cols = math.prod(shape[{nd - k}:])")
+        lines.append("rows = n // cols if cols else 0")
+        if plan.out_is_row:
+            keep = f" + {(1,) * k!r}" if plan.keepdim else ""
+            lines.append(f"out = torch.empty(shape[:{nd - k}]{keep}, dtype=torch.float32, "
+                         f"device=l{a}.device)")
+            lines.append("_expect(cols > 0 or rows == 0, 'a reduction over empty rows')")
+        else:
+            lines.append(f"out = torch.empty(shape, dtype=torch.float32, device=l{a}.device)")
+        lines.append("if rows == 0 or cols == 0:")
+    else:
+        lines.append(f"out = torch.empty(shape, dtype=torch.float32, device=l{a}.device)")
+        lines.append("if n == 0:")
+    lines.append("    return out")
+    args = [p.py for p in params]
+    if target == "cuda":
+        args.append(f"torch.cuda.current_stream(l{a}.device).cuda_stream")
+    lines.append(f"err = _lib().assay_forward({', '.join(args)})")
+    lines.append("if err:")
+    if target == "cuda":
+        lines.append("    msg = _lib().assay_error_string(err).decode()")
+        lines.append("    raise RuntimeError(f'assay kernel launch failed: {msg} (cuda error "
+                     "{err})')")
+    else:
+        lines.append("    raise RuntimeError(f'assay kernel failed with code {err}')")
+    lines.append("return out")
+    return lines
+
+
+def candidate_file(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
+                   task_source: str) -> str:
+    """The full candidate module: the task's constructor, SOURCE, and ModelNew."""
+    source = kernel_source(plan, target, knobs, summary)
+    params = _params(plan, target)
+    argtypes = [p.ctypes_type for p in params] + (["ctypes.c_void_p"] if target == "cuda"
+                                                   else [])
+    code, future = task_prelude(task_source)
+    if '"""' in source:  # never: the kernel has no triple quotes, but SOURCE is r"""..."""
+        raise ValueError("kernel source contains a triple quote")
+    return templates.render(
+        templates.CANDIDATE, summary=summary, template=plan.kind, target=target,
+        knob_line=_knob_line(knobs), knobs_repr=repr(dict(sorted(knobs.items()))),
+        lang="cuda" if target == "cuda" else "cpp", source=source, task_code=code,
+        future=future, argtypes=", ".join(argtypes), inputs=list(plan.inputs),
+        device_type="cuda" if target == "cuda" else "cpu",
+        forward=_forward_lines(plan, target, params))

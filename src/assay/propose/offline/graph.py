@@ -1,0 +1,930 @@
+"""Graph analysis: what computation is this task, in terms the templates can express?
+
+The task's model is traced with ``torch.fx.symbolic_trace`` and shape-propagated on meta tensors
+(no memory, any size), then lowered into a small IR, the :class:`Plan`:
+
+* leaves: the forward's tensor arguments and the module's parameters/buffers, each with how it
+  broadcasts against the iteration shape ``S`` (full, a single value, or a contiguous block of
+  dims, e.g. a bias of shape ``(C,)`` along the last dim);
+* nodes in topological order: elementwise ops (``elem`` class: one value per element of ``S``),
+  row reductions over the trailing ``k`` dims (``row`` class: one value per row) and arithmetic
+  on row values, and ``uniform`` values (constants, the row length);
+* the output node.
+
+Two templates cover every plan: ``elementwise`` (no reduction) and ``row`` (one or more passes
+over each row: softmax, layer norm, RMSNorm, sums, ...). Composite ops (softmax, layer_norm,
+rms_norm, logsumexp, normalize, mean) are lowered into reductions and elementwise nodes here so
+that the code generator only knows three reductions (sum, max, min) and scalar formulas.
+
+Anything the IR cannot express raises :class:`Unsupported` with a one-line reason that the
+proposer returns as its decline. The plan holds no sizes: sizes are read from the tensors at
+run time, so a plan learned at one size serves every size (``analyze_task`` checks that).
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+from assay.tasks.instantiate import init_inputs, make_inputs
+from assay.tasks.model import Task
+
+PREFIX = "offline synthesizer v1 cannot express"
+
+
+class Unsupported(Exception):
+    """The task is outside what the offline synthesizer can write; ``str(e)`` says why."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The IR
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A tensor read by the kernel.
+
+    ``source`` is ``"input"`` (forward argument number ``index``, named ``name``) or ``"attr"``
+    (a parameter, buffer or tensor attribute at dotted path ``name`` on the model).
+    ``bcast`` is how it maps onto the iteration shape S (``ndim`` dims): ``"full"`` (same shape),
+    ``"scalar"`` (one element) or ``"block"``: its non-1 dims are S's dims ``a..b`` inclusive, so
+    element ``i`` of S reads ``(i // inner) % mid`` with ``inner = prod(S[b+1:])`` and
+    ``mid = prod(S[a:b+1])`` (a bias ``(C,)`` is the block of the last dim).
+    """
+
+    source: str
+    name: str
+    index: int
+    bcast: str = "full"
+    a: int = 0
+    b: int = 0
+
+
+@dataclass(frozen=True)
+class Node:
+    """One value. ``op`` is a formula name (see codegen.FORMULAS), ``load``, ``const``,
+    ``cols`` (the row length) or ``reduce_sum``/``reduce_max``/``reduce_min``.
+
+    ``cls``: ``elem`` (per element of S), ``row`` (per row) or ``uniform`` (one value).
+    ``attrs`` is a sorted tuple of (name, value) pairs so plans compare and hash by value.
+    """
+
+    op: str
+    args: tuple[int, ...] = ()
+    attrs: tuple[tuple[str, Any], ...] = ()
+    cls: str = "elem"
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return dict(self.attrs).get(name, default)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to compute, independent of sizes. ``kind`` is ``elementwise`` or ``row``."""
+
+    kind: str
+    inputs: tuple[str, ...]  # the forward's parameter names, in order
+    ndim: int  # rank of the iteration shape S
+    k: int  # row plans: the trailing dims reduced (rows x cols with cols = prod(S[-k:]))
+    leaves: tuple[Leaf, ...]
+    nodes: tuple[Node, ...]
+    output: int
+    keepdim: bool  # row plans whose output is a row value: keep the reduced dims as size 1
+    anchor: int  # a full leaf: its run-time shape is S
+
+    @property
+    def out_is_row(self) -> bool:
+        return self.nodes[self.output].cls == "row"
+
+    def reductions(self) -> list[int]:
+        return [i for i, n in enumerate(self.nodes) if n.op.startswith("reduce_")]
+
+
+@dataclass(frozen=True)
+class Analysis:
+    plan: Plan
+    shape: tuple[int, ...]  # S at the analysed size (for default knobs only, never in code)
+    ops: tuple[str, ...]  # the task's ops as recognized, for descriptions
+    summary: str
+
+
+# ----------------------------------------------------------------------------------------------
+# Recognized torch callables, method names and modules -> canonical op names
+
+_FUNCTIONS: dict[Any, str] = {}
+
+
+def _register(name: str, *targets: Any) -> None:
+    for t in targets:
+        if t is not None:
+            _FUNCTIONS[t] = name
+
+
+_register("add", operator.add, torch.add)
+_register("sub", operator.sub, torch.sub, torch.subtract)
+_register("mul", operator.mul, torch.mul, torch.multiply)
+_register("div", operator.truediv, torch.div, torch.divide, torch.true_divide)
+_register("neg", operator.neg, torch.neg, torch.negative)
+_register("pos", operator.pos)
+_register("pow", operator.pow, torch.pow)
+_register("relu", torch.relu, F.relu)
+_register("relu6", F.relu6)
+_register("sigmoid", torch.sigmoid, F.sigmoid, torch.special.expit)
+_register("tanh", torch.tanh, F.tanh)
+_register("exp", torch.exp)
+_register("log", torch.log)
+_register("abs", operator.abs, torch.abs, torch.absolute)
+_register("sqrt", torch.sqrt)
+_register("rsqrt", torch.rsqrt)
+_register("erf", torch.erf, torch.special.erf)
+_register("sin", torch.sin)
+_register("cos", torch.cos)
+_register("log1p", torch.log1p)
+_register("expm1", torch.expm1)
+_register("reciprocal", torch.reciprocal)
+_register("square", torch.square)
+_register("gelu", F.gelu)
+_register("silu", F.silu)
+_register("mish", F.mish)
+_register("elu", F.elu)
+_register("selu", F.selu, torch.selu)
+_register("softplus", F.softplus)
+_register("softsign", F.softsign)
+_register("hardsigmoid", F.hardsigmoid)
+_register("hardswish", F.hardswish)
+_register("leaky_relu", F.leaky_relu)
+_register("hardtanh", F.hardtanh)
+_register("clamp", torch.clamp, torch.clip)
+_register("clamp_min", torch.clamp_min)
+_register("clamp_max", torch.clamp_max)
+_register("maximum", torch.maximum)
+_register("minimum", torch.minimum)
+_register("max", torch.max)
+_register("min", torch.min)
+_register("amax", torch.amax)
+_register("amin", torch.amin)
+_register("sum", torch.sum)
+_register("mean", torch.mean)
+_register("softmax", torch.softmax, F.softmax, torch.special.softmax)
+_register("log_softmax", torch.log_softmax, F.log_softmax, torch.special.log_softmax)
+_register("logsumexp", torch.logsumexp, torch.special.logsumexp)
+_register("layer_norm", F.layer_norm)
+_register("rms_norm", getattr(F, "rms_norm", None))
+_register("normalize", F.normalize)
+_register("norm", torch.norm)
+_register("dropout", F.dropout)
+_register("getitem", operator.getitem)
+_register("getattr", builtins.getattr)
+
+_METHODS = {
+    "add", "sub", "mul", "div", "true_divide", "neg", "pow", "relu", "sigmoid", "tanh", "exp",
+    "log", "abs", "sqrt", "rsqrt", "erf", "sin", "cos", "log1p", "expm1", "reciprocal",
+    "square", "clamp", "clip", "clamp_min", "clamp_max", "maximum", "minimum", "max", "min",
+    "amax", "amin", "sum", "mean", "softmax", "log_softmax", "logsumexp", "norm", "contiguous",
+    "float", "clone",
+}
+_METHOD_ALIASES = {"true_divide": "div", "clip": "clamp", "float": "identity",
+                   "contiguous": "identity", "clone": "identity"}
+
+# Positional parameter names of each canonical op (torch's order); keyword arguments are
+# matched by name. A call with more positional arguments than listed is declined (unusual form).
+_SIGNATURES: dict[str, tuple[str, ...]] = {
+    "add": ("input", "other", "alpha"), "sub": ("input", "other", "alpha"),
+    "mul": ("input", "other"), "div": ("input", "other"), "neg": ("input",),
+    "pos": ("input",), "pow": ("input", "exponent"),
+    "relu": ("input", "inplace"), "relu6": ("input", "inplace"),
+    "gelu": ("input", "approximate"), "silu": ("input", "inplace"), "mish": ("input", "inplace"),
+    "elu": ("input", "alpha", "inplace"), "selu": ("input", "inplace"),
+    "softplus": ("input", "beta", "threshold"), "softsign": ("input",),
+    "hardsigmoid": ("input", "inplace"), "hardswish": ("input", "inplace"),
+    "leaky_relu": ("input", "negative_slope", "inplace"),
+    "hardtanh": ("input", "min_val", "max_val", "inplace"),
+    "clamp": ("input", "min", "max"), "clamp_min": ("input", "min"),
+    "clamp_max": ("input", "max"),
+    "maximum": ("input", "other"), "minimum": ("input", "other"),
+    "max": ("input", "dim", "keepdim"), "min": ("input", "dim", "keepdim"),
+    "amax": ("input", "dim", "keepdim"), "amin": ("input", "dim", "keepdim"),
+    "sum": ("input", "dim", "keepdim"), "mean": ("input", "dim", "keepdim"),
+    "softmax": ("input", "dim"), "log_softmax": ("input", "dim"),
+    "logsumexp": ("input", "dim", "keepdim"),
+    "layer_norm": ("input", "normalized_shape", "weight", "bias", "eps"),
+    "rms_norm": ("input", "normalized_shape", "weight", "eps"),
+    "normalize": ("input", "p", "dim", "eps"),
+    "norm": ("input", "p", "dim", "keepdim"),
+    "dropout": ("input", "p", "training", "inplace"),
+    "identity": ("input",),
+    "getitem": ("input", "index"), "getattr": ("input", "name"),
+}
+_UNARY_FORMULAS = {"neg", "relu", "relu6", "sigmoid", "tanh", "exp", "log", "abs", "sqrt",
+                   "rsqrt", "erf", "sin", "cos", "log1p", "expm1", "reciprocal", "square",
+                   "silu", "mish", "selu", "softsign", "hardsigmoid", "hardswish"}
+
+# Why a common op is out of reach, for the decline message.
+_CATEGORIES = (
+    (("matmul", "mm", "bmm", "linear", "addmm", "einsum", "baddbmm", "bilinear", "tensordot",
+      "Linear", "Bilinear"), "matmul"),
+    (("conv",), "convolution"),
+    (("pool",), "pooling"),
+    (("batch_norm", "BatchNorm", "instance_norm", "InstanceNorm", "group_norm", "GroupNorm"),
+     "normalization over non-trailing dims"),
+    (("view", "reshape", "permute", "transpose", "flatten", "unsqueeze", "squeeze", "cat",
+      "stack", "split", "chunk", "expand", "repeat", "narrow", "select", "index"),
+     "layout/indexing op"),
+    (("cumsum", "cumprod", "cummax", "scan"), "scan"),
+    (("argmax", "argmin", "topk", "sort"), "index-valued op"),
+)
+
+
+def _category(name: str) -> str:
+    low = name.lower()
+    for keys, cat in _CATEGORIES:
+        if any(k.lower() in low for k in keys):
+            return cat
+    return "op not in the v1 table"
+
+
+def _unsupported(what: str) -> Unsupported:
+    return Unsupported(f"{PREFIX} {what} ({_category(what)})")
+
+
+def _callable_name(target: Any) -> str:
+    mod = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__name__", None) or repr(target)
+    mod = {"torch._C._nn": "torch.nn.functional", "torch._C._VariableFunctions": "torch",
+           "_operator": "operator"}.get(mod, mod)
+    if not mod and name in dir(torch):
+        mod = "torch"
+    return f"{mod}.{name}" if mod else name
+
+
+# ----------------------------------------------------------------------------------------------
+# Lowering fx -> IR
+
+
+@dataclass
+class _TupleRef:
+    """A (values, indices) result of max/min with a dim: only the values can be used."""
+
+    values: int
+    what: str
+
+
+@dataclass
+class _Builder:
+    """Accumulates IR nodes (hash-consed) and the facts a Plan needs (leaves, row shape)."""
+
+    nodes: list[Node] = field(default_factory=list)
+    keep: dict[int, bool] = field(default_factory=dict)  # row node -> keepdim
+    leaves: list[tuple[Leaf, tuple[int, ...]]] = field(default_factory=list)  # (leaf, shape)
+    row_k: int | None = None
+    row_shape: tuple[int, ...] | None = None
+    ops: list[str] = field(default_factory=list)
+    _memo: dict[Node, int] = field(default_factory=dict)
+
+    def add(self, node: Node, keepdim: bool | None = None) -> int:
+        # Hash-consing: the same constant, leaf or subexpression is one node.
+        if node in self._memo:
+            return self._memo[node]
+        self.nodes.append(node)
+        idx = len(self.nodes) - 1
+        self._memo[node] = idx
+        if node.cls == "row":
+            self.keep[idx] = bool(keepdim)
+        return idx
+
+    def const(self, value: float) -> int:
+        return self.add(Node("const", attrs=(("value", float(value)),), cls="uniform"))
+
+    def cols(self) -> int:
+        return self.add(Node("cols", cls="uniform"))
+
+    def leaf(self, source: str, name: str, index: int, meta: Any) -> int:
+        _check_dtype(meta.dtype, name)
+        shape = tuple(int(s) for s in meta.shape)
+        for k, (lf, _) in enumerate(self.leaves):
+            if lf.source == source and lf.name == name:
+                break
+        else:
+            self.leaves.append((Leaf(source, name, index), shape))
+            k = len(self.leaves) - 1
+        # A one-element tensor is one value for the whole kernel, so arithmetic between it and
+        # a reduced row value stays a row value (``sum(x) * self.scale``).
+        cls = "uniform" if math.prod(shape) == 1 else "elem"
+        return self.add(Node("load", attrs=(("leaf", k),), cls=cls))
+
+    def op(self, name: str, *args: int, **attrs: Any) -> int:
+        classes = [self.nodes[a].cls for a in args]
+        rows = [a for a in args if self.nodes[a].cls == "row"]
+        if "elem" in classes:
+            cls, keepdim = "elem", None
+            for r in rows:
+                if not self.keep[r]:
+                    raise Unsupported(f"{PREFIX} a reduced value without keepdim=True "
+                                      f"broadcast against the unreduced tensor")
+        elif rows:
+            cls = "row"
+            kinds = {self.keep[r] for r in rows}
+            if len(kinds) > 1:
+                raise Unsupported(f"{PREFIX} arithmetic between reductions with different "
+                                  f"keepdim")
+            keepdim = kinds.pop()
+        else:
+            cls, keepdim = "uniform", None
+        node = Node(name, tuple(args), tuple(sorted(attrs.items())), cls)
+        return self.add(node, keepdim)
+
+    def reduce(self, kind: str, arg: int, dims: tuple[int, ...], keepdim: bool,
+               in_shape: tuple[int, ...]) -> int:
+        """A reduction of ``arg`` (shape ``in_shape``) over ``dims``, which must be trailing."""
+        nd = len(in_shape)
+        k = len(dims)
+        if k == 0 or dims != tuple(range(nd - k, nd)):
+            raise Unsupported(f"{PREFIX} a reduction over dim(s) {list(dims)} of a {nd}-D "
+                              f"tensor (v1 reduces the trailing dims only)")
+        if self.nodes[arg].cls != "elem":
+            raise Unsupported(f"{PREFIX} a reduction of an already reduced value")
+        if self.row_k is None:
+            self.row_k, self.row_shape = k, in_shape
+        elif (self.row_k, self.row_shape) != (k, in_shape):
+            raise Unsupported(f"{PREFIX} reductions over different row shapes in one kernel")
+        # keepdim is part of the node: the same sum kept and squeezed are two shapes.
+        return self.add(Node(f"reduce_{kind}", (arg,), (("keepdim", keepdim),), "row"), keepdim)
+
+    def squeeze(self, row: int, keepdim: bool) -> int:
+        """The row value ``row`` with another keepdim (the same numbers, another shape)."""
+        if self.keep[row] == keepdim:
+            return row
+        return self.add(Node("keep", (row,), (("keepdim", keepdim),), "row"), keepdim)
+
+
+def _check_dtype(dtype: torch.dtype, what: str) -> None:
+    if dtype != torch.float32:
+        raise Unsupported(f"{PREFIX} {what} of dtype {str(dtype).replace('torch.', '')} "
+                          f"(v1 handles float32 only)")
+
+
+def _norm_dims(dim: Any, ndim: int, what: str) -> tuple[int, ...]:
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        raise Unsupported(f"{PREFIX} {what} over all dims (a full reduction to one value)")
+    dims = dim if isinstance(dim, (list, tuple)) else (dim,)
+    if not all(isinstance(d, int) for d in dims):
+        raise Unsupported(f"{PREFIX} {what} with a dim computed at run time")
+    out = sorted({d + ndim if d < 0 else d for d in dims})
+    if any(d < 0 or d >= max(ndim, 1) for d in out):
+        raise Unsupported(f"{PREFIX} {what} with dim {dim} of a {ndim}-D tensor")
+    return tuple(out)
+
+
+class _Lowering:
+    """Walks the traced graph once, turning each fx node into IR nodes (or declining)."""
+
+    def __init__(self, gm: fx.GraphModule):
+        self.gm = gm
+        self.b = _Builder()
+        self.env: dict[fx.Node, Any] = {}
+        self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        self.inputs: list[str] = []
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def meta(self, node: fx.Node) -> Any:
+        tm = node.meta.get("tensor_meta")
+        if tm is None or not hasattr(tm, "shape"):
+            raise Unsupported(f"{PREFIX} the non-tensor value {node.name!r} "
+                              f"({node.op} {getattr(node.target, '__name__', node.target)})")
+        return tm
+
+    def shape(self, node: fx.Node) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.meta(node).shape)
+
+    def value(self, a: Any) -> int:
+        """An IR node for an argument: a traced tensor or a Python number."""
+        if isinstance(a, fx.Node):
+            v = self.env[a]
+            if isinstance(v, _TupleRef):
+                raise Unsupported(f"{PREFIX} the (values, indices) pair of {v.what}")
+            if not isinstance(v, int):
+                raise Unsupported(f"{PREFIX} the non-tensor value {a.name!r}")
+            return v
+        if isinstance(a, bool) or not isinstance(a, (int, float)):
+            raise Unsupported(f"{PREFIX} the argument {a!r} of type {type(a).__name__}")
+        return self.b.const(float(a))
+
+    @staticmethod
+    def bind(op: str, args: tuple, kwargs: dict) -> dict[str, Any]:
+        positional = _SIGNATURES.get(op, ("input",))  # unary formulas take just the input
+        names = positional + ("inplace",)
+        if len(args) > len(positional):
+            raise Unsupported(f"{PREFIX} {op} called with {len(args)} positional arguments")
+        bound = dict(zip(names, args))
+        for key, val in kwargs.items():
+            if key in ("_stacklevel",):
+                continue
+            if key not in names and key not in ("dtype", "approximate", "out"):
+                raise Unsupported(f"{PREFIX} {op} with keyword {key}=")
+            bound[key] = val
+        if bound.get("out") is not None:
+            raise Unsupported(f"{PREFIX} {op} with out=")
+        dtype = bound.get("dtype")
+        if dtype is not None and dtype != torch.float32:
+            raise Unsupported(f"{PREFIX} {op} with dtype={dtype}")
+        return bound
+
+    def check_inplace(self, node: fx.Node, op: str, bound: dict) -> None:
+        """An in-place op is its out-of-place twin only if nothing reads its input later."""
+        if not bound.pop("inplace", False):
+            return
+        src = bound.get("input")
+        if isinstance(src, fx.Node) and any(self.order[u] > self.order[node] for u in src.users
+                                            if u is not node):
+            raise Unsupported(f"{PREFIX} in-place {op} on a tensor that is read afterwards")
+
+    # -- the walk -------------------------------------------------------------------------
+
+    def run(self) -> tuple[int, list[str]]:
+        output = None
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                tm = node.meta.get("tensor_meta")
+                if tm is None or not hasattr(tm, "shape"):
+                    raise Unsupported(f"{PREFIX} the non-tensor forward argument "
+                                      f"{node.target!r} (v1 takes tensors only)")
+                self.inputs.append(str(node.target))
+                self.env[node] = self.b.leaf("input", str(node.target), len(self.inputs) - 1, tm)
+            elif node.op == "get_attr":
+                self.env[node] = self.b.leaf("attr", str(node.target), -1, self.meta(node))
+            elif node.op == "call_function":
+                name = _FUNCTIONS.get(node.target)
+                if name is None:
+                    raise _unsupported(_callable_name(node.target))
+                self.env[node] = self.call(node, name, node.args, dict(node.kwargs))
+            elif node.op == "call_method":
+                base = str(node.target)
+                name = base[:-1] if base.endswith("_") and base[:-1] in _METHODS else base
+                inplace = name != base
+                if name not in _METHODS:
+                    raise _unsupported(f"Tensor.{base}")
+                name = _METHOD_ALIASES.get(name, name)
+                kwargs = dict(node.kwargs)
+                if inplace:
+                    kwargs["inplace"] = True
+                self.env[node] = self.call(node, name, node.args, kwargs)
+            elif node.op == "call_module":
+                self.env[node] = self.module(node)
+            elif node.op == "output":
+                output = node.args[0]
+        if isinstance(output, (tuple, list)):
+            if len(output) != 1:
+                raise Unsupported(f"{PREFIX} a forward returning {len(output)} tensors "
+                                  f"(v1 writes one output)")
+            output = output[0]
+        if not isinstance(output, fx.Node):
+            raise Unsupported(f"{PREFIX} a forward that returns {type(output).__name__}")
+        out = self.value(output)
+        _check_dtype(self.meta(output).dtype, "the output")
+        return out, self.inputs
+
+    def module(self, node: fx.Node) -> Any:
+        """A leaf torch.nn module: its op with the module's attributes as arguments."""
+        m = self.gm.get_submodule(str(node.target))
+        t = str(node.target)
+        if len(node.args) != 1 or node.kwargs:
+            raise _unsupported(f"nn.{type(m).__name__} called with extra arguments")
+        x = node.args[0]
+        kw = {"inplace": True} if getattr(m, "inplace", False) else {}
+        simple = {nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.SiLU: "silu",
+                  nn.Mish: "mish", nn.SELU: "selu", nn.Softsign: "softsign",
+                  nn.Hardsigmoid: "hardsigmoid", nn.Hardswish: "hardswish",
+                  nn.Identity: "identity"}
+        if type(m) in simple:
+            return self.call(node, simple[type(m)], (x,), kw)
+        if type(m) is nn.GELU:
+            return self.call(node, "gelu", (x,), {"approximate": m.approximate})
+        if type(m) is nn.LeakyReLU:
+            return self.call(node, "leaky_relu", (x, m.negative_slope), kw)
+        if isinstance(m, nn.Hardtanh):  # nn.ReLU6 too
+            return self.call(node, "hardtanh", (x, m.min_val, m.max_val), kw)
+        if type(m) is nn.ELU:
+            return self.call(node, "elu", (x, m.alpha), kw)
+        if type(m) is nn.Softplus:
+            return self.call(node, "softplus", (x, m.beta, m.threshold), {})
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            return self.call(node, "dropout", (x, m.p, m.training), kw)
+        if type(m) is nn.Softmax:
+            return self.call(node, "softmax", (x, m.dim), {})
+        if type(m) is nn.LogSoftmax:
+            return self.call(node, "log_softmax", (x, m.dim), {})
+        if type(m) is nn.LayerNorm:
+            self.b.ops.append("layer_norm")
+            w = self.b.leaf("attr", f"{t}.weight", -1, m.weight) if m.weight is not None else None
+            bias = self.b.leaf("attr", f"{t}.bias", -1, m.bias) if m.bias is not None else None
+            return self.layer_norm(x, tuple(m.normalized_shape), w, bias, m.eps)
+        if hasattr(nn, "RMSNorm") and type(m) is nn.RMSNorm:
+            self.b.ops.append("rms_norm")
+            w = self.b.leaf("attr", f"{t}.weight", -1, m.weight) if m.weight is not None else None
+            return self.rms_norm(x, tuple(m.normalized_shape), w, m.eps)
+        raise _unsupported(f"nn.{type(m).__name__}")
+
+    def call(self, node: fx.Node, op: str, args: tuple, kwargs: dict) -> Any:
+        bound = self.bind(op, tuple(args), kwargs)
+        self.check_inplace(node, op, bound)
+        x = bound.get("input")
+        b = self.b
+        self.b.ops.append(op)
+
+        if op == "getitem":
+            src = self.env.get(x) if isinstance(x, fx.Node) else None
+            if isinstance(src, _TupleRef):
+                if bound["index"] == 0:
+                    return src.values
+                raise _unsupported(f"the indices of {src.what} (argmax)")
+            raise _unsupported("tensor indexing/slicing")
+        if op == "getattr":
+            src = self.env.get(x) if isinstance(x, fx.Node) else None
+            if isinstance(src, _TupleRef) and bound["name"] == "values":
+                return src.values
+            raise _unsupported(f"the attribute .{bound['name']}")
+        if op in ("identity", "pos"):
+            return self.value(x)
+        if op == "dropout":
+            if bound.get("training", True) and bound.get("p", 0.5) != 0:
+                raise Unsupported(f"{PREFIX} dropout in training mode (random)")
+            return self.value(x)
+
+        if op in _UNARY_FORMULAS:
+            return b.op(op, self.value(x))
+        if op in ("add", "sub"):
+            other = self.value(bound["other"])
+            alpha = bound.get("alpha", 1)
+            if alpha is not None and alpha != 1:
+                other = b.op("mul", other, self.value(alpha))
+            return b.op(op, self.value(x), other)
+        if op in ("mul", "div"):
+            if bound.get("rounding_mode") is not None:
+                raise Unsupported(f"{PREFIX} div with rounding_mode")
+            return b.op(op, self.value(x), self.value(bound["other"]))
+        if op == "pow":
+            base, exp = bound["input"], bound["exponent"]
+            if isinstance(exp, (int, float)) and not isinstance(exp, bool):
+                return b.op("pow_const", self.value(base), exponent=float(exp))
+            if isinstance(base, (int, float)) and not isinstance(base, bool):
+                return b.op("rpow_const", self.value(exp), base=float(base))
+            return b.op("pow", self.value(base), self.value(exp))
+        if op == "gelu":
+            approx = bound.get("approximate", "none")
+            return b.op("gelu_tanh" if approx == "tanh" else "gelu_erf", self.value(x))
+        if op == "leaky_relu":
+            return b.op("leaky_relu", self.value(x),
+                        slope=float(bound.get("negative_slope", 0.01)))
+        if op == "elu":
+            return b.op("elu", self.value(x), alpha=float(bound.get("alpha", 1.0)))
+        if op == "softplus":
+            return b.op("softplus", self.value(x), beta=float(bound.get("beta", 1.0)),
+                        threshold=float(bound.get("threshold", 20.0)))
+        if op == "hardtanh":
+            return self.clamp(x, bound.get("min_val", -1.0), bound.get("max_val", 1.0))
+        if op in ("clamp", "clamp_min", "clamp_max"):
+            return self.clamp(x, bound.get("min"), bound.get("max"))
+        if op in ("maximum", "minimum"):
+            return b.op("max2" if op == "maximum" else "min2", self.value(x),
+                        self.value(bound["other"]))
+        if op in ("max", "min"):
+            dim = bound.get("dim")
+            if isinstance(dim, fx.Node):  # torch.max(a, b): elementwise
+                return b.op(f"{op}2", self.value(x), self.value(dim))
+            values = self.reduction(x, op, dim, bool(bound.get("keepdim", False)))
+            return _TupleRef(values, f"torch.{op}(dim=...)")
+        if op in ("amax", "amin", "sum", "mean"):
+            return self.reduction(x, op, bound.get("dim"), bool(bound.get("keepdim", False)))
+        if op in ("softmax", "log_softmax"):
+            return self.softmax(x, bound.get("dim"), log=op == "log_softmax")
+        if op == "logsumexp":
+            dims = _norm_dims(bound.get("dim"), len(self.shape(x)), op)
+            keep = bool(bound.get("keepdim", False))
+            m, s, _ = self.exp_sums(x, dims)
+            return b.squeeze(b.op("add", b.op("log", s), m), keep)
+        if op == "norm":
+            return self.norm(x, bound.get("p", "fro"), bound.get("dim"),
+                             bool(bound.get("keepdim", False)))
+        if op == "normalize":
+            p, dim, eps = bound.get("p", 2.0), bound.get("dim", 1), bound.get("eps", 1e-12)
+            n = self.norm(x, p, dim, True)
+            return b.op("div", self.value(x), self.clamp_value(n, eps, None))
+        if op == "layer_norm":
+            w, bias = bound.get("weight"), bound.get("bias")
+            return self.layer_norm(x, tuple(bound["normalized_shape"]),
+                                   self.value(w) if w is not None else None,
+                                   self.value(bias) if bias is not None else None,
+                                   float(bound.get("eps", 1e-5)))
+        if op == "rms_norm":
+            w = bound.get("weight")
+            return self.rms_norm(x, tuple(bound["normalized_shape"]),
+                                 self.value(w) if w is not None else None, bound.get("eps"))
+        raise _unsupported(op)  # pragma: no cover - every registered op is handled above
+
+    # -- composite ops, lowered -----------------------------------------------------------
+
+    def clamp(self, x: Any, lo: Any, hi: Any) -> int:
+        if isinstance(lo, fx.Node) or isinstance(hi, fx.Node):
+            v = self.value(x)
+            if lo is not None:
+                v = self.b.op("max2", v, self.value(lo))
+            if hi is not None:
+                v = self.b.op("min2", v, self.value(hi))
+            return v
+        return self.clamp_value(self.value(x), lo, hi)
+
+    def clamp_value(self, v: int, lo: Any, hi: Any) -> int:
+        if lo is None and hi is None:
+            raise Unsupported(f"{PREFIX} clamp without bounds")
+        attrs = {}
+        if lo is not None:
+            attrs["lo"] = float(lo)
+        if hi is not None:
+            attrs["hi"] = float(hi)
+        return self.b.op("clamp", v, **attrs)
+
+    def reduction(self, x: Any, op: str, dim: Any, keepdim: bool) -> int:
+        shape = self.shape(x)
+        dims = _norm_dims(dim, len(shape), op)
+        kind = {"sum": "sum", "mean": "sum", "amax": "max", "max": "max",
+                "amin": "min", "min": "min"}[op]
+        if op in ("max", "min") and len(dims) != 1:
+            raise Unsupported(f"{PREFIX} torch.{op} over several dims")
+        r = self.b.reduce(kind, self.value(x), dims, keepdim, shape)
+        if op == "mean":
+            r = self.b.op("div", r, self.b.cols())
+        return r
+
+    def exp_sums(self, x: Any, dims: tuple[int, ...]) -> tuple[int, int, int]:
+        """max m, sum s of exp(x - m) (both keepdim), and x - m: the stable softmax pieces."""
+        shape, v = self.shape(x), self.value(x)
+        m = self.b.reduce("max", v, dims, True, shape)
+        d = self.b.op("sub", v, m)
+        s = self.b.reduce("sum", self.b.op("exp", d), dims, True, shape)
+        return m, s, d
+
+    def softmax(self, x: Any, dim: Any, log: bool) -> int:
+        if dim is None:
+            raise Unsupported(f"{PREFIX} softmax with an implicit dim")
+        shape = self.shape(x)
+        dims = _norm_dims(dim, len(shape), "softmax")
+        _, s, d = self.exp_sums(x, dims)
+        if log:
+            return self.b.op("sub", d, self.b.op("log", s))
+        return self.b.op("div", self.b.op("exp", d), s)
+
+    def norm(self, x: Any, p: Any, dim: Any, keepdim: bool) -> int:
+        shape = self.shape(x)
+        dims = _norm_dims(dim, len(shape), "norm")
+        v = self.value(x)
+        if p in ("fro", 2, 2.0):
+            return self.b.op("sqrt", self.b.reduce("sum", self.b.op("mul", v, v), dims,
+                                                   keepdim, shape))
+        if p in (1, 1.0):
+            return self.b.reduce("sum", self.b.op("abs", v), dims, keepdim, shape)
+        if p in (math.inf, float("inf"), "inf"):
+            return self.b.reduce("max", self.b.op("abs", v), dims, keepdim, shape)
+        raise Unsupported(f"{PREFIX} a p={p!r} norm")
+
+    def _trailing(self, x: Any, normalized_shape: tuple[int, ...], what: str) -> tuple:
+        shape = self.shape(x)
+        k = len(normalized_shape)
+        if k == 0 or k > len(shape) or tuple(shape[-k:]) != tuple(normalized_shape):
+            raise Unsupported(f"{PREFIX} {what} whose normalized_shape {list(normalized_shape)}"
+                              f" is not the input's trailing dims")
+        return shape, tuple(range(len(shape) - k, len(shape)))
+
+    def layer_norm(self, x: Any, normalized_shape: tuple, w: int | None,
+                   bias: int | None, eps: float) -> int:
+        # Two passes (mean, then the mean of squared deviations): as accurate as torch's
+        # Welford without its serial dependency.
+        shape, dims = self._trailing(x, normalized_shape, "layer_norm")
+        b, v = self.b, self.value(x)
+        mu = b.op("div", b.reduce("sum", v, dims, True, shape), b.cols())
+        d = b.op("sub", v, mu)
+        var = b.op("div", b.reduce("sum", b.op("mul", d, d), dims, True, shape), b.cols())
+        out = b.op("mul", d, b.op("rsqrt", b.op("add", var, b.const(eps))))
+        if w is not None:
+            out = b.op("mul", out, w)
+        if bias is not None:
+            out = b.op("add", out, bias)
+        return out
+
+    def rms_norm(self, x: Any, normalized_shape: tuple, w: int | None,
+                 eps: float | None) -> int:
+        shape, dims = self._trailing(x, normalized_shape, "rms_norm")
+        b, v = self.b, self.value(x)
+        eps = torch.finfo(torch.float32).eps if eps is None else float(eps)
+        ms = b.op("div", b.reduce("sum", b.op("mul", v, v), dims, True, shape), b.cols())
+        out = b.op("mul", v, b.op("rsqrt", b.op("add", ms, b.const(eps))))
+        if w is not None:
+            out = b.op("mul", out, w)
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# From the lowered graph to a Plan
+
+
+def _classify(shape: tuple[int, ...], s: tuple[int, ...], name: str) -> tuple[str, int, int]:
+    """How a leaf of ``shape`` broadcasts onto the iteration shape ``s``."""
+    nd = len(s)
+    if len(shape) > nd:
+        raise Unsupported(f"{PREFIX} {name} of shape {list(shape)} broadcast to {list(s)}")
+    padded = (1,) * (nd - len(shape)) + tuple(shape)
+    if padded == tuple(s):
+        return "full", 0, max(nd - 1, 0)
+    if math.prod(padded) == 1:
+        return "scalar", 0, 0
+    dims = [j for j in range(nd) if padded[j] != 1]
+    if any(padded[j] != s[j] for j in dims):
+        raise Unsupported(f"{PREFIX} {name} of shape {list(shape)} broadcast to {list(s)}")
+    a, bb = dims[0], dims[-1]
+    if any(padded[j] != s[j] for j in range(a, bb + 1)):
+        raise Unsupported(f"{PREFIX} {name} of shape {list(shape)} broadcast to {list(s)} "
+                          f"(non-contiguous broadcast dims)")
+    return "block", a, bb
+
+
+def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int, ...]
+            ) -> tuple[Plan, tuple[int, ...]]:
+    nodes = builder.nodes
+    if nodes[out].cls == "uniform":
+        raise Unsupported(f"{PREFIX} a forward whose result does not depend on a tensor")
+    if nodes[out].op == "load":
+        raise Unsupported(f"{PREFIX} a forward that returns an input unchanged (nothing to "
+                          f"compute)")
+    # Keep only what the output needs, renumbered in topological order.
+    live: set[int] = set()
+    stack = [out]
+    while stack:
+        i = stack.pop()
+        if i not in live:
+            live.add(i)
+            stack.extend(nodes[i].args)
+    order = sorted(live)
+    remap = {old: new for new, old in enumerate(order)}
+    used_leaves = sorted({nodes[i].attr("leaf") for i in order if nodes[i].op == "load"})
+    leaf_remap = {old: new for new, old in enumerate(used_leaves)}
+
+    kind = "row" if builder.row_k is not None else "elementwise"
+    s = builder.row_shape if kind == "row" else out_shape
+    assert s is not None
+    k = builder.row_k or 0
+    keepdim = builder.keep.get(out, False) if nodes[out].cls == "row" else False
+    # The output's shape must be what the templates produce from S.
+    if nodes[out].cls == "elem":
+        expected = tuple(s)
+    else:
+        expected = tuple(s[: len(s) - k]) + ((1,) * k if keepdim else ())
+    if tuple(out_shape) != expected:
+        raise Unsupported(f"{PREFIX} an output of shape {list(out_shape)} from an iteration "
+                          f"shape {list(s)} (broadcast beyond the inputs)")
+
+    leaves = []
+    for old in used_leaves:
+        lf, shape = builder.leaves[old]
+        bcast, a, bb = _classify(shape, tuple(s), repr(lf.name))
+        leaves.append(dataclasses.replace(lf, bcast=bcast, a=a, b=bb))
+    anchors = [j for j, lf in enumerate(leaves) if lf.bcast == "full"]
+    if not anchors:
+        raise Unsupported(f"{PREFIX} an iteration shape {list(s)} that no input has "
+                          f"(outer broadcast)")
+    # Prefer a forward input as the anchor: its shape is what the caller passes.
+    anchor = min(anchors, key=lambda j: (leaves[j].source != "input", j))
+
+    new_nodes = []
+    for i in order:
+        n = nodes[i]
+        attrs = n.attrs
+        if n.op == "load":
+            attrs = (("leaf", leaf_remap[n.attr("leaf")]),)
+        new_nodes.append(Node(n.op, tuple(remap[a] for a in n.args), attrs, n.cls))
+    plan = Plan(kind=kind, inputs=tuple(inputs), ndim=len(s), k=k, leaves=tuple(leaves),
+                nodes=tuple(new_nodes), output=remap[out], keepdim=keepdim, anchor=anchor)
+    return plan, tuple(s)
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry points
+
+
+def _meta_model(mod: Any) -> nn.Module:
+    """The task's model with meta parameters (no memory), in eval mode like the verifier's."""
+    args = init_inputs(mod)
+    try:
+        with torch.device("meta"):
+            model = mod.Model(*args)
+    except Exception:  # noqa: BLE001 - an __init__ that needs real data: build it on the CPU
+        model = mod.Model(*args)
+    return model.eval()
+
+
+def _meta_inputs(mod: Any) -> list:
+    try:
+        with torch.device("meta"):
+            values = mod.get_inputs()
+        return list(values)
+    except Exception:  # noqa: BLE001 - fall back to real (small) CPU inputs
+        return make_inputs(mod, seed=0, device="cpu")
+
+
+_KNOWN_MODULES = (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.Mish, nn.SELU, nn.Softsign,
+                  nn.Hardsigmoid, nn.Hardswish, nn.Identity, nn.GELU, nn.LeakyReLU, nn.Hardtanh,
+                  nn.ELU, nn.Softplus, nn.modules.dropout._DropoutNd, nn.Softmax, nn.LogSoftmax,
+                  nn.LayerNorm) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
+
+
+def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
+    """The decline for the first op outside the v1 tables, found without shapes."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target not in _FUNCTIONS:
+            return _unsupported(_callable_name(node.target))
+        if node.op == "call_method" and str(node.target).rstrip("_") not in _METHODS:
+            return _unsupported(f"Tensor.{node.target}")
+        if node.op == "call_module":
+            m = gm.get_submodule(str(node.target))
+            if not isinstance(m, _KNOWN_MODULES):
+                return _unsupported(f"nn.{type(m).__name__}")
+    return None
+
+
+def analyze_module(mod: Any) -> Analysis:
+    """Trace and lower one executed task module (see :meth:`Task.module`)."""
+    try:
+        model = _meta_model(mod)
+        inputs = _meta_inputs(mod)
+    except Exception as e:  # noqa: BLE001
+        raise Unsupported(f"{PREFIX} this task: building it failed ({type(e).__name__}: {e})")
+    try:
+        gm = fx.symbolic_trace(model)
+    except Exception as e:  # noqa: BLE001
+        raise Unsupported(f"{PREFIX} a forward that torch.fx cannot trace "
+                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+    try:
+        ShapeProp(gm).propagate(*inputs)
+    except Exception as e:  # noqa: BLE001
+        # Most often an op without a meta kernel, which v1 could not express anyway: name it.
+        unknown = _first_unknown_op(gm)
+        if unknown is not None:
+            raise unknown from None
+        raise Unsupported(f"{PREFIX} this task: shape propagation failed "
+                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+    low = _Lowering(gm)
+    out, names = low.run()
+    out_node = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    if isinstance(out_node, (tuple, list)):
+        out_node = out_node[0]
+    plan, s = _finish(low.b, out, names, tuple(int(d) for d in low.meta(out_node).shape))
+    ops = tuple(dict.fromkeys(low.b.ops))
+    summary = describe(plan)
+    if len(summary) > 160:  # composite ops expand into long formulas: name them instead
+        summary = f"{plan.kind} kernel fusing {', '.join(ops)}"
+    return Analysis(plan, s, ops, summary)
+
+
+def analyze_task(task: Task) -> Analysis:
+    """Analyse ``task`` at its size and, when it differs, at ``small`` too.
+
+    The generated code is size-generic, so the plan must not depend on the size: a shape
+    coincidence at one size (a batch equal to a feature count, a dim of 1) would otherwise
+    turn into a wrong broadcast at another. Plans that differ are declined.
+    """
+    main = analyze_module(task.module())
+    if task.size != "small" and task.has_small_variant:
+        other = analyze_module(dataclasses.replace(task, size="small").module())
+        if other.plan != main.plan:
+            raise Unsupported(f"{PREFIX} this task: its graph's structure differs between "
+                              f"sizes")
+    return main
+
+
+def describe(plan: Plan) -> str:
+    """A short human-readable formula of the plan, for docstrings and logs."""
+    names: dict[int, str] = {}
+    for i, n in enumerate(plan.nodes):
+        args = [names[a] for a in n.args]
+        if n.op == "load":
+            lf = plan.leaves[n.attr("leaf")]
+            names[i] = lf.name if lf.source == "input" else f"self.{lf.name}"
+        elif n.op == "const":
+            names[i] = f"{n.attr('value'):g}"
+        elif n.op == "cols":
+            names[i] = "N"
+        elif n.op in ("add", "sub", "mul", "div"):
+            sym = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[n.op]
+            names[i] = f"({args[0]} {sym} {args[1]})"
+        else:
+            extra = [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in n.attrs]
+            names[i] = f"{n.op}({', '.join(args + extra)})"
+    return names[plan.output]
