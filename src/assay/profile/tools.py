@@ -77,13 +77,39 @@ def ncu_profile(prep: Prepared, candidate: Path, cfg: VerifyConfig, metrics: lis
                str(scratch)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
                               cwd=scratch)
-        text = proc.stdout.strip()
-        lines = [ln for ln in text.splitlines() if ln.startswith('"')]
-        return "\n".join(lines) if lines else f"ncu gave no metrics: {proc.stderr[-500:]}"
+        summary = summarize_ncu_csv(proc.stdout)
+        return summary or f"ncu gave no metrics for the candidate's kernels: {proc.stderr[-500:]}"
     except subprocess.TimeoutExpired:
         return f"ncu timed out after {timeout_s:.0f} s"
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def summarize_ncu_csv(text: str) -> str:
+    """One line per (candidate kernel, metric), averaged over its launches. The harness's own
+    kernels (ATen fills and copies) are left out: they are not the candidate's."""
+    import csv
+    import io
+    from collections import defaultdict
+
+    from assay.verify.policy import LIBRARY_KERNEL
+
+    rows = [ln for ln in text.splitlines() if ln.startswith('"')]
+    if not rows:
+        return ""
+    values: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for r in csv.DictReader(io.StringIO("\n".join(rows))):
+        name = r.get("Kernel Name", "")
+        if LIBRARY_KERNEL.search(name):
+            continue
+        try:
+            value = float(r["Metric Value"].replace(",", ""))
+        except (KeyError, ValueError):
+            continue
+        values[(name, r["Metric Name"], r.get("Metric Unit", ""))].append(value)
+    lines = [f"{k[0][:70]} | {k[1]} = {sum(v) / len(v):.4g} {k[2]} (n={len(v)})"
+             for k, v in sorted(values.items())]
+    return "\n".join(lines)
 
 
 def clang_tidy(code: str, target: str, timeout_s: float = 120) -> str | None:

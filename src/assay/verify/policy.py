@@ -27,7 +27,7 @@ ALLOWED_OPS = {
 }
 # Device kernels that belong to a library rather than to the candidate.
 LIBRARY_KERNEL = re.compile(
-    r"at::native|at::cuda|cublas|cudnn|cutlass|gemm|gemv|xmma|sm\d+_xmma|ampere_|volta_|"
+    r"\bat::|\bc10::|cublas|cudnn|cutlass|gemm|gemv|xmma|sm\d+_xmma|ampere_|volta_|"
     r"turing_|hopper_|nvjet|cusparse|cufft|curand|triton_|Memcpy|Memset|splitKreduce",
     re.IGNORECASE)
 # The movement kernels ATen launches for allocation/copies; allowed like their ops.
