@@ -18,11 +18,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from assay import schemas
 from assay.layout import Campaign
 from assay.tasks.model import Task, TaskError
 from assay.tasks.suite import TaskRef, discover
 
 log = logging.getLogger("assay")
+schemas.register()
 
 
 def repo_root() -> Path:

@@ -13,9 +13,6 @@ from assay import app
 from assay.evolve.population import rank
 from assay.evolve.state import load_members
 from assay.layout import write_json
-from assay.profile.tools import clang_tidy, ncu_profile, torch_profile
-from assay.verify.config import from_cfg
-from assay.verify.harness import prepare
 
 log = logging.getLogger("assay.profile")
 
@@ -33,6 +30,10 @@ def profile(cfg: DictConfig) -> dict:
         log.info("%s/%s: no accepted kernel to profile", llm, task_id)
         write_json(c.profile(llm, task_id), out)
         return out
+    from assay.profile.tools import clang_tidy, ncu_profile, torch_profile
+    from assay.verify.config import from_cfg
+    from assay.verify.harness import prepare
+
     best = members[0]
     path = c.candidate(llm, task_id, best.generation, best.id)
     p = cfg.profile
@@ -43,10 +44,10 @@ def profile(cfg: DictConfig) -> dict:
     if p.torch_profiler:
         log.info("%s/%s: torch profiler on %s", llm, task_id, best.id)
         out["torch_profile"] = torch_profile(prep, path, vcfg)
-    if p.ncu in ("auto", True):
+    if p.ncu in ("auto", "on"):
         log.info("%s/%s: ncu on %s", llm, task_id, best.id)
         out["ncu"] = ncu_profile(prep, path, vcfg, list(p.ncu_metrics), p.timeout_s)
-    if p.clang_tidy in ("auto", True):
+    if p.clang_tidy in ("auto", "on"):
         out["clang_tidy"] = clang_tidy(path.read_text(), tgt, p.timeout_s)
     write_json(c.profile(llm, task_id), out)
     return out

@@ -14,8 +14,6 @@ from omegaconf import DictConfig
 
 from assay import app
 from assay.layout import read_json, write_json
-from assay.verify.config import from_cfg
-from assay.verify.harness import prepare, verify
 
 log = logging.getLogger("assay.verify")
 
@@ -29,6 +27,11 @@ def verify_generation(cfg: DictConfig) -> dict:
     log.info("%s/%s gen %d: %d candidates, %d already judged", llm, task_id, gen, len(ids),
              len(ids) - len(todo))
     if todo:
+        # torch is imported only when there is something to judge: an empty generation (a
+        # declined task) costs a second, not the three of a torch import.
+        from assay.verify.config import from_cfg
+        from assay.verify.harness import prepare, verify
+
         vcfg = from_cfg(cfg.verify)
         device = "cuda" if tgt == "cuda" else "cpu"
         task = app.load_task(cfg, task_id, tgt)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from assay.verify.harness import VerifyConfig
-from assay.verify.sandbox import SandboxLimits
+from assay.verify.settings import SandboxLimits, VerifyConfig
 
 
 def from_cfg(node: DictConfig) -> VerifyConfig:

@@ -13,7 +13,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,30 +23,8 @@ from assay.records import Verdict
 from assay.tasks.instantiate import as_outputs, init_inputs, make_inputs, reference_model
 from assay.tasks.model import Task
 from assay.verify import policy as policy_mod
-from assay.verify.sandbox import SandboxLimits, run_sandboxed
-
-
-@dataclass
-class VerifyConfig:
-    policy: str = "strict"  # strict: custom kernels only; permissive: library calls reported
-    input_distributions: list[str] = field(default_factory=lambda: ["native", "native", "large"])
-    timing_sets: int = 3
-    swap_sets: int = 2
-    timeout_s: float = 300.0
-    allow_tf32: bool = False
-    # (rtol, atol) per dtype; atol scales with the reference's RMS so it is unit-free.
-    tolerances: dict[str, list[float]] = field(default_factory=lambda: {
-        "float32": [1e-4, 1e-5], "float16": [1e-2, 1e-3], "bfloat16": [2e-2, 1e-2],
-        "float64": [1e-7, 1e-9], "tf32": [5e-3, 5e-4]})
-    roofline_margin: float = 0.9  # reject a runtime under margin x the roofline floor
-    on_degenerate: str = "reject"  # reject | flag
-    max_library_time_frac: float = 1.0  # permissive policy's ceiling
-    audit: bool = True
-    warmup_s: float = 0.05
-    min_runs: int = 10
-    max_runs: int = 200
-    budget_s: float = 1.0
-    limits: SandboxLimits = field(default_factory=SandboxLimits)
+from assay.verify.sandbox import run_sandboxed
+from assay.verify.settings import VerifyConfig
 
 
 def resolve_device(device: str) -> str:

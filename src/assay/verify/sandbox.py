@@ -12,19 +12,11 @@ import os
 import resource
 import signal
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
+from assay.verify.settings import SandboxLimits
+
 CLONE_NEWNET = 0x40000000
-
-
-@dataclass
-class SandboxLimits:
-    memory_gb: float = 32.0  # address space; applied on the cpu target only (CUDA maps far more)
-    cpu_s: int = 900
-    open_files: int = 1024
-    processes: int = 4096
-    network: bool = False
 
 
 def candidate_env() -> dict[str, str]:
