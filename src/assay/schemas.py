@@ -46,7 +46,7 @@ class TasksConfig:
 class EvolveConfig:
     generations: int = 2
     translate_n: int = 2
-    children: int = 3
+    children: int = 2
     population: int = 6
     crossover_rate: float = 0.3
     crossover_parents: int = 2

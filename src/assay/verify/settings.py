@@ -32,5 +32,5 @@ class VerifyConfig:
     warmup_s: float = 0.05
     min_runs: int = 10
     max_runs: int = 200
-    budget_s: float = 1.0
+    budget_s: float = 0.5
     limits: SandboxLimits = field(default_factory=SandboxLimits)
