@@ -29,6 +29,7 @@ def verify_generation(cfg: DictConfig) -> dict:
     if todo:
         # torch is imported only when there is something to judge: an empty generation (a
         # declined task) costs a second, not the three of a torch import.
+        from assay.bench.compile_service import CompileService, pin_cuda_arch
         from assay.verify.config import from_cfg
         from assay.verify.harness import prepare, verify
 
@@ -41,15 +42,29 @@ def verify_generation(cfg: DictConfig) -> dict:
         prepared = None
         if not record.get("degeneracy", {}).get("degenerate"):
             prepared = prepare(task, device, vcfg)
-        for i, cid in enumerate(todo, 1):
-            t0 = time.perf_counter()
-            v = verify(task, c.candidate(llm, task_id, gen, cid), device, vcfg, baseline, record,
-                       peaks, prepared)
-            write_json(c.verdict(llm, task_id, gen, cid), v.to_dict())
-            what = (f"accepted, {v.speedup_eager:.2f}x eager" if v.accepted and v.speedup_eager
-                    else "accepted" if v.accepted else f"rejected: {', '.join(v.reasons)}")
-            log.info("%s/%s gen %d [%d/%d] %s %s (%.1f s)", llm, task_id, gen, i, len(todo), cid,
-                     what, time.perf_counter() - t0)
+        paths = {cid: c.candidate(llm, task_id, gen, cid) for cid in todo}
+        # On cuda, kernels build on the CPU cores while the GPU verifies. On the cpu target the
+        # builds would share the cores being timed, so each worker builds its own, untimed.
+        builds = None
+        if device == "cuda" and cfg.build.workers > 0:
+            pin_cuda_arch()
+            builds = CompileService(cfg.build.workers, cfg.build.timeout_s, vcfg.limits)
+            for cid in todo:  # all builds start now; each verification waits for its own
+                builds.submit(paths[cid])
+        try:
+            for i, cid in enumerate(todo, 1):
+                t0 = time.perf_counter()
+                built_s = builds.wait(paths[cid]).seconds if builds else 0.0
+                v = verify(task, paths[cid], device, vcfg, baseline, record, peaks, prepared)
+                write_json(c.verdict(llm, task_id, gen, cid), v.to_dict())
+                what = (f"accepted, {v.speedup_eager:.2f}x eager" if v.accepted and v.speedup_eager
+                        else "accepted" if v.accepted else f"rejected: {', '.join(v.reasons)}")
+                log.info("%s/%s gen %d [%d/%d] %s %s (build %.1f s, verify %.1f s)", llm,
+                         task_id, gen, i, len(todo), cid, what, built_s,
+                         time.perf_counter() - t0)
+        finally:
+            if builds:
+                builds.close()
     verdicts = [read_json(c.verdict(llm, task_id, gen, cid)) for cid in ids]
     summary = {"generation": gen, "candidates": ids,
                "accepted": [v["candidate"] for v in verdicts if v["accepted"]],

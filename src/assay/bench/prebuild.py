@@ -1,0 +1,28 @@
+"""Import a candidate in build-only mode so its kernels land in the build cache.
+
+python -m assay.bench.prebuild CANDIDATE.py   (run by the compile service, sandboxed, no GPU)
+Exit 0 when the import finished, 1 when the candidate failed to build or import: either way
+the verifier decides later; this only moves compile time off the GPU's critical path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+
+def main(argv: list[str]) -> int:
+    os.environ["ASSAY_BUILD_ONLY"] = "1"
+    spec = importlib.util.spec_from_file_location("assay_prebuild_candidate", argv[0])
+    mod = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException as e:  # noqa: BLE001 - candidate code; the verifier judges it
+        print(f"prebuild: {type(e).__name__}: {e}"[:2000], file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
