@@ -69,7 +69,8 @@ class ModelNew(nn.Module):
 def write_task(campaign: Campaign, level: int, number: int, name: str, *,
                eager_ms: float = 1.0, compile_ms: float | None = 0.8,
                functional: bool = True, error: str | None = None,
-               target: str = "cpu", device: str = "fake-cpu") -> str:
+               target: str = "cpu", device: str = "fake-cpu", flops: float = 16384.0,
+               min_bytes: float = 131072.0) -> str:
     """Write a task record and its baseline; returns the task id."""
     tid = f"L{level}_{number}_{name}"
     source = TASK_SOURCE.format(name=name, level=level)
@@ -81,7 +82,7 @@ def write_task(campaign: Campaign, level: int, number: int, name: str, *,
         "functional_source": ("def module_fn(x):\n    return x.clamp_min(0)\n"
                               if functional else None),
         "inputs": [{"shape": [16, 1024], "dtype": "float32"}],
-        "flops": 16384.0, "min_bytes": 131072.0,
+        "flops": flops, "min_bytes": min_bytes,
         "degeneracy": {"constant_output": False}, "error": error,
     })
     write_json(campaign.baseline(tid), {"eager_ms": eager_ms, "compile_ms": compile_ms,
@@ -206,15 +207,38 @@ def add_profile(campaign: Campaign, llm: str, task: str, cid: str | None) -> Non
     })
 
 
+FAKE_DEVICE = {"name": "fake-cpu", "bandwidth_gbs": 2.0, "flops_tflops": 0.2,
+               "measured_with": {"copy_mb": 256, "matmul_fp32": 1024}}
+
+
+def roofline_ms(flops: float, min_bytes: float, device: dict[str, Any] = FAKE_DEVICE) -> float:
+    """The verifier's floor, max(bytes / bandwidth, FLOPs / peak), in ms."""
+    return 1e3 * max(min_bytes / (device["bandwidth_gbs"] * 1e9),
+                     flops / (device["flops_tflops"] * 1e12))
+
+
+def add_tracked(campaign: Campaign, llm: str, task: str, experiment_id: str = "7") -> dict:
+    """``<llm>/<task>/tracked.json`` as the track step writes it (ids made up, deterministic)."""
+    run = hashlib.sha256(f"{campaign.name}/{llm}/{task}".encode()).hexdigest()[:32]
+    parent = hashlib.sha256(f"{campaign.name}/{llm}".encode()).hexdigest()[:32]
+    data = {"tracking_uri": "sqlite:///results/mlflow.db", "experiment": campaign.name,
+            "experiment_id": experiment_id, "parent_run_id": parent, "run_id": run}
+    write_json(campaign.tracked(llm, task), data)
+    return data
+
+
 def make_fake_campaign(root: Path, name: str = "test",
                        llms: tuple[str, ...] = ("offline", "fakellm"), tasks: int = 3,
-                       gens: int = 2) -> Campaign:
+                       gens: int = 2, tracked: bool = False) -> Campaign:
     """A campaign at ``root/name``: ``tasks`` tasks alternating levels 1 and 2, ``gens``
     generations, per (llm, task, gen) three verified candidates:
 
     - ``a``: accepted, speedup_eager = 0.5 + 0.5 * (llm index + task index + gen);
-    - ``w``: rejected for ``correctness`` (max_abs_err 0.25), untimed;
-    - ``e``: rejected for ``compiles`` with an error message, untimed;
+      from gen 1 on a crossover of the previous generation's ``a`` and ``w``;
+    - ``w``: rejected for ``correctness`` (max_abs_err 0.25), untimed; from gen 1 on a
+      mutation of the previous generation's ``a``;
+    - ``e``: rejected for ``compiles`` with an error message, untimed; from gen 1 on a repair
+      of the previous generation's ``w``;
 
     except the last task of the last llm (when there are >= 2 llms), where ``a`` is rejected too
     (reason ``timing``) so one (llm, task) has no accepted kernel. Tokens: ``a`` 1000 + 10 * gen
@@ -223,38 +247,51 @@ def make_fake_campaign(root: Path, name: str = "test",
     $0.002) and one pending, unverified proposal (600 tokens, $0.003); and a profile.json for
     that (llm, task)'s best kernel; the (llm, task) with no accepted kernel gets the profile.json
     the profile step writes then (candidate null).
+
+    Task ``ti`` does 2 ** (14 + 4 ti) FLOPs on 128 KiB (arithmetic intensity 1/8, 2, 32, ...);
+    ``device.json`` is ``FAKE_DEVICE`` and the timed candidates' roofline_ms follows from both.
+    ``tracked``: also write every (llm, task)'s tracked.json (``add_tracked``).
     """
     campaign = Campaign(Path(root) / name)
-    write_json(campaign.device(), {"name": "fake-cpu", "peak_flops": 1e12, "peak_bw": 1e11})
+    write_json(campaign.device(), FAKE_DEVICE)
     write_atomic(campaign.root / "config.yaml", "campaign: test\nllm:\n  name: offline\n")
     counters = {1: 0, 2: 0}
     task_ids = []
+    floors = {}
     for ti in range(tasks):
         level = 1 if ti % 2 == 0 else 2
         counters[level] += 1
         number = counters[level]
         tname = TASK_NAMES[level][(number - 1) % len(TASK_NAMES[level])]
-        task_ids.append(write_task(campaign, level, number, tname, eager_ms=1.0 + ti,
-                                   compile_ms=0.8 + ti))
+        flops, min_bytes = float(2 ** (14 + 4 * ti)), 131072.0
+        tid = write_task(campaign, level, number, tname, eager_ms=1.0 + ti,
+                         compile_ms=0.8 + ti, flops=flops, min_bytes=min_bytes)
+        task_ids.append(tid)
+        floors[tid] = roofline_ms(flops, min_bytes)
     for li, llm in enumerate(llms):
         for ti, task in enumerate(task_ids):
             no_accept = len(llms) >= 2 and li == len(llms) - 1 and ti == len(task_ids) - 1
             best: tuple[float, str] | None = None
-            prev: list[str] = []
+            prev: dict[str, str] = {}
             for g in range(gens):
                 speedup = 0.5 + 0.5 * (li + ti + g)
                 a = add_candidate(campaign, llm, task, g, accepted=not no_accept,
                                   speedup=speedup, reasons=("timing",) if no_accept else (),
-                                  parents=prev, tag="a", tokens=(1000 + 10 * g, 400),
-                                  cost=0.01 * (li + 1))
+                                  parents=[prev["a"], prev["w"]] if prev else [],
+                                  operator="crossover" if prev else None,
+                                  tag="a", tokens=(1000 + 10 * g, 400),
+                                  cost=0.01 * (li + 1), roofline_ms=floors[task])
                 w = add_candidate(campaign, llm, task, g, accepted=False, speedup=None,
-                                  reasons=("correctness",), max_abs_err=0.25, parents=prev,
+                                  reasons=("correctness",), max_abs_err=0.25,
+                                  parents=[prev["a"]] if prev else [],
+                                  operator="mutate" if prev else None,
                                   tag="w", roofline_ms=None)
                 add_candidate(campaign, llm, task, g, accepted=False, speedup=None,
                               reasons=("compiles",), max_abs_err=None, tag="e",
                               error="nvcc: error: identifier \"__shfl\" is undefined",
-                              roofline_ms=None)
-                prev = [a, w]
+                              parents=[prev["w"]] if prev else [],
+                              operator="repair" if prev else None, roofline_ms=None)
+                prev = {"a": a, "w": w}
                 if not no_accept and (best is None or speedup > best[0]):
                     best = (speedup, a)
             if li == 0 and ti == 0:
@@ -264,4 +301,6 @@ def make_fake_campaign(root: Path, name: str = "test",
                 add_profile(campaign, llm, task, best[1])
             if no_accept:
                 add_profile(campaign, llm, task, None)
+            if tracked:
+                add_tracked(campaign, llm, task)
     return campaign

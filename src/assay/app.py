@@ -90,9 +90,11 @@ def target(cfg: DictConfig) -> str:
     """``target=auto`` picks cuda when a GPU is present, else cpu."""
     name = cfg.target.name
     if name == "auto":
-        import torch
+        # Asked of the driver, not of torch: importing torch costs seconds in steps that do
+        # not otherwise need it (an empty generation, a declined task).
+        from assay.gpu import visible_gpus
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if visible_gpus() else "cpu"
     if name not in ("cpu", "cuda"):
         raise UserError(f"target.name={name!r}: choose auto, cpu or cuda")
     return name

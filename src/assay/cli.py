@@ -3,7 +3,7 @@
   assay verify --task T.py --candidate C.py [--device cuda|cpu] [--json out.json]
       exit 0 accepted, 1 rejected, 2 bad usage or unreadable input
   assay compare [CAMPAIGN ...] [--results results]
-  assay export CAMPAIGN / assay report CAMPAIGN
+  assay export CAMPAIGN ... / assay report CAMPAIGN ... [--mlflow-ui URL] [--compare-with C ...]
   assay run [HYDRA_OVERRIDE ...] [--cores N]     the campaign DAG through Snakemake
 
 argparse keeps `assay verify` light: it runs on the GPU machine with torch and small wheels.
@@ -116,10 +116,17 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from assay.layout import Campaign
     from assay.report.html import write_report
 
+    others = []
+    for n in args.compare_with or []:
+        c = Campaign.at(args.results, n)
+        if not c.root.is_dir():
+            raise SystemExit(f"error: {c.root}: no such campaign folder")
+        others.append(c)
     for c in _campaigns(args):
-        print(write_report(c))
+        print(write_report(c, mlflow_ui=args.mlflow_ui, compare_with=others))
     return 0
 
 
@@ -153,6 +160,12 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("campaigns", nargs="*", help="campaign names (default: default)")
         s.add_argument("--results", default="results", help="results folder")
         s.set_defaults(fn=fn)
+        if name == "report":
+            s.add_argument("--mlflow-ui", metavar="URL",
+                           help="base URL of the MLflow UI the run links point to (default: "
+                                "$ASSAY_MLFLOW_UI, else http://localhost:5000)")
+            s.add_argument("--compare-with", nargs="+", metavar="CAMPAIGN",
+                           help="also compare with these campaigns (in the same results folder)")
 
     r = sub.add_parser("run", help="run the campaign DAG with Snakemake")
     r.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. campaign=ci tasks=ci")

@@ -42,6 +42,7 @@ COLLECT_SCHEMA: dict[str, pl.DataType] = {
     # verdict
     "accepted": pl.Boolean(),
     "reasons": pl.List(pl.String()),
+    "reason_details": pl.List(pl.String()),  # each failed check's detail, aligned with reasons
     "checks": pl.List(pl.String()),  # names of the checks the verifier ran
     "error": pl.String(),
     "max_abs_err": pl.Float64(),
@@ -110,6 +111,16 @@ def _strs(x: Any) -> list[str]:
     return [str(v) for v in x]
 
 
+def _details(verdict: dict[str, Any]) -> list[str]:
+    """The detail of each failed check, in the order of ``reasons`` ("" when none recorded)."""
+    checks = verdict.get("checks") or {}
+    out = []
+    for name in _strs(verdict.get("reasons")):
+        c = checks.get(name) if isinstance(checks, dict) else None
+        out.append(str(c.get("detail") or "") if isinstance(c, dict) else "")
+    return out
+
+
 def _first(*values: Any) -> Any:
     for v in values:
         if v is not None:
@@ -126,6 +137,38 @@ def task_info(campaign: Campaign, task: str) -> dict[str, Any]:
     number = rec.get("number", int(m.group("number")) if m and m.group("number") else 0)
     name = rec.get("name", m.group("name") if m else task)
     return {**rec, "id": task, "level": _int(level), "number": _int(number), "name": str(name)}
+
+
+def device_info(campaign: Campaign) -> dict[str, Any]:
+    """The campaign's ``device.json`` (the measured peaks the roofline uses): ``name``,
+    ``bandwidth_gbs``, ``flops_tflops`` (None where unknown), plus whatever else it records.
+    Empty dict when the file is missing."""
+    path = campaign.device()
+    if not path.exists():
+        return {}
+    d = _read(path)
+    if not isinstance(d, dict):
+        return {}
+    return {**d, "name": _str(d.get("name")), "bandwidth_gbs": _float(d.get("bandwidth_gbs")),
+            "flops_tflops": _float(d.get("flops_tflops"))}
+
+
+def tracked_runs(campaign: Campaign) -> dict[tuple[str, str], dict[str, Any]]:
+    """``{(llm, task): <llm>/<task>/tracked.json}`` for every task the track step logged
+    (keys ``tracking_uri``, ``experiment_id``, ``run_id``, ...). Unreadable files are left out:
+    a missing link must not stop a report."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    if not campaign.root.is_dir():
+        return out
+    for lm in campaign.llms():
+        for path in sorted((campaign.root / lm).glob("*/tracked.json")):
+            try:
+                d = read_json(path)
+            except (OSError, ValueError):
+                continue
+            if isinstance(d, dict) and d.get("run_id") and d.get("experiment_id"):
+                out[(lm, path.parent.name)] = d
+    return out
 
 
 def task_ids(campaign: Campaign) -> list[str]:
@@ -196,6 +239,7 @@ def _collect_task(campaign: Campaign, llm: str, task: str, rec: dict[str, Any],
                 "code": code_path.read_text(),
                 "accepted": bool(v.get("accepted", False)),
                 "reasons": _strs(v.get("reasons")),
+                "reason_details": _details(v),
                 "checks": _strs(list(v.get("checks") or {})),
                 "error": str(v.get("error") or ""),
                 "max_abs_err": _float(v.get("max_abs_err")),

@@ -1,151 +1,73 @@
 """The campaign report: one static, self-contained HTML page (inline CSS, inline SVG charts,
-no scripts and no network), rendered with Jinja2 (autoescaped) from collect().
+no scripts, nothing fetched: a Content-Security-Policy forbids it), rendered with Jinja2
+(autoescaped) from collect().
 
-Sections: summary per LLM, leaderboard per level, speedup distribution, fast_p curves,
-rejections by reason, tokens and cost per accepted kernel, best kernels' sources.
+Sections: summary per LLM (and, optionally, other campaigns compared), leaderboard per level,
+speedup distribution, fast_p curves per LLM, roofline scatter, the lineage tree of each task's
+best kernel, rejections grouped by reason, tokens and cost per accepted kernel, and the kernels'
+sources, syntax-highlighted. Rows link to their MLflow runs (``<llm>/<task>/tracked.json``).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
+import re
 from collections import Counter
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 from jinja2 import DictLoader, Environment
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
-from assay.collect import best_accepted, collect, spend, task_ids, task_info
+from assay.collect import (COLLECT_SCHEMA, SPEND_SCHEMA, best_accepted, collect, device_info,
+                           spend, task_ids, task_info, tracked_runs)
 from assay.layout import Campaign, write_atomic
+from assay.report.charts import (OPERATOR_COLORS, PALETTE, svg_bar_chart, svg_line_chart,
+                                 svg_lineage, svg_roofline)
 from assay.report.compare import compare_frame, per_task
+from assay.report.highlight import css as highlight_css
+from assay.report.highlight import highlight_code
 
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf")
+__all__ = ["DEFAULT_MLFLOW_UI", "mlflow_run_url", "render_report", "report_context",
+           "svg_bar_chart", "svg_line_chart", "write_report", "PALETTE", "OPERATOR_COLORS"]
+
 FAST_P_GRID = [round(0.01 * i, 2) for i in range(301)]  # p in 0..3
 FAST_P_TABLE = (0.0, 1.0, 1.5, 2.0, 3.0)
 # log2 bins of speedup over eager: edges and labels
 HIST_EDGES = (0.0, 0.25, 0.5, 0.8, 1.0, 1.25, 2.0, 4.0, 8.0, math.inf)
+# Where `mlflow ui` serves by default; ASSAY_MLFLOW_UI, `assay report --mlflow-ui` or the Hydra
+# key mlflow.ui_url override it. A tracking URI that is itself an http(s) server is used as is.
+DEFAULT_MLFLOW_UI = "http://localhost:5000"
+MAX_LINEAGE_NODES = 40
+MAX_REJECTION_EXAMPLES = 25
 
 
-# ---------------------------------------------------------------------------------------------
-# inline SVG charts
+def mlflow_ui_base(explicit: str | None = None) -> str:
+    """The MLflow UI's base URL: ``explicit``, else $ASSAY_MLFLOW_UI, else the default."""
+    return (explicit or os.environ.get("ASSAY_MLFLOW_UI") or DEFAULT_MLFLOW_UI).rstrip("/")
 
 
-def _nice_max(v: float) -> float:
-    if v <= 0:
-        return 1.0
-    exp = 10 ** math.floor(math.log10(v))
-    for m in (1, 2, 2.5, 5, 10):
-        if v <= m * exp:
-            return m * exp
-    return 10 * exp
+def mlflow_run_url(tracked: dict[str, Any] | None, base: str) -> str | None:
+    """The MLflow UI page of a run recorded in a ``tracked.json`` (None without ids)."""
+    if not tracked or not tracked.get("experiment_id") or not tracked.get("run_id"):
+        return None
+    uri = str(tracked.get("tracking_uri") or "")
+    if re.match(r"https?://", uri) and "***" not in uri:
+        base = uri.rstrip("/")
+    return f"{base}/#/experiments/{tracked['experiment_id']}/runs/{tracked['run_id']}"
 
 
-def _num(v: float) -> str:
-    return f"{v:.0f}" if float(v).is_integer() else f"{v:.3g}"
+def _slug(*parts: str) -> str:
+    return "-".join(re.sub(r"[^A-Za-z0-9_.]+", "_", p) for p in parts)
 
 
-def _legend(names: list[str], x: float, y: float) -> list[str]:
-    out = []
-    for i, name in enumerate(names):
-        color = PALETTE[i % len(PALETTE)]
-        yy = y + 16 * i
-        out.append(f'<rect x="{x}" y="{yy - 9}" width="10" height="10" fill="{color}"/>'
-                   f'<text x="{x + 14}" y="{yy}" class="lg">{escape(name)}</text>')
-    return out
-
-
-def svg_bar_chart(categories: list[str], series: dict[str, list[float]], *, xlabel: str = "",
-                  ylabel: str = "", width: int = 680, height: int = 260,
-                  counts: bool = True) -> Markup:
-    """Grouped bars: one group per category, one bar per series (``counts``: integer ticks)."""
-    left, right, top, bottom = 48, 130, 12, 48
-    pw, ph = width - left - right, height - top - bottom
-    vmax = max((v for vals in series.values() for v in vals), default=0.0)
-    ymax = 4 * max(1, math.ceil(vmax / 4)) if counts else _nice_max(vmax)
-    n_cat, n_ser = max(len(categories), 1), max(len(series), 1)
-    group = pw / n_cat
-    bar = group * 0.8 / n_ser
-    parts = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" '
-             f'height="{height}" role="img">']
-    for i in range(5):
-        v = ymax * i / 4
-        y = top + ph - ph * v / ymax
-        parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" '
-                     f'class="grid"/><text x="{left - 6}" y="{y + 4:.1f}" class="yt">'
-                     f'{_num(v)}</text>')
-    for s, (name, vals) in enumerate(series.items()):
-        color = PALETTE[s % len(PALETTE)]
-        for c, v in enumerate(vals):
-            h = ph * v / ymax
-            x = left + group * c + group * 0.1 + bar * s
-            parts.append(f'<rect x="{x:.1f}" y="{top + ph - h:.1f}" width="{bar:.1f}" '
-                         f'height="{h:.1f}" fill="{color}"><title>{escape(name)}: '
-                         f'{escape(categories[c])}: {_num(v)}</title></rect>')
-    for c, label in enumerate(categories):
-        x = left + group * (c + 0.5)
-        parts.append(f'<text x="{x:.1f}" y="{top + ph + 16}" class="xt">{escape(label)}</text>')
-    parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{top + ph}" y2="{top + ph}" '
-                 f'class="axis"/>')
-    parts.append(f'<text x="{left + pw / 2:.1f}" y="{height - 6}" class="al">'
-                 f'{escape(xlabel)}</text>')
-    parts.append(f'<text x="12" y="{top + ph / 2:.1f}" class="al" '
-                 f'transform="rotate(-90 12 {top + ph / 2:.1f})">{escape(ylabel)}</text>')
-    parts += _legend(list(series), left + pw + 14, top + 12)
-    parts.append("</svg>")
-    return Markup("".join(parts))
-
-
-def svg_line_chart(xs: list[float], series: dict[str, list[float]], *, xlabel: str = "",
-                   ylabel: str = "", ymax: float | None = None, width: int = 680,
-                   height: int = 260, percent: bool = False, step: bool = False) -> Markup:
-    """Lines over a shared x axis (``step``: drawn as a step function)."""
-    left, right, top, bottom = 48, 130, 12, 40
-    pw, ph = width - left - right, height - top - bottom
-    top_v = ymax if ymax is not None else _nice_max(
-        max((v for vals in series.values() for v in vals), default=0.0))
-    x0, x1 = (min(xs), max(xs)) if xs else (0.0, 1.0)
-    span = (x1 - x0) or 1.0
-
-    def px(x: float) -> float:
-        return left + pw * (x - x0) / span
-
-    def py(y: float) -> float:
-        return top + ph - ph * y / top_v
-
-    parts = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" '
-             f'height="{height}" role="img">']
-    for i in range(5):
-        v = top_v * i / 4
-        label = f"{v * 100:.0f}%" if percent else _num(v)
-        parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{py(v):.1f}" y2="{py(v):.1f}" '
-                     f'class="grid"/><text x="{left - 6}" y="{py(v) + 4:.1f}" class="yt">'
-                     f'{label}</text>')
-    ticks = sorted({round(x0 + span * i / 6, 2) for i in range(7)})
-    for t in ticks:
-        parts.append(f'<text x="{px(t):.1f}" y="{top + ph + 16}" class="xt">{_num(t)}</text>')
-    parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{top + ph}" y2="{top + ph}" '
-                 f'class="axis"/>')
-    for s, (name, vals) in enumerate(series.items()):
-        color = PALETTE[s % len(PALETTE)]
-        pts: list[str] = []
-        for i, (x, y) in enumerate(zip(xs, vals)):
-            if step and i:  # hold the previous value up to this x
-                pts.append(f"{px(x):.1f},{py(vals[i - 1]):.1f}")
-            pts.append(f"{px(x):.1f},{py(y):.1f}")
-        dash = ' stroke-dasharray="6 3"' if s % 2 else ""
-        parts.append(f'<polyline points="{" ".join(pts)}" fill="none" stroke="{color}" '
-                     f'stroke-width="2"{dash}><title>{escape(name)}</title></polyline>')
-    parts.append(f'<text x="{left + pw / 2:.1f}" y="{height - 4}" class="al">'
-                 f'{escape(xlabel)}</text>')
-    parts.append(f'<text x="12" y="{top + ph / 2:.1f}" class="al" '
-                 f'transform="rotate(-90 12 {top + ph / 2:.1f})">{escape(ylabel)}</text>')
-    parts += _legend(list(series), left + pw + 14, top + 12)
-    parts.append("</svg>")
-    return Markup("".join(parts))
+def _src_id(llm: str, task: str, cid: str) -> str:
+    return "src-" + _slug(llm, task, cid)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,6 +86,10 @@ def _hist_labels() -> list[str]:
     return labels
 
 
+def _num(v: float) -> str:
+    return f"{v:.0f}" if float(v).is_integer() else f"{v:.3g}"
+
+
 def _histogram(values: list[float]) -> list[float]:
     counts = [0.0] * (len(HIST_EDGES) - 1)
     for v in values:
@@ -180,8 +106,14 @@ def _reason_list(row: dict[str, Any]) -> list[str]:
     return ["error"] if row["error"] else ["unspecified"]
 
 
+def _roofline_pct(row: dict[str, Any] | None) -> float | None:
+    if row is None or row["roofline_ms"] is None or not row["runtime_ms"]:
+        return None
+    return row["roofline_ms"] / row["runtime_ms"] * 100
+
+
 def _leaderboard(campaign: Campaign, df: pl.DataFrame, spent: pl.DataFrame,
-                 llms: list[str]) -> list[dict[str, Any]]:
+                 llms: list[str], links: dict[tuple[str, str], str]) -> list[dict[str, Any]]:
     tasks = sorted(set(task_ids(campaign)) | set(df["task"].unique().to_list())
                    | set(spent["task"].unique().to_list()))
     infos = {t: task_info(campaign, t) for t in tasks}
@@ -206,17 +138,18 @@ def _leaderboard(campaign: Campaign, df: pl.DataFrame, spent: pl.DataFrame,
             reasons = Counter(r for row in rows.iter_rows(named=True) for r in _reason_list(row))
             top = ", ".join(f"{k} ({v})" for k, v in reasons.most_common(2))
             verdict = f"no accepted kernel; rejected for {top}"
-        roof = None
-        if b is not None and b["roofline_ms"] is not None and b["runtime_ms"]:
-            roof = b["roofline_ms"] / b["runtime_ms"] * 100
         tried = (set(rows["llm"].unique().to_list())
                  | set(spent.filter(pl.col("task") == t)["llm"].unique().to_list()))
+        link = links.get((b["llm"], t)) if b is not None else next(
+            (links[(lm, t)] for lm in llms if (lm, t) in links), None)
         levels.setdefault(info["level"], []).append({
-            "task": t, "name": info["name"], "best": b, "roofline_pct": roof,
-            "verdict": verdict, "n_candidates": rows.height,
+            "task": t, "anchor": _slug(t), "name": info["name"], "best": b,
+            "roofline_pct": _roofline_pct(b), "verdict": verdict, "n_candidates": rows.height,
             "n_accepted": int(rows["accepted"].sum()) if rows.height else 0,
-            "per_llm": [(per_llm[(lm, t)]["speedup_eager"] if (lm, t) in per_llm else None,
-                         lm in tried) for lm in llms],
+            "link": link,
+            "per_llm": [{"speedup": per_llm[(lm, t)]["speedup_eager"]
+                         if (lm, t) in per_llm else None,
+                         "tried": lm in tried, "link": links.get((lm, t))} for lm in llms],
         })
     return [{"level": lv, "rows": levels[lv]} for lv in sorted(levels)]
 
@@ -243,14 +176,26 @@ def _costs(df: pl.DataFrame, spent: pl.DataFrame, llms: list[str]) -> list[dict[
     return out
 
 
-def _rejections(df: pl.DataFrame, llms: list[str]) -> tuple[list[dict[str, Any]], Markup | None]:
+def _rejections(df: pl.DataFrame, llms: list[str], links: dict[tuple[str, str], str]
+                ) -> tuple[list[dict[str, Any]], Markup | None]:
     counts: dict[str, Counter[str]] = {}
+    examples: dict[str, list[dict[str, Any]]] = {}
     for row in df.filter(~pl.col("accepted")).iter_rows(named=True):
+        details = dict(zip(row["reasons"], row["reason_details"] or []))
         for r in _reason_list(row):
             counts.setdefault(r, Counter())[row["llm"]] += 1
+            detail = details.get(r) or (row["error"] if r == "error" or
+                                        (r == "compiles" and row["error"]) else "")
+            examples.setdefault(r, []).append({
+                "task": row["task"], "task_anchor": _slug(row["task"]), "llm": row["llm"],
+                "generation": row["generation"], "candidate": row["candidate"],
+                "operator": row["operator"], "detail": (detail or row["error"] or "")[:400],
+                "link": links.get((row["llm"], row["task"]))})
     reasons = sorted(counts, key=lambda r: (-sum(counts[r].values()), r))
     rows = [{"reason": r, "total": sum(counts[r].values()),
-             "per_llm": [counts[r].get(lm, 0) for lm in llms]} for r in reasons]
+             "per_llm": [counts[r].get(lm, 0) for lm in llms],
+             "examples": examples[r][:MAX_REJECTION_EXAMPLES],
+             "more": max(0, len(examples[r]) - MAX_REJECTION_EXAMPLES)} for r in reasons]
     chart = None
     if reasons:
         chart = svg_bar_chart(reasons, {lm: [float(counts[r].get(lm, 0)) for r in reasons]
@@ -269,10 +214,151 @@ def _fast_curve(df: pl.DataFrame, spent: pl.DataFrame, ps: list[float]) -> list[
     return [sum(b > p for b in bests) / tasks.height for p in ps]
 
 
-def report_context(campaign: Campaign) -> dict[str, Any]:
+def _roofline(df: pl.DataFrame, llms: list[str], device: dict[str, Any],
+              best_ids: set[tuple[str, str, str]]) -> tuple[Markup, int, int]:
+    """The roofline scatter of every accepted, timed kernel of a task with known FLOPs and
+    bytes; returns the chart, the number of points and the number left out."""
+    acc = df.filter(pl.col("accepted") & pl.col("runtime_ms").is_not_null()
+                    & (pl.col("runtime_ms") > 0))
+    points, left_out = [], 0
+    for r in acc.iter_rows(named=True):
+        if not r["flops"] or not r["min_bytes"] or r["flops"] <= 0 or r["min_bytes"] <= 0:
+            left_out += 1
+            continue
+        ai = r["flops"] / r["min_bytes"]
+        gflops = r["flops"] / (r["runtime_ms"] * 1e-3) / 1e9
+        pct = _roofline_pct(r)
+        is_best = (r["llm"], r["task"], r["candidate"]) in best_ids
+        points.append({
+            "ai": ai, "gflops": gflops, "series": r["llm"], "best": is_best,
+            "href": f"#kernel-{_slug(r['task'])}" if is_best else None,
+            "title": (f"{r['task']}: {r['candidate']} ({r['llm']}, generation "
+                      f"{r['generation']})\n{ai:.3g} FLOP/byte, {gflops:.3g} GFLOP/s, "
+                      f"{_x(r['speedup_eager'])} over eager"
+                      + (f", {pct:.1f}% of roofline" if pct is not None else ""))})
+    chart = svg_roofline(points, llms, bandwidth_gbs=device.get("bandwidth_gbs"),
+                         flops_tflops=device.get("flops_tflops"))
+    return chart, len(points), left_out
+
+
+def _node_lines(row: dict[str, Any] | None, cid: str, gen: int) -> tuple[list[str], str]:
+    if row is None:
+        return [cid, f"generation {gen}", "not verified"], "unknown"
+    op = row["operator"] or "?"
+    if row["accepted"]:
+        third = f"{_x(row['speedup_eager'])} eager" if row["speedup_eager"] else "accepted"
+        return [cid, f"gen {gen} · {op}", third], "accepted"
+    return [cid, f"gen {gen} · {op}", "✗ " + ", ".join(_reason_list(row))], "rejected"
+
+
+def _diff(parent: str, child: str, pid: str, cid: str) -> str:
+    return "".join(difflib.unified_diff(parent.splitlines(keepends=True),
+                                        child.splitlines(keepends=True),
+                                        fromfile=pid, tofile=cid, n=2))
+
+
+def _lineage(df: pl.DataFrame, best: dict[str, Any], links: dict[tuple[str, str], str]
+             ) -> dict[str, Any]:
+    """Who begat the best kernel: its ancestors through proposal ``parents`` (crossovers have
+    several), as an SVG tree and the members' sources (each with its diff from its first
+    parent)."""
+    llm, task = best["llm"], best["task"]
+    rows = {r["candidate"]: r for r in df.filter((pl.col("llm") == llm)
+                                                 & (pl.col("task") == task))
+                                         .iter_rows(named=True)}
+    gen_of: dict[str, int] = {best["candidate"]: best["generation"]}
+    order: list[str] = []
+    edges: list[tuple[str, str, str]] = []
+    queue = [best["candidate"]]
+    truncated = False
+    while queue:
+        cid = queue.pop(0)
+        if cid in order:
+            continue
+        if len(order) >= MAX_LINEAGE_NODES:
+            truncated = True
+            break
+        order.append(cid)
+        row = rows.get(cid)
+        if row is None:
+            continue
+        for p in row["parents"] or []:
+            edges.append((p, cid, row["operator"] or "?"))
+            if p not in gen_of:
+                prow = rows.get(p)
+                gen_of[p] = prow["generation"] if prow is not None else gen_of[cid] - 1
+            queue.append(p)
+    kept = set(order)
+    edges = [e for e in edges if e[0] in kept and e[1] in kept]
+    nodes, members = [], []
+    for cid in sorted(order, key=lambda c: (gen_of[c], c)):
+        row = rows.get(cid)
+        lines, status = _node_lines(row, cid, gen_of[cid])
+        anchor = _src_id(llm, task, cid)
+        title = [f"{cid}: {status}"]
+        if row is not None:
+            title += [f"operator {row['operator']}, strategy {row['strategy']}",
+                      f"parents: {', '.join(row['parents']) or 'none'}",
+                      f"model {row['model'] or '-'}, {row['tokens']:,} tokens"]
+        nodes.append({"id": cid, "generation": gen_of[cid], "lines": lines, "status": status,
+                      "best": cid == best["candidate"], "title": "\n".join(title),
+                      "href": f"#{anchor}" if row is not None else None})
+        if row is None:
+            continue
+        parents = row["parents"] or []
+        first = rows.get(parents[0]) if parents else None
+        members.append({
+            "row": row, "anchor": anchor, "status": status, "is_best": cid == best["candidate"],
+            "parents": [{"id": p, "anchor": _src_id(llm, task, p) if p in rows else None}
+                        for p in parents],
+            "diff_from": parents[0] if first is not None else None,
+            "diff": highlight_code(_diff(first["code"], row["code"], parents[0], cid), "diff")
+            if first is not None else None,
+            "source": highlight_code(row["code"]),
+        })
+    svg = svg_lineage(nodes, edges, uid=_slug(task))
+    return {"svg": svg, "members": members, "truncated": truncated,
+            "n_nodes": len(nodes), "operators": sorted({e[2] for e in edges})}
+
+
+def _comparison(campaigns: Sequence[Campaign], current: str) -> dict[str, Any]:
+    """The compare table, fast_p curves and per-task best speedups of several campaigns."""
+    frames = [collect(c) for c in campaigns]
+    spends = [spend(c) for c in campaigns]
+    df = pl.concat(frames) if frames else pl.DataFrame(schema=COLLECT_SCHEMA)
+    sp = pl.concat(spends) if spends else pl.DataFrame(schema=SPEND_SCHEMA)
+    table = compare_frame(df, sp)
+    keys = [(c.name, lm) for c in campaigns
+            for lm in sorted(set(df.filter(pl.col("campaign") == c.name)["llm"].to_list())
+                             | set(sp.filter(pl.col("campaign") == c.name)["llm"].to_list()))]
+
+    def part(frame: pl.DataFrame, cname: str, lm: str) -> pl.DataFrame:
+        return frame.filter((pl.col("campaign") == cname) & (pl.col("llm") == lm))
+
+    curves = {f"{cn}/{lm}": _fast_curve(part(df, cn, lm), part(sp, cn, lm), FAST_P_GRID)
+              for cn, lm in keys}
+    chart = svg_line_chart(FAST_P_GRID, curves, xlabel="p (speedup threshold over eager)",
+                           ylabel="fast_p", ymax=1.0, percent=True, step=True)
+    tasks_t = per_task(df, sp)
+    best = {(r["campaign"], r["llm"], r["task"]): r for r in tasks_t.iter_rows(named=True)}
+    tasks = sorted(set(tasks_t["task"].to_list()))
+    rows = [{"task": t, "cells": [best.get((cn, lm, t)) for cn, lm in keys]} for t in tasks]
+    return {"table": table.to_dicts(), "chart": chart, "keys": keys, "rows": rows,
+            "current": current}
+
+
+def report_context(campaign: Campaign, *, mlflow_ui: str | None = None,
+                   compare_with: Sequence[Campaign] = ()) -> dict[str, Any]:
+    """Everything the template shows. ``mlflow_ui``: the MLflow UI's base URL (see
+    ``mlflow_ui_base``); ``compare_with``: other campaigns to compare this one with."""
     df = collect(campaign)
     spent = spend(campaign)
     llms = sorted(set(df["llm"].unique().to_list()) | set(spent["llm"].unique().to_list()))
+    device = {"name": None, "bandwidth_gbs": None, "flops_tflops": None,
+              **device_info(campaign)}
+    base = mlflow_ui_base(mlflow_ui)
+    links = {k: url for k, v in tracked_runs(campaign).items()
+             if (url := mlflow_run_url(v, base)) is not None}
 
     def of(frame: pl.DataFrame, lm: str) -> pl.DataFrame:
         return frame.filter(pl.col("llm") == lm)
@@ -286,17 +372,33 @@ def report_context(campaign: Campaign) -> dict[str, Any]:
                                 ylabel="fast_p", ymax=1.0, percent=True, step=True)
     fast_rows = [{"llm": lm, "values": _fast_curve(of(df, lm), of(spent, lm), list(FAST_P_TABLE))}
                  for lm in llms]
-    rejections, rejection_chart = _rejections(df, llms)
-    leaderboard = _leaderboard(campaign, df, spent, llms)
-    kernels = [row for lvl in leaderboard for row in lvl["rows"] if row["best"] is not None]
+    rejections, rejection_chart = _rejections(df, llms, links)
+    leaderboard = _leaderboard(campaign, df, spent, llms, links)
+    kernels = []
+    for lvl in leaderboard:
+        for row in lvl["rows"]:
+            b = row["best"]
+            if b is None:
+                continue
+            kernels.append({**row, "src_anchor": _src_id(b["llm"], b["task"], b["candidate"]),
+                            "lineage": _lineage(df, b, links),
+                            "task_source": highlight_code(b["task_source"])})
+    best_ids = {(k["best"]["llm"], k["task"], k["best"]["candidate"]) for k in kernels}
+    roofline, n_roof, roof_left_out = _roofline(df, llms, device, best_ids)
+    others = [c for c in compare_with if c.root.resolve() != campaign.root.resolve()]
     return {
         "campaign": campaign.name,
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "devices": sorted(v for v in df["device"].unique().to_list() if v),
+        "device": device,
+        "targets": sorted(v for v in df["target"].unique().to_list() if v),
         "policies": sorted(v for v in df["policy"].unique().to_list() if v),
         "n_candidates": df.height,
         "n_accepted": int(df["accepted"].sum()) if df.height else 0,
         "llms": llms,
+        "colors": {lm: PALETTE[i % len(PALETTE)] for i, lm in enumerate(llms)},
+        "mlflow_ui": base,
+        "n_links": len(links),
         "summary": compare_frame(df, spent).to_dicts(),
         "leaderboard": leaderboard,
         "hist_chart": hist,
@@ -304,10 +406,16 @@ def report_context(campaign: Campaign) -> dict[str, Any]:
         "fast_chart": fast_chart,
         "fast_ps": FAST_P_TABLE,
         "fast_rows": fast_rows,
+        "roofline_chart": roofline,
+        "n_roofline": n_roof,
+        "roofline_left_out": roof_left_out,
         "rejections": rejections,
         "rejection_chart": rejection_chart,
         "costs": _costs(df, spent, llms),
         "kernels": kernels,
+        "comparison": _comparison([campaign, *others], campaign.name) if others else None,
+        "highlight_css": Markup(highlight_css()),
+        "operator_colors": OPERATOR_COLORS,
     }
 
 
@@ -339,22 +447,30 @@ def _int(v: Any) -> str:
     return "-" if v is None else f"{int(round(v)):,}"
 
 
+def _g(v: Any) -> str:
+    return "-" if v is None else f"{v:.3g}"
+
+
 def _env() -> Environment:
     env = Environment(loader=DictLoader({"report.html": TEMPLATE}), autoescape=True,
                       trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(x=_x, pct=_pct, pct100=_pct100, ms=_ms, usd=_usd, int=_int)
+    env.filters.update(x=_x, pct=_pct, pct100=_pct100, ms=_ms, usd=_usd, int=_int, g=_g)
     return env
 
 
-def render_report(campaign: Campaign) -> str:
-    return _env().get_template("report.html").render(**report_context(campaign))
+def render_report(campaign: Campaign, *, mlflow_ui: str | None = None,
+                  compare_with: Sequence[Campaign] = ()) -> str:
+    return _env().get_template("report.html").render(
+        **report_context(campaign, mlflow_ui=mlflow_ui, compare_with=compare_with))
 
 
-def write_report(campaign: Campaign) -> Path:
-    """Write ``<campaign>/report.html`` atomically and return its path."""
+def write_report(campaign: Campaign, *, mlflow_ui: str | None = None,
+                 compare_with: Sequence[Campaign] = ()) -> Path:
+    """Write ``<campaign>/report.html`` atomically and return its path. ``mlflow_ui``: base
+    URL of the MLflow UI for the run links; ``compare_with``: campaigns to compare with."""
     path = campaign.report()
-    write_atomic(path, render_report(campaign))
-    os.chmod(path, 0o644)  # write_atomic's temp file is created 0600
+    write_atomic(path, render_report(campaign, mlflow_ui=mlflow_ui, compare_with=compare_with))
+    os.chmod(path, 0o644)
     return path
 
 
@@ -362,6 +478,8 @@ TEMPLATE = """<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy"
+      content="default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Assay report: {{ campaign }}</title>
 <style>
@@ -370,31 +488,69 @@ body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
 main { max-width: 1180px; margin: 0 auto; padding: 24px 28px 60px; }
 h1 { font-size: 26px; margin: 0 0 4px; } h2 { margin-top: 36px; border-bottom: 2px solid #dde3ea;
      padding-bottom: 4px; } h3 { margin-bottom: 6px; }
+a { color: #0b5cad; } a:hover { color: #083e75; }
+nav { position: sticky; top: 0; background: #fafbfcf0; border-bottom: 1px solid #dde3ea;
+      padding: 6px 0; z-index: 2; font-size: 13px; }
+nav a { margin-right: 14px; text-decoration: none; }
 .meta { color: #5a6672; }
+.facts { display: flex; flex-wrap: wrap; gap: 10px; margin: 12px 0; }
+.fact { background: #fff; border: 1px solid #dde3ea; border-radius: 6px; padding: 6px 12px; }
+.fact b { display: block; font-size: 18px; }
 table { border-collapse: collapse; margin: 8px 0 16px; background: #fff; }
 th, td { border: 1px solid #dde3ea; padding: 4px 10px; text-align: left; vertical-align: top; }
 th { background: #eef2f6; font-weight: 600; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 tr.ok td.v { color: #1a7f37; } tr.bad td.v { color: #b42318; }
+td.detail { max-width: 520px; font-size: 12.5px; color: #3a4450; word-break: break-word; }
 code, pre { font: 12.5px/1.4 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
-pre { background: #0f1720; color: #e6edf3; padding: 12px 14px; overflow-x: auto;
-      border-radius: 6px; max-height: 560px; }
+pre { background: #0d1117; color: #e6edf3; padding: 12px 14px; overflow-x: auto;
+      border-radius: 6px; max-height: 560px; margin: 6px 0 10px; }
+pre .ln { display: inline-block; min-width: 2.2em; margin-right: 12px; color: #6e7681;
+          text-align: right; user-select: none; }
+{{ highlight_css }}
 details { margin: 6px 0; } summary { cursor: pointer; }
-svg.chart { background: #fff; border: 1px solid #dde3ea; max-width: 100%; height: auto; }
+section.kernel { background: #fff; border: 1px solid #dde3ea; border-radius: 8px;
+                 padding: 4px 16px 10px; margin: 16px 0; }
+section.kernel table { margin: 6px 0 10px; }
+svg.chart { background: #fff; border: 1px solid #dde3ea; max-width: 100%; height: auto;
+            display: block; margin: 8px 0; }
 svg .grid { stroke: #e7ecf1; } svg .axis { stroke: #5a6672; }
 svg text { font: 11px system-ui, sans-serif; fill: #3a4450; }
 svg .yt { text-anchor: end; } svg .xt { text-anchor: middle; } svg .al { text-anchor: middle; }
+svg.lineage .node rect { stroke-width: 1.5; }
+svg.lineage .accepted rect { fill: #e9f6ec; stroke: #1a7f37; }
+svg.lineage .rejected rect { fill: #fdeeee; stroke: #b42318; }
+svg.lineage .unknown rect { fill: #f2f4f7; stroke: #8c959f; stroke-dasharray: 4 3; }
+svg.lineage .best rect { stroke: #bf8700; stroke-width: 3; }
+svg.lineage text.id { font: bold 11.5px ui-monospace, Menlo, Consolas, monospace; fill: #1d232a; }
+svg.lineage text.nl { font-size: 11px; }
+svg a:hover rect, svg a:hover circle { filter: brightness(0.92); }
 .note { color: #5a6672; font-size: 13px; }
+.tag { display: inline-block; border-radius: 4px; padding: 0 6px; font-size: 12px;
+       color: #fff; }
+.ok-tag { background: #1a7f37; } .bad-tag { background: #b42318; }
+.unknown-tag { background: #8c959f; }
 </style>
 </head>
 <body><main>
 <h1>Assay report: <code>{{ campaign }}</code></h1>
 <p class="meta">{{ n_candidates }} verified candidates, {{ n_accepted }} accepted;
 LLM backends: {{ llms | join(", ") or "none" }};
-verifier policy: {{ policies | join(", ") or "-" }}; device: {{ devices | join(", ") or "-" }};
-generated {{ generated }}.</p>
+verifier policy: {{ policies | join(", ") or "-" }};
+target: {{ targets | join(", ") or "-" }}; generated {{ generated }}.</p>
+<div class="facts">
+<div class="fact">device<b>{{ device.name or (devices | join(", ")) or "-" }}</b></div>
+<div class="fact">memory bandwidth (measured)<b>{{ device.bandwidth_gbs | g }} GB/s</b></div>
+<div class="fact">fp32 peak (measured)<b>{{ device.flops_tflops | g }} TFLOP/s</b></div>
+<div class="fact">accepted / verified<b>{{ n_accepted }} / {{ n_candidates }}</b></div>
+<div class="fact">MLflow runs linked<b>{{ n_links }}</b></div>
+</div>
+<nav><a href="#summary">Summary</a>{% if comparison %}<a href="#comparison">Comparison</a>{% endif %}
+<a href="#leaderboard">Leaderboard</a><a href="#speedups">Speedups</a><a href="#fast-p">fast_p</a>
+<a href="#roofline">Roofline</a><a href="#rejections">Rejections</a><a href="#costs">Tokens &amp; cost</a>
+<a href="#kernels">Best kernels &amp; lineage</a></nav>
 
-<h2>Summary per LLM</h2>
+<h2 id="summary">Summary per LLM</h2>
 {% if summary %}
 <table>
 <tr><th>llm</th><th>tasks tried</th><th>accepted tasks</th><th>fast_1</th>
@@ -411,28 +567,55 @@ generated {{ generated }}.</p>
 <p>No verified candidates yet.</p>
 {% endif %}
 
-<h2>Leaderboard</h2>
+{% if comparison %}
+<h2 id="comparison">Comparison with other campaigns</h2>
+<table>
+<tr><th>campaign</th><th>llm</th><th>tasks tried</th><th>accepted tasks</th><th>fast_1</th>
+<th>geomean speedup (accepted tasks)</th><th>tokens</th><th>cost</th></tr>
+{% for r in comparison.table %}
+<tr{% if r.campaign == comparison.current %} class="ok"{% endif %}><td>{{ r.campaign }}</td>
+<td>{{ r.llm }}</td><td class="n">{{ r.tasks_tried }}</td><td class="n">{{ r.accepted }}</td>
+<td class="n">{{ r.fast_1 | pct }}</td><td class="n">{{ r.geomean_speedup_accepted | x }}</td>
+<td class="n">{{ r.tokens | int }}</td><td class="n">{{ r.cost_usd | usd }}</td></tr>
+{% endfor %}
+</table>
+{{ comparison.chart }}
+<h3>Best speedup over eager per task</h3>
+<table>
+<tr><th>task</th>{% for cn, lm in comparison["keys"] %}<th>{{ cn }}<br>{{ lm }}</th>{% endfor %}</tr>
+{% for r in comparison.rows %}
+<tr><td><code>{{ r.task }}</code></td>
+{% for c in r.cells %}<td class="n">{% if c is none %}-{% elif c.accepted %}{{ c.best_speedup_eager | x }}{% else %}&#10007;{% endif %}</td>{% endfor %}
+</tr>
+{% endfor %}
+</table>
+<p class="note">&#10007;: tried, nothing accepted; -: not tried. Campaigns are told apart by
+name; tasks by id.</p>
+{% endif %}
+
+<h2 id="leaderboard">Leaderboard</h2>
 {% for lvl in leaderboard %}
 <h3>Level {{ lvl.level }}</h3>
 <table>
 <tr><th>task</th><th>best kernel</th><th>llm</th><th>speedup vs eager</th>
 <th>speedup vs compile</th><th>runtime</th><th>% of roofline</th>
-{% for lm in llms %}<th>{{ lm }}</th>{% endfor %}<th>verdict</th></tr>
+{% for lm in llms %}<th>{{ lm }}</th>{% endfor %}<th>verdict</th><th>MLflow</th></tr>
 {% for r in lvl.rows %}
-<tr class="{{ 'ok' if r.best else 'bad' }}" id="task-{{ r.task }}">
+<tr class="{{ 'ok' if r.best else 'bad' }}" id="task-{{ r.anchor }}">
 <td><code>{{ r.task }}</code></td>
 {% if r.best %}
-<td><a href="#kernel-{{ r.task }}"><code>{{ r.best.candidate }}</code></a></td>
+<td><a href="#kernel-{{ r.anchor }}"><code>{{ r.best.candidate }}</code></a></td>
 <td>{{ r.best.llm }}</td>
 <td class="n">{{ r.best.speedup_eager | x }}</td><td class="n">{{ r.best.speedup_compile | x }}</td>
 <td class="n">{{ r.best.runtime_ms | ms }}</td><td class="n">{{ r.roofline_pct | pct100 }}</td>
 {% else %}
 <td>-</td><td>-</td><td class="n">-</td><td class="n">-</td><td class="n">-</td><td class="n">-</td>
 {% endif %}
-{% for s, tried in r.per_llm %}
-<td class="n">{% if s is not none %}{{ s | x }}{% elif tried %}&#10007;{% else %}-{% endif %}</td>
+{% for c in r.per_llm %}
+<td class="n">{% if c.speedup is not none %}{{ c.speedup | x }}{% elif c.tried %}&#10007;{% else %}-{% endif %}</td>
 {% endfor %}
-<td class="v">{{ r.verdict }} ({{ r.n_accepted }}/{{ r.n_candidates }})</td></tr>
+<td class="v">{{ r.verdict }} ({{ r.n_accepted }}/{{ r.n_candidates }})</td>
+<td>{% if r.link %}<a href="{{ r.link }}" target="_blank" rel="noopener">run</a>{% else %}-{% endif %}</td></tr>
 {% endfor %}
 </table>
 {% else %}
@@ -440,13 +623,16 @@ generated {{ generated }}.</p>
 {% endfor %}
 <p class="note">Per-LLM columns: that backend's best accepted speedup over eager
 (&#10007;: tried, nothing accepted). % of roofline = roofline time / measured time.
-The last column counts accepted / verified candidates.</p>
+The verdict column counts accepted / verified candidates. MLflow: the task's child run of the
+best kernel's backend{% if n_links %} in the MLflow UI at <code>{{ mlflow_ui }}</code>
+(<code>mlflow ui --backend-store-uri sqlite:///results/mlflow.db</code>){% else %} (none
+tracked yet){% endif %}.</p>
 
-<h2>Speedup distribution</h2>
+<h2 id="speedups">Speedup distribution</h2>
 <p class="note">Speedup over eager PyTorch of all {{ n_hist }} accepted, timed candidates.</p>
 {{ hist_chart }}
 
-<h2>fast_p per LLM</h2>
+<h2 id="fast-p">fast_p per LLM</h2>
 <p class="note">fast_p: fraction of tried tasks whose best accepted kernel has speedup over eager
 &gt; p (KernelBench). At p = 0 it is the fraction of tasks with an accepted kernel.</p>
 {{ fast_chart }}
@@ -457,22 +643,48 @@ The last column counts accepted / verified candidates.</p>
 {% endfor %}
 </table>
 
-<h2>Rejected candidates by reason</h2>
+<h2 id="roofline">Roofline</h2>
+<p class="note">Every accepted, timed kernel ({{ n_roofline }}): the task's FLOPs over its
+minimum memory traffic against the FLOPs per second the kernel attained; the line is the
+device's measured roof{% if not device.bandwidth_gbs or not device.flops_tflops %} (unknown:
+no <code>device.json</code> peaks){% endif %}. Large outlined points are the tasks' best
+kernels.{% if roofline_left_out %} {{ roofline_left_out }} kernel(s) of tasks without FLOP or
+byte counts are not drawn.{% endif %}</p>
+{{ roofline_chart }}
+
+<h2 id="rejections">Rejected candidates by reason</h2>
 {% if rejections %}
 <table>
 <tr><th>failed check</th><th>total</th>{% for lm in llms %}<th>{{ lm }}</th>{% endfor %}</tr>
 {% for r in rejections %}
-<tr><td><code>{{ r.reason }}</code></td><td class="n">{{ r.total }}</td>
+<tr><td><a href="#reason-{{ r.reason }}"><code>{{ r.reason }}</code></a></td><td class="n">{{ r.total }}</td>
 {% for c in r.per_llm %}<td class="n">{{ c }}</td>{% endfor %}</tr>
 {% endfor %}
 </table>
 {{ rejection_chart }}
 <p class="note">A candidate rejected for several checks counts once per check.</p>
+{% for r in rejections %}
+<details id="reason-{{ r.reason }}"><summary><code>{{ r.reason }}</code>: {{ r.total }}
+rejected candidate(s)</summary>
+<table>
+<tr><th>task</th><th>llm</th><th>gen</th><th>candidate</th><th>operator</th><th>detail</th>
+<th>MLflow</th></tr>
+{% for e in r.examples %}
+<tr><td><a href="#task-{{ e.task_anchor }}"><code>{{ e.task }}</code></a></td><td>{{ e.llm }}</td>
+<td class="n">{{ e.generation }}</td><td><code>{{ e.candidate }}</code></td>
+<td>{{ e.operator or "-" }}</td><td class="detail">{{ e.detail or "-" }}</td>
+<td>{% if e.link %}<a href="{{ e.link }}" target="_blank" rel="noopener">run</a>{% else %}-{% endif %}</td></tr>
+{% endfor %}
+</table>
+{% if r.more %}<p class="note">and {{ r.more }} more (see the archive's
+<code>Verdict_Reasons</code>).</p>{% endif %}
+</details>
+{% endfor %}
 {% else %}
 <p>No rejected candidates.</p>
 {% endif %}
 
-<h2>Tokens and cost per accepted kernel</h2>
+<h2 id="costs">Tokens and cost per accepted kernel</h2>
 <table>
 <tr><th>llm</th><th>proposed</th><th>declined</th><th>verified</th><th>accepted</th>
 <th>tasks solved</th><th>tokens</th>
@@ -491,13 +703,52 @@ The last column counts accepted / verified candidates.</p>
 totals: declined proposals and candidates not yet verified included). Accepted kernels: accepted
 candidates (several per task possible); solved tasks: tasks with at least one.</p>
 
-<h2>Best kernels</h2>
-{% for r in kernels %}
-<details id="kernel-{{ r.task }}"><summary><code>{{ r.task }}</code>:
-<code>{{ r.best.candidate }}</code> by {{ r.best.llm }}, generation {{ r.best.generation }},
-{{ r.best.speedup_eager | x }} over eager</summary>
-<pre><code>{{ r.best.code }}</code></pre>
+<h2 id="kernels">Best kernels and their lineage</h2>
+{% for k in kernels %}
+{% set b = k.best %}
+<section class="kernel" id="kernel-{{ k.anchor }}">
+<h3><code>{{ k.task }}</code>: <code>{{ b.candidate }}</code>
+<span class="tag ok-tag">{{ b.speedup_eager | x }} over eager</span></h3>
+<table>
+<tr><th>llm</th><th>model</th><th>generation</th><th>operator</th><th>strategy</th>
+<th>runtime</th><th>vs eager</th><th>vs compile</th><th>% of roofline</th><th>max abs err</th>
+<th>tokens</th><th>cost</th><th>MLflow</th></tr>
+<tr><td>{{ b.llm }}</td><td>{{ b.model or "-" }}</td><td class="n">{{ b.generation }}</td>
+<td>{{ b.operator or "-" }}</td><td>{{ b.strategy or "-" }}</td>
+<td class="n">{{ b.runtime_ms | ms }}</td><td class="n">{{ b.speedup_eager | x }}</td>
+<td class="n">{{ b.speedup_compile | x }}</td><td class="n">{{ k.roofline_pct | pct100 }}</td>
+<td class="n">{{ b.max_abs_err | g }}</td><td class="n">{{ b.tokens | int }}</td>
+<td class="n">{{ b.cost_usd | usd }}</td>
+<td>{% if k.link %}<a href="{{ k.link }}" target="_blank" rel="noopener">run</a>{% else %}-{% endif %}</td></tr>
+</table>
+{% if b.kernels_launched %}<p class="note">Kernels launched:
+{% for n in b.kernels_launched %}<code>{{ n }}</code>{{ ", " if not loop.last }}{% endfor %}.</p>{% endif %}
+<p class="note">Lineage: {{ k.lineage.n_nodes }} candidate(s); arrows run from parent to child,
+coloured by how the child was made; the outlined box is the best kernel. Click a box for its
+source.{% if k.lineage.truncated %} Truncated at the closest ancestors.{% endif %}</p>
+{{ k.lineage.svg }}
+<details{% if loop.first %} open{% endif %} id="{{ k.src_anchor }}"><summary>source of the best
+kernel <code>{{ b.candidate }}</code></summary>
+<pre class="hl"><code>{{ k.lineage.members | selectattr("is_best") | map(attribute="source") | first }}</code></pre>
 </details>
+<details><summary>the task (PyTorch reference)</summary>
+<pre class="hl"><code>{{ k.task_source }}</code></pre>
+</details>
+{% for m in k.lineage.members if not m.is_best %}
+<details id="{{ m.anchor }}"><summary>ancestor <code>{{ m.row.candidate }}</code>:
+generation {{ m.row.generation }}, {{ m.row.operator or "?" }}
+<span class="tag {{ 'ok-tag' if m.status == 'accepted' else 'bad-tag' }}">{% if m.status == 'accepted' %}{{ m.row.speedup_eager | x }}{% else %}{{ m.row.reasons | join(", ") or m.status }}{% endif %}</span></summary>
+{% if m.diff %}<p class="note">Changes from its parent <code>{{ m.diff_from }}</code>:</p>
+<pre class="hl"><code>{{ m.diff }}</code></pre>{% endif %}
+<details><summary>full source</summary><pre class="hl"><code>{{ m.source }}</code></pre></details>
+</details>
+{% endfor %}
+{% for m in k.lineage.members if m.is_best and m.diff %}
+<details><summary>what the best kernel changed from its parent <code>{{ m.diff_from }}</code></summary>
+<pre class="hl"><code>{{ m.diff }}</code></pre>
+</details>
+{% endfor %}
+</section>
 {% else %}
 <p>No accepted kernels yet.</p>
 {% endfor %}
