@@ -12,7 +12,7 @@ comma := ,
 empty :=
 space := $(empty) $(empty)
 
-.PHONY: install run test test-gpu dry-run lint clean
+.PHONY: install run test test-gpu dry-run lint clean chromium
 
 install: $(STAMP)
 
@@ -38,6 +38,12 @@ lint: install
 
 test: install
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -n $(CORES) --timeout 1200 -q
+
+# Headless Chromium for tests/test_report_browser.py: Debian's package, needs root and apt
+# (.ci/run does it; elsewhere install it yourself or point ASSAY_CHROMIUM at a chromium).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
 
 # On a GPU machine: the gpu-marked tests (skipped without CUDA).
 test-gpu:

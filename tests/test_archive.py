@@ -9,14 +9,15 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from assay.archive.export import ARCHIVE_COLUMNS, ARCHIVE_SCHEMA, export, export_campaign, main
-from assay.collect import COLLECT_SCHEMA, collect
-from assay.layout import Campaign, read_json
+from assay.archive.export import (ARCHIVE_COLUMNS, ARCHIVE_SCHEMA, DATASETS_TYPES, export,
+                                  export_campaign, main, schema_from_card)
+from assay.collect import COLLECT_SCHEMA, collect, device_info, tracked_runs
+from assay.layout import Campaign, read_json, write_json
 
 try:
-    from fake_results import add_candidate, make_fake_campaign, write_task
+    from fake_results import FAKE_DEVICE, add_candidate, make_fake_campaign, write_task
 except ImportError:  # tests/ imported as a package
-    from tests.fake_results import add_candidate, make_fake_campaign, write_task
+    from tests.fake_results import FAKE_DEVICE, add_candidate, make_fake_campaign, write_task
 
 SAKANA = ["Op_Name", "Level_ID", "Task_ID", "Kernel_Name", "CUDA_Runtime",
           "PyTorch_Native_Runtime", "PyTorch_Compile_Runtime", "CUDA_Speedup_Native",
@@ -149,3 +150,121 @@ def test_consumers_do_not_import_mlflow() -> None:
             "assert 'mlflow' not in sys.modules, 'mlflow imported'; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# the dataset through `datasets` and polars, against the card's documented schema
+
+
+def _features(datasets_mod, type_name: str):
+    """The ``datasets`` feature a DATASETS_TYPES string names."""
+    if type_name.startswith("LargeList(") and type_name.endswith(")"):
+        return datasets_mod.LargeList(_features(datasets_mod, type_name[len("LargeList("):-1]))
+    return datasets_mod.Value(type_name)
+
+
+@pytest.fixture
+def hf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``datasets``, offline, caching under tmp_path."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    import datasets
+
+    datasets.disable_progress_bars()
+    return datasets
+
+
+def test_card_documents_schema_policy_and_hardware(tmp_path: Path) -> None:
+    c = make_fake_campaign(tmp_path)
+    write_task(c, 3, 1, "Empty")
+    export(c)
+    card = (c.archive_dir() / "README.md").read_text()
+    documented = schema_from_card(card)
+    assert list(documented) == ARCHIVE_COLUMNS
+    assert documented == {k: (str(v), DATASETS_TYPES[k]) for k, v in ARCHIVE_SCHEMA.items()}
+    # the verifier's policy, its settings and the checks it ran
+    assert "Policy `strict`" in card and "`roofline_margin`" in card
+    assert "`correctness` |" in card and "`compiles` |" in card
+    # the hardware, from device.json
+    assert "**fake-cpu**" in card and "2 GB/s" in card and "0.2 TFLOP/s" in card
+    # Hugging Face front matter: one split per level with rows
+    assert card.startswith("---\n") and "configs:" in card
+    assert "split: level_1" in card and "split: level_2" in card
+    assert "split: level_3" not in card and "`level_3.parquet`: no verified candidate" in card
+
+
+def test_card_states_given_verify_settings(tmp_path: Path) -> None:
+    c = make_fake_campaign(tmp_path, tasks=1, gens=1, llms=("offline",))
+    (c.root / "device.json").unlink()
+    export(c, verify_settings={"policy": "strict", "roofline_margin": 0.75})
+    card = (c.archive_dir() / "README.md").read_text()
+    assert "from the export step's config" in card and "`roofline_margin`: 0.75" in card
+    assert "no `device.json`" in card
+
+
+def test_dataset_round_trips_through_datasets_and_polars(tmp_path: Path, hf) -> None:
+    c = make_fake_campaign(tmp_path)
+    write_task(c, 3, 1, "Empty")
+    paths = {p.stem: p for p in export(c)}
+    documented = schema_from_card((c.archive_dir() / "README.md").read_text())
+    expected = hf.Features({k: _features(hf, ds_type) for k, (_, ds_type) in documented.items()})
+    frames = {name: pl.read_parquet(p) for name, p in paths.items()}
+    full = {name: p for name, p in paths.items() if frames[name].height}
+    assert sorted(full) == ["level_1", "level_2"]
+
+    # the parquet files, as `datasets` loads them
+    ds = hf.load_dataset("parquet", data_files={k: str(v) for k, v in full.items()},
+                         cache_dir=str(tmp_path / "cache"))
+    assert sorted(ds) == sorted(full)
+    for name, split in ds.items():
+        assert split.features == expected
+        assert split.column_names == ARCHIVE_COLUMNS
+        assert split.num_rows == frames[name].height
+        back = split.to_polars()
+        assert dict(back.schema) == ARCHIVE_SCHEMA
+        assert back.equals(frames[name])
+        # row by row, lists and nulls included
+        assert split[0] == frames[name].row(0, named=True)
+        # and back to parquet through `datasets`, read by polars
+        out = tmp_path / f"{name}-from-datasets.parquet"
+        split.to_parquet(str(out))
+        again = pl.read_parquet(out)
+        assert dict(again.schema) == ARCHIVE_SCHEMA and again.equals(frames[name])
+
+    # the archive folder itself: the card's configs name the splits
+    whole = hf.load_dataset(str(c.archive_dir()), cache_dir=str(tmp_path / "cache2"))
+    assert sorted(whole) == ["level_1", "level_2"]
+    assert whole["level_2"].features == expected
+    assert whole["level_1"].to_polars().equals(frames["level_1"])
+    # the empty level: polars reads it with the full schema
+    assert frames["level_3"].height == 0 and dict(frames["level_3"].schema) == ARCHIVE_SCHEMA
+    # documented polars dtypes are the files' own
+    for name, (pl_type, _) in documented.items():
+        assert str(frames["level_1"].schema[name]) == pl_type
+
+
+def test_device_info_and_tracked_runs(tmp_path: Path) -> None:
+    c = make_fake_campaign(tmp_path, tasks=2, gens=1, tracked=True)
+    dev = device_info(c)
+    assert dev["name"] == "fake-cpu" and dev["bandwidth_gbs"] == FAKE_DEVICE["bandwidth_gbs"]
+    assert dev["flops_tflops"] == FAKE_DEVICE["flops_tflops"]
+    runs = tracked_runs(c)
+    assert sorted(runs) == [(lm, t) for lm in ("fakellm", "offline")
+                            for t in ("L1_1_ReLU", "L2_1_Conv2d_ReLU_BiasAdd")]
+    assert all(r["experiment_id"] == "7" and len(r["run_id"]) == 32 for r in runs.values())
+    # a broken or incomplete tracked.json is left out, not fatal
+    c.tracked("offline", "L1_1_ReLU").write_text("{not json")
+    write_json(c.tracked("fakellm", "L1_1_ReLU"), {"tracking_uri": "sqlite:///x.db"})
+    assert len(tracked_runs(c)) == 2
+    assert device_info(Campaign(tmp_path / "none")) == {}
+
+
+def test_collect_keeps_failed_check_details(campaign: Campaign) -> None:
+    df = collect(campaign)
+    rejected = df.filter(~pl.col("accepted"))
+    for row in rejected.iter_rows(named=True):
+        assert len(row["reason_details"]) == len(row["reasons"])
+        assert row["reason_details"][0] == f"{row['reasons'][0]} failed"
+    assert df.filter(pl.col("accepted"))["reason_details"].list.len().max() == 0

@@ -8,16 +8,32 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from assay.cli import main as assay_main
 from assay.collect import collect, spend
-from assay.layout import Campaign
+from assay.layout import Campaign, read_json
 from assay.report.compare import COMPARE_SCHEMA, compare_table, fast_p, render_compare
-from assay.report.html import write_report
+from assay.report.highlight import highlight_code
+from assay.report.html import DEFAULT_MLFLOW_UI, mlflow_run_url, render_report, write_report
 
 try:
-    from fake_results import add_candidate, add_declined, make_fake_campaign, write_task
+    from fake_results import (add_candidate, add_declined, add_tracked, make_fake_campaign,
+                              write_task)
 except ImportError:  # tests/ imported as a package
-    from tests.fake_results import (add_candidate, add_declined, make_fake_campaign,
-                                    write_task)
+    from tests.fake_results import (add_candidate, add_declined, add_tracked,
+                                    make_fake_campaign, write_task)
+
+
+def assert_self_contained(html: str) -> None:
+    """Nothing in the page is fetched: no scripts, stylesheets, images, frames, fonts or
+    url(...) references; the only tags with an absolute URL are links (<a href>), and a CSP
+    forbids loading anything anyway."""
+    assert "<script" not in html and "<link" not in html and "<img" not in html
+    assert "<iframe" not in html and "url(http" not in html and "@import" not in html
+    assert not re.search(r"\ssrc=", html)
+    assert "default-src 'none'" in html
+    for m in re.finditer(r"<[^>]*https?://[^>]*>", html):
+        assert re.match(r'<a href="https?://[^"]*"( target="_blank" rel="noopener")?>$',
+                        m.group()), m.group()
 
 
 def crafted(root: Path, name: str = "crafted") -> Campaign:
@@ -123,13 +139,15 @@ def test_report_renders(tmp_path: Path) -> None:
     html = path.read_text()
     for task in ("L1_1_ReLU", "L1_2_GELU", "L2_1_Conv2d_ReLU_BiasAdd", "L2_9_Never_Tried"):
         assert task in html
-    assert html.count("<svg") >= 3
-    assert "<script" not in html and "http://" not in html and "https://" not in html
+    assert html.count("<svg") >= 4
+    assert_self_contained(html)
+    assert "http://" not in html and "https://" not in html  # no tracked.json: no links
     assert "Level 1" in html and "Level 2" in html
-    # candidate source is HTML-escaped inside <pre><code>
+    # candidate source is highlighted and HTML-escaped inside <pre class="hl"><code>
     assert "&lt;stand-in for the compiled op &amp; friends&gt;" in html
     assert "<stand-in" not in html
-    assert re.search(r"<pre><code>import torch", html)
+    assert re.search(r'<pre class="hl"><code><span class="ln"> 1</span>'
+                     r'<span class="kn">import</span>', html)
     # every best kernel's id is shown; rejections grouped by reason
     df = collect(c)
     best = df.filter(pl.col("accepted")).sort("speedup_eager", descending=True)
@@ -155,3 +173,125 @@ def test_report_on_empty_campaign(tmp_path: Path) -> None:
     write_task(c, 1, 1, "ReLU")
     html = write_report(c).read_text()
     assert "L1_1_ReLU" in html and "No verified candidates yet" in html
+
+
+def test_report_lineage_links_and_highlighting(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("ASSAY_MLFLOW_UI", raising=False)
+    c = make_fake_campaign(tmp_path, gens=3, tracked=True)
+    html = write_report(c).read_text()
+    assert_self_contained(html)
+    df = collect(c)
+    rows = {r["candidate"]: r for r in df.iter_rows(named=True)}
+    # one lineage tree per task with an accepted kernel (3 tasks)
+    assert html.count('<svg class="chart lineage"') == 3
+    assert html.count('<svg class="chart roofline"') == 1
+    # the best kernel of L1_1_ReLU: fakellm's gen-2 crossover; its ancestry is in the tree
+    best = (df.filter(pl.col("accepted") & (pl.col("task") == "L1_1_ReLU"))
+              .sort("speedup_eager", descending=True).row(0, named=True))
+    assert best["llm"] == "fakellm" and best["generation"] == 2
+    assert best["operator"] == "crossover" and len(best["parents"]) == 2
+    tree = html[html.index('id="kernel-L1_1_ReLU"'):]
+    tree = tree[:tree.index("</svg>")]
+    for parent in best["parents"]:
+        assert parent in tree
+        for grand in rows[parent]["parents"]:
+            assert grand in tree
+    assert 'marker-end="url(#arr-L1_1_ReLU-crossover)"' in tree
+    assert 'marker-end="url(#arr-L1_1_ReLU-mutate)"' in tree
+    assert tree.count("<g class=") == 5 and 'class="node accepted best"' in tree
+    # each lineage box links to a source block that exists
+    for anchor in re.findall(r'<a href="#(src-[^"]+)">', tree):
+        assert f'id="{anchor}"' in html
+    # MLflow links: the default UI, the run of the best kernel's (llm, task)
+    run = read_json(c.tracked("fakellm", "L1_1_ReLU"))
+    url = f"{DEFAULT_MLFLOW_UI}/#/experiments/7/runs/{run['run_id']}"
+    row = html[html.index('id="task-L1_1_ReLU"'):]
+    assert f'<a href="{url}" target="_blank" rel="noopener">run</a>' in row[:row.index("</tr>")]
+    # CUDA inside the kernel strings, Python around
+    assert '<span class="kr">__global__</span>' in html
+    assert '<span class="k">class</span>' in html
+    # rejected candidates grouped by reason, with their check's detail
+    assert 'id="reason-correctness"' in html and "correctness failed" in html
+
+
+def test_report_mlflow_base_url(tmp_path: Path, monkeypatch) -> None:
+    c = make_fake_campaign(tmp_path, tasks=1, gens=1, llms=("offline",), tracked=True)
+    rid = read_json(c.tracked("offline", "L1_1_ReLU"))["run_id"]
+    monkeypatch.setenv("ASSAY_MLFLOW_UI", "http://mlflow.lab:8080/")
+    assert f"http://mlflow.lab:8080/#/experiments/7/runs/{rid}" in render_report(c)
+    explicit = render_report(c, mlflow_ui="https://ml.example.org/mlflow")
+    assert f"https://ml.example.org/mlflow/#/experiments/7/runs/{rid}" in explicit
+    # a tracking server is its own UI
+    tracked = {"tracking_uri": "http://tracker:5000", "experiment_id": "3", "run_id": "abc"}
+    assert mlflow_run_url(tracked, "http://x") == "http://tracker:5000/#/experiments/3/runs/abc"
+    assert mlflow_run_url({"tracking_uri": "sqlite:///m.db"}, "http://x") is None
+
+
+def test_report_roofline_without_device_and_unknown_parent(tmp_path: Path) -> None:
+    c = Campaign(tmp_path / "odd")
+    t = write_task(c, 1, 1, "Relu", eager_ms=2.0, flops=0.0)  # no FLOPs: not on the roofline
+    add_candidate(c, "x", t, 1, accepted=True, speedup=2.0, parents=["cmissing00000"],
+                  operator="mutate", tag="a")
+    html = write_report(c).read_text()
+    assert "no <code>device.json</code> peaks" in html
+    assert "1 kernel(s) of tasks without FLOP" in html
+    assert "cmissing00000" in html and "not verified" in html  # the parent never verified
+
+
+def test_report_compares_campaigns(tmp_path: Path) -> None:
+    c1 = make_fake_campaign(tmp_path, name="one", tasks=2, gens=1)
+    c2 = crafted(tmp_path, "two")
+    html = write_report(c1, compare_with=[c2, c1]).read_text()
+    part = html[html.index('id="comparison"'):html.index('id="leaderboard"')]
+    assert "<td>two</td>" in part and "<td>one</td>" in part and "<svg" in part
+    assert "two/A" in part and "one/offline" in part
+    assert 'id="comparison"' not in write_report(c1).read_text()
+
+
+def test_highlight_code() -> None:
+    src = 'import torch\nk = r"""\n__global__ void f(float* x) { x[0] = 1.f; }\n"""\n'
+    h = str(highlight_code(src))
+    assert '<span class="kr">__global__</span>' in h and h.count('<span class="ln">') == 4
+    # text survives: strip the tags, unescape, and it is the source with line numbers
+    text = re.sub(r'<span class="ln">\s*\d+</span>', "", h)
+    text = re.sub(r"<[^>]+>", "", text).replace("&#34;", '"').replace("&lt;", "<")
+    assert text.replace("&gt;", ">").replace("&amp;", "&") == src.rstrip("\n")
+    broken = str(highlight_code("def f(:\n  <x> & y"))
+    assert "&lt;x&gt; &amp; y" in re.sub(r"<[^>]+>", "", broken)
+    assert str(highlight_code("")) == ""
+
+
+def test_cli_report_compare_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_fake_campaign(tmp_path, name="one", tasks=1, gens=1, tracked=True)
+    crafted(tmp_path, "two")
+    results = str(tmp_path)
+    assert assay_main(["compare", "one", "two", "--results", results]) == 0
+    out = capsys.readouterr().out
+    assert "one" in out and "two" in out and "offline" in out
+    assert assay_main(["report", "one", "--results", results, "--mlflow-ui", "http://m:1",
+                       "--compare-with", "two"]) == 0
+    html = (tmp_path / "one" / "report.html").read_text()
+    assert "http://m:1/#/experiments/7/runs/" in html and 'id="comparison"' in html
+    assert assay_main(["export", "one", "two", "--results", results]) == 0
+    assert (tmp_path / "two" / "archive" / "level_2.parquet").exists()
+    with pytest.raises(SystemExit, match="no such campaign"):
+        assay_main(["report", "one", "--results", results, "--compare-with", "nope"])
+
+
+def test_report_step(tmp_path: Path) -> None:
+    """The DAG's report step (Hydra): optional +mlflow.ui_url and +report.compare_with."""
+    import subprocess
+    import sys
+
+    make_fake_campaign(tmp_path, name="main", tasks=1, gens=1, tracked=True)
+    make_fake_campaign(tmp_path, name="other", tasks=1, gens=1, llms=("offline",))
+    cmd = [sys.executable, "-m", "assay.report", f"results_dir={tmp_path}", "campaign=main"]
+    done = subprocess.run(cmd + ["+mlflow.ui_url=http://ui:9", "+report.compare_with=[other]"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "other" in done.stdout and "main" in done.stdout
+    html = (tmp_path / "main" / "report.html").read_text()
+    assert "http://ui:9/#/experiments/7/runs/" in html and 'id="comparison"' in html
+    bad = subprocess.run(cmd + ["+report.compare_with=[nope]"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "no such campaign folder" in bad.stderr

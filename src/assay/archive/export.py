@@ -2,7 +2,13 @@
 
 The columns follow the Sakana AI CUDA Engineer archive's schema (Op_Name ... Clang_Tidy),
 followed by Assay's own (Verdict_Reasons ... Cost_USD). One row per verified candidate,
-accepted or not; ``Correct`` is the strict verifier's decision.
+accepted or not; ``Correct`` is the verifier's decision.
+
+The files load with polars and with Hugging Face ``datasets``
+(``load_dataset("parquet", data_files=...)``, or ``load_dataset("<archive folder>")`` through
+the card's front matter, one split per level with rows). The card (``archive/README.md``) states
+the schema (polars dtypes and the ``datasets`` features they load as), the verifier's policy,
+settings and checks, and the hardware (``device.json``).
 
 No torch and no mlflow on this path: polars only.
 """
@@ -10,14 +16,18 @@ No torch and no mlflow on this path: polars only.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import polars as pl
+import yaml
 
-from assay.collect import collect, task_ids, task_info
+from assay.collect import collect, device_info, task_ids, task_info
 from assay.layout import Campaign, write_atomic
 
 ARCHIVE_SCHEMA: dict[str, pl.DataType] = {
@@ -50,6 +60,24 @@ ARCHIVE_SCHEMA: dict[str, pl.DataType] = {
     "Cost_USD": pl.Float64(),
 }
 ARCHIVE_COLUMNS: list[str] = list(ARCHIVE_SCHEMA)
+
+
+def datasets_type(dtype: pl.DataType) -> str:
+    """The ``datasets`` feature a column of this polars dtype loads as (polars writes Arrow's
+    large string and large list types): ``large_string``, ``int64``, ``float64``, ``bool`` or
+    ``LargeList(<inner>)``."""
+    if isinstance(dtype, pl.List):
+        return f"LargeList({datasets_type(dtype.inner)})"
+    names = {pl.String: "large_string", pl.Int64: "int64", pl.Float64: "float64",
+             pl.Boolean: "bool"}
+    for cls, name in names.items():
+        if dtype == cls:
+            return name
+    raise ValueError(f"no datasets type for {dtype}")
+
+
+# column -> the feature type `datasets.load_dataset("parquet", ...)` gives it
+DATASETS_TYPES: dict[str, str] = {k: datasets_type(v) for k, v in ARCHIVE_SCHEMA.items()}
 
 _DESCRIPTIONS = {
     "Op_Name": "task name (the KernelBench file stem without its number)",
@@ -131,10 +159,12 @@ def _write_parquet_atomic(frame: pl.DataFrame, path: Path) -> None:
         raise
 
 
-def export(campaign: Campaign) -> list[Path]:
+def export(campaign: Campaign, verify_settings: dict[str, Any] | None = None) -> list[Path]:
     """Write ``archive/level_<n>.parquet`` for every level with a task record or a verified
     candidate (a level with no verified candidates gets an empty file with the full schema),
-    and ``archive/README.md``. Returns the parquet paths, sorted by level."""
+    and ``archive/README.md``, the dataset card. ``verify_settings``: the verifier's config
+    to state in the card (else the campaign's ``config.yaml``, else the policy's defaults).
+    Returns the parquet paths, sorted by level."""
     df = collect(campaign)
     frame = archive_frame(df)
     levels = {task_info(campaign, t)["level"] for t in task_ids(campaign)}
@@ -148,7 +178,7 @@ def export(campaign: Campaign) -> list[Path]:
         _write_parquet_atomic(part, path)
         paths.append(path)
     card = out_dir / "README.md"
-    write_atomic(card, dataset_card(campaign, df, frame, sorted(levels)))
+    write_atomic(card, dataset_card(campaign, df, frame, sorted(levels), verify_settings))
     os.chmod(card, 0o644)  # write_atomic's temp file is created 0600
     return paths
 
@@ -158,25 +188,133 @@ def _values(df: pl.DataFrame, col: str) -> str:
     return ", ".join(f"`{v}`" for v in vals) or "(none recorded)"
 
 
-def _checks(df: pl.DataFrame) -> str:
+def _check_names(df: pl.DataFrame) -> list[str]:
     names: list[str] = []
     for checks in df["checks"].to_list() if not df.is_empty() else []:
         names += [c for c in checks if c not in names]
-    return ", ".join(f"`{c}`" for c in names) or "(none recorded)"
+    return names
+
+
+# one line per verifier check (README's table), for the card
+CHECK_DESCRIPTIONS = {
+    "compiles": "the candidate builds (compiler log kept)",
+    "constructs": "ModelNew constructs with the task's arguments",
+    "runs": "its forward runs without an exception",
+    "crash": "the candidate's worker process did not die",
+    "timeout": "the worker finished within the time limit",
+    "parameters": "ModelNew takes the reference's (randomized) weights",
+    "output_layout": "output shape, dtype and strides are exactly the reference's",
+    "correctness": "values within per-dtype tolerances on every input set; NaN only where "
+                   "the reference has NaN (memory is poisoned with NaN before each call)",
+    "inputs_unchanged": "the candidate does not modify its inputs",
+    "no_output_aliasing": "no output is an input's memory",
+    "timed_outputs": "outputs of timed calls are re-checked, also after the inputs were "
+                     "overwritten in place (no stale or cached results)",
+    "stream_ordered": "no device work escapes the caller's stream",
+    "harness_integrity": "clocks and sync functions are the originals",
+    "global_state": "process-wide settings (TF32, cuDNN flags, threads, dtype) unchanged",
+    "kernel_audit": "strict: no ATen compute op or library kernel in the profiled call; on cuda "
+                    "at least one kernel launched",
+    "roofline": "runtime not below max(bytes / bandwidth, FLOPs / peak) of the device",
+    "task_not_degenerate": "the task's output depends on its inputs",
+}
+POLICIES = {
+    "strict": "only the candidate's own kernels count: any ATen compute op or library kernel "
+              "(cuBLAS, cuDNN, ATen's) in the profiled call rejects it",
+    "permissive": "library calls are allowed and their share of the time is reported "
+                  "(`library_time_frac`), up to `max_library_time_frac`",
+}
+
+
+def _verify_settings(campaign: Campaign, policy: str | None,
+                     given: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
+    """The verifier's settings and where they come from."""
+    if given:
+        return dict(given), "the export step's config"
+    path = campaign.root / "config.yaml"
+    if path.exists():
+        try:
+            cfg = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError:
+            cfg = {}
+        if isinstance(cfg, dict) and isinstance(cfg.get("verify"), dict):
+            return cfg["verify"], f"the campaign's `{path.name}`"
+    if policy:
+        config_dir = Path(os.environ.get("ASSAY_CONFIG_DIR")
+                          or Path(__file__).resolve().parents[3] / "config")
+        default = config_dir / "verify" / f"{policy}.yaml"
+        if default.exists():
+            try:
+                d = yaml.safe_load(default.read_text()) or {}
+            except yaml.YAMLError:
+                d = {}
+            if isinstance(d, dict):
+                d.pop("defaults", None)
+                return d, (f"`config/verify/{policy}.yaml`, the policy's defaults; the "
+                           "campaign's own overrides are not recorded in its folder")
+    return {}, ""
+
+
+def _fmt_setting(v: Any) -> str:
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {_fmt_setting(x)}" for k, x in v.items())
+    if isinstance(v, list):
+        return "[" + ", ".join(_fmt_setting(x) for x in v) + "]"
+    return str(v)
+
+
+def _hardware(campaign: Campaign, df: pl.DataFrame) -> list[str]:
+    dev = device_info(campaign)
+    targets = _values(df, "target")
+    lines = []
+    if dev:
+        lines.append(f"- Device: **{dev.get('name') or 'unknown'}** (`device.json`), target "
+                     f"{targets}")
+        bw, tf = dev.get("bandwidth_gbs"), dev.get("flops_tflops")
+        lines.append(f"- Measured memory bandwidth: "
+                     f"{f'{bw:.4g} GB/s' if bw is not None else 'unknown'}; measured fp32 "
+                     f"peak: {f'{tf:.4g} TFLOP/s' if tf is not None else 'unknown'} (the "
+                     "roofline check's ceilings, measured once per device)")
+        if isinstance(dev.get("measured_with"), dict):
+            lines.append(f"- Measured with: {_fmt_setting(dev['measured_with'])}")
+    else:
+        lines.append(f"- Device: {_values(df, 'device')} (no `device.json`), target {targets}")
+    lines.append(f"- Device names in the verdicts: {_values(df, 'device')}")
+    return lines
+
+
+def _front_matter(campaign: Campaign, frame: pl.DataFrame, levels: list[int]) -> list[str]:
+    """The Hugging Face card header: one split per level that has rows (``datasets`` refuses
+    empty splits), so ``load_dataset("<archive folder>")`` loads them all."""
+    full = [lv for lv in levels if frame.filter(pl.col("Level_ID") == lv).height]
+    lines = ["---", f"pretty_name: {json.dumps(f'Assay kernel archive: {campaign.name}')}",
+             "tags:", "- code", "- cuda", "- kernels", "- kernelbench", "- verified"]
+    if full:
+        lines += ["configs:", "- config_name: default", "  data_files:"]
+        for lv in full:
+            lines += [f"  - split: level_{lv}", f"    path: level_{lv}.parquet"]
+    lines += ["---", ""]
+    return lines
 
 
 def dataset_card(campaign: Campaign, df: pl.DataFrame, frame: pl.DataFrame,
-                 levels: list[int]) -> str:
-    lines = [
+                 levels: list[int], verify_settings: dict[str, Any] | None = None) -> str:
+    policies = sorted(v for v in df["policy"].unique().to_list() if v) if df.height else []
+    settings, source = _verify_settings(campaign, policies[0] if len(policies) == 1 else None,
+                                        verify_settings)
+    full = [lv for lv in levels if frame.filter(pl.col("Level_ID") == lv).height]
+    empty = [lv for lv in levels if lv not in full]
+    lines = _front_matter(campaign, frame, levels) + [
         f"# Assay kernel archive: `{campaign.name}`",
         "",
         "Kernels proposed by LLMs (and Assay's offline synthesizer) for KernelBench-format "
-        "PyTorch tasks, evolved over generations and judged by Assay's strict verifier. "
+        "PyTorch tasks, evolved over generations and judged by Assay's verifier. "
         "Every verified candidate is a row, accepted or not.",
         "",
         f"- Verifier policy: {_values(df, 'policy')}",
         f"- Device: {_values(df, 'device')}",
         f"- Proposers (LLM column): {_values(df, 'llm')}",
+        f"- Rows: {frame.height}, of which `Correct`: {int(frame['Correct'].sum())}",
         "",
         "## Files",
         "",
@@ -190,6 +328,24 @@ def dataset_card(campaign: Campaign, df: pl.DataFrame, frame: pl.DataFrame,
                      f"{int(part['Correct'].sum())} | {n_tasks} |")
     lines += [
         "",
+        "## Loading",
+        "",
+        "```python",
+        "import polars as pl",
+        "df = pl.read_parquet(\"level_1.parquet\")  # or pl.read_parquet(\"level_*.parquet\")",
+        "",
+        "from datasets import load_dataset",
+        "ds = load_dataset(\"parquet\", data_files={\"level_1\": \"level_1.parquet\"})",
+        "ds = load_dataset(\"path/to/archive\")  # every level with rows, split level_<n>",
+        "```",
+        "",
+    ]
+    if empty:
+        names = ", ".join(f"`level_{lv}.parquet`" for lv in empty)
+        lines += [f"{names}: no verified candidate at that level yet; the file has the full "
+                  "schema and no rows, and is left out of the splits above (`datasets` "
+                  "refuses an empty split).", ""]
+    lines += [
         "## What `Correct` means",
         "",
         "`Correct` is true only when the verifier accepted the candidate: it ran its checks and "
@@ -197,20 +353,57 @@ def dataset_card(campaign: Campaign, df: pl.DataFrame, frame: pl.DataFrame,
         "`Verdict_Reasons` (and its error, or those names, in `Error`). Speedups of rejected "
         "candidates, where present, are not results: only `Correct` rows count.",
         "",
-        f"Checks seen in this campaign's verdicts: {_checks(df)}.",
+        "## The verifier",
+        "",
+        "Each candidate runs in its own process (own session and scratch folder, resource "
+        "limits, no network where the machine allows it, a time limit), on inputs and weights "
+        "drawn from secret seeds, and never shares a process with the reference, the expected "
+        "outputs or the baseline timings. Eager and torch.compile baselines are timed by the "
+        "same code in a process that never loads a candidate: device-wide sync, cache flushed "
+        "before each call, inputs rotated among buffers, warm-up by time, median.",
+        "",
+    ]
+    for pol in policies:
+        lines.append(f"- Policy `{pol}`: {POLICIES.get(pol, 'see the verifier settings')}.")
+    if policies:
+        lines.append("")
+    if settings:
+        lines += [f"Settings, from {source}:", ""]
+        for key, value in settings.items():
+            lines.append(f"- `{key}`: {_fmt_setting(value)}")
+        lines.append("")
+    checks = _check_names(df)
+    lines += ["Checks run in this campaign's verdicts (a failed check's name is the rejection "
+              "reason):", "", "| check | passes when |", "|---|---|"]
+    for name in checks:
+        lines.append(f"| `{name}` | {CHECK_DESCRIPTIONS.get(name, '(see the verdict detail)')} |")
+    if not checks:
+        lines.append("| (none recorded) | |")
+    lines += ["", "## Hardware", ""] + _hardware(campaign, df) + [
         "",
         "## Schema",
         "",
-        "The first 18 columns follow the Sakana AI CUDA Engineer archive; the rest are Assay's.",
+        "The first 18 columns follow the Sakana AI CUDA Engineer archive; the rest are Assay's. "
+        "Types: the polars dtype, and the `datasets` feature the column loads as (polars "
+        "writes Arrow's large string and large list types).",
         "",
-        "| column | type | description |",
-        "|---|---|---|",
+        "| column | polars | datasets | description |",
+        "|---|---|---|---|",
     ]
     for name, dtype in ARCHIVE_SCHEMA.items():
-        lines.append(f"| `{name}` | `{dtype}` | {_DESCRIPTIONS[name]} |")
-    lines += ["", "Read with `polars.read_parquet(\"level_1.parquet\")` (or pandas / datasets).",
-              ""]
+        lines.append(f"| `{name}` | `{dtype}` | `{DATASETS_TYPES[name]}` | "
+                     f"{_DESCRIPTIONS[name]} |")
+    lines.append("")
     return "\n".join(lines)
+
+
+def schema_from_card(text: str) -> dict[str, tuple[str, str]]:
+    """``{column: (polars dtype, datasets type)}`` as the card's schema table states them."""
+    out = {}
+    rows = re.findall(r"^\| `([A-Za-z_]+)` \| `([^`]+)` \| `([^`]+)` \|", text, flags=re.M)
+    for name, pl_type, ds_type in rows:
+        out[name] = (pl_type, ds_type)
+    return out
 
 
 def export_campaign(results_dir: str | Path, campaign_name: str) -> list[Path]:

@@ -311,10 +311,14 @@ def _lineage(df: pl.DataFrame, best: dict[str, Any], links: dict[tuple[str, str]
             "row": row, "anchor": anchor, "status": status, "is_best": cid == best["candidate"],
             "parents": [{"id": p, "anchor": _src_id(llm, task, p) if p in rows else None}
                         for p in parents],
+            "tag": (_x(row["speedup_eager"]) if status == "accepted"
+                    else ", ".join(_reason_list(row))),
             "diff_from": parents[0] if first is not None else None,
             "diff": highlight_code(_diff(first["code"], row["code"], parents[0], cid), "diff")
             if first is not None else None,
-            "source": highlight_code(row["code"]),
+            # the best kernel's and the roots' sources in full; the others as their diffs
+            "source": highlight_code(row["code"])
+            if cid == best["candidate"] or first is None else None,
         })
     svg = svg_lineage(nodes, edges, uid=_slug(task))
     return {"svg": svg, "members": members, "truncated": truncated,
@@ -380,8 +384,11 @@ def report_context(campaign: Campaign, *, mlflow_ui: str | None = None,
             b = row["best"]
             if b is None:
                 continue
+            lineage = _lineage(df, b, links)
             kernels.append({**row, "src_anchor": _src_id(b["llm"], b["task"], b["candidate"]),
-                            "lineage": _lineage(df, b, links),
+                            "lineage": lineage,
+                            "best_source": next(m["source"] for m in lineage["members"]
+                                                if m["is_best"]),
                             "task_source": highlight_code(b["task_source"])})
     best_ids = {(k["best"]["llm"], k["task"], k["best"]["candidate"]) for k in kernels}
     roofline, n_roof, roof_left_out = _roofline(df, llms, device, best_ids)
@@ -454,7 +461,8 @@ def _g(v: Any) -> str:
 def _env() -> Environment:
     env = Environment(loader=DictLoader({"report.html": TEMPLATE}), autoescape=True,
                       trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(x=_x, pct=_pct, pct100=_pct100, ms=_ms, usd=_usd, int=_int, g=_g)
+    env.filters.update(x=_x, pct=_pct, pct100=_pct100, ms=_ms, usd=_usd, int=_int, g=_g,
+                       slug=_slug)
     return env
 
 
@@ -479,7 +487,8 @@ TEMPLATE = """<!DOCTYPE html>
 <head>
 <meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy"
-      content="default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'">
+      content="default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none';
+               form-action 'none'">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Assay report: {{ campaign }}</title>
 <style>
@@ -528,11 +537,13 @@ svg a:hover rect, svg a:hover circle { filter: brightness(0.92); }
 .note { color: #5a6672; font-size: 13px; }
 .tag { display: inline-block; border-radius: 4px; padding: 0 6px; font-size: 12px;
        color: #fff; }
-.ok-tag { background: #1a7f37; } .bad-tag { background: #b42318; }
+.accepted-tag { background: #1a7f37; } .rejected-tag { background: #b42318; }
 .unknown-tag { background: #8c959f; }
 </style>
 </head>
 <body><main>
+{% macro run(link) %}{% if link %}<a href="{{ link }}" target="_blank" rel="noopener">run</a>
+{%- else %}-{% endif %}{% endmacro %}
 <h1>Assay report: <code>{{ campaign }}</code></h1>
 <p class="meta">{{ n_candidates }} verified candidates, {{ n_accepted }} accepted;
 LLM backends: {{ llms | join(", ") or "none" }};
@@ -545,10 +556,11 @@ target: {{ targets | join(", ") or "-" }}; generated {{ generated }}.</p>
 <div class="fact">accepted / verified<b>{{ n_accepted }} / {{ n_candidates }}</b></div>
 <div class="fact">MLflow runs linked<b>{{ n_links }}</b></div>
 </div>
-<nav><a href="#summary">Summary</a>{% if comparison %}<a href="#comparison">Comparison</a>{% endif %}
-<a href="#leaderboard">Leaderboard</a><a href="#speedups">Speedups</a><a href="#fast-p">fast_p</a>
-<a href="#roofline">Roofline</a><a href="#rejections">Rejections</a><a href="#costs">Tokens &amp; cost</a>
-<a href="#kernels">Best kernels &amp; lineage</a></nav>
+<nav><a href="#summary">Summary</a>
+{% if comparison %}<a href="#comparison">Comparison</a>{% endif %}
+<a href="#leaderboard">Leaderboard</a><a href="#speedups">Speedups</a>
+<a href="#fast-p">fast_p</a><a href="#roofline">Roofline</a><a href="#rejections">Rejections</a>
+<a href="#costs">Tokens &amp; cost</a><a href="#kernels">Best kernels &amp; lineage</a></nav>
 
 <h2 id="summary">Summary per LLM</h2>
 {% if summary %}
@@ -582,10 +594,14 @@ target: {{ targets | join(", ") or "-" }}; generated {{ generated }}.</p>
 {{ comparison.chart }}
 <h3>Best speedup over eager per task</h3>
 <table>
-<tr><th>task</th>{% for cn, lm in comparison["keys"] %}<th>{{ cn }}<br>{{ lm }}</th>{% endfor %}</tr>
+<tr><th>task</th>
+{% for cn, lm in comparison["keys"] %}<th>{{ cn }}<br>{{ lm }}</th>{% endfor %}</tr>
 {% for r in comparison.rows %}
 <tr><td><code>{{ r.task }}</code></td>
-{% for c in r.cells %}<td class="n">{% if c is none %}-{% elif c.accepted %}{{ c.best_speedup_eager | x }}{% else %}&#10007;{% endif %}</td>{% endfor %}
+{% for c in r.cells %}
+<td class="n">{% if c is none %}-{% elif c.accepted %}{{ c.best_speedup_eager | x }}
+{%- else %}&#10007;{% endif %}</td>
+{% endfor %}
 </tr>
 {% endfor %}
 </table>
@@ -612,10 +628,11 @@ name; tasks by id.</p>
 <td>-</td><td>-</td><td class="n">-</td><td class="n">-</td><td class="n">-</td><td class="n">-</td>
 {% endif %}
 {% for c in r.per_llm %}
-<td class="n">{% if c.speedup is not none %}{{ c.speedup | x }}{% elif c.tried %}&#10007;{% else %}-{% endif %}</td>
+<td class="n">{% if c.speedup is not none %}{{ c.speedup | x }}
+{%- elif c.tried %}&#10007;{% else %}-{% endif %}</td>
 {% endfor %}
 <td class="v">{{ r.verdict }} ({{ r.n_accepted }}/{{ r.n_candidates }})</td>
-<td>{% if r.link %}<a href="{{ r.link }}" target="_blank" rel="noopener">run</a>{% else %}-{% endif %}</td></tr>
+<td>{{ run(r.link) }}</td></tr>
 {% endfor %}
 </table>
 {% else %}
@@ -657,14 +674,15 @@ byte counts are not drawn.{% endif %}</p>
 <table>
 <tr><th>failed check</th><th>total</th>{% for lm in llms %}<th>{{ lm }}</th>{% endfor %}</tr>
 {% for r in rejections %}
-<tr><td><a href="#reason-{{ r.reason }}"><code>{{ r.reason }}</code></a></td><td class="n">{{ r.total }}</td>
+<tr><td><a href="#reason-{{ r.reason | slug }}"><code>{{ r.reason }}</code></a></td>
+<td class="n">{{ r.total }}</td>
 {% for c in r.per_llm %}<td class="n">{{ c }}</td>{% endfor %}</tr>
 {% endfor %}
 </table>
 {{ rejection_chart }}
 <p class="note">A candidate rejected for several checks counts once per check.</p>
 {% for r in rejections %}
-<details id="reason-{{ r.reason }}"><summary><code>{{ r.reason }}</code>: {{ r.total }}
+<details id="reason-{{ r.reason | slug }}"><summary><code>{{ r.reason }}</code>: {{ r.total }}
 rejected candidate(s)</summary>
 <table>
 <tr><th>task</th><th>llm</th><th>gen</th><th>candidate</th><th>operator</th><th>detail</th>
@@ -673,7 +691,7 @@ rejected candidate(s)</summary>
 <tr><td><a href="#task-{{ e.task_anchor }}"><code>{{ e.task }}</code></a></td><td>{{ e.llm }}</td>
 <td class="n">{{ e.generation }}</td><td><code>{{ e.candidate }}</code></td>
 <td>{{ e.operator or "-" }}</td><td class="detail">{{ e.detail or "-" }}</td>
-<td>{% if e.link %}<a href="{{ e.link }}" target="_blank" rel="noopener">run</a>{% else %}-{% endif %}</td></tr>
+<td>{{ run(e.link) }}</td></tr>
 {% endfor %}
 </table>
 {% if r.more %}<p class="note">and {{ r.more }} more (see the archive's
@@ -708,7 +726,7 @@ candidates (several per task possible); solved tasks: tasks with at least one.</
 {% set b = k.best %}
 <section class="kernel" id="kernel-{{ k.anchor }}">
 <h3><code>{{ k.task }}</code>: <code>{{ b.candidate }}</code>
-<span class="tag ok-tag">{{ b.speedup_eager | x }} over eager</span></h3>
+<span class="tag accepted-tag">{{ b.speedup_eager | x }} over eager</span></h3>
 <table>
 <tr><th>llm</th><th>model</th><th>generation</th><th>operator</th><th>strategy</th>
 <th>runtime</th><th>vs eager</th><th>vs compile</th><th>% of roofline</th><th>max abs err</th>
@@ -719,17 +737,18 @@ candidates (several per task possible); solved tasks: tasks with at least one.</
 <td class="n">{{ b.speedup_compile | x }}</td><td class="n">{{ k.roofline_pct | pct100 }}</td>
 <td class="n">{{ b.max_abs_err | g }}</td><td class="n">{{ b.tokens | int }}</td>
 <td class="n">{{ b.cost_usd | usd }}</td>
-<td>{% if k.link %}<a href="{{ k.link }}" target="_blank" rel="noopener">run</a>{% else %}-{% endif %}</td></tr>
+<td>{{ run(k.link) }}</td></tr>
 </table>
 {% if b.kernels_launched %}<p class="note">Kernels launched:
-{% for n in b.kernels_launched %}<code>{{ n }}</code>{{ ", " if not loop.last }}{% endfor %}.</p>{% endif %}
+{% for n in b.kernels_launched %}<code>{{ n }}</code>{{ ", " if not loop.last }}{% endfor %}.</p>
+{% endif %}
 <p class="note">Lineage: {{ k.lineage.n_nodes }} candidate(s); arrows run from parent to child,
 coloured by how the child was made; the outlined box is the best kernel. Click a box for its
 source.{% if k.lineage.truncated %} Truncated at the closest ancestors.{% endif %}</p>
 {{ k.lineage.svg }}
 <details{% if loop.first %} open{% endif %} id="{{ k.src_anchor }}"><summary>source of the best
 kernel <code>{{ b.candidate }}</code></summary>
-<pre class="hl"><code>{{ k.lineage.members | selectattr("is_best") | map(attribute="source") | first }}</code></pre>
+<pre class="hl"><code>{{ k.best_source }}</code></pre>
 </details>
 <details><summary>the task (PyTorch reference)</summary>
 <pre class="hl"><code>{{ k.task_source }}</code></pre>
@@ -737,14 +756,15 @@ kernel <code>{{ b.candidate }}</code></summary>
 {% for m in k.lineage.members if not m.is_best %}
 <details id="{{ m.anchor }}"><summary>ancestor <code>{{ m.row.candidate }}</code>:
 generation {{ m.row.generation }}, {{ m.row.operator or "?" }}
-<span class="tag {{ 'ok-tag' if m.status == 'accepted' else 'bad-tag' }}">{% if m.status == 'accepted' %}{{ m.row.speedup_eager | x }}{% else %}{{ m.row.reasons | join(", ") or m.status }}{% endif %}</span></summary>
+<span class="tag {{ m.status }}-tag">{{ m.tag }}</span></summary>
 {% if m.diff %}<p class="note">Changes from its parent <code>{{ m.diff_from }}</code>:</p>
-<pre class="hl"><code>{{ m.diff }}</code></pre>{% endif %}
-<details><summary>full source</summary><pre class="hl"><code>{{ m.source }}</code></pre></details>
+<pre class="hl"><code>{{ m.diff }}</code></pre>
+{% else %}<pre class="hl"><code>{{ m.source }}</code></pre>{% endif %}
 </details>
 {% endfor %}
 {% for m in k.lineage.members if m.is_best and m.diff %}
-<details><summary>what the best kernel changed from its parent <code>{{ m.diff_from }}</code></summary>
+<details><summary>what the best kernel changed from its parent
+<code>{{ m.diff_from }}</code></summary>
 <pre class="hl"><code>{{ m.diff }}</code></pre>
 </details>
 {% endfor %}
