@@ -15,7 +15,7 @@ log = logging.getLogger("assay.report")
 
 
 def report(cfg: DictConfig):
-    """Optional keys (absent from config.yaml; add them with ``+``): ``mlflow.ui_url``, the
+    """Keys (config.yaml): ``mlflow.ui_url``, the
     MLflow UI the run links point to (else $ASSAY_MLFLOW_UI, else http://localhost:5000), and
     ``report.compare_with``, a list of other campaigns (same results_dir) to compare with."""
     from omegaconf import OmegaConf
