@@ -286,12 +286,12 @@ def test_report_step(tmp_path: Path) -> None:
     make_fake_campaign(tmp_path, name="main", tasks=1, gens=1, tracked=True)
     make_fake_campaign(tmp_path, name="other", tasks=1, gens=1, llms=("offline",))
     cmd = [sys.executable, "-m", "assay.report", f"results_dir={tmp_path}", "campaign=main"]
-    done = subprocess.run(cmd + ["+mlflow.ui_url=http://ui:9", "+report.compare_with=[other]"],
+    done = subprocess.run(cmd + ["mlflow.ui_url=http://ui:9", "report.compare_with=[other]"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "other" in done.stdout and "main" in done.stdout
     html = (tmp_path / "main" / "report.html").read_text()
     assert "http://ui:9/#/experiments/7/runs/" in html and 'id="comparison"' in html
-    bad = subprocess.run(cmd + ["+report.compare_with=[nope]"], capture_output=True,
+    bad = subprocess.run(cmd + ["report.compare_with=[nope]"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "no such campaign folder" in bad.stderr
