@@ -57,7 +57,7 @@ def torch_profile(prep: Prepared, candidate: Path, cfg: VerifyConfig) -> str | N
         res = scratch / "result.pt"
         if not res.exists():
             return f"profile run failed: {outcome}"
-        result = torch.load(res, weights_only=False)
+        result = torch.load(res, weights_only=True)  # written by the candidate's process
         if "kernels" not in result:
             return f"profile run failed: {result.get('error', outcome)}"
         return torch_profile_table(result["kernels"], prep.device)

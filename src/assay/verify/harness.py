@@ -161,7 +161,8 @@ def run_worker(prep: Prepared, candidate: Path, cfg: VerifyConfig) -> tuple[dict
         outcome = run_sandboxed([sys.executable, "-m", "assay.verify.worker", str(scratch)],
                                 scratch, cfg.timeout_s, cfg.limits, device=prep.device)
         result_file = scratch / "result.pt"
-        result = torch.load(result_file, weights_only=False) if result_file.exists() else None
+        # weights_only: the candidate wrote this file; a full unpickle would run its code here.
+        result = torch.load(result_file, weights_only=True) if result_file.exists() else None
         return result, outcome
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
