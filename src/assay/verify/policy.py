@@ -5,6 +5,9 @@ level or called from C++) and library kernels (cuBLAS, cuDNN, ATen's own) are re
 allocation, views and copies are allowed around the custom kernels.
 permissive: library calls are allowed and reported as a share of the device time, up to a
 configured ceiling.
+Under both policies a candidate that re-runs the reference's own compute ops (a Python-level
+call of the reference, a try/except fallback to it, or ATen called from C++) is refused by
+``reference_fallback``: it computed nothing of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ ALLOWED_OPS = {
     "aten::lift_fresh", "aten::numpy_T", "aten::unflatten", "aten::split", "aten::chunk",
     "aten::narrow", "aten::unbind", "aten::_unsafe_view", "aten::view_as", "aten::item",
     "aten::_local_scalar_dense", "aten::is_nonzero", "aten::set_", "aten::record_stream",
+    "aten::resolve_conj", "aten::resolve_neg", "aten::empty_permuted", "aten::new_empty",
+    "aten::new_empty_strided", "aten::new_zeros", "aten::expand_as", "aten::as_strided_",
 }
 # Device kernels that belong to a library rather than to the candidate.
 LIBRARY_KERNEL = re.compile(
@@ -77,3 +82,23 @@ def audit(rows: list[dict[str, Any]], device: str, policy: str,
                                 f"{max_library_frac:.0%}", names, lib_frac)
         return Audit(True, f"library share {lib_frac:.0%}", names, lib_frac)
     return Audit(False, f"unknown policy {policy!r} (strict or permissive)", names, lib_frac)
+
+
+def compute_ops(rows: list[dict[str, Any]]) -> set[str]:
+    """ATen ops in a profile that compute something (not allocation, views or copies)."""
+    return {r["name"] for r in rows
+            if isinstance(r.get("name"), str) and r["name"].startswith("aten::")
+            and r["name"] not in ALLOWED_OPS}
+
+
+def reference_fallback(rows: list[dict[str, Any]], reference_ops: list[str]) -> tuple[bool, str]:
+    """Refuse a call whose ATen compute ops include every compute op of the reference's own
+    forward: the candidate ran the reference (directly, as a fallback, or from C++)."""
+    ref = set(reference_ops)
+    if not ref:
+        return True, "the reference runs no ATen compute op"
+    ran = compute_ops(rows)
+    if ref <= ran:
+        return False, (f"the candidate ran the reference's own ops ({', '.join(sorted(ref)[:6])}): "
+                       f"a call or fallback to the reference, not a kernel of its own")
+    return True, ""

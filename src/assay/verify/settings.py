@@ -25,12 +25,35 @@ class VerifyConfig:
     tolerances: dict[str, list[float]] = field(default_factory=lambda: {
         "float32": [1e-4, 1e-5], "float16": [1e-2, 1e-3], "bfloat16": [2e-2, 1e-2],
         "float64": [1e-7, 1e-9], "tf32": [5e-3, 5e-4]})
+    # An element also passes when it is within the same tolerances of the float64 reference
+    # plus a slack for long reductions: k x the RMS error of the task-dtype reference itself
+    # (reference_error_factor) + ulps x u x sqrt(N) x rms (rounding_slack; u: the dtype's unit
+    # roundoff, N: the longest reduction of the task, from its matmuls, convolutions, norms and
+    # reductions). An honest fp32 sequential sum of 16384 values is off by ~1e-3 absolute where
+    # torch's pairwise sum is off by ~5e-5; both pass, and fp32 stays strict elsewhere.
+    reference_error_factor: float = 64.0
+    rounding_slack: float = 8.0
+    # precision: (factor, ulps) per dtype. The candidate's L2 error against the float64
+    # reference may not exceed max(factor x the task-dtype reference's own L2 error,
+    # ulps x u x sqrt(N) x |r64|): computing in fp16/bf16/tf32 or with approximate math fails.
+    precision: dict[str, list[float]] = field(default_factory=lambda: {
+        "float32": [32.0, 4.0], "float16": [32.0, 4.0], "bfloat16": [32.0, 4.0],
+        "float64": [32.0, 4.0], "tf32": [32.0, 4.0]})
     roofline_margin: float = 0.9  # reject a runtime under margin x the roofline floor
     on_degenerate: str = "reject"  # reject | flag
     max_library_time_frac: float = 1.0  # permissive policy's ceiling
+    reject_reference_ops: bool = True  # reference_fallback: the reference's own ops, re-run
     audit: bool = True
     warmup_s: float = 0.05
     min_runs: int = 10
     max_runs: int = 200
     budget_s: float = 0.5
+    # Every timed call gets data no call has seen: floating inputs are rescaled by a fresh random
+    # factor in [0.8, 1) before each unverified call (verified calls get independent sets).
+    perturb_timed_inputs: bool = True
+    # How long outputs must stay unchanged after forward returns (work left on a thread shows).
+    settle_s: float = 0.02
+    # How tensors reach the worker and come back: host (a shared memory file, both targets) or
+    # cuda_ipc (device memory shared with CUDA IPC from a private memory pool; cuda only).
+    transfer: str = "host"
     limits: SandboxLimits = field(default_factory=SandboxLimits)

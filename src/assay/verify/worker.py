@@ -1,8 +1,34 @@
 """The candidate's own process: load it, run it on what the harness sends, return its outputs.
 
-This process never sees the reference model, the expected outputs or the baseline timings: the
-job file holds the candidate's path, the constructor arguments, the (randomized) state dict and
-the input sets. Everything it produces goes back through ``result.pt`` for the harness to judge.
+This process never sees the reference model, the expected outputs or the baseline timings. The
+job file (``job.pt``, written by the harness) holds the candidate's path, the constructor
+arguments, the protocol's parameters and *descriptors* of tensors that live in arenas:
+
+- ``in``: the inputs of every input set and the (randomized) state dict. On the host path a
+  shared-memory file mapped copy-on-write (the candidate cannot change what the next candidate
+  gets); on the ``cuda_ipc`` path device memory from a private pool, shared by CUDA IPC.
+- ``out``: landing buffers, one per verified call and output, shaped like the reference's
+  outputs. The worker copies each verified output there (a snapshot taken the moment forward
+  returns); the harness compares them on the device after this process has exited.
+
+What comes back besides the landing buffers is ``result.json``: plain JSON (shapes, flags,
+timings, the profile), which the harness parses without unpickling anything the candidate
+could have written.
+
+The protocol (slot names from :func:`plan_slots`):
+
+- correctness: every correctness set on fresh buffers, allocator memory poisoned with NaN;
+- staleness: new data at the same pointers, the same call repeated, earlier data at new
+  pointers (results cached by pointer, id or a counter show here);
+- timing: buffers rotate; every unverified timed call first gets its floating inputs rescaled
+  by a fresh random factor, so no timed call sees data any call has seen; some timed calls get
+  an independent verified set at the same pointers instead; after timing every buffer is
+  checked once more with its exact data;
+- every verified output is snapshotted the moment forward returns and must stay unchanged
+  while the worker waits (``settle_s``, after a device-wide sync): work left running on a
+  thread or a side stream shows;
+- outputs must be plain ``torch.Tensor`` objects with real storage (no subclass computed on
+  access); inputs are compared bit for bit with pristine copies after each verified call.
 
 Usage: ``python -m assay.verify.worker JOB_DIR``
 """
@@ -13,48 +39,309 @@ from __future__ import annotations
 import time as _time
 
 _T0 = _time.perf_counter()
+_CLOCK = _time.perf_counter
+_SLEEP = _time.sleep
 
-import hashlib  # noqa: E402
+import builtins  # noqa: E402
+import ctypes  # noqa: E402
 import importlib.util  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
 import random  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
+import types  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
 from assay.bench import timing  # noqa: E402  (captures the original clocks at import)
+from assay.tasks import instantiate  # noqa: E402
 from assay.tasks.instantiate import as_outputs, seeded  # noqa: E402
+
+_T_TORCH = _CLOCK()
+# The worker's own checks use these, captured before any candidate code: patching torch.equal
+# or Tensor.clone later cannot blind them (and the Guard reports the patch).
+_EQUAL = torch.equal
+_CLONE = torch.Tensor.clone
+_RESULT_FORMAT = ["pt"]  # the harness asks for "json" only; older readers load result.pt
+PERTURB_RANGE = (0.8, 1.0)  # rescaling toward zero keeps every domain that contains 0
+
+
+# --------------------------------------------------------------------------------------------
+# The protocol's verified calls, shared with the harness.
+
+def plan_slots(check: list[int], timing_ids: list[int], swaps: list[int],
+               min_runs: int) -> list[tuple[str, str, int]]:
+    """(slot name, phase, input set) of every verified call, in the order the worker makes them.
+
+    Phases: ``check`` (correctness), ``stale`` (staleness protocol), ``timed`` (a timed call
+    that got an independent set), ``after`` (each timing buffer after timing).
+    """
+    a = check[0]
+    b = check[1] if len(check) > 1 else check[0]
+    slots = [(f"check{i}", "check", s) for i, s in enumerate(check)]
+    slots += [("stale_new_data", "stale", b),   # set b's data into set a's buffers
+              ("stale_repeat", "stale", b),     # the same call again
+              ("stale_new_ptr", "stale", a)]    # set a's data again, at new pointers
+    slots += [(f"timed{k}", "timed", s) for k, s in enumerate(swaps[:max(min_runs, 0)])]
+    slots += [(f"after{i}", "after", s) for i, s in enumerate(timing_ids)]
+    return slots
+
+
+# --------------------------------------------------------------------------------------------
+# Process-wide state the candidate must leave alone.
+
+def _probe_flush_denormal() -> bool:
+    return float((torch.tensor([1e-39], dtype=torch.float32) * 1.0).item()) == 0.0
 
 
 def global_settings() -> dict[str, Any]:
     """Process-wide settings a candidate could flip to change numerics or slow a baseline."""
-    s = {
-        "num_threads": torch.get_num_threads(),
-        "deterministic": torch.are_deterministic_algorithms_enabled(),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "cudnn.enabled": torch.backends.cudnn.enabled,
-        "cudnn.benchmark": torch.backends.cudnn.benchmark,
-        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-        "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+    probes = {
+        "num_threads": torch.get_num_threads,
+        "num_interop_threads": torch.get_num_interop_threads,
+        "deterministic": torch.are_deterministic_algorithms_enabled,
+        "float32_matmul_precision": torch.get_float32_matmul_precision,
+        "default_dtype": lambda: str(torch.get_default_dtype()),
+        "default_device": lambda: str(torch.get_default_device()),
+        "grad_enabled": torch.is_grad_enabled,
+        "anomaly_mode": torch.is_anomaly_enabled,
+        "flush_denormal": _probe_flush_denormal,
+        "mkldnn.enabled": lambda: torch.backends.mkldnn.enabled,
+        "cudnn.enabled": lambda: torch.backends.cudnn.enabled,
+        "cudnn.benchmark": lambda: torch.backends.cudnn.benchmark,
+        "cudnn.deterministic": lambda: torch.backends.cudnn.deterministic,
+        "cudnn.allow_tf32": lambda: torch.backends.cudnn.allow_tf32,
+        "cuda.matmul.allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
         "cuda.matmul.allow_fp16_reduced_precision_reduction":
-            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
-        "default_dtype": str(torch.get_default_dtype()),
-        "grad_enabled": torch.is_grad_enabled(),
+            lambda: torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "cuda.matmul.allow_bf16_reduced_precision_reduction":
+            lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "cuda.matmul.fp32_precision":
+            lambda: getattr(torch.backends.cuda.matmul, "fp32_precision", None),
+        "cudnn.fp32_precision": lambda: getattr(torch.backends.cudnn, "fp32_precision", None),
+        "mkldnn.fp32_precision": lambda: getattr(torch.backends.mkldnn, "fp32_precision", None),
+        "fp32_precision": lambda: getattr(torch.backends, "fp32_precision", None),
+        "cpu_affinity": lambda: len(os.sched_getaffinity(0)),
+        "env": lambda: {k: os.environ.get(k) for k in (
+            "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_LAUNCH_BLOCKING",
+            "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+            "CUBLAS_WORKSPACE_CONFIG", "PYTORCH_CUDA_ALLOC_CONF")},
     }
-    return s
+    out: dict[str, Any] = {}
+    for name, probe in probes.items():
+        try:
+            value = probe()
+        except Exception as e:  # noqa: BLE001 - a probe that breaks is itself a change
+            value = f"error: {type(e).__name__}"
+        out[name] = value if isinstance(value, (bool, int, float, str, type(None), dict)) \
+            else str(value)
+    return out
 
 
-def tensor_digest(t: torch.Tensor) -> str:
-    data = t.detach().contiguous().cpu()
-    if data.dtype == torch.bfloat16:
-        data = data.view(torch.int16)
-    return hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16]
+_MISSING = object()
 
 
-def inputs_digest(inputs: list) -> list[str | None]:
-    return [tensor_digest(v) if isinstance(v, torch.Tensor) else None for v in inputs]
+def _watched() -> dict[str, Any]:
+    """Namespaces whose functions the worker (or a naive harness) relies on: clocks, sync,
+    comparison, tensor methods, and the worker's and timing module's own functions."""
+    return {"builtins": builtins, "time": _time, "torch": torch, "torch.Tensor": torch.Tensor,
+            "torch._C.TensorBase": torch._C.TensorBase, "torch.cuda": torch.cuda,
+            "torch.cuda.Event": torch.cuda.Event, "torch.cuda.Stream": torch.cuda.Stream,
+            "torch.testing": torch.testing, "assay.bench.timing": timing,
+            "assay.tasks.instantiate": instantiate, "assay.verify.worker": sys.modules[__name__]}
+
+
+class Guard:
+    """Identity snapshot of every function in the watched namespaces, taken before the candidate
+    loads; ``changed()`` names what was replaced (or whose code was swapped) since."""
+
+    def __init__(self) -> None:
+        self.snap: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
+        for label, ns in _watched().items():
+            d = vars(ns)
+            fns = {k: v for k, v in d.items()
+                   if callable(v) or isinstance(v, (staticmethod, classmethod, property,
+                                                    types.ModuleType))}
+            codes = {k: v.__code__ for k, v in fns.items() if isinstance(v, types.FunctionType)}
+            self.snap[label] = (ns, fns, codes)
+        self.originals = dict(timing.ORIGINALS)
+
+    def changed(self) -> list[str]:
+        out = []
+        for label, (ns, fns, codes) in self.snap.items():
+            d = vars(ns)
+            for k, v in fns.items():
+                cur = d.get(k, _MISSING)
+                if cur is not v:
+                    if label == "torch" and k == "manual_seed" and \
+                            getattr(cur, "__wrapped__", None) is v:
+                        continue  # importing dynamo wraps it (torch's own doing)
+                    out.append(f"{label}.{k}")
+                elif k in codes and getattr(cur, "__code__", None) is not codes[k]:
+                    out.append(f"{label}.{k}.__code__")
+        out += [k for k in timing.tampered_clocks() if k not in out]
+        return sorted(set(out))
+
+
+# --------------------------------------------------------------------------------------------
+# Privileges: a candidate may not read the harness's memory (the expected outputs live there).
+
+def drop_privileges() -> str:
+    """Drop every capability (bounding set included) and forbid regaining any by exec. With the
+    harness non-dumpable meanwhile, /proc/<harness>/mem, maps and environ are closed to us."""
+    if not sys.platform.startswith("linux"):
+        return "not linux"
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        for cap in range(64):
+            libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (fails harmlessly when unprivileged)
+
+        class Header(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+        class Data(ctypes.Structure):
+            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                        ("inheritable", ctypes.c_uint32)]
+
+        header = Header(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+        data = (Data * 2)()
+        ok = libc.capset(ctypes.byref(header), data) == 0
+        libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+        return "dropped" if ok else f"capset failed (errno {ctypes.get_errno()})"
+    except Exception as e:  # noqa: BLE001
+        return f"failed: {type(e).__name__}: {e}"
+
+
+# --------------------------------------------------------------------------------------------
+# Arenas and tensors.
+
+class CUipcMemHandle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * 64)]  # CU_IPC_HANDLE_SIZE
+
+
+def _libcuda() -> ctypes.CDLL:
+    cu = ctypes.CDLL("libcuda.so.1")
+    cu.cuMemGetAddressRange_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64),
+                                           ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64]
+    cu.cuIpcGetMemHandle.argtypes = [ctypes.POINTER(CUipcMemHandle), ctypes.c_uint64]
+    cu.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), CUipcMemHandle,
+                                         ctypes.c_uint]
+    return cu
+
+
+def cuda_ipc_export(ptr: int) -> tuple[bytes, int]:
+    """(IPC handle of the device allocation holding ``ptr``, ``ptr``'s offset in it), with the
+    driver API (torch's own IPC path needs a shared-memory ref counter the sandboxed worker
+    cannot open)."""
+    cu = _libcuda()
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    rc = cu.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
+    if rc:
+        raise RuntimeError(f"cuMemGetAddressRange failed ({rc})")
+    handle = CUipcMemHandle()
+    rc = cu.cuIpcGetMemHandle(ctypes.byref(handle), ctypes.c_uint64(base.value))
+    if rc:
+        raise RuntimeError(f"cuIpcGetMemHandle failed ({rc})")
+    return bytes(handle.reserved), ptr - base.value
+
+
+class _CudaArray:
+    """Just enough of __cuda_array_interface__ for torch.as_tensor to wrap a device pointer."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                         "data": (ptr, False), "version": 3, "strides": None}
+
+
+def open_arena(spec: dict[str, Any]) -> torch.Tensor:
+    """A flat uint8 tensor over an arena the harness made."""
+    if spec["kind"] == "file":
+        return torch.from_file(spec["path"], shared=bool(spec["writable"]),
+                               size=int(spec["nbytes"]), dtype=torch.uint8)
+    if spec["kind"] == "cuda_ipc":
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.empty(1, device=device)  # the primary context, current on this thread
+        handle = CUipcMemHandle.from_buffer_copy(spec["handle"])
+        ptr = ctypes.c_uint64()
+        rc = _libcuda().cuIpcOpenMemHandle_v2(ctypes.byref(ptr), handle, 1)
+        if rc:
+            raise RuntimeError(f"cuIpcOpenMemHandle failed ({rc})")
+        return torch.as_tensor(_CudaArray(ptr.value + int(spec["offset"]), int(spec["nbytes"])),
+                               device=device)
+    raise ValueError(f"unknown arena kind {spec['kind']!r}")
+
+
+def arena_view(arenas: dict[str, torch.Tensor], desc: dict[str, Any]) -> torch.Tensor:
+    dtype = getattr(torch, desc["dtype"])
+    shape = list(desc["shape"])
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    flat = arenas[desc["arena"]][desc["offset"]:desc["offset"] + nbytes]
+    return flat.view(dtype).view(shape)
+
+
+def materialize(arenas: dict[str, torch.Tensor], item: Any, device: torch.device) -> Any:
+    """An input (or constructor argument) as this process's own tensor on ``device``."""
+    if isinstance(item, dict) and "tensor" in item:
+        desc = item["tensor"]
+        view = arena_view(arenas, desc)
+        if desc.get("stride") is not None:
+            try:
+                out = torch.empty_strided(view.shape, desc["stride"], dtype=view.dtype,
+                                          device=device)
+                out.copy_(view)
+                return out
+            except RuntimeError:
+                pass
+        return view.to(device, copy=True)
+    if isinstance(item, dict) and "value" in item:
+        return item["value"]
+    return item
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equality (NaN payloads included), on the tensors' device."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.numel() == 0:
+        return True
+    if a.device != b.device:
+        b = b.to(a.device)
+    return bool(_EQUAL(a.reshape(-1).contiguous().view(torch.uint8),
+                       b.reshape(-1).contiguous().view(torch.uint8)))
+
+
+def is_plain(o: Any) -> bool:
+    """A real tensor: exactly torch.Tensor (no subclass that computes on access), strided, with
+    storage, and no lazy conjugate/negative bit. Only type checks run before we know."""
+    if type(o) is not torch.Tensor:
+        return False
+    if o.layout != torch.strided or o.is_meta or o.is_conj() or o.is_neg():
+        return False
+    try:
+        return o.numel() == 0 or o.untyped_storage().data_ptr() != 0
+    except Exception:  # noqa: BLE001 - a storage-less tensor (functional, fake) raises here
+        return False
+
+
+def _storage_range(t: torch.Tensor) -> tuple[int, int]:
+    s = t.untyped_storage()
+    return s.data_ptr(), s.data_ptr() + s.nbytes()
+
+
+def aliases(o: torch.Tensor, inputs: list) -> bool:
+    if o.numel() == 0:
+        return False
+    lo, hi = _storage_range(o)
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.numel() > 0 and x.device == o.device:
+            a, b = _storage_range(x)
+            if lo < b and a < hi:
+                return True
+    return False
 
 
 def poison_allocator(device: torch.device, nbytes: int) -> None:
@@ -84,14 +371,28 @@ def load_candidate(path: Path):
     return mod
 
 
+def profiled(fn, device: torch.device):
+    """Run ``fn()`` under the profiler (kineto: ATen ops, and device kernels on cuda). The
+    autograd profiler's front end is used because ``torch.profiler.profile`` imports dynamo
+    (seconds per process, and it rebinds torch.manual_seed)."""
+    try:
+        kw = {"use_device": "cuda"} if device.type == "cuda" else {}
+        prof = torch.autograd.profiler.profile(use_kineto=True, **kw)
+    except (TypeError, RuntimeError):
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                         else [])
+        prof = profile(activities=acts)
+    with torch.no_grad(), prof:
+        fn()
+        timing.sync(device)
+    return prof
+
+
 def audit_kernels(model, inputs: list, device: torch.device) -> list[dict[str, Any]]:
     """What ran in one call: ATen ops (cpu) or device kernels (cuda), with their times."""
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with torch.no_grad(), profile(activities=acts) as prof:
-        model(*inputs)
-        timing.sync(device)
+    prof = profiled(lambda: model(*inputs), device)
     rows = []
     for evt in prof.key_averages():
         if device.type == "cuda":
@@ -107,100 +408,227 @@ def audit_kernels(model, inputs: list, device: torch.device) -> list[dict[str, A
     return rows
 
 
+# --------------------------------------------------------------------------------------------
+# The run.
+
+class Recorder:
+    """Takes each verified call's outputs: type check, snapshot, settle, landing copy."""
+
+    def __init__(self, device: torch.device, landing: dict[str, list[torch.Tensor]],
+                 settle_s: float):
+        self.device = device
+        self.landing = landing
+        self.settle_s = settle_s
+        self.calls: dict[str, dict[str, Any]] = {}
+
+    def record(self, slot: str, set_id: int, out: Any, inputs: list,
+               pristine: list | None) -> None:
+        outs = as_outputs(out)
+        metas, snaps = [], []
+        for o in outs:  # snapshot first, the moment forward has returned
+            if not is_plain(o):
+                metas.append({"plain": False, "type": f"{type(o).__module__}.{type(o).__name__}"})
+                snaps.append(None)
+                continue
+            snaps.append(_CLONE(o))
+            metas.append({"plain": True})
+        # Work that is still running (a thread, a side stream) would change the outputs now.
+        timing.sync(self.device)
+        if self.settle_s > 0:
+            _SLEEP(self.settle_s)
+        timing.sync(self.device)
+        dest = self.landing.get(slot, [])
+        for j, (o, snap, meta) in enumerate(zip(outs, snaps, metas)):
+            if snap is None:
+                continue
+            meta.update(shape=list(o.shape), dtype=str(o.dtype).removeprefix("torch."),
+                        stride=list(o.stride()), device=str(o.device),
+                        settled=bits_equal(o, snap), aliases=aliases(o, inputs), written=False)
+            if j < len(dest) and tuple(dest[j].shape) == tuple(o.shape) \
+                    and dest[j].dtype == o.dtype:
+                dest[j].copy_(snap)
+                meta["written"] = True
+        changed = []
+        if pristine is not None:
+            changed = [bool(isinstance(x, torch.Tensor) and not bits_equal(x, p))
+                       for x, p in zip(inputs, pristine)]
+        timing.sync(self.device)
+        self.calls[slot] = {"set": set_id, "outputs": metas, "inputs_changed": changed}
+
+
 def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     """Fill ``result`` stage by stage, so a failure still says how far the candidate got."""
-    job = torch.load(job_dir / "job.pt", weights_only=False)
+    clock = _CLOCK
+    t = clock()
+    job = torch.load(job_dir / "job.pt", weights_only=False)  # written by the harness
+    _RESULT_FORMAT[0] = job.get("result_format", "pt")
     device = torch.device(job["device"])
     if device.type == "cuda":
         # An explicit index: "cuda" alone is refused by set_device and synchronize.
         device = torch.device("cuda", device.index if device.index is not None else 0)
         torch.cuda.set_device(device)
     torch.set_grad_enabled(False)
-    result.update(stage="start", settings_before=global_settings())
+    guard = Guard()
+    before = global_settings()
+    result.update(stage="start", settings_before=before, t_start=_T0, t_torch=_T_TORCH)
+    times = result.setdefault("times", {})
+    times["job_s"] = clock() - t
+
+    t = clock()
+    arenas = {name: open_arena(spec) for name, spec in job["arenas"].items()}
+    sets = [[materialize(arenas, x, device) for x in s] for s in job["sets"]]
+    state_dict = {k: materialize(arenas, v, torch.device("cpu"))
+                  for k, v in job["state_dict"].items()}
+    init_args = [materialize(arenas, x, torch.device("cpu")) for x in job["init_inputs"]]
+    landing = {slot: [arena_view(arenas, d) for d in descs]
+               for slot, descs in job.get("landing", {}).items()}
+    arenas.pop("in", None)  # inputs are this process's own copies now
+    timing.sync(device)
+    times["materialize_s"] = clock() - t
+    result["privileges"] = drop_privileges()
+    result["network"] = os.environ.get("ASSAY_SANDBOX_NETWORK", "isolated")
+
+    settings_changes: list[str] = []
+    tampered: list[str] = []
+
+    def checkpoint(phase: str) -> None:
+        now = global_settings()
+        for k in before:
+            if now.get(k) != before[k] and not any(c.startswith(f"{k}:") for c in settings_changes):
+                settings_changes.append(f"{k}: {before[k]} -> {now.get(k)} (by the end of {phase})")
+        for name in guard.changed():
+            if name not in tampered:
+                tampered.append(name)
+        result["settings_changes"], result["tampered"] = settings_changes, tampered
 
     result["stage"] = "load"
-    t = timing._perf_counter()
+    t = clock()
     mod = load_candidate(Path(job["candidate"]))
-    result["load_s"] = timing._perf_counter() - t
+    result["load_s"] = times["load_s"] = clock() - t
 
     result["stage"] = "construct"
     with seeded(job["init_seed"]):
-        model = mod.ModelNew(*job["init_inputs"])
+        model = mod.ModelNew(*init_args)
     model = model.to(device).eval()
-    ref_sd = job["state_dict"]
     own = model.state_dict()
-    ref_shapes = {k: tuple(v.shape) for k, v in ref_sd.items()}
-    own_shapes = {k: tuple(v.shape) for k, v in own.items()}
+    ref_shapes = {k: list(v.shape) for k, v in state_dict.items()}
+    own_shapes = {k: list(v.shape) for k, v in own.items()}
     result["parameters"] = {"reference": ref_shapes, "candidate": own_shapes}
     if ref_shapes and ref_shapes == own_shapes:
-        model.load_state_dict(ref_sd)
+        model.load_state_dict(state_dict)
         model = model.to(device)
         result["parameters_loaded"] = True
     else:
         result["parameters_loaded"] = not ref_shapes and not own_shapes
+    checkpoint("load")
+
+    check, timing_ids, swaps = job["check_sets"], job["timing_sets"], job["swap_sets"]
+    tcfg = timing.TimingConfig(**job["timing"])
+    slots = plan_slots(check, timing_ids, swaps, tcfg.min_runs)
+    rec = Recorder(device, landing, float(job.get("settle_s", 0.0)))
+    poison = int(job["poison_bytes"])
+
+    def verified(slot: str, set_id: int, xs: list, pristine: list | None,
+                 poisoned: bool = True) -> None:
+        if poisoned:
+            poison_allocator(device, poison)
+        out = model(*xs)
+        rec.record(slot, set_id, out, xs, pristine)
+        del out
 
     result["stage"] = "correctness"
-    outputs, digests_after, aliasing = [], [], []
-    for inputs in job["input_sets"]:
-        xs = clone_inputs(inputs, device)
-        before = inputs_digest(xs)
-        poison_allocator(device, job["poison_bytes"])
-        out = as_outputs(model(*xs))
-        # Copy out on the caller's stream before any device-wide sync: work the candidate left
-        # running on another stream (or a thread) is not finished when the caller may read it.
-        values = [o.detach().to("cpu") if o.device.type != "cpu" else o.detach().clone()
-                  for o in out]
-        timing.sync(device)
-        ptrs = {v.data_ptr() for v in xs if isinstance(v, torch.Tensor)}
-        aliasing.append([o.data_ptr() in ptrs for o in out])
-        outputs.append([{"value": v, "stride": tuple(o.stride()), "device": str(o.device)}
-                        for v, o in zip(values, out)])
-        digests_after.append({"before": before, "after": inputs_digest(xs)})
-        del out
-    result.update(outputs=outputs, input_digests=digests_after, aliasing=aliasing)
+    t = clock()
+    held: dict[int, list] = {}
+    for slot, phase, s in slots:
+        if phase == "check":
+            held[s] = clone_inputs(sets[s], device)
+            verified(slot, s, held[s], sets[s])
+    a = check[0]
+    b = check[1] if len(check) > 1 else check[0]
+    bufs_a = held[a]
+    for dst, src in zip(bufs_a, sets[b]):  # new data, same pointers
+        if isinstance(dst, torch.Tensor):
+            dst.copy_(src)
+    verified("stale_new_data", b, bufs_a, sets[b])
+    verified("stale_repeat", b, bufs_a, sets[b])  # the same call again
+    fresh = clone_inputs(sets[a], device)  # earlier data at new pointers (old buffers alive)
+    verified("stale_new_ptr", a, fresh, sets[a])
+    del held, bufs_a, fresh
+    times["correctness_s"] = clock() - t
+    checkpoint("correctness")
 
     result["stage"] = "timing"
-    bufs = [clone_inputs(s, device) for s in job["timing_sets"]]
-    holds = list(range(len(bufs)))  # which timing set each buffer holds now
-    swaps = job["swap_sets"]
+    t = clock()
+    bufs = [clone_inputs(sets[s], device) for s in timing_ids]
+    timed_slots = [(slot, s) for slot, phase, s in slots if phase == "timed"]
     rng = random.Random(job["swap_seed"])
-    cfg = timing.TimingConfig(**job["timing"])
-    swap_at = set(rng.sample(range(cfg.min_runs), k=min(len(swaps), cfg.min_runs)))
-    pending: dict[int, int] = {}
-    checked: list[dict[str, Any]] = []
+    swap_at = sorted(rng.sample(range(tcfg.min_runs), k=min(len(timed_slots), tcfg.min_runs)))
+    swap_slot = dict(zip(swap_at, timed_slots))
+    fresh_rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+    perturb = bool(job.get("perturb", True))
+    pending: dict[int, tuple[str, int]] = {}
 
-    def before(call: int) -> None:
-        if call in swap_at and swaps:
-            s = len(pending) % len(swaps)
-            b = call % len(bufs)
-            for dst, src in zip(bufs[b], swaps[s]):  # same pointers, new data
+    def before_call(call: int) -> None:
+        bi = call % len(bufs)
+        if call in swap_slot:
+            slot, s = swap_slot[call]
+            for dst, src in zip(bufs[bi], sets[s]):  # same pointers, an independent set
                 if isinstance(dst, torch.Tensor):
-                    dst.copy_(src.to(device))
-            holds[b] = len(job["timing_sets"]) + s
-            pending[call] = holds[b]
+                    dst.copy_(src)
+            pending[call] = (slot, s)
+        elif perturb:
+            factor = fresh_rng.uniform(*PERTURB_RANGE)
+            for dst, src in zip(bufs[bi], sets[timing_ids[bi]]):
+                if isinstance(dst, torch.Tensor) and (dst.is_floating_point() or dst.is_complex()):
+                    torch.mul(src, factor, out=dst)
 
-    def after(call: int, out: Any) -> None:
+    def after_call(call: int, out: Any) -> None:
         if call in pending:
-            vals = as_outputs(out)
-            checked.append({"set": pending.pop(call),
-                            "values": [v.detach().cpu().clone() for v in vals]})
+            slot, s = pending.pop(call)
+            rec.record(slot, s, out, bufs[call % len(bufs)], None)
 
-    result["timing"] = timing.time_calls(lambda i: model(*bufs[i % len(bufs)]), device, cfg,
-                                         before, after).to_dict()
-    # After timing, every buffer is checked once more: stale results would show here.
-    for b, xs in enumerate(bufs):
-        vals = as_outputs(model(*xs))
-        timing.sync(device)
-        checked.append({"set": holds[b], "values": [v.detach().cpu().clone() for v in vals]})
-    result["timing_checks"] = checked
+    result["timing"] = timing.time_calls(lambda i: model(*bufs[i % len(bufs)]), device, tcfg,
+                                         before_call, after_call).to_dict()
+    times["timing_s"] = clock() - t
+    checkpoint("timing")
+    # After timing, every buffer gets its exact data back and is checked once more.
+    t = clock()
+    for slot, phase, s in slots:
+        if phase == "after":
+            bi = timing_ids.index(s)
+            for dst, src in zip(bufs[bi], sets[s]):
+                if isinstance(dst, torch.Tensor):
+                    dst.copy_(src)
+            verified(slot, s, bufs[bi], None, poisoned=False)
+    times["after_s"] = clock() - t
+    result["calls"] = rec.calls
 
     result["stage"] = "audit"
+    t = clock()
     if job.get("audit", True):
-        result["kernels"] = audit_kernels(model, clone_inputs(job["input_sets"][0], device), device)
+        xs = clone_inputs(sets[check[0]], device)
+        t_call = clock()
+        result["kernels"] = audit_kernels(model, xs, device)
+        result["audit_wall_us"] = (clock() - t_call) * 1e6
+    times["audit_s"] = clock() - t
+    checkpoint("audit")
     result["settings_after"] = global_settings()
-    result["tampered_clocks"] = timing.tampered_clocks()
+    timing.sync(device)
     result["stage"] = "done"
+    result["t_end"] = clock()
     return result
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, (bool, int, float, str, type(None))):
+        return x
+    return str(x)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,11 +646,18 @@ def main(argv: list[str] | None = None) -> int:
                   "traceback": traceback.format_exc()[-4000:],
                   "build_log": getattr(e, "log", "")[-8000:] if isinstance(e, BuildError) else ""}
         code = 3
-    tmp = job_dir / "result.pt.tmp"
-    torch.save(result, tmp)
-    tmp.replace(job_dir / "result.pt")
+    tmp = job_dir / "result.json.tmp"
+    tmp.write_text(json.dumps(_jsonable(result)))
+    tmp.replace(job_dir / "result.json")
+    if _RESULT_FORMAT[0] == "pt":  # older readers (profile tools) load result.pt
+        torch.save(result, job_dir / "result.pt.tmp")
+        (job_dir / "result.pt.tmp").replace(job_dir / "result.pt")
     return code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    # Everything is written and the device synchronized: skip torch's slow interpreter teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)

@@ -1,0 +1,414 @@
+"""The exploit zoo (issue #3), cpu half: every exploit is rejected for the reason it declares,
+every honest candidate is accepted, and a deliberately naive harness accepts every exploit.
+
+Each file under tests/zoo/candidates/ declares, at module level:
+  TASK    the task file (tests/zoo/tasks/<TASK>.py)
+  EXPECT  reasons that must all appear in the verdict ([] = honest: must be accepted)
+  ALSO    reasons that may also appear (anything else is a wrong reason)
+  POLICY  strict (default) or permissive;  CONFIG  VerifyConfig overrides (timeout_s, memory_gb)
+  KIND    "failure" for crashes/hangs/OOM (not exploits), "neutralized" for a trick the protocol
+          makes harmless (accepted, with its real time);  NAIVE  a str: why the naive check is
+          skipped;  SLOW  builds a torch extension
+The metadata is read with ast, never by importing the candidate into the test process.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import math
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from assay.tasks.model import Task
+from assay.verify.harness import (Prepared, VerifyConfig, compare_tensor, prepare,
+                                  reference_stats, verify)
+from assay.verify.settings import SandboxLimits
+
+ZOO = Path(__file__).parent / "zoo"
+# Generous device ceilings: no honest cpu kernel comes near this floor; a faked time does.
+GENEROUS_PEAKS = {"name": "test ceiling", "bandwidth_gbs": 1e4, "flops_tflops": 1e3}
+_FIELDS = ("TASK", "EXPECT", "ALSO", "POLICY", "CONFIG", "KIND", "NAIVE", "SLOW")
+
+
+def read_meta(path: Path) -> dict:
+    meta = {"EXPECT": [], "ALSO": [], "POLICY": "strict", "CONFIG": {}}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id in _FIELDS:
+            meta[node.targets[0].id] = ast.literal_eval(node.value)
+    meta["KIND"] = meta.get("KIND") or ("exploit" if meta["EXPECT"] else "honest")
+    meta["path"] = path
+    return meta
+
+
+CASES = {p.stem: read_meta(p) for p in sorted((ZOO / "candidates").glob("*.py"))}
+_TASKS: dict[str, Task] = {}
+_PREPARED: dict[str, Prepared] = {}
+_RECORDS: dict[str, dict] = {}
+
+
+def zoo_task(rel: str) -> Task:
+    if rel not in _TASKS:
+        _TASKS[rel] = Task.from_file(ZOO / "tasks" / f"{rel}.py")
+    return _TASKS[rel]
+
+
+def zoo_config(meta: dict) -> VerifyConfig:
+    c = meta["CONFIG"]
+    return VerifyConfig(policy=meta["POLICY"], budget_s=0.1, warmup_s=0.02, min_runs=10,
+                        max_runs=20, timeout_s=c.get("timeout_s", 300),
+                        limits=SandboxLimits(memory_gb=c.get("memory_gb", 32)))
+
+
+def prepared(task: Task) -> Prepared:
+    """One preparation per task and test process, reused by its candidates (as the verify step
+    reuses one per generation); the settings it depends on are the same for every candidate."""
+    if task.id not in _PREPARED:
+        _PREPARED[task.id] = prepare(task, "cpu", zoo_config({"POLICY": "strict",
+                                                              "CONFIG": {}}))
+    return _PREPARED[task.id]
+
+
+def record(task: Task) -> dict:
+    """The roofline's inputs: minimum bytes (every input and output once) and no FLOPs (the
+    memory floor is enough here; assay.tasks.analyze.cost counts FLOPs, at the price of a
+    dynamo import). No degeneracy analysis: the harness must find that by itself."""
+    if task.id not in _RECORDS:
+        prep = prepared(task)
+        nbytes = sum(x.numel() * x.element_size() for x in prep.sets[0]
+                     if isinstance(x, torch.Tensor))
+        nbytes += sum(r.numel() * r.element_size() for r in prep.refs[0])
+        _RECORDS[task.id] = {"flops": 0.0, "min_bytes": float(nbytes)}
+    return _RECORDS[task.id]
+
+
+def run_case(name: str):
+    meta = CASES[name]
+    task = zoo_task(meta["TASK"])
+    return verify(task, meta["path"], "cpu", zoo_config(meta), record=record(task),
+                  peaks=GENEROUS_PEAKS, prepared=prepared(task))
+
+
+def _param(name: str):
+    marks = [pytest.mark.slow] if CASES[name].get("SLOW") else []
+    return pytest.param(name, marks=marks, id=name)
+
+
+def test_zoo_size():
+    kinds = [m["KIND"] for m in CASES.values()]
+    assert kinds.count("exploit") >= 20 and kinds.count("honest") >= 10, kinds
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in CASES])
+def test_zoo_verdict(name):
+    meta = CASES[name]
+    v = run_case(name)
+    expect, also = set(meta["EXPECT"]), set(meta["ALSO"])
+    failed = {k: c["detail"][:400] for k, c in v.checks.items() if not c["passed"]}
+    assert v.accepted == (not expect), (v.reasons, failed)
+    assert expect <= set(v.reasons), (sorted(expect - set(v.reasons)), v.reasons, failed)
+    assert set(v.reasons) <= expect | also, (sorted(set(v.reasons) - expect - also), failed)
+    if not expect:
+        assert v.runtime_ms > 0 and v.kernels_launched is not None
+        assert v.checks["precision"]["passed"] and v.checks["stale_results"]["passed"]
+        if meta["POLICY"] == "permissive":
+            assert v.library_time_frac is not None and v.library_time_frac > 0
+
+
+# --- the naive harness accepts every exploit (so each one is a real exploit) -----------------
+
+@pytest.fixture(scope="module")
+def naive():
+    # glibc serves a freed block again only below its mmap threshold, which it moves at run
+    # time; pinned high, the reference's freed output is reused as a naive harness's would be
+    # in a long-running process (and the CUDA caching allocator always does).
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 30)}
+    proc = subprocess.Popen([sys.executable, str(ZOO / "naive.py")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+
+    def ask(task: Path, candidate: Path, timeout_s: float = 180.0) -> dict:
+        proc.stdin.write(json.dumps({"task": str(task), "candidate": str(candidate),
+                                     "timeout_s": timeout_s}) + "\n")
+        proc.stdin.flush()
+        if not select.select([proc.stdout], [], [], timeout_s + 30)[0]:
+            raise TimeoutError("naive harness server did not answer")
+        return json.loads(proc.stdout.readline())
+
+    yield ask
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.mark.parametrize("name", [n for n, m in CASES.items() if m["KIND"] != "failure"])
+def test_naive_harness_accepts(name, naive):
+    meta = CASES[name]
+    if isinstance(meta.get("NAIVE"), str):
+        pytest.skip(meta["NAIVE"])
+    # Up to 3 fresh runs: whether glibc hands the reference's freed block to the candidate is
+    # not deterministic on cpu (the CUDA caching allocator's reuse is); one acceptance is enough
+    # for a search to find and keep the trick.
+    for _ in range(3):
+        r = naive(ZOO / "tasks" / f"{meta['TASK']}.py", meta["path"])
+        if r["accepted"]:
+            break
+    assert r["accepted"], r
+
+
+# --- proofs and single checks ------------------------------------------------------------------
+
+_MIX = [0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
+        0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, 0x2545F4914F6CDD1D, 0x94D049BB133111EB]
+MIX = [m - (1 << 64) if m >= 1 << 63 else m for m in _MIX]  # as int64
+
+
+def window_hash(words: torch.Tensor) -> torch.Tensor:
+    """Hash of every 64-byte window (8 int64 words) starting at each word of ``words``."""
+    n = words.numel() - 7
+    acc = words[0:n] * MIX[0]
+    for k in range(1, 8):
+        acc += words[k:k + n] * MIX[k]
+    return acc
+
+
+def _needle_hashes(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
+    """(first 8 bytes, hash of 64 bytes) of pieces (start and middle) of each tensor. The
+    snooping candidate gets only these, never the 64 bytes, so it cannot find its own copy of
+    what it looks for."""
+    out = []
+    for t in tensors:
+        b = t.detach().contiguous().cpu().flatten().view(torch.uint8)
+        mid = b.numel() // 2 // 64 * 64
+        for piece in (b[:64], b[mid:mid + 64]):
+            if piece.numel() == 64:
+                w = piece.clone().view(torch.int64)
+                out.append((int(w[0]), int(window_hash(w)[0])))
+    return out
+
+
+SNOOP = '''
+import gc
+import torch
+from torch import nn
+MIX = {mix!r}
+NEEDLES = {needles!r}
+FIRST = torch.tensor([f for f, _ in NEEDLES], dtype=torch.int64)
+HASHES = [h for _, h in NEEDLES]
+CHUNK = 64 << 20
+
+def wrap(v):
+    v &= (1 << 64) - 1
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+def search(words):
+    """Needles whose 64 bytes start at a word of ``words``: the first word narrows the search,
+    the hash of the 8 words decides."""
+    found = set()
+    n = words.numel() - 7
+    if n <= 0:
+        return found
+    for p in torch.isin(words[:n], FIRST).nonzero().flatten().tolist():
+        h = wrap(sum(int(words[p + k]) * MIX[k] for k in range(8)))
+        if h in HASHES:
+            found.add(HASHES.index(h))
+    return found
+
+def scan_memory():
+    """Every mapping that can hold data made at run time: anonymous, writable, or a file that
+    is not a shared library (read-only code and constants of .so files cannot)."""
+    found, scanned = set(), 0
+    mem = open("/proc/self/mem", "rb", buffering=0)
+    for line in open("/proc/self/maps").read().splitlines():
+        parts = line.split()
+        lo, hi = (int(v, 16) for v in parts[0].split("-"))
+        path = parts[5] if len(parts) > 5 else ""
+        if "r" not in parts[1] or path in ("[vvar]", "[vsyscall]", "[vvar_vclock]"):
+            continue
+        if "w" not in parts[1] and (".so" in path or path.endswith("python3.11")
+                                    or "/bin/" in path):
+            continue
+        pos = lo
+        while pos < hi:
+            n = min(CHUNK + 64, hi - pos)
+            buf = bytearray(n)
+            try:
+                mem.seek(pos)
+                got = mem.readinto(buf)
+            except (OSError, ValueError, OverflowError):
+                break
+            if not got or got < 64:
+                break
+            found |= search(torch.frombuffer(buf, dtype=torch.int64, count=got // 8))
+            scanned += got
+            pos += min(CHUNK, got)
+    return sorted(found), scanned
+
+def scan_objects():
+    hits = set()
+    for o in gc.get_objects():
+        if type(o) is torch.Tensor and o.numel() >= 16 and o.device.type == "cpu":
+            b = o.detach().contiguous().flatten().view(torch.uint8)
+            hits |= search(b[:b.numel() // 8 * 8].view(torch.int64))
+    return len(hits)
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        found, scanned = scan_memory()
+        raise RuntimeError(f"SNOOP found={{found}} objects={{scan_objects()}} "
+                           f"scanned_mb={{scanned >> 20}}")
+'''
+
+
+def test_nothing_to_steal(tmp_path):
+    """Proof for 'reading expected values out of the process': a candidate hashes every 64-byte
+    window of all of its own process memory (every readable mapping of /proc/self/mem) and of
+    every tensor gc knows, looking for pieces of any expected output the harness holds (task
+    dtype and float64, every input set). Nothing is there; its own input, for contrast, is."""
+    task = zoo_task("level1/1_gelu")
+    prep = prepared(task)
+    refs = [t for rs, r64s in zip(prep.refs, prep.refs64) for t in list(rs) + list(r64s)
+            if t is not None]
+    cfg = zoo_config({"POLICY": "strict", "CONFIG": {}})
+    cand = tmp_path / "snoop.py"
+    cand.write_text(SNOOP.format(mix=MIX, needles=_needle_hashes(refs)))
+    v = verify(task, cand, "cpu", cfg, prepared=prep)
+    detail = v.checks["runs"]["detail"]
+    assert "SNOOP found=[] objects=0" in detail, detail
+    scanned = int(detail.split("scanned_mb=")[1].split()[0])
+    assert scanned > 20, detail  # it really read the process's data
+    inputs = [x for s in prep.sets for x in s if isinstance(x, torch.Tensor)]
+    cand.write_text(SNOOP.format(mix=MIX, needles=_needle_hashes(inputs[:1])))
+    v = verify(task, cand, "cpu", cfg, prepared=prep)
+    assert "SNOOP found=[0, 1]" in v.checks["runs"]["detail"], v.checks["runs"]["detail"]
+
+
+PARENT_PROBE = '''
+import os
+from torch import nn
+def probe():
+    out = []
+    ppid = os.getppid()
+    pids = [ppid] + [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+    for pid in pids[:50]:
+        for what in ("mem", "environ", "maps"):
+            try:
+                with open(f"/proc/{{pid}}/{{what}}", "rb") as f:
+                    if what == "mem":
+                        lo = int(open(f"/proc/{{pid}}/maps").readline().split("-")[0], 16)
+                        f.seek(lo)
+                    if f.read(16):
+                        out.append(f"READ {{pid}}/{{what}}")
+            except OSError:
+                pass
+    return out
+class ModelNew(nn.Module):
+    def forward(self, x):
+        raise RuntimeError(f"PROBE ppid={{os.getppid()}} {{probe()}}")
+'''
+
+
+def test_harness_memory_is_closed(tmp_path):
+    """The expected outputs live in the harness process: the worker cannot read its memory,
+    maps or environment (pid namespace / unprivileged uid from the sandbox; else the harness is
+    non-dumpable while the worker runs and the worker drops every capability)."""
+    task = zoo_task("level1/1_gelu")
+    cand = tmp_path / "probe.py"
+    cand.write_text(PARENT_PROBE.format())
+    v = verify(task, cand, "cpu", zoo_config({"POLICY": "strict", "CONFIG": {}}),
+               prepared=prepared(task))
+    detail = v.checks["runs"]["detail"]
+    assert "PROBE" in detail and "READ" not in detail, detail
+
+
+def test_content_cache_never_hits_while_timed():
+    """Every timed call sees data no call has seen: a cache keyed on the inputs' exact content
+    never hits while timed, so its median is its real compute time (>= the 50 ms it sleeps on a
+    miss). With the perturbation off, the same few buffers come back and it times its hits."""
+    name = "neutralized_cache_by_content"
+    meta = CASES[name]
+    task = zoo_task(meta["TASK"])
+    cfg = zoo_config(meta)
+    v = verify(task, meta["path"], "cpu", cfg, prepared=prepared(task))
+    assert v.accepted and v.runtime_ms >= 45, (v.reasons, v.runtime_ms)
+    cfg.perturb_timed_inputs = False
+    v = verify(task, meta["path"], "cpu", cfg, prepared=prepared(task))
+    assert v.runtime_ms < 30, v.runtime_ms
+
+
+def test_roofline_fires_below_the_floor():
+    """An honest kernel judged against a device 10^6 times slower than this one: its (real)
+    runtime is then 'impossible', and the roofline check says so."""
+    name = "honest_gelu_cpp"
+    meta = CASES[name]
+    task = zoo_task(meta["TASK"])
+    tiny = {"name": "tiny", "bandwidth_gbs": 1e-3, "flops_tflops": 1e-6}
+    v = verify(task, meta["path"], "cpu", zoo_config(meta), record=record(task), peaks=tiny,
+               prepared=prepared(task))
+    assert v.reasons == ["roofline"], v.reasons
+
+
+def test_degenerate_task_from_record():
+    """With the task record's degeneracy analysis the verdict comes before any worker runs."""
+    from assay.tasks.analyze import degeneracy
+
+    meta = CASES["exploit_constant_on_degenerate_task"]
+    task = zoo_task(meta["TASK"])
+    rec = {**record(task), "degeneracy": degeneracy(task)}
+    t0 = time.perf_counter()
+    v = verify(task, meta["path"], "cpu", zoo_config(meta), record=rec)
+    assert v.reasons == ["task_not_degenerate"] and time.perf_counter() - t0 < 30
+    flagged = verify(task, CASES[name := "exploit_constant_on_degenerate_task"]["path"], "cpu",
+                     VerifyConfig(on_degenerate="flag", budget_s=0.1), record=rec,
+                     prepared=prepared(task))
+    assert flagged.checks["task_not_degenerate"]["passed"], name
+
+
+def _long_sum_case(n_rows=64, n=16384, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_rows, n, generator=g)
+    ref, ref64 = x.sum(1), x.double().sum(1)
+    seq = torch.zeros(n_rows)
+    for i in range(0, n, 1024):  # fp32 accumulation in a different order: chunks of 1024
+        seq = seq + x[:, i:i + 1024].sum(1)
+    return x, ref, ref64, seq
+
+
+def test_long_reduction_tolerance():
+    """fp32 stays strict, and an honest fp32 sum of 16384 values in another order than torch's
+    passes (against float64, with slack from the reference's own error and sqrt(N) rounding),
+    while the same sum from bf16-rounded inputs (or off by 1e-3 relative) fails."""
+    cfg = VerifyConfig()
+    x, ref, ref64, seq = _long_sum_case()
+    st = reference_stats(ref, ref64)
+    ok = compare_tensor(seq, ref, ref64, st, cfg, reduction=16384)
+    assert ok.ok and ok.precision_ok, (ok.detail, ok.precision_detail)
+    bf = x.bfloat16().float().sum(1)
+    bad = compare_tensor(bf, ref, ref64, st, cfg, reduction=16384)
+    assert not bad.precision_ok and not bad.ok
+    off = compare_tensor(ref * (1 + 1e-3), ref, ref64, st, cfg, reduction=16384)
+    assert not off.ok
+    # Elementwise (reduction 1): one ulp-level difference passes, 1e-4 relative does not.
+    y = torch.randn(1000)
+    g, g64 = torch.nn.functional.gelu(y), torch.nn.functional.gelu(y.double())
+    st = reference_stats(g, g64)
+    near = torch.nextafter(g, torch.full_like(g, math.inf))
+    assert compare_tensor(near, g, g64, st, cfg).precision_ok
+    approx = torch.nn.functional.gelu(y, approximate="tanh")
+    assert not compare_tensor(approx, g, g64, st, cfg).precision_ok
+
+
+def test_candidate_digest_is_stable():
+    """Zoo files are content-addressed like real candidates (a changed exploit is a new one)."""
+    digests = {hashlib.sha256(m["path"].read_bytes()).hexdigest() for m in CASES.values()}
+    assert len(digests) == len(CASES)
