@@ -38,6 +38,9 @@ def visible_gpus() -> list[str]:
 
 def acquire(timeout_s: float = 24 * 3600, poll_s: float = 1.0) -> str | None:
     """Take a free GPU and make it the only visible one; None when there is no GPU."""
+    if _held and os.environ.get("ASSAY_GPU"):
+        return os.environ["ASSAY_GPU"]  # this process holds a lease already (an flock taken
+        # twice by one process on two descriptors would wait for itself)
     gpus = visible_gpus()
     if not gpus:
         return None

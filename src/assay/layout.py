@@ -20,27 +20,73 @@ results/<campaign>/
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import signal
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFullError(OSError):
+    """A write that found no space left; the message names the path and says "disk full"."""
+
+    def __str__(self) -> str:
+        return (f"disk full: cannot write {self.filename} ({self.strerror}); free some space "
+                f"and run again: finished results are kept")
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def stop_cleanly_on_signals() -> bool:
+    """Make SIGTERM (and SIGHUP) raise SystemExit, as SIGINT raises KeyboardInterrupt, so
+    ``finally`` blocks run: a write in progress removes its temporary file, a sandboxed worker
+    is killed and its scratch folder removed. Only in the main thread and only where the
+    signal still has its default action; returns whether anything was installed."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    done = False
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, _stop)
+            done = True
+    return done
+
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write then rename, so a partial file never looks finished."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write then rename, so a partial file never looks finished.
+
+    A SIGTERM or SIGINT during the write leaves neither the file nor its temporary; a full disk
+    raises :class:`DiskFullError` (an OSError) naming the path, with nothing left behind.
+    """
+    stop_cleanly_on_signals()
+    path = Path(path)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be read by others
         os.replace(tmp, path)
+    except OSError as e:
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+        if e.errno in _FULL:
+            raise DiskFullError(e.errno, os.strerror(e.errno), str(path)) from None
+        raise
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 

@@ -1,48 +1,349 @@
 """Step `extract`: one task's record (sizes, FLOPs, minimum bytes, degeneracy).
 
 python -m assay.tasks task=L1_1_ReLU [overrides]
-A task that cannot be used gets a record with its one-line error; the campaign goes on.
+
+A task file is code: it can sleep at import, loop in forward, call sys.exit, or ask for a
+terabyte. So the task is executed in a child process (``python -m assay.tasks --analyze``) with
+a time limit (``ASSAY_EXTRACT_TIMEOUT_S``, default 600 s) and, on the cpu target, an
+address-space limit; its sizes are checked on the meta device before anything is allocated
+(``ASSAY_MAX_TASK_BYTES``, default a quarter of RAM on cpu or half the GPU's memory on cuda).
+A task that cannot be used gets a record whose ``error`` is one line naming the file and the
+problem; the campaign goes on.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig
-
-from assay import app
-from assay.layout import write_json
-from assay.tasks.analyze import cost, degeneracy
-from assay.tasks.model import TaskError
+from assay.tasks.model import TaskError, one_line
 
 log = logging.getLogger("assay.extract")
 
+DEFAULT_TIMEOUT_S = 600.0
 
-def extract(cfg: DictConfig) -> dict:
+
+# --- the parent: the Hydra step ----------------------------------------------------------------
+
+
+def extract(cfg) -> dict:
+    from assay import app
+    from assay.layout import write_json
+
     c = app.campaign(cfg)
-    tgt = app.target(cfg)
+    name = cfg.target.name
+    tgt = app.target(cfg) if name != "auto" else "auto"  # auto is resolved in the child
     ref = app.find_task(cfg, cfg.task)
-    record = {"id": ref.id, "level": ref.level, "path": str(ref.path), "error": None}
-    try:
-        task = app.load_task(cfg, cfg.task, tgt)
-        record.update(number=task.number, name=task.name, size=task.size,
-                      source_hash=task.source_hash, source=task.source,
-                      functional_source=None, target=tgt)
-        log.info("%s: measuring FLOPs and bytes", task.id)
-        record.update(cost(task))
-        log.info("%s: degeneracy analysis", task.id)
-        record["degeneracy"] = degeneracy(task, device="cuda" if tgt == "cuda" else "cpu")
-        if record["degeneracy"]["degenerate"]:
-            log.warning("%s is degenerate: %s", task.id, record["degeneracy"]["why"])
-    except (TaskError, TypeError, RuntimeError, ValueError) as e:
-        msg = str(e) if isinstance(e, TaskError) else f"{ref.path}: {type(e).__name__}: {e}"
-        record["error"] = msg.splitlines()[0]
+    record = analyze_file(ref.path, ref.level, cfg.tasks.size, tgt)
+    record = {"id": ref.id, "level": ref.level, "path": str(ref.path), **record}
+    if record["error"]:
         log.error("%s", record["error"])
+    elif record.get("degeneracy", {}).get("degenerate"):
+        log.warning("%s is degenerate: %s", ref.id, record["degeneracy"]["why"])
     write_json(c.task_record(ref.id), record)
     return record
 
 
-main = app.step(extract, gpu=True)
+def extract_timeout_s() -> float:
+    try:
+        return float(os.environ.get("ASSAY_EXTRACT_TIMEOUT_S") or DEFAULT_TIMEOUT_S)
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+
+
+def analyze_file(path: str | Path, level: int, size: str, target: str,
+                 timeout_s: float | None = None) -> dict[str, Any]:
+    """The task's record fields, computed in a child process; ``error`` is None or one line
+    naming the file and the problem."""
+    from assay.layout import stop_cleanly_on_signals
+
+    stop_cleanly_on_signals()  # a SIGTERM to the step kills the child too
+    path = Path(path)
+    timeout_s = extract_timeout_s() if timeout_s is None else timeout_s
+    with tempfile.TemporaryDirectory(prefix="assay-extract-") as tmp:
+        out, stage = Path(tmp) / "record.json", Path(tmp) / "stage"
+        spec = {"path": str(path), "level": level, "size": size, "target": target,
+                "out": str(out), "stage": str(stage), "parent": os.getpid()}
+        cmd = [sys.executable, "-m", "assay.tasks", "--analyze", json.dumps(spec)]
+        t0 = time.monotonic()
+        with open(Path(tmp) / "log", "wb") as logf:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                code = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                code = None
+            except BaseException:
+                _kill(proc)
+                raise
+            finally:
+                _kill(proc)  # what the task started goes with it
+        where = stage.read_text().strip() if stage.exists() else "starting"
+        if code is None:
+            return _error(f"{path}: timed out after {timeout_s:.0f} s while {where} (a task "
+                          f"must load and run in time; ASSAY_EXTRACT_TIMEOUT_S sets the limit)")
+        if out.exists():
+            try:
+                return json.loads(out.read_text())
+            except ValueError:
+                pass
+        tail = " ".join((Path(tmp) / "log").read_bytes()[-300:].decode(errors="replace").split())
+        if code < 0:
+            what = f"was killed by {signal.Signals(-code).name}"
+            if -code == signal.SIGKILL:
+                what += " (out of memory?)"
+        else:
+            what = f"ended the process with exit status {code}"
+        took = time.monotonic() - t0
+        return _error(f"{path}: the task {what} while {where} after {took:.0f} s"
+                      + (f": {tail}" if tail else ""))
+
+
+def _error(line: str) -> dict[str, Any]:
+    return {"error": " ".join(line.split())}
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+# --- the child: executes the task --------------------------------------------------------------
+
+
+def _stage(spec: dict, what: str) -> None:
+    with open(spec["stage"], "w") as f:
+        f.write(what)
+
+
+def _ram_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _fmt(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} PB"
+
+
+def max_task_bytes(target: str) -> tuple[int, str]:
+    """The most bytes a task's inputs, weights and outputs may take, and where that comes from."""
+    env = os.environ.get("ASSAY_MAX_TASK_BYTES")
+    if env:
+        return int(float(env)), "ASSAY_MAX_TASK_BYTES"
+    if target == "cuda":
+        import torch
+
+        total = torch.cuda.get_device_properties(0).total_memory
+        return total // 2, f"half of the GPU's {_fmt(total)}; ASSAY_MAX_TASK_BYTES raises it"
+    ram = _ram_bytes()
+    return ram // 4, f"a quarter of this machine's {_fmt(ram)} RAM; ASSAY_MAX_TASK_BYTES raises it"
+
+
+SCALARS = (bool, int, float, type(None))
+
+
+def _check_values(path: Path, what: str, values: Any, need_tensor: bool) -> list:
+    import torch
+
+    if not isinstance(values, (list, tuple)):
+        raise TaskError(f"{path}: {what} returned a {type(values).__name__}, expected a list")
+    for i, v in enumerate(values if need_tensor else ()):  # constructors take anything
+        if not isinstance(v, (torch.Tensor, *SCALARS)):
+            raise TaskError(f"{path}: {what} element {i} is a {type(v).__module__}."
+                            f"{type(v).__name__}, expected torch tensors or numbers")
+    if need_tensor and not any(isinstance(v, torch.Tensor) for v in values):
+        kinds = ", ".join(type(v).__name__ for v in values) or "an empty list"
+        raise TaskError(f"{path}: {what} returned no tensor ({kinds})")
+    return list(values)
+
+
+def _nbytes(xs) -> int:
+    import torch
+
+    return sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
+
+
+def _size_on_meta(task, module, init: list, cap: int, why: str) -> int | None:
+    """Bytes of inputs, weights and outputs, measured on the meta device (nothing allocated);
+    None when the task cannot run there (then the real run is bounded by the rlimit)."""
+    import torch
+
+    from assay.tasks.instantiate import as_outputs, seeded
+
+    try:
+        with torch.device("meta"), seeded(0):
+            model = module.Model(*init)
+            inputs = module.get_inputs()
+    except Exception:  # noqa: BLE001 - errors are reported by the real run below
+        return None
+    if not isinstance(inputs, (list, tuple)) or not isinstance(model, torch.nn.Module):
+        return None
+    weights = _nbytes(list(model.parameters()) + list(model.buffers()))
+    total = _nbytes(inputs) + weights
+    if total <= cap:
+        try:
+            with torch.device("meta"), torch.no_grad():
+                total += _nbytes(as_outputs(model(*inputs)))
+        except Exception:  # noqa: BLE001
+            pass
+    if total > cap:
+        shapes = ", ".join(f"{tuple(x.shape)}" for x in inputs if isinstance(x, torch.Tensor))
+        what = f"inputs {shapes}" + (f" and {_fmt(weights)} of weights" if weights else "")
+        raise TaskError(f"{task.path}: absurd size: {what} need {_fmt(total)} at size "
+                        f"{task.size}, more than {_fmt(cap)} ({why})")
+    return total
+
+
+def analyze(spec: dict) -> dict[str, Any]:
+    """Load, validate and measure one task in this (child) process."""
+    path = Path(spec["path"])
+    _stage(spec, "reading the file")
+    from assay.tasks.model import Task
+
+    target = spec["target"]
+    if target == "auto":
+        _stage(spec, "importing torch")
+        import torch
+
+        target = "cuda" if torch.cuda.is_available() else "cpu"
+    size = spec["size"]
+    if size == "auto":
+        size = "large" if target == "cuda" else "small"
+    task = Task.from_file(path, size=size, level=spec["level"])
+    device = "cuda" if target == "cuda" else "cpu"
+
+    _stage(spec, "executing the file")
+    import torch
+
+    from assay.tasks.analyze import cost, degeneracy
+    from assay.tasks.instantiate import as_outputs, build_model, make_inputs, seeded
+
+    module = task.module()
+
+    _stage(spec, "calling get_init_inputs()")
+    try:
+        init = module.get_init_inputs()
+    except Exception as e:  # noqa: BLE001
+        raise TaskError(f"{path}: get_init_inputs() raised {one_line(e)}") from None
+    init = _check_values(path, "get_init_inputs()", init, need_tensor=False)
+
+    _stage(spec, "sizing the task on the meta device")
+    cap, why = max_task_bytes(target)
+    _size_on_meta(task, module, init, cap, why)
+
+    _stage(spec, "constructing Model(*get_init_inputs())")
+    if not issubclass(module.Model, torch.nn.Module):
+        raise TaskError(f"{path}: Model is not a torch.nn.Module subclass")
+    try:
+        model = build_model(module.Model, module, 0, device)
+    except Exception as e:  # noqa: BLE001
+        raise TaskError(f"{path}: Model(*get_init_inputs()) raised {one_line(e)}") from None
+
+    _stage(spec, "calling get_inputs()")
+    try:
+        with seeded(1):
+            raw = module.get_inputs()
+    except Exception as e:  # noqa: BLE001
+        raise TaskError(f"{path}: get_inputs() raised {one_line(e)}") from None
+    _check_values(path, "get_inputs()", raw, need_tensor=True)
+    del raw
+    inputs = make_inputs(module, 1, device)
+
+    _stage(spec, "running forward")
+    try:
+        with torch.no_grad():
+            value = model(*inputs)
+    except Exception as e:  # noqa: BLE001
+        raise TaskError(f"{path}: forward raised {one_line(e)}") from None
+    try:
+        outs = as_outputs(value)
+    except TypeError:
+        raise TaskError(f"{path}: forward returned a {type(value).__name__}, expected a tensor "
+                        f"or a tuple of tensors") from None
+    for i, o in enumerate(outs):
+        if o.is_floating_point() or o.is_complex():
+            nan = int(torch.isnan(o).sum())
+            if nan:
+                raise TaskError(f"{path}: forward returns NaN in {nan} of {o.numel()} elements "
+                                f"of output {i} on random inputs; a reference with NaN cannot "
+                                f"check a kernel")
+    del model, inputs, value, outs
+
+    record: dict[str, Any] = {"error": None, "number": task.number, "name": task.name,
+                              "size": task.size, "source_hash": task.source_hash,
+                              "source": task.source, "functional_source": None, "target": target}
+    _stage(spec, "measuring FLOPs and bytes")
+    record.update(cost(task))
+    _stage(spec, "analyzing degeneracy")
+    record["degeneracy"] = degeneracy(task, device=device)
+    return record
+
+
+def _analyze_main(spec: dict) -> int:
+    import ctypes
+    import resource
+
+    try:  # end with the step, even when it is SIGKILLed
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != spec.get("parent", os.getppid()):
+        return 1
+
+    if spec["target"] != "cuda":  # CUDA maps far more address space than it uses
+        ram = _ram_bytes()
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (ram, ram))
+        except (ValueError, OSError):
+            pass
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    try:
+        record = analyze(spec)
+    except TaskError as e:
+        record = _error(str(e))
+    except SystemExit as e:  # from get_inputs, forward...: one line, not a silent exit
+        record = _error(f"{spec['path']}: the task calls sys.exit({e.code!r}) while "
+                        f"{Path(spec['stage']).read_text().strip()}")
+    except MemoryError as e:
+        record = _error(f"{spec['path']}: out of memory while "
+                        f"{Path(spec['stage']).read_text().strip()}: {one_line(e)}")
+    except Exception as e:  # noqa: BLE001 - whatever the task does is the task's error
+        record = _error(f"{spec['path']}: {one_line(e)} while "
+                        f"{Path(spec['stage']).read_text().strip()}")
+    tmp = spec["out"] + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f, default=str)
+    os.replace(tmp, spec["out"])
+    return 0
+
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--analyze"]:
+        sys.exit(_analyze_main(json.loads(sys.argv[2])))
+    from assay import app
+
+    app.step(extract, gpu=True)()

@@ -27,6 +27,14 @@ class TaskError(ValueError):
     """A task file that cannot be used; the message is one line naming the file."""
 
 
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """``Type: message`` on one line, clipped: how task errors are reported."""
+    msg = " ".join(str(e).split())
+    if len(msg) > limit:
+        msg = msg[:limit] + "..."
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
 def source_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -42,24 +50,46 @@ def level_of(path: Path, default: int = 1) -> int:
     return int(m.group("level")) if m else default
 
 
+def read_source(path: Path) -> str:
+    """A task file's text; a TaskError naming the file if it is not readable UTF-8 Python."""
+    try:
+        data = Path(path).read_bytes()
+    except IsADirectoryError:
+        raise TaskError(f"{path}: is a folder, not a task file") from None
+    except OSError as e:
+        raise TaskError(f"{path}: cannot read task file: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                        f"{e.start}); task files are Python source in UTF-8") from None
+    if "\0" in text:
+        raise TaskError(f"{path}: contains a NUL byte at offset {text.index(chr(0))}; not a "
+                        f"Python source file") from None
+    return text
+
+
 def check_source(path: Path, text: str) -> None:
     """Cheap static check (no torch, no execution): parses and defines the required names."""
+    if not text.strip():
+        raise TaskError(f"{path}: empty file (KernelBench format needs class Model, "
+                        f"get_inputs() and get_init_inputs())")
     try:
         tree = ast.parse(text, filename=str(path))
     except SyntaxError as e:
         raise TaskError(f"{path}: syntax error at line {e.lineno}: {e.msg}") from None
-    defined = {
-        node.name
-        for node in tree.body
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-    }
-    defined |= {
-        t.id
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        for t in node.targets
-        if isinstance(t, ast.Name)
-    }
+    except (ValueError, RecursionError, MemoryError) as e:  # NUL bytes, absurd nesting
+        raise TaskError(f"{path}: cannot parse: {type(e).__name__}: {e}") from None
+    defined: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign):
+            defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            defined.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
     missing = [n for n in REQUIRED_NAMES if n not in defined]
     if missing:
         raise TaskError(f"{path}: missing {', '.join(missing)} (KernelBench format needs "
@@ -82,10 +112,7 @@ class Task:
         path = Path(path)
         if size not in SIZES:
             raise TaskError(f"{path}: unknown size {size!r} (choose from {', '.join(SIZES)})")
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise TaskError(f"{path}: cannot read task file: {e}") from None
+        text = read_source(path)
         check_source(path, text)
         lvl = level if level is not None else level_of(path)
         m = _STEM.match(path.stem)
@@ -101,13 +128,28 @@ class Task:
         sys.modules[mod.__name__] = mod
         try:
             exec(compile(self.source, str(self.path), "exec"), mod.__dict__)
-        except Exception as e:  # noqa: BLE001 - any failure of user code is a task error
-            raise TaskError(f"{self.path}: executing the task failed: "
-                            f"{type(e).__name__}: {e}") from None
+        except KeyboardInterrupt:
+            raise
+        except SystemExit as e:
+            raise TaskError(f"{self.path}: executing the file calls sys.exit({e.code!r}); a task "
+                            f"file must only define Model, get_inputs and get_init_inputs") \
+                from None
+        except BaseException as e:  # noqa: BLE001 - any failure of user code is a task error
+            raise TaskError(f"{self.path}: executing the file failed: {one_line(e)}") from None
         for name in REQUIRED_NAMES:
             if not hasattr(mod, name):
                 raise TaskError(f"{self.path}: {name} is not defined after executing the file")
-        overrides = (getattr(mod, "ASSAY_SIZES", None) or {}).get(self.size, {})
+        if not isinstance(mod.Model, type):
+            raise TaskError(f"{self.path}: Model is a {type(mod.Model).__name__}, not a class")
+        for name in ("get_inputs", "get_init_inputs"):
+            if not callable(getattr(mod, name)):
+                raise TaskError(f"{self.path}: {name} is a {type(getattr(mod, name)).__name__}, "
+                                f"not a function")
+        sizes = getattr(mod, "ASSAY_SIZES", None) or {}
+        if not isinstance(sizes, dict) or not all(isinstance(v, dict) for v in sizes.values()):
+            raise TaskError(f"{self.path}: ASSAY_SIZES must be a dict of dicts, like "
+                            f"{{'small': {{'batch_size': 4}}}}")
+        overrides = sizes.get(self.size, {})
         for key, value in overrides.items():
             if key not in mod.__dict__:
                 raise TaskError(f"{self.path}: ASSAY_SIZES[{self.size!r}] overrides {key!r}, "

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from assay.tasks.model import TaskError, check_source, level_of, task_id_for
+from assay.tasks.model import TaskError, check_source, level_of, read_source, task_id_for
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,9 @@ def discover(source: str | Path, levels: Iterable[int] | None = None,
             if any(fnmatch.fnmatch(tid, pat) for pat in exclude):
                 continue
             try:
-                check_source(path, path.read_text())
-            except (TaskError, OSError, UnicodeDecodeError) as e:
-                errors.append(str(e) if isinstance(e, TaskError) else f"{path}: {e}")
+                check_source(path, read_source(path))
+            except TaskError as e:
+                errors.append(str(e))
                 continue
             refs.append(TaskRef(tid, level, path))
     if limit:

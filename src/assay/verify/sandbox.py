@@ -51,7 +51,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -138,28 +137,49 @@ def run_sandboxed(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLi
     "killed by signal S: <log tail>", with ``.isolation`` saying what the sandbox applied.
     Every process the worker started is dead when this returns.
     """
+    from assay.layout import stop_cleanly_on_signals
+
+    stop_cleanly_on_signals()  # a SIGTERM to the step still kills the worker and cleans up
     cwd = Path(cwd).resolve()
     disabled = _disabled()
-    iso: dict[str, str] = {"session": "on: own session and process group"}
     slot = _Slot.take() if _is_root() and "uid" not in disabled else None
-    cgroups = _Cgroups.create(slot.index if slot else None, limits, disabled, iso)
+    cgroups = _Cgroups()
+    try:
+        cgroups = _Cgroups.create(slot.index if slot else None, limits, disabled)
+        return _run(cmd, cwd, timeout_s, limits, device, disabled, slot, cgroups)
+    finally:
+        cgroups.kill_all()
+        cgroups.remove()
+        if slot is not None:
+            slot.release()
+
+
+def _run(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLimits, device: str,
+         disabled: set[str], slot: "_Slot | None", cgroups: "_Cgroups") -> Outcome:
+    iso: dict[str, str] = {"session": "on: own session and process group"}
     uid = gid = None
     cache, private_cache = _kernel_cache(cwd)
-    rw = [cwd] + ([] if private_cache else [cache])
     covers: dict[str, list] = {}
     uid_plan_error = ""
     if slot is not None:
         try:
+            if not private_cache:
+                _open_cache_to_group(cache, slot.gid)
+        except OSError:
+            cache, private_cache = cwd / "kernels", True  # cannot share it: a private one
+        try:
+            rw = [cwd] + ([] if private_cache else [cache])
             covers = _plan_covers(_needed_paths(), rw, slot.uid, slot.gid)
             uid, gid = slot.uid, slot.gid
-            if not private_cache:
-                _open_cache_to_group(cache, gid)
-        except _PlanError as e:
+        except (_PlanError, OSError) as e:
             uid_plan_error = str(e)
     elif not _is_root():
         uid_plan_error = "not root: runs as the calling user"
-    else:
+    elif "uid" in disabled:
         uid_plan_error = "disabled by ASSAY_SANDBOX_DISABLE"
+    else:
+        uid_plan_error = "no free sandbox uid slot (/run/assay-sandbox)"
+    rw = [cwd] + ([] if private_cache else [cache])
 
     env = candidate_env()
     env.update(HOME=str(cwd), TMPDIR=str(cwd), XDG_CACHE_HOME=str(cwd / ".cache"),
@@ -170,34 +190,37 @@ def run_sandboxed(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLi
                ("RLIMIT_FSIZE", FILE_SIZE_LIMIT)]
     if device == "cpu" and limits.memory_gb:
         rlimits.append(("RLIMIT_AS", int(limits.memory_gb * (1 << 30))))
-    read_fd, write_fd = os.pipe()
     spec = {
-        "cwd": str(cwd), "env": env, "report_fd": write_fd, "rlimits": rlimits,
+        "cwd": str(cwd), "env": env, "report_fd": -1, "rlimits": rlimits,
         "net": "allowed by verify.limits.network" if limits.network else
                "disabled by ASSAY_SANDBOX_DISABLE" if "net" in disabled else "",
         "mount": None if "mount" in disabled else {"rw": [str(p) for p in rw], "covers": covers},
         "pidns": "pidns" not in disabled,
         "uid": uid, "gid": gid, "uid_needs_covers": bool(covers),
         "uid_plan_error": uid_plan_error, "cgroup_procs": cgroups.procs_files(),
-        "drop_caps": _is_root(),
+        "drop_caps": _is_root(), "parent": os.getpid(),
+        "groups": _device_groups() if device != "cpu" and uid is not None else [],
     }
-    launcher = [sys.executable, "-m", "assay.verify.sandbox", "--launch", json.dumps(spec), "--",
-                *cmd]
     log = cwd / "worker.log"
-    t0 = time.monotonic()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    read_fd, write_fd = os.pipe()
+    code: int | None = None
+    timed_out = False
+    report: dict = {}
     try:
+        spec["report_fd"] = write_fd
+        launcher = [sys.executable, "-m", "assay.verify.sandbox", "--launch", json.dumps(spec),
+                    "--", *cmd]
         with open(log, "wb") as out:
             proc = subprocess.Popen(launcher, cwd="/", stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, pass_fds=(write_fd,),
                                     start_new_session=True)
             os.close(write_fd)
             write_fd = -1
-            timed_out = False
             try:
                 code = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                code = None
             finally:
                 _kill_group(proc)  # the launcher, the worker and whatever stayed in the group
                 if uid is not None:
@@ -208,16 +231,12 @@ def run_sandboxed(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLi
         if write_fd >= 0:
             os.close(write_fd)
         os.close(read_fd)
-        oom = cgroups.oom_killed()
-        cgroups.remove()
-        if uid is not None:
-            if not private_cache:
-                _freeze_cache(cache, uid)
-            _sanitize_scratch(cwd)
-        if slot is not None:
-            slot.release()
+        if uid is not None and not private_cache:
+            _freeze_cache(cache, uid)
+        _sanitize_scratch(cwd, chown=_is_root())
+    oom = cgroups.oom_killed()
 
-    iso.update(_layers(report, spec, limits, device, cgroups, private_cache))
+    iso.update(_layers(report, limits, device, cgroups, private_cache))
     if report.get("launcher_error"):
         return Outcome(f"sandbox failed: {report['launcher_error']}", "error", iso, code)
     if timed_out:
@@ -227,17 +246,25 @@ def run_sandboxed(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLi
         return Outcome("ok", "ok", iso, 0)
     tail = _tail(log)
     if code is not None and code < 0:
-        sig = signal.Signals(-code).name
+        try:
+            sig = signal.Signals(-code).name
+        except ValueError:
+            sig = f"{-code}"
         why = ""
         if oom:
             why = f" (out of memory: the sandbox's {limits.memory_gb:g} GB limit)"
-        elif sig in ("SIGXCPU",) or (sig == "SIGKILL" and
-                                     time.monotonic() - t0 >= min(limits.cpu_s, timeout_s) * 0.9):
+        elif sig in ("SIGXCPU", "SIGKILL") and _cpu_s(ru0) >= 0.95 * limits.cpu_s:
             why = f" (CPU time limit {limits.cpu_s} s)"
         elif sig == "SIGXFSZ":
             why = f" (file size limit {FILE_SIZE_LIMIT >> 30} GB)"
         return Outcome(f"killed by signal {sig}{why}: {tail}", "signal", iso, code)
     return Outcome(f"exit {code}: {tail}", "exit", iso, code)
+
+
+def _cpu_s(before: resource.struct_rusage) -> float:
+    """CPU seconds of the children reaped since ``before`` (the worker's, through the relay)."""
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (now.ru_utime + now.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def _tail(log: Path) -> str:
@@ -278,8 +305,8 @@ def _read_report(fd: int) -> dict:
     return report
 
 
-def _layers(report: dict, spec: dict, limits: SandboxLimits, device: str,
-            cgroups: "_Cgroups", private_cache: bool) -> dict[str, str]:
+def _layers(report: dict, limits: SandboxLimits, device: str, cgroups: "_Cgroups",
+            private_cache: bool) -> dict[str, str]:
     """{layer: "on: ..." | "off: why"} from what the launcher says it applied."""
     if not report:
         return {k: "off: the launcher reported nothing (it died before the worker started)"
@@ -307,6 +334,23 @@ def _layers(report: dict, spec: dict, limits: SandboxLimits, device: str,
                      f"<= {FILE_SIZE_LIMIT >> 30} GB, no core dumps, no new privileges"
                      + (", private kernel cache" if private_cache else ""))
     return out
+
+
+def _device_groups() -> list[int]:
+    """Groups that open the GPU's device nodes where "others" may not (video, render): the
+    unprivileged uid joins them so CUDA still finds its devices."""
+    import glob
+
+    gids = set()
+    for node in glob.glob("/dev/nvidia*") + glob.glob("/dev/nvidia-caps/*") + \
+            glob.glob("/dev/dri/*"):
+        try:
+            st = os.stat(node)
+        except OSError:
+            continue
+        if stat.S_ISCHR(st.st_mode) and st.st_mode & 0o006 != 0o006 and st.st_gid != 0:
+            gids.add(st.st_gid)
+    return sorted(gids)
 
 
 def _disabled() -> set[str]:
@@ -341,7 +385,10 @@ class _Slot:
     def take(cls) -> "_Slot | None":
         import fcntl
 
-        d = Path(tempfile.gettempdir()) / f"assay-sandbox-slots-{os.geteuid()}"
+        # A fixed place, whatever TMPDIR says: every harness on this machine must see the same
+        # slots, or two could share a uid and a cgroup.
+        d = Path("/run/assay-sandbox") if os.access("/run", os.W_OK) else \
+            Path(f"/tmp/assay-sandbox-slots-{os.geteuid()}")
         try:
             d.mkdir(mode=0o700, exist_ok=True)
             st = d.lstat()
@@ -372,23 +419,25 @@ class _PlanError(Exception):
     pass
 
 
-def _needed_paths() -> list[Path]:
-    """What the worker must read: the interpreter, its prefixes, sys.path, libraries, tools."""
-    paths: list[str] = [sys.executable, os.path.dirname(sys.executable),
-                        os.path.dirname(os.path.realpath(sys.executable)), sys.prefix,
-                        sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
-    paths += [p for p in sys.path if p]
+def _needed_paths() -> list[tuple[Path, bool]]:
+    """What the worker must read, each with whether it is essential: the interpreter and its
+    prefixes are; sys.path entries, libraries and tools are if they are readable at all."""
+    essential = [sys.executable, os.path.dirname(sys.executable),
+                 os.path.dirname(os.path.realpath(sys.executable)), sys.prefix,
+                 sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    optional = [p for p in sys.path if p]
     for var in ("LD_LIBRARY_PATH", "PYTHONPATH"):
-        paths += [p for p in os.environ.get(var, "").split(os.pathsep) if p]
+        optional += [p for p in os.environ.get(var, "").split(os.pathsep) if p]
     for var in ("CUDA_HOME", "CXX", "NVCC"):
         if os.path.isabs(os.environ.get(var, "")):
-            paths.append(os.environ[var])
+            optional.append(os.environ[var])
     out, seen = [], set()
-    for p in paths:
-        for q in (os.path.abspath(p), os.path.realpath(p)):
-            if q not in seen and os.path.exists(q):
-                seen.add(q)
-                out.append(Path(q))
+    for paths, need in ((essential, True), (optional, False)):
+        for p in paths:
+            for q in (os.path.abspath(p), os.path.realpath(p)):
+                if q not in seen and os.path.exists(q):
+                    seen.add(q)
+                    out.append((Path(q), need))
     return out
 
 
@@ -415,20 +464,23 @@ def _blocked_ancestor(path: Path, uid: int, gid: int) -> Path | None:
     return None
 
 
-def _plan_covers(needed: list[Path], rw: list[Path], uid: int, gid: int) -> dict[str, list]:
+def _plan_covers(needed: list[tuple[Path, bool]], rw: list[Path], uid: int,
+                 gid: int) -> dict[str, list]:
     """{blocked dir: [[path relative to it, "ro"|"rw"], ...]}: each blocked directory is covered
     with a read-only tmpfs that holds bind mounts of just the needed paths under it."""
     covers: dict[str, list] = {}
-    wants = [(Path(os.path.realpath(p)), "ro") for p in needed]
-    wants += [(Path(os.path.realpath(p)), "rw") for p in rw]
-    for path, mode in wants:
-        anc = _blocked_ancestor(path, uid, gid)
-        if anc is None:
-            continue
+    wants = [(Path(os.path.realpath(p)), "ro", need) for p, need in needed]
+    wants += [(Path(os.path.realpath(p)), "rw", True) for p in rw]
+    for path, mode, need in wants:
         if mode == "ro":
             st = os.stat(path)
             if not _can(st, uid, gid, 5 if stat.S_ISDIR(st.st_mode) else 4):
-                raise _PlanError(f"{path} is not readable by an unprivileged uid")
+                if need:
+                    raise _PlanError(f"{path} is not readable by an unprivileged uid")
+                continue  # an unreadable sys.path entry: Python skips it
+        anc = _blocked_ancestor(path, uid, gid)
+        if anc is None:
+            continue
         covers.setdefault(str(anc), []).append([str(path.relative_to(anc)), mode])
     # A blocked directory inside another one is covered by the outer one.
     for a in sorted(covers, key=len, reverse=True):
@@ -492,7 +544,7 @@ def _freeze_cache(cache: Path, uid: int) -> None:
             pass
 
 
-def _sanitize_scratch(scratch: Path) -> None:
+def _sanitize_scratch(scratch: Path, chown: bool) -> None:
     """After the worker: only plain files and folders stay (no symlink to a root-only file, no
     fifo that would block the harness's read), all owned by root again."""
     for root, dirs, files in os.walk(scratch):
@@ -504,13 +556,15 @@ def _sanitize_scratch(scratch: Path) -> None:
                                                     or stat.S_ISDIR(st.st_mode)):
                     os.unlink(p)
                     continue
-                os.chown(p, 0, 0)
+                if chown:
+                    os.chown(p, 0, 0)
             except OSError:
                 pass
-    try:
-        os.chown(scratch, 0, 0)
-    except OSError:
-        pass
+    if chown:
+        try:
+            os.chown(scratch, 0, 0)
+        except OSError:
+            pass
 
 
 # --- processes: kill by uid -------------------------------------------------------------------
@@ -561,8 +615,8 @@ class _Cgroups:
         self._oom_before = 0
 
     @classmethod
-    def create(cls, index: int | None, limits: SandboxLimits, disabled: set[str],
-               iso: dict) -> "_Cgroups":
+    def create(cls, index: int | None, limits: SandboxLimits,
+               disabled: set[str]) -> "_Cgroups":
         self = cls()
         if "cgroup" in disabled:
             self.why = "cgroups disabled by ASSAY_SANDBOX_DISABLE"
@@ -626,10 +680,6 @@ class _Cgroups:
                             n += int(v)
                 except (OSError, ValueError):
                     pass
-            try:
-                n += int((d / "memory.failcnt").read_text()) > 0
-            except (OSError, ValueError):
-                pass
         return n
 
     def oom_killed(self) -> bool:
@@ -650,6 +700,7 @@ class _Cgroups:
                 except OSError:
                     _cgroup_kill(d)
                     time.sleep(0.02)
+        self.dirs = []
 
 
 def _cgroup_kill(d: Path) -> None:
@@ -717,7 +768,7 @@ def _unescape(s: str) -> str:
     """mountinfo escapes space, tab, newline and backslash as octal."""
     out, i = [], 0
     while i < len(s):
-        if s[i] == "\\" and i + 3 < len(s) + 0 and s[i + 1:i + 4].isdigit():
+        if s[i] == "\\" and i + 4 <= len(s) and s[i + 1:i + 4].isdigit():
             out.append(chr(int(s[i + 1:i + 4], 8)))
             i += 4
         else:
@@ -806,13 +857,25 @@ def _bind(src: str, target: str, rw: bool) -> None:
            | (0 if rw else MS_RDONLY))
 
 
+class _HalfMounted(OSError):
+    """The mounts went read-only but the writable binds failed: the worker cannot run."""
+
+
 def _setup_mounts(plan: dict) -> str:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the host
     how = _all_read_only()
+    try:
+        _cover_and_bind(plan)
+    except OSError as e:
+        raise _HalfMounted(e.errno, f"read-only mounts made, but {e.strerror}") from None
+    return how
+
+
+def _cover_and_bind(plan: dict) -> None:
     for anc, items in plan["covers"].items():
         fd = os.open(anc, os.O_PATH | os.O_DIRECTORY)  # the original, reachable once covered
         _mount("tmpfs", anc, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
-        for rel, mode in items:
+        for rel, _mode in items:
             target = os.path.join(anc, rel)
             src = f"/proc/self/fd/{fd}/{rel}"
             if os.path.isdir(src):
@@ -829,7 +892,6 @@ def _setup_mounts(plan: dict) -> str:
         if not any(Path(p).is_relative_to(a) for a in plan["covers"]):
             os.makedirs(p, exist_ok=True)
             _bind(p, p, True)
-    return how
 
 
 def _drop_capabilities() -> None:
@@ -861,8 +923,8 @@ def _launch(spec: dict, cmd: list[str]) -> None:
         os.write(report_fd, (json.dumps(items) + "\n").encode())
 
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the harness
-    if os.getppid() == 1:
-        os._exit(111)
+    if os.getppid() != spec.get("parent", os.getppid()):
+        os._exit(111)  # the harness is gone already
     root = os.geteuid() == 0
     for procs in spec["cgroup_procs"]:  # before anything forks: the whole tree is counted
         try:
@@ -888,9 +950,11 @@ def _launch(spec: dict, cmd: list[str]) -> None:
             try:
                 how = _setup_mounts(spec["mount"])
                 mounted = True
-                rep["filesystem"] = (f"on: read-only except the scratch folder"
-                                     f"{' and the kernel cache' if len(spec['mount']['rw']) > 1 else ''}"
-                                     f" ({how})")
+                also = " and the kernel cache" if len(spec["mount"]["rw"]) > 1 else ""
+                rep["filesystem"] = f"on: read-only except the scratch folder{also} ({how})"
+            except _HalfMounted as e:
+                send(launcher_error=f"mount namespace: {e.strerror}", **rep)
+                os._exit(126)
             except OSError as e:
                 rep["filesystem"] = f"off: {e.strerror}"
         except OSError as e:
@@ -915,6 +979,10 @@ def _launch(spec: dict, cmd: list[str]) -> None:
         pid = os.fork()
         if pid:  # the relay: waits, then ends the way the worker ended
             os.close(report_fd)
+            try:  # the cgroup's OOM killer is for the worker, not for this relay
+                Path("/proc/self/oom_score_adj").write_text("-1000")
+            except OSError:
+                pass
             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 signal.signal(s, signal.SIG_IGN)
             while True:
@@ -927,8 +995,10 @@ def _launch(spec: dict, cmd: list[str]) -> None:
                     continue
             if os.WIFSIGNALED(status):
                 sig = os.WTERMSIG(status)
-                signal.signal(sig, signal.SIG_DFL)
-                libc.prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)
+                if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                    signal.signal(sig, signal.SIG_DFL)
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
                 os.kill(os.getpid(), sig)
                 os._exit(128 + sig)
             os._exit(os.WEXITSTATUS(status))
@@ -950,7 +1020,7 @@ def _launch(spec: dict, cmd: list[str]) -> None:
             value = value if hard == resource.RLIM_INFINITY else min(value, hard)
             resource.setrlimit(lim, (value, value))
         if uid is not None:
-            os.setgroups([])
+            os.setgroups(spec.get("groups", []))
             os.setgid(gid)
             os.setuid(uid)
             rep["user"] = f"on: unprivileged uid {uid}"

@@ -1,0 +1,15 @@
+import torch
+from torch import nn
+
+
+class Model:
+    def __call__(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,16 @@
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    import numpy
+    return [numpy.zeros((4, 8))]
+
+
+def get_init_inputs():
+    return []

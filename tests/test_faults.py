@@ -1,0 +1,229 @@
+"""Faults: SIGTERM / SIGINT stop a step cleanly, a full disk fails it with a clear message, and
+a GPU lease outlives no SIGKILL."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from assay import layout
+from conftest import REPO
+
+ROOT = os.geteuid() == 0
+
+
+def python(code: str, env: dict | None = None, **kw) -> subprocess.Popen:
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=e,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def wait_for_line(proc: subprocess.Popen, want: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if want in line:
+            return line
+        if not line and proc.poll() is not None:
+            break
+    raise AssertionError(f"no {want!r} from the child: {proc.stderr.read()[-2000:]}")
+
+
+# --- signals --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_during_a_write_leaves_no_file_at_all(tmp_path, sig):
+    target = tmp_path / "out" / "verdict.json"
+    proc = python(f"""
+        import os, time
+        from pathlib import Path
+        from assay import layout
+        real = os.fsync
+        def slow(fd):
+            print("writing", flush=True)
+            time.sleep(60)
+            real(fd)
+        os.fsync = slow
+        layout.write_json(Path({str(target)!r}), {{"accepted": True}})
+        print("finished", flush=True)
+    """)
+    wait_for_line(proc, "writing")
+    proc.send_signal(sig)
+    proc.wait(timeout=30)
+    assert proc.returncode != 0
+    assert list(target.parent.iterdir()) == [], "a partial or temporary file was left"
+
+
+def test_sigterm_to_a_verifying_step_kills_the_worker_and_removes_its_scratch(tmp_path):
+    """A step stopped while a candidate runs: nothing of the candidate survives, its scratch
+    folder is removed, no verdict is written."""
+    scratch_root = tmp_path / "tmp"
+    scratch_root.mkdir()
+    name = "sig" + os.urandom(4).hex()
+    task = tmp_path / "level1" / "1_Relu.py"
+    task.parent.mkdir()
+    task.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        class Model(nn.Module):
+            def forward(self, x):
+                return torch.relu(x)
+        def get_inputs():
+            return [torch.randn(4, 8)]
+        def get_init_inputs():
+            return []
+    """))
+    cand = tmp_path / "cand.py"
+    cand.write_text(f"import ctypes, time\nctypes.CDLL(None).prctl(15, b'{name}', 0, 0, 0)\n"
+                    f"print('candidate running', flush=True)\ntime.sleep(10**6)\n")
+    verdict = tmp_path / "verdicts" / "c.json"
+    proc = python(f"""
+        from pathlib import Path
+        from assay.layout import write_json
+        from assay.tasks.model import Task
+        from assay.verify.harness import VerifyConfig, verify
+        task = Task.from_file({str(task)!r})
+        print("verifying", flush=True)
+        v = verify(task, Path({str(cand)!r}), "cpu", VerifyConfig(timeout_s=300))
+        write_json(Path({str(verdict)!r}), v.to_dict())
+    """, env={"TMPDIR": str(scratch_root)})
+    wait_for_line(proc, "verifying")
+    deadline = time.monotonic() + 120
+    while not running(name) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert running(name), "the candidate never started"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0
+    time.sleep(0.5)
+    assert not running(name), "the candidate outlived its step"
+    assert not verdict.exists()
+    assert [p.name for p in scratch_root.iterdir()
+            if p.name.startswith("assay-verify-")] == [], "scratch folder left behind"
+
+
+def running(name: str) -> bool:
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if Path(f"/proc/{d}/comm").read_text().strip() == name:
+                    stat = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+                    if stat[0] not in ("Z", "X"):
+                        return True
+            except OSError:
+                pass
+    return False
+
+
+# --- a full disk ------------------------------------------------------------------------------
+
+
+def test_write_atomic_says_disk_full_and_names_the_path(tmp_path, monkeypatch):
+    target = tmp_path / "results" / "c" / "tasks" / "L1_1.json"
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(layout.os, "fsync", no_space)
+    with pytest.raises(layout.DiskFullError) as e:
+        layout.write_json(target, {"x": 1})
+    msg = str(e.value)
+    assert "disk full" in msg and str(target) in msg and "\n" not in msg
+    assert isinstance(e.value, OSError) and e.value.errno == errno.ENOSPC
+    assert list(target.parent.iterdir()) == []
+
+
+@pytest.fixture
+def tiny_disk():
+    """A 1 MB tmpfs, filled up, where root may mount one; else the test is skipped."""
+    mnt = Path(tempfile.mkdtemp(prefix="assay-full-"))
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        mnt.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        (mnt / "results" / "full" / "tasks").mkdir(parents=True)
+        with open(mnt / "filler", "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        mnt.rmdir()
+
+
+def test_a_step_on_a_full_disk_fails_with_a_clear_message(tiny_disk):
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    r = subprocess.run([sys.executable, "-m", "assay.tasks", "campaign=full", "tasks=ci",
+                        "task=L1_1_ReLU", f"results_dir={tiny_disk / 'results'}",
+                        "target=cpu"], capture_output=True, text=True, env=env, cwd=REPO,
+                       timeout=300)
+    out = r.stdout + r.stderr
+    record = tiny_disk / "results" / "full" / "tasks" / "L1_1_ReLU.json"
+    assert r.returncode != 0, out[-3000:]
+    assert f"disk full: cannot write {record}" in out, out[-3000:]
+    assert list(record.parent.iterdir()) == []
+
+
+# --- GPU lease --------------------------------------------------------------------------------
+
+LEASE = """
+    import sys, time
+    from assay import gpu
+    dev = gpu.acquire(timeout_s=float(sys.argv[1]) if len(sys.argv) > 1 else 30, poll_s=0.1)
+    import os
+    print("lease", dev, os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_gpu_lease_is_released_by_sigkill(tmp_path):
+    env = {"CUDA_VISIBLE_DEVICES": "0,1", "ASSAY_GPU_LOCK_DIR": str(tmp_path / "locks")}
+    first = python(LEASE, env, start_new_session=True)
+    second = python(LEASE, env, start_new_session=True)
+    try:
+        got = {wait_for_line(first, "lease").split()[1]: first,
+               wait_for_line(second, "lease").split()[1]: second}
+        assert sorted(got) == ["0", "1"], "two jobs shared a GPU"
+        victim = got["0"]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(timeout=10)
+        third = python(LEASE, env, start_new_session=True)
+        try:
+            line = wait_for_line(third, "lease", timeout=60)
+            assert line.split()[1:] == ["0", "0"], line  # the killed job's GPU, alone
+        finally:
+            third.kill()
+            third.wait()
+    finally:
+        for p in (first, second):
+            p.kill()
+            p.wait()
+
+
+def test_a_second_acquire_in_the_same_process_keeps_its_lease(tmp_path):
+    proc = python("""
+        from assay import gpu
+        a = gpu.acquire(timeout_s=5, poll_s=0.1)
+        b = gpu.acquire(timeout_s=5, poll_s=0.1)
+        print("lease", a, b, flush=True)
+    """, {"CUDA_VISIBLE_DEVICES": "3", "ASSAY_GPU_LOCK_DIR": str(tmp_path)})
+    out, err = proc.communicate(timeout=60)
+    assert "lease 3 3" in out, err[-2000:]
