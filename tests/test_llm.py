@@ -552,3 +552,56 @@ def test_same_prompt_twice_gets_new_answers_and_reruns_replay(ctx, tmp_path):
         a = prop.mutate(ctx, p0, 1, None)[0].code
         b = prop.mutate(ctx, p0, 1, None)[0].code
         assert len(server.requests) == 6 and a != b
+
+
+# =============================================================================================
+# ensembles and request seeds
+# =============================================================================================
+
+def test_ensemble_picks_models_by_weight_reproducibly(ctx, tmp_path):
+    from collections import Counter
+
+    models = [{"model": "openai/alpha", "weight": 3.0},
+              {"model": "openai/beta", "weight": 1.0, "input_cost_per_1k": 1.0}]
+
+    def reply(request):
+        return answer(CANDIDATE + f"M = {request['model']!r}\n")
+
+    def run(server):
+        prop = make(server, model="", models=models, cache_dir=tmp_path / "cache")
+        rng = random.Random(7)
+        return prop, [prop.mutate(ctx, parent("cp"), 1, rng)[0] for _ in range(24)]
+
+    with ScriptedLLMServer(reply) as server:
+        prop, props = run(server)
+        requests = list(server.requests)
+        assert len(requests) == 24
+        _, again = run(server)  # a rerun: the same picks, all replayed from the cache
+        assert len(server.requests) == 24
+    assert prop.model == "openai/alpha+openai/beta"
+    seen = Counter(p.model for p in props)
+    assert set(seen) == {"openai/alpha", "openai/beta"}
+    assert seen["openai/alpha"] > seen["openai/beta"]  # 3:1
+    for p, req in zip(props, requests):
+        assert req["json"]["model"] == p.model.split("/", 1)[1]  # sent to the picked model
+        assert p.code.endswith(f"M = {req['json']['model']!r}\n")
+        assert (p.cost_usd > 0) == (p.model == "openai/beta")  # beta's own price
+    assert [(p.model, p.code) for p in again] == [(p.model, p.code) for p in props]
+    # every request carried a seed derived from the search rng's draw (distinct per request)
+    seeds = [r["json"]["seed"] for r in requests]
+    assert all(isinstance(s, int) for s in seeds) and len(set(seeds)) == len(seeds)
+    with pytest.raises(ValueError, match="weight > 0"):
+        make(server, model="", models=[{"model": "openai/x", "weight": 0}])
+    with pytest.raises(ValueError, match="unknown settings"):
+        make(server, model="", models=[{"model": "openai/x", "wieght": 1}])
+
+
+def test_seed_is_optional_and_the_single_model_key_is_unchanged(ctx):
+    from assay.propose.llm import request_seed
+
+    with ScriptedLLMServer([answer(), answer()]) as server:
+        make(server).translate(ctx, 1, random.Random(3))
+        make(server, send_seed=False).translate(ctx, 1, random.Random(3))
+        first, second = (r["json"] for r in server.requests)
+    draw = random.Random(3).getrandbits(63)
+    assert first["seed"] == request_seed(draw, 0) and "seed" not in second

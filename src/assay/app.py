@@ -162,5 +162,8 @@ def make_proposer(cfg: DictConfig, tgt: str):
             temperature=llm.temperature, max_tokens=llm.max_tokens, timeout_s=llm.timeout_s,
             max_retries=llm.max_retries, cache_dir=cache, target=tgt,
             input_cost_per_1k=llm.get("input_cost_per_1k"),
-            output_cost_per_1k=llm.get("output_cost_per_1k"))
+            output_cost_per_1k=llm.get("output_cost_per_1k"),
+            models=[dict(m) for m in (llm.get("models") or [])],
+            concurrency=int(llm.get("concurrency") or 4),
+            send_seed=bool(llm.get("send_seed", True)))
     raise UserError(f"llm.kind={llm.kind!r}: choose offline or litellm")

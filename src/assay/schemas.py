@@ -17,6 +17,18 @@ from assay.verify.settings import VerifyConfig
 
 
 @dataclass
+class ModelChoiceConfig:
+    """One model of an ensemble backend (``llm.models``); unset fields take the backend's."""
+
+    model: str = MISSING
+    weight: float = 1.0
+    api_base: Optional[str] = None
+    api_key_env: Optional[str] = None
+    input_cost_per_1k: Optional[float] = None
+    output_cost_per_1k: Optional[float] = None
+
+
+@dataclass
 class LLMConfig:
     name: str = MISSING  # the backend's label in results/ and MLflow
     kind: str = MISSING  # offline | litellm
@@ -30,6 +42,15 @@ class LLMConfig:
     cache_dir: Optional[str] = None
     input_cost_per_1k: Optional[float] = None
     output_cost_per_1k: Optional[float] = None
+    # An ensemble: several models, one picked per request by weight (seeded). Empty: `model`.
+    models: list[ModelChoiceConfig] = field(default_factory=list)
+    # Budget cap of this backend over the whole campaign (all tasks and generations), summed
+    # from the proposals.json files: once reached, translate/evolve stop asking and write
+    # their generation with `stopped: budget`. null: no cap.
+    budget_usd: Optional[float] = None
+    budget_tokens: Optional[int] = None
+    concurrency: int = 4  # parallel requests of one operator call (translate's n answers)
+    send_seed: bool = True  # send an OpenAI `seed` per request (derived from the search seed)
 
 
 @dataclass

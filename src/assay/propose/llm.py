@@ -8,6 +8,17 @@ one is passed; so a rerun replays the same answers, the same candidates and the 
 and cost accounting without a single HTTP request (and without an API key), while asking
 twice for the same prompt (one parent mutated twice) gets two different answers.
 
+Ensembles: a backend may list several models (``models=[{"model": ..., "weight": ...}]``, each
+optionally with its own ``api_base``, ``api_key_env`` and prices). Each request picks one, with
+probability proportional to its weight, from a generator seeded by the request's own number
+drawn from the operator's seeded ``rng`` (and its index): the search's rng is never consumed
+by the choice, the same campaign picks the same models, and the picked model joins the cache
+key and is recorded in the proposal (``model``).
+
+Every request also carries an OpenAI ``seed`` derived from the same draw and index (``send_seed``;
+providers without one drop it through litellm's ``drop_params``), so providers that honour it
+sample reproducibly, and a scripted test server can answer from it.
+
 Transient failures (HTTP 429, 5xx, timeouts, connection errors, unparseable or malformed
 responses) are retried with exponential backoff and jitter; client errors (bad key, bad
 request, unknown model) fail at once with ``LLMError``. A prompt that exceeds the model's
@@ -39,7 +50,8 @@ from assay.propose.base import Parent, TaskContext
 from assay.propose.extract import NoCodeError, extract_candidate, parse_strategy
 from assay.records import Proposal
 
-__all__ = ["LLMError", "LiteLLMProposer", "Answer", "cache_key", "import_litellm"]
+__all__ = ["LLMError", "LiteLLMProposer", "Answer", "ModelChoice", "cache_key",
+           "import_litellm", "request_seed"]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +114,24 @@ def cache_key(model: str, api_base: str | None, messages: Sequence[Mapping[str, 
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def request_seed(draw: int | None, index: int) -> int:
+    """The sampling seed sent with a request: a 31-bit number from the draw and the index."""
+    h = hashlib.sha256(f"{draw}:{int(index)}".encode()).hexdigest()
+    return int(h[:8], 16) & 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """One model of a backend (an ensemble has several), with what may differ per model."""
+
+    model: str
+    weight: float = 1.0
+    api_base: str | None = None
+    api_key_env: str | None = None
+    input_cost_per_1k: float | None = None
+    output_cost_per_1k: float | None = None
+
+
 @dataclass
 class Answer:
     """One completion: its text and accounting (or, for a declined request, the reason)."""
@@ -115,6 +145,7 @@ class Answer:
     cached: bool = False
     declined: str | None = None
     key: str = ""
+    model: str = ""  # the model that answered (an ensemble's pick)
 
 
 def _short(e: BaseException) -> str:
@@ -138,20 +169,25 @@ class LiteLLMProposer:
                  concurrency: int = 4, max_stepping_stones: int = 2,
                  extra_params: Mapping[str, Any] | None = None,
                  sleep: Callable[[float], None] = time.sleep,
-                 kind: str = "litellm"):
+                 kind: str = "litellm",
+                 models: Sequence[Mapping[str, Any]] | None = None,
+                 send_seed: bool = True):
         if kind != "litellm":
             raise ValueError(f"llm={name}: LiteLLMProposer serves kind 'litellm', not {kind!r}")
-        if not model:
+        if not model and not models:
             raise ValueError(f"llm={name}: model is required (a litellm model string such as "
-                             f"'openai/gpt-5')")
+                             f"'openai/gpt-5'), or models: [{{model, weight}}, ...]")
         if target not in TARGETS:
             raise ValueError(f"llm={name}: target must be one of {TARGETS}, not {target!r}")
         if max_retries < 0 or max_tokens <= 0 or timeout_s <= 0:
             raise ValueError(f"llm={name}: need max_retries >= 0, max_tokens > 0, timeout_s > 0")
         self.name = name
-        self.model = model
         self.api_base = api_base or None
         self.api_key_env = api_key_env or None
+        self.choices = self._choices(name, model, models, api_base, api_key_env,
+                                     input_cost_per_1k, output_cost_per_1k)
+        self.model = model or "+".join(c.model for c in self.choices)
+        self.send_seed = bool(send_seed)
         self.temperature = float(temperature)
         self.max_tokens = int(max_tokens)
         self.timeout_s = float(timeout_s)
@@ -172,6 +208,48 @@ class LiteLLMProposer:
         self._asked: dict[str, int] = {}  # request digest -> answers asked for so far
         self.stats = {"http_requests": 0, "retries": 0, "cache_hits": 0, "answers": 0,
                       "tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0}
+
+    @staticmethod
+    def _choices(name: str, model: str, models: Sequence[Mapping[str, Any]] | None,
+                 api_base: str | None, api_key_env: str | None, input_cost: float | None,
+                 output_cost: float | None) -> tuple[ModelChoice, ...]:
+        """The backend's models: the ensemble's when ``models`` is given, else ``model``
+        alone. Unset per-model settings fall back to the backend's."""
+        if not models:
+            return (ModelChoice(model, 1.0, api_base or None, api_key_env or None, input_cost,
+                                output_cost),)
+        known = {"model", "weight", "api_base", "api_key_env", "input_cost_per_1k",
+                 "output_cost_per_1k"}
+        out = []
+        for i, m in enumerate(models):
+            m = dict(m)
+            unknown = sorted(set(m) - known)
+            if unknown:
+                raise ValueError(f"llm={name}: models[{i}] has unknown settings {unknown}")
+            if not m.get("model"):
+                raise ValueError(f"llm={name}: models[{i}] needs a model")
+            weight = float(m.get("weight", 1.0) if m.get("weight") is not None else 1.0)
+            if not weight > 0:
+                raise ValueError(f"llm={name}: models[{i}] ({m['model']}) needs a weight > 0")
+
+            def pick(key: str, default: Any) -> Any:
+                return m[key] if m.get(key) is not None else default
+
+            out.append(ModelChoice(str(m["model"]), weight,
+                                   pick("api_base", api_base) or None,
+                                   pick("api_key_env", api_key_env) or None,
+                                   pick("input_cost_per_1k", input_cost),
+                                   pick("output_cost_per_1k", output_cost)))
+        return tuple(out)
+
+    def choose(self, messages: Sequence[Mapping[str, Any]], index: int,
+               draw: int | None = None) -> ModelChoice:
+        """The model that answers request ``index`` (weighted, seeded by draw and index)."""
+        if len(self.choices) == 1:
+            return self.choices[0]
+        material = draw if draw is not None else self.key(messages, -1)
+        r = random.Random(f"{self.name}|{material}|{int(index)}")
+        return r.choices(self.choices, weights=[c.weight for c in self.choices])[0]
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **overrides: Any) -> "LiteLLMProposer":
@@ -263,7 +341,7 @@ class LiteLLMProposer:
 
     def _proposal(self, answer: Answer, operator: str, parents: list[str],
                   class_name: str) -> Proposal:
-        base = dict(operator=operator, parents=list(parents), model=self.model,
+        base = dict(operator=operator, parents=list(parents), model=answer.model or self.model,
                     tokens_in=answer.tokens_in, tokens_out=answer.tokens_out,
                     cost_usd=answer.cost_usd, wall_s=answer.wall_s)
         if answer.declined is not None:
@@ -290,36 +368,48 @@ class LiteLLMProposer:
 
     # -- one completion, cached and retried ----------------------------------------------------
     def key(self, messages: Sequence[Mapping[str, Any]], index: int,
-            draw: int | None = None) -> str:
-        return cache_key(self.model, self.api_base, messages, self.temperature,
+            draw: int | None = None, choice: ModelChoice | None = None) -> str:
+        if choice is None:
+            model, api_base = self.model, self.api_base
+        else:
+            model, api_base = choice.model, choice.api_base
+        return cache_key(model, api_base, messages, self.temperature,
                          self.max_tokens, index, self.extra_params, draw)
 
     def ask(self, messages: list[dict], index: int = 0, draw: int | None = None) -> Answer:
         """Answer number ``index`` to ``messages``: from the cache, else from the model."""
-        key = self.key(messages, index, draw)
+        choice = self.choose(messages, index, draw)
+        key = self.key(messages, index, draw, choice)
         cached = self._cache_get(key)
         if cached is not None:
             self._count(cache_hits=1, answers=1, tokens_in=cached.tokens_in,
                         tokens_out=cached.tokens_out, cost_usd=cached.cost_usd)
             return cached
-        answer = self._complete(messages, key)
+        seed = request_seed(draw, index) if self.send_seed else None
+        answer = self._complete(messages, key, choice, seed)
         if answer.declined is None:
             self._cache_put(key, messages, index, answer)
         self._count(answers=1, tokens_in=answer.tokens_in, tokens_out=answer.tokens_out,
                     cost_usd=answer.cost_usd)
         return answer
 
-    def api_key(self) -> str | None:
-        if self.api_key_env is None:
+    def api_key(self, choice: ModelChoice | None = None) -> str | None:
+        env = self.api_key_env if choice is None else choice.api_key_env
+        if env is None:
             return None
-        value = os.environ.get(self.api_key_env)
+        value = os.environ.get(env)
         if not value:
-            raise LLMError(f"environment variable {self.api_key_env} is not set "
+            raise LLMError(f"environment variable {env} is not set "
                            f"(needed by llm={self.name})", backend=self.name)
         return value
 
-    def _complete(self, messages: list[dict], key: str) -> Answer:
-        api_key = self.api_key()
+    def _complete(self, messages: list[dict], key: str, choice: ModelChoice | None = None,
+                  seed: int | None = None) -> Answer:
+        choice = choice or self.choices[0]
+        api_key = self.api_key(choice)
+        extra = dict(self.extra_params)
+        if seed is not None:
+            extra.setdefault("seed", seed)
         litellm = import_litellm()
         start = time.monotonic()
         last: BaseException | None = None
@@ -329,20 +419,20 @@ class LiteLLMProposer:
             self._count(http_requests=1)
             try:
                 response = litellm.completion(
-                    model=self.model, messages=messages, api_base=self.api_base,
+                    model=choice.model, messages=messages, api_base=choice.api_base,
                     api_key=api_key, timeout=self.timeout_s, temperature=self.temperature,
                     max_tokens=self.max_tokens,
                     num_retries=0, max_retries=0,  # retries are ours (backoff, accounting)
                     drop_params=True,  # e.g. gpt-5 accepts only temperature=1
-                    **self.extra_params)
+                    **extra)
                 text, finish_reason = self._content(response)
             except Exception as e:  # noqa: BLE001 - classified below
                 verdict = self._classify(litellm, e)
                 if verdict == "decline":
                     return Answer(text=None, declined=f"{self.name}: {_short(e)}",
-                                  wall_s=time.monotonic() - start, key=key)
+                                  wall_s=time.monotonic() - start, key=key, model=choice.model)
                 if verdict == "fatal":
-                    raise LLMError(f"llm={self.name} ({self.model}) request failed, not "
+                    raise LLMError(f"llm={self.name} ({choice.model}) request failed, not "
                                    f"retried: {_short(e)}", backend=self.name,
                                    attempts=attempts, last_error=e) from e
                 last = e
@@ -355,11 +445,11 @@ class LiteLLMProposer:
                 continue
             tokens_in, tokens_out = self._usage(response)
             return Answer(text=text, tokens_in=tokens_in, tokens_out=tokens_out,
-                          cost_usd=self._cost(litellm, response, tokens_in, tokens_out),
+                          cost_usd=self._cost(litellm, response, tokens_in, tokens_out, choice),
                           wall_s=time.monotonic() - start, finish_reason=finish_reason,
-                          key=key)
+                          key=key, model=choice.model)
         assert last is not None
-        raise LLMError(f"llm={self.name} ({self.model}) failed after {attempts} attempts; "
+        raise LLMError(f"llm={self.name} ({choice.model}) failed after {attempts} attempts; "
                        f"last error: {_short(last)}", backend=self.name, attempts=attempts,
                        last_error=last, retryable=True) from last
 
@@ -427,12 +517,15 @@ class LiteLLMProposer:
         get = usage.get if isinstance(usage, dict) else lambda k: getattr(usage, k, None)
         return int(get("prompt_tokens") or 0), int(get("completion_tokens") or 0)
 
-    def _cost(self, litellm: Any, response: Any, tokens_in: int, tokens_out: int) -> float:
+    def _cost(self, litellm: Any, response: Any, tokens_in: int, tokens_out: int,
+              choice: ModelChoice | None = None) -> float:
         """The per-1k overrides when set (explicit prices win), else litellm's price table,
         else 0.0 (an unpriced model)."""
-        if self.input_cost_per_1k is not None or self.output_cost_per_1k is not None:
-            return (tokens_in / 1000.0 * float(self.input_cost_per_1k or 0.0)
-                    + tokens_out / 1000.0 * float(self.output_cost_per_1k or 0.0))
+        cin = self.input_cost_per_1k if choice is None else choice.input_cost_per_1k
+        cout = self.output_cost_per_1k if choice is None else choice.output_cost_per_1k
+        if cin is not None or cout is not None:
+            return (tokens_in / 1000.0 * float(cin or 0.0)
+                    + tokens_out / 1000.0 * float(cout or 0.0))
         try:
             return float(litellm.completion_cost(completion_response=response) or 0.0)
         except Exception:  # noqa: BLE001 - litellm raises when the model is not in its map
@@ -460,7 +553,8 @@ class LiteLLMProposer:
             return Answer(text=d["answer"], tokens_in=int(d["tokens_in"]),
                           tokens_out=int(d["tokens_out"]), cost_usd=float(d["cost_usd"]),
                           wall_s=float(d.get("wall_s", 0.0)),
-                          finish_reason=d.get("finish_reason"), cached=True, key=key)
+                          finish_reason=d.get("finish_reason"), cached=True, key=key,
+                          model=str(d.get("model") or ""))
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("llm=%s: ignoring unreadable cache entry %s (%s)", self.name, path, e)
             return None
@@ -470,7 +564,8 @@ class LiteLLMProposer:
         if path is None:
             return
         record = {
-            "version": CACHE_VERSION, "key": key, "backend": self.name, "model": self.model,
+            "version": CACHE_VERSION, "key": key, "backend": self.name,
+            "model": answer.model or self.model,
             "api_base": self.api_base, "temperature": self.temperature,
             "max_tokens": self.max_tokens, "index": index, "messages": messages,
             "answer": answer.text, "finish_reason": answer.finish_reason,
