@@ -11,6 +11,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from assay.evolve.functional import functional_paths
 from assay.layout import Campaign, read_json, write_atomic, write_json
 from assay.records import Proposal, Verdict
 
@@ -121,6 +122,11 @@ def _write_proposal(campaign: Campaign, llm: str, task: str, gen: int, proposal:
                     ) -> str:
     cid = proposal.id
     assert cid is not None
+    rec = read_json(campaign.task_record(task))
+    code_path, rec_path = functional_paths(campaign, llm, task)
+    if rec.get("functional_source") and not rec_path.exists():  # stage 1, as translate writes it
+        write_atomic(code_path, rec["functional_source"])
+        write_json(rec_path, {"accepted": True, "reasons": [], "detail": ""})
     write_atomic(campaign.candidate(llm, task, gen, cid), proposal.code or "")
     write_json(campaign.proposal_meta(llm, task, gen, cid), proposal.meta(gen, llm, task))
     return cid

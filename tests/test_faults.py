@@ -227,3 +227,33 @@ def test_a_second_acquire_in_the_same_process_keeps_its_lease(tmp_path):
     """, {"CUDA_VISIBLE_DEVICES": "3", "ASSAY_GPU_LOCK_DIR": str(tmp_path)})
     out, err = proc.communicate(timeout=60)
     assert "lease 3 3" in out, err[-2000:]
+
+
+def test_slurm_jobs_on_one_node_do_not_wait_for_each_other(tmp_path):
+    """Under SLURM every job's devices are numbered from 0: the scheduler's allocation is the
+    lease, so two jobs that both see "0" both start at once (no shared lock by index)."""
+    env = {"CUDA_VISIBLE_DEVICES": "0", "ASSAY_GPU_LOCK_DIR": str(tmp_path / "locks")}
+    first = python(LEASE, {**env, "SLURM_JOB_ID": "101"}, start_new_session=True)
+    second = python(LEASE, {**env, "SLURM_JOB_ID": "102"}, start_new_session=True)
+    try:
+        for p in (first, second):
+            assert wait_for_line(p, "lease", timeout=60).split()[1:] == ["0", "0"]
+        # Without SLURM the same two jobs share one lock: the second one waits.
+        third = python(LEASE.replace("else 30", "else 1"), env, start_new_session=True)
+        fourth = python(LEASE.replace("else 30", "else 1"), env, start_new_session=True)
+        try:
+            outs = []
+            for p in (third, fourth):
+                try:
+                    outs.append(wait_for_line(p, "lease", timeout=20))
+                except Exception as e:  # noqa: BLE001 - the one that timed out on the lock
+                    outs.append(type(e).__name__)
+            assert sum(o.startswith("lease") for o in outs) == 1, outs
+        finally:
+            for p in (third, fourth):
+                p.kill()
+                p.wait()
+    finally:
+        for p in (first, second):
+            p.kill()
+            p.wait()

@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from assay import schemas
-from assay.layout import Campaign
+from assay.layout import Campaign, DiskFullError
 from assay.tasks.model import Task, TaskError
 from assay.tasks.suite import TaskRef, discover
 
@@ -57,6 +57,9 @@ def step(fn: Callable[[DictConfig], Any], gpu: bool = False) -> Callable[[], Any
         except (TaskError, UserError) as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
+        except DiskFullError as e:  # one line naming the file; what was written stays
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(4)
         except Exception as e:
             # An LLM backend that stays down after its retries fails this step with one line;
             # everything already written stays, and a rerun continues.

@@ -16,6 +16,7 @@ from typing import Any
 
 import polars as pl
 
+from assay.evolve.functional import load_functional
 from assay.layout import Campaign, read_json
 
 # One explicit schema, so an empty campaign still gives the right columns and dtypes.
@@ -211,6 +212,8 @@ def _collect_task(campaign: Campaign, llm: str, task: str, rec: dict[str, Any],
     ppath = campaign.profile(llm, task)
     profile = _read(ppath) if ppath.exists() else {}
     profiled_id = profile.get("candidate")
+    # Stage 1's rewrite of this (llm, task), when it was checked and accepted.
+    functional_source = (load_functional(campaign, llm, task) or {}).get("source")
     for gen in campaign.generations(llm, task):
         cdir = campaign.gen_dir(llm, task, gen) / "candidates"
         if not cdir.is_dir():
@@ -259,7 +262,7 @@ def _collect_task(campaign: Campaign, llm: str, task: str, rec: dict[str, Any],
                 "policy": _str(v.get("policy")),
                 "verify_s": _float(v.get("verify_s")),
                 "task_source": _str(rec.get("source")),
-                "functional_source": _str(rec.get("functional_source")),
+                "functional_source": _str(functional_source),
                 "task_error": _str(rec.get("error")),
                 "flops": _float(rec.get("flops")),
                 "min_bytes": _float(rec.get("min_bytes")),

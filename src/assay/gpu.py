@@ -4,6 +4,8 @@ Snakemake's ``--resources gpu=N`` bounds how many GPU jobs run at once; the leas
 device each one gets. The lock is an ``flock`` on a file per device: the kernel drops it when the
 process dies, SIGKILL included, so a killed job never leaves a GPU taken. The lease sets
 ``CUDA_VISIBLE_DEVICES`` before CUDA is initialized in this process.
+Under SLURM (``SLURM_JOB_ID`` set) the scheduler has already given the job its own devices, so
+the lease takes the first visible one without a lock.
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ def acquire(timeout_s: float = 24 * 3600, poll_s: float = 1.0) -> str | None:
     gpus = visible_gpus()
     if not gpus:
         return None
+    if os.environ.get("SLURM_JOB_ID") and os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        # SLURM already gave this job its own devices (--gpus); their indices restart at 0 in
+        # every job, so a lock named by index would make jobs on one node wait for each other.
+        os.environ["ASSAY_GPU"] = gpus[0]
+        return gpus[0]
     deadline = time.monotonic() + timeout_s
     while True:
         for dev in gpus:
