@@ -864,6 +864,10 @@ class _Malformed(Exception):
 
 def _judge(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -> None:
     result, outcome = w.result, w.outcome
+    if getattr(outcome, "isolation", None):
+        # Informational (always passes): which isolation layers this machine allowed, and why
+        # any was refused, so a verdict says how contained the candidate was.
+        v.check("sandbox", True, outcome.isolation_line())
     if result is None:
         name = "timeout" if outcome.startswith("timeout") else "crash"
         v.check(name, False, outcome)
