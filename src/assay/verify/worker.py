@@ -246,7 +246,8 @@ def cuda_ipc_export(ptr: int) -> tuple[bytes, int]:
     rc = cu.cuIpcGetMemHandle(ctypes.byref(handle), ctypes.c_uint64(base.value))
     if rc:
         raise RuntimeError(f"cuIpcGetMemHandle failed ({rc})")
-    return bytes(handle.reserved), ptr - base.value
+    # All 64 bytes: ``handle.reserved`` (a c_char array) would stop at the first NUL byte.
+    return ctypes.string_at(ctypes.addressof(handle), 64), ptr - base.value
 
 
 class _CudaArray:
