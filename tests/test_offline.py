@@ -64,12 +64,16 @@ TASKS = {
                 "return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) "
                 "* self.weight"),
     # declined
-    "matmul": ("self.w = nn.Parameter(torch.randn(dim, 16))", "return torch.matmul(x, self.w)"),
+    "prologue_matmul": ("self.w = nn.Parameter(torch.randn(dim, 16))",
+                        "return torch.matmul(torch.relu(x), self.w)"),
+    "einsum": ("self.w = nn.Parameter(torch.randn(dim, 16))",
+               "return torch.einsum('ij,jk->ik', x, self.w)"),
     "sum_dim0": ("", "return x.sum(dim=0)"),
     "half_relu": ("", "return torch.relu(x)"),
 }
 TWO_INPUTS = {"tanh_xy"}
-SUPPORTED = [name for name in TASKS if name not in ("matmul", "sum_dim0", "half_relu")]
+DECLINED = ("prologue_matmul", "einsum", "sum_dim0", "half_relu")
+SUPPORTED = [name for name in TASKS if name not in DECLINED]
 ROW_TASKS = {"sum_last", "mean_keep", "max_chain", "softmax", "log_softmax", "layernorm",
              "rmsnorm"}
 # (batch, dim): dims that are not a multiple of 4 or 2 exercise the scalar paths.
@@ -218,7 +222,8 @@ def test_non_contiguous_input_is_handled(task_dir, tmp_path):
 
 
 @pytest.mark.parametrize("name, reason", [
-    ("matmul", "matmul"),
+    ("prologue_matmul", "computed tensor"),
+    ("einsum", "einsum (matmul)"),
     ("sum_dim0", "trailing dims"),
     ("half_relu", "float16"),
 ])
@@ -237,10 +242,11 @@ def test_unsupported_tasks_are_declined(task_dir, name, reason):
         assert got[0].code is None and reason in got[0].declined
 
 
-def test_matmul_decline_names_the_op(task_dir):
-    prop = OfflineSynthesizer("cuda").translate(_ctx(task_dir, "matmul", "cuda"), 1,
+def test_unknown_op_decline_names_the_op(task_dir):
+    prop = OfflineSynthesizer("cuda").translate(_ctx(task_dir, "einsum", "cuda"), 1,
                                                 random.Random(0))[0]
-    assert prop.declined == "offline synthesizer v1 cannot express torch.matmul (matmul)"
+    assert prop.declined == ("offline synthesizer v1 cannot express torch.functional.einsum "
+                             "(matmul)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,3 +385,341 @@ def test_cuda_candidates_match_reference(task_dir, tmp_path, name):
     for prop in props:
         _check_candidate(prop, ctx, tmp_path, loose=name in LOOSE, device="cuda",
                          shapes=shapes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Products: the tiled GEMM with a fused epilogue (strict), the library GEMM or convolution plus
+# one epilogue kernel (permissive), the tensor-core GEMM (float16/bfloat16, cuda only).
+# Each task reads its sizes from module globals; the tests try several (tile edges, K slabs,
+# sizes that rule out vector loads).
+
+_GEMM_FOOTER = """
+
+def get_inputs():
+    return [%s]
+
+
+def get_init_inputs():
+    return [%s]
+"""
+
+GEMM_TASKS = {
+    # name: (init args, init body, forward args, forward body, inputs, sizes)
+    "linear_relu": ("k, n", "self.linear = nn.Linear(k, n)", "x",
+                    "return torch.relu(self.linear(x))", "torch.randn(m, k)",
+                    {"m": 40, "k": 72, "n": 48}),
+    "linear3d_gelu": ("k, n", "self.fc = nn.Linear(k, n)", "x",
+                      "return F.gelu(self.fc(x), approximate='tanh') * 1.5",
+                      "torch.randn(b, m, k)", {"b": 2, "m": 9, "k": 20, "n": 12}),
+    "matmul_bias_sigmoid": ("k, n", "self.w = nn.Parameter(torch.randn(k, n) / k ** 0.5)\n"
+                            "self.b = nn.Parameter(torch.randn(n))", "x",
+                            "return torch.sigmoid(x @ self.w + self.b)", "torch.randn(m, k)",
+                            {"m": 33, "k": 64, "n": 96}),
+    "bmm_scale": ("", "pass", "a, c", "return torch.bmm(a, c) * 0.5 + 1.0",
+                  "torch.randn(b, m, k), torch.randn(b, k, n)",
+                  {"b": 3, "m": 17, "k": 40, "n": 24}),
+    "linear_softmax": ("k, n", "self.linear = nn.Linear(k, n)", "x",
+                       "return torch.softmax(self.linear(x), dim=-1)", "torch.randn(m, k)",
+                       {"m": 24, "k": 50, "n": 130}),
+    "linear_residual_ln": ("k, n", "self.linear = nn.Linear(k, k)\nself.ln = nn.LayerNorm(k)",
+                           "x", "return self.ln(x + self.linear(x))", "torch.randn(m, k)",
+                           {"m": 20, "k": 36, "n": 36}),
+    "matmul_sigmoid_sum": ("k, n", "self.w = nn.Parameter(torch.randn(k, n) / k ** 0.5)", "x",
+                           "return torch.sigmoid(torch.matmul(x, self.w)).sum(dim=1)",
+                           "torch.randn(m, k)", {"m": 30, "k": 64, "n": 70}),
+    "matvec": ("", "pass", "a, v", "return torch.matmul(a, v)",
+               "torch.randn(m, k), torch.randn(k, 1)", {"m": 31, "k": 77, "n": 1}),
+    "conv_relu_bias": ("cin, cout", "self.conv = nn.Conv2d(cin, cout, 3, padding=1)\n"
+                       "self.bias = nn.Parameter(torch.randn(cout, 1, 1))", "x",
+                       "return torch.relu(self.conv(x)) + self.bias",
+                       "torch.randn(b, cin, h, w)",
+                       {"b": 2, "cin": 3, "cout": 8, "h": 9, "w": 7}),
+    "conv_gn_tanh": ("cin, cout", "self.conv = nn.Conv2d(cin, cout, 3, padding=1)\n"
+                     "self.norm = nn.GroupNorm(2, cout)", "x",
+                     "return torch.tanh(self.norm(self.conv(x)))",
+                     "torch.randn(b, cin, h, w)",
+                     {"b": 2, "cin": 3, "cout": 8, "h": 6, "w": 5}),
+}
+# Sizes tried on each task, over its defaults: tile edges, several K slabs, odd sizes.
+GEMM_SIZES = {
+    "linear_relu": [{}, {"m": 7, "k": 3, "n": 5}, {"m": 130, "k": 300, "n": 140}],
+    "linear3d_gelu": [{}, {"b": 3, "m": 5, "k": 131, "n": 67}],
+    "matmul_bias_sigmoid": [{}, {"m": 1, "k": 5, "n": 7}, {"m": 70, "k": 257, "n": 129}],
+    "bmm_scale": [{}, {"b": 2, "m": 65, "k": 130, "n": 66}],
+    "linear_softmax": [{}, {"m": 3, "k": 7, "n": 9}],
+    "linear_residual_ln": [{}, {"m": 5, "k": 130, "n": 130}],
+    "matmul_sigmoid_sum": [{}, {"m": 9, "k": 300, "n": 5}],
+    "matvec": [{}, {"m": 4, "k": 1000}],
+    "conv_relu_bias": [{}, {"b": 1, "cin": 2, "cout": 4, "h": 3, "w": 11}],
+    "conv_gn_tanh": [{}, {"b": 3, "cin": 4, "cout": 6, "h": 4, "w": 4}],
+}
+LIBRARY_ONLY = {"conv_relu_bias", "conv_gn_tanh"}  # convolutions: the library form only
+NO_PRODUCT = {"matvec"}  # a matrix-vector product is a row reduction: no GEMM, no library
+
+
+def _gemm_source(name: str, dtype: str = "") -> str:
+    args, init, fargs, body, inputs, sizes = GEMM_TASKS[name]
+    if dtype:
+        inputs = f"*[t.to(torch.{dtype}) for t in ({inputs},)]"
+        init += f"\nself.to(torch.{dtype})"
+    init_args = ", ".join(a.strip() for a in args.split(",") if a.strip())
+    head = "".join(f"{k} = {v}\n" for k, v in sizes.items())
+    return (_HEADER + head + "\n\nclass Model(nn.Module):\n"
+            + f"    def __init__(self{', ' + init_args if init_args else ''}):\n"
+            + "        super().__init__()\n" + textwrap.indent(init, " " * 8) + "\n\n"
+            + f"    def forward(self, {fargs}):\n        {body}\n"
+            + _GEMM_FOOTER % (inputs, init_args))
+
+
+@pytest.fixture(scope="module")
+def gemm_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("gemm_tasks")
+    for name in GEMM_TASKS:
+        (root / f"{name}.py").write_text(_gemm_source(name))
+    for name in ("linear3d_gelu", "bmm_scale"):
+        for dtype in ("float16", "bfloat16"):
+            (root / f"{name}_{dtype}.py").write_text(_gemm_source(name, dtype))
+    return root
+
+
+def _gctx(gemm_dir: Path, name: str, target: str = "cpu") -> TaskContext:
+    return TaskContext(Task.from_file(gemm_dir / f"{name}.py"), target=target)
+
+
+def _check_gemm(prop: Proposal, ctx: TaskContext, name: str, tmp_path: Path,
+                device: str = "cpu") -> None:
+    """The candidate equals the reference at every size of GEMM_SIZES[name]."""
+    cand = _import(prop.code, tmp_path / f"cand_{prop.id}.py")
+    for override in GEMM_SIZES[name.split("_float")[0].split("_bfloat")[0]]:
+        mod = ctx.task.module()
+        for key, value in override.items():
+            setattr(mod, key, value)
+        ref = reference_model(mod, seed=0, device=device)
+        with seeded(0):
+            new = cand.ModelNew(*mod.get_init_inputs())
+        new.to(device).eval()
+        new.load_state_dict(ref.state_dict())
+        for seed in (1, 2):
+            inputs = make_inputs(mod, seed=seed, device=device)
+            with torch.no_grad():
+                expected, got = ref(*inputs), new(*inputs)
+            assert got.shape == expected.shape and got.stride() == expected.stride(), override
+            assert got.dtype == expected.dtype
+            low = expected.dtype in (torch.float16, torch.bfloat16)
+            tol = dict(rtol=2e-2, atol=2e-2) if low else dict(rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(got, expected, **tol)
+
+
+@pytest.mark.parametrize("name", list(GEMM_TASKS))
+def test_gemm_cpu_candidates_match_reference(gemm_dir, tmp_path, name):
+    """Both forms on the cpu target (own tiled GEMM, library + epilogue), defaults first."""
+    ctx = _gctx(gemm_dir, name)
+    syn = OfflineSynthesizer("cpu")
+    props = syn.translate(ctx, n=3, rng=random.Random(0))
+    assert len(props) == 3 and len({p.id for p in props}) == 3
+    strategies = [p.strategy for p in props]
+    if name in NO_PRODUCT:
+        assert strategies == ["rowreduce"] * 3
+    elif name in LIBRARY_ONLY:
+        assert strategies == ["epilogue"] * 3 and all(p.knobs["lib"] == 1 for p in props)
+    else:
+        assert strategies[:2] == ["tiling", "epilogue"]  # the default of each template
+        assert set(props[0].knobs) >= set(KNOB_SPACES[("cpu", "gemm")])
+    for prop in props:
+        assert prop.code is not None, prop.declined
+        policy = "permissive" if prop.strategy == "epilogue" else "strict"
+        assert f"POLICY = {policy!r}".replace("'", '"') in prop.code
+        _check_gemm(prop, ctx, name, tmp_path)
+
+
+def test_gemm_knobs_evolve_across_templates(gemm_dir, tmp_path):
+    ctx = _gctx(gemm_dir, "linear_relu")
+    syn = OfflineSynthesizer("cpu")
+    own, lib = syn.translate(ctx, n=2, rng=random.Random(0))
+    assert own.knobs["lib"] == 0 and lib.knobs["lib"] == 1
+    # Mutation moves in the template's space, switching templates now and then.
+    kids = syn.mutate(ctx, _parent(own), 12, random.Random(3))
+    assert len({k.id for k in kids}) == 12
+    for kid in kids:
+        space = dict(KNOB_SPACES[("cpu", "gemm" if kid.knobs["lib"] == 0 else "elementwise")])
+        assert set(kid.knobs) == set(space) | {"lib"}
+        assert all(kid.knobs[k] in space[k] for k in space)
+    assert {k.knobs["lib"] for k in kids} == {0, 1}
+    # Crossover of the two templates: a valid knob set of one of them.
+    for seed in range(6):
+        (child,) = syn.crossover(ctx, [_parent(own), _parent(lib)], random.Random(seed))
+        base = own if child.knobs["lib"] == 0 else lib
+        assert set(child.knobs) == set(base.knobs)
+    # Repair: defaults of the parent's template, then its safest form.
+    (fixed,) = syn.repair(ctx, _parent(own), random.Random(0))
+    assert fixed.knobs["lib"] == 0 and fixed.knobs["threads"] == 1 and fixed.knobs["unroll"] == 1
+    _check_gemm(fixed, ctx, "linear_relu", tmp_path)
+    _check_gemm(kids[0], ctx, "linear_relu", tmp_path)
+
+
+def test_policy_strict_proposes_own_kernels_only(gemm_dir):
+    syn = OfflineSynthesizer("cpu", policy="strict")
+    props = syn.translate(_gctx(gemm_dir, "linear_softmax"), n=4, rng=random.Random(0))
+    assert [p.strategy for p in props] == ["tiling"] * 4
+    assert all(p.knobs["lib"] == 0 for p in props)
+    (declined,) = syn.translate(_gctx(gemm_dir, "conv_relu_bias"), n=2, rng=random.Random(0))
+    assert declined.code is None and "strict policy" in declined.declined
+    with pytest.raises(ValueError):
+        OfflineSynthesizer("cpu", policy="lenient")
+
+
+def test_low_precision_gemm_is_cuda_only(gemm_dir):
+    for dtype in ("float16", "bfloat16"):
+        ctx = _gctx(gemm_dir, f"linear3d_gelu_{dtype}")
+        (cpu,) = OfflineSynthesizer("cpu").translate(ctx, 2, random.Random(0))
+        assert cpu.code is None and f"{dtype} on the cpu target" in cpu.declined
+        props = OfflineSynthesizer("cuda").translate(_gctx(gemm_dir, f"linear3d_gelu_{dtype}",
+                                                           "cuda"), 2, random.Random(0))
+        assert [p.strategy for p in props] == ["tensor_cores"] * 2  # no library form
+        assert all(p.knobs["lib"] == 0 and "warp_m" in p.knobs for p in props)
+
+
+# The bundled suite: what the synthesizer writes, what it declines and why.
+REPO = Path(__file__).resolve().parents[1]
+BUNDLED_DECLINES = {
+    "L1_17_Conv2d": "a lone nn.Conv2d",
+    "L1_18_MaxPool2d": "pooling",
+    "L1_19_AvgPool2d": "pooling",
+    "L3_1_MLP": "a second matmul/convolution",
+    "L3_2_MultiHead_SelfAttention": "",
+    "L3_3_Transformer_Block": "",
+    "L3_4_ResNet_BasicBlock": "nn.BatchNorm2d",
+    "L3_5_Small_CNN_Head": "",
+}
+BUNDLED_LIBRARY = {"L2_4_Conv2d_ReLU_BiasAdd", "L2_5_Conv2d_GroupNorm_Tanh"}
+BUNDLED_PRODUCTS = {"L1_14_Square_Matmul", "L1_15_Batched_Matmul",
+                    "L2_1_Linear_Bias_ReLU", "L2_2_Linear_GELU_Scale", "L2_3_Matmul_Sigmoid_Sum",
+                    "L2_6_Linear_Softmax", "L2_7_Linear_Residual_LayerNorm",
+                    "L2_10_Linear_LayerNorm_Mean_Degenerate"}
+
+
+def _bundled(target: str = "cpu") -> dict[str, TaskContext]:
+    out = {}
+    for path in sorted((REPO / "data" / "tasks").glob("level*/*.py")):
+        task = Task.from_file(path, size="small")
+        out[task.id] = TaskContext(task, target=target)
+    return out
+
+
+def test_bundled_suite_coverage():
+    syn = OfflineSynthesizer("cpu")
+    for tid, ctx in _bundled().items():
+        props = syn.translate(ctx, n=2, rng=random.Random(0))
+        if tid in BUNDLED_DECLINES:
+            assert props[0].code is None and BUNDLED_DECLINES[tid] in props[0].declined, tid
+            continue
+        assert all(p.code is not None for p in props), (tid, props[0].declined)
+        kinds = {p.strategy for p in props}
+        if tid in BUNDLED_LIBRARY:
+            assert kinds == {"epilogue"}, tid
+        elif tid in BUNDLED_PRODUCTS:
+            assert kinds == {"tiling", "epilogue"} or tid.startswith("L1_1"), (tid, kinds)
+        else:
+            assert kinds <= {"vectorize", "fusion", "rowreduce"}, (tid, kinds)
+
+
+def test_verifier_accepts_bundled_products_on_cpu(tmp_path):
+    """End to end through the verifier on the small sizes: the own GEMM under strict, the
+    library + epilogue forms under permissive (and refused under strict, by the audit)."""
+    from assay.verify.harness import verify
+    from assay.verify.settings import VerifyConfig
+
+    ctxs = _bundled()
+    syn = OfflineSynthesizer("cpu")
+    cases = [("L1_14_Square_Matmul", 0, "strict", True),
+             ("L1_16_Matrix_Vector", 0, "strict", True),
+             ("L2_7_Linear_Residual_LayerNorm", 0, "strict", True),
+             ("L2_2_Linear_GELU_Scale", 1, "permissive", True),
+             ("L2_2_Linear_GELU_Scale", 1, "strict", False),
+             ("L2_5_Conv2d_GroupNorm_Tanh", 0, "permissive", True)]
+    for tid, which, policy, accepted in cases:
+        ctx = ctxs[tid]
+        prop = syn.translate(ctx, n=2, rng=random.Random(0))[which]
+        path = tmp_path / f"{tid}_{which}.py"
+        path.write_text(prop.code)
+        cfg = VerifyConfig(policy=policy, budget_s=0.05, min_runs=3, max_runs=10,
+                           max_library_time_frac=1.0 if policy == "permissive" else 0.0)
+        v = verify(ctx.task, path, "cpu", cfg)
+        assert v.accepted == accepted, (tid, policy, v.reasons,
+                                         {r: v.checks[r]["detail"][:300] for r in v.reasons})
+        if not accepted:
+            assert v.reasons == ["kernel_audit"]
+            assert "aten::mm" in v.checks["kernel_audit"]["detail"]
+        elif policy == "permissive":
+            assert v.library_time_frac and v.library_time_frac > 0
+
+
+def test_kernel_names_are_not_taken_for_library_kernels(gemm_dir, task_dir, tmp_path):
+    """The audit tells library kernels (cuBLAS, CUTLASS, "gemm" in the name...) from custom
+    ones by name: every kernel the synthesizer writes must read as custom."""
+    import re
+
+    from assay.verify.policy import LIBRARY_KERNEL
+
+    syn = OfflineSynthesizer("cuda")
+    names = set()
+    ctxs = [_gctx(gemm_dir, n, "cuda") for n in ("linear_relu", "linear_softmax",
+                                                  "bmm_scale_float16")]
+    ctxs += [_ctx(task_dir, n, "cuda") for n in ("relu", "softmax")]
+    for ctx in ctxs:
+        for prop in syn.translate(ctx, n=2, rng=random.Random(0)):
+            cand = _import(prop.code, tmp_path / f"names_{prop.id}.py")
+            names |= set(re.findall(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)\(",
+                                    cand.SOURCE))
+    assert names == {"assay_matmul_tiles", "assay_elementwise", "assay_rows"}
+    assert not [n for n in names if LIBRARY_KERNEL.search(f"void {n}<4>(float const*, long)")]
+
+
+@pytest.mark.skipif(not _HAS_NVCC, reason="nvcc is not installed")
+def test_cuda_gemm_candidates_compile(gemm_dir, tmp_path):
+    """Every GEMM form builds with nvcc: SIMT fused (NN, NT, batched), SIMT + row kernel,
+    library + epilogue (elementwise, row, grouped row), tensor cores in both dtypes and both
+    B layouts, the safest forms; with and without vector loads and double buffering."""
+    syn = OfflineSynthesizer("cuda")
+    sources: dict[str, tuple] = {}
+    names = ["linear_relu", "bmm_scale", "matmul_bias_sigmoid", "linear_softmax",
+             "conv_gn_tanh", "conv_relu_bias", "linear3d_gelu_float16", "bmm_scale_bfloat16"]
+    for name in names:
+        ctx = _gctx(gemm_dir, name, "cuda")
+        props = syn.translate(ctx, n=2, rng=random.Random(1))
+        props += syn.repair(ctx, _parent(props[0]), random.Random(0))
+        for prop in props:
+            assert prop.code is not None, (name, prop.declined)
+            cand = _import(prop.code, tmp_path / f"cuda_{prop.id}.py")
+            assert cand.LANG == "cuda" and cand.KNOBS == prop.knobs
+            if prop.strategy == "epilogue":
+                assert cand.POLICY == "permissive" and "assay_gemm" not in cand.SOURCE
+            else:
+                assert cand.POLICY == "strict"
+            if prop.strategy == "tensor_cores":
+                assert "wmma::mma_sync" in cand.SOURCE
+            sources.setdefault(cand.SOURCE, (name, tuple(sorted(prop.knobs.items()))))
+    gemm = [dict(k[1]) for k in sources.values() if dict(k[1]).get("lib") == 0]
+    assert {k["load_vec"] for k in gemm} >= {1, 4, 8} and {k["stages"] for k in gemm} == {1, 2}
+
+    def compile_one(item):
+        source, key = item
+        return key, build(source, lang="cuda")
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for key, lib in pool.map(compile_one, sources.items()):
+            assert lib.exists(), key
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", list(GEMM_TASKS) + ["linear3d_gelu_float16",
+                                                     "bmm_scale_float16", "bmm_scale_bfloat16"])
+def test_cuda_gemm_candidates_match_reference(gemm_dir, tmp_path, name):
+    ctx = _gctx(gemm_dir, name, "cuda")
+    syn = OfflineSynthesizer("cuda")
+    props = syn.translate(ctx, n=4, rng=random.Random(0))
+    props += syn.mutate(ctx, _parent(props[0]), 3, random.Random(1))
+    props += syn.repair(ctx, _parent(props[0]), random.Random(2))
+    for prop in props:
+        _check_gemm(prop, ctx, name, tmp_path, device="cuda")

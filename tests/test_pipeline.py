@@ -90,11 +90,13 @@ def test_killed_campaign_resumes_without_losing_or_redoing_work(tmp_path):
     assert len(all_ids) == len(set(all_ids)), "a candidate was verified twice"
     assert len(list(c.glob("offline/*/gen_2/verdicts.json"))) == 3
 
-    # The synthesizer earned at least one kernel; the matmul was declined with a reason.
+    # The synthesizer earned kernels, the matmul's among them (its own tiled GEMM: the strict
+    # policy leaves the library forms out).
     accepted = [json.loads(p.read_text()) for p in c.glob("*/*/gen_*/verdicts/*.json")]
     assert any(v["accepted"] for v in accepted)
-    mm = json.loads((c / "offline/L1_14_Square_Matmul/gen_0/proposals.json").read_text())
-    assert mm["candidates"] == [] and mm["declined"][0]["reason"]
+    mm = [json.loads(p.read_text())
+          for p in c.glob("offline/L1_14_Square_Matmul/gen_*/verdicts/*.json")]
+    assert any(v["accepted"] for v in mm), [v["reasons"] for v in mm]
 
     # The archive, with exactly the documented columns.
     import polars as pl

@@ -155,7 +155,9 @@ def make_proposer(cfg: DictConfig, tgt: str):
     if llm.kind == "offline":
         from assay.propose.offline import OfflineSynthesizer
 
-        return OfflineSynthesizer(target=tgt)
+        # Under the strict policy the library forms (cuBLAS/cuDNN + a fused epilogue) would
+        # always be rejected by the kernel audit: the synthesizer leaves them out.
+        return OfflineSynthesizer(target=tgt, policy=cfg.verify.policy)
     if llm.kind == "litellm":
         from assay.propose.llm import LiteLLMProposer
 

@@ -1,7 +1,8 @@
 """One timing protocol for candidates, eager and torch.compile alike.
 
-CUDA: a device-wide sync, then per call an L2 flush (a write over a buffer twice the L2), device
-events around the call alone, inputs rotated among several buffers, warm-up by time, median and
+CUDA: a device-wide sync, then per call an L2 flush (a read over a buffer twice the L2), device
+events around the call alone (the call is enqueued while the flush still runs, so host launch
+overhead stays out of the device time), inputs rotated among several buffers, warm-up by time, median and
 IQR. CPU: the same with ``perf_counter`` (CPU ops are synchronous) and a cache flush by a write
 over a buffer larger than the last-level cache.
 
@@ -60,6 +61,11 @@ class Timing:
                 "escaped_ms": self.escaped_ms}
 
 
+# Measured on an H200: with 0.05 s of warm-up, 64-170 us kernels showed 2-10% IQR in some runs
+# (clocks still ramping); with 0.2 s, 0.5-2%.
+CUDA_MIN_WARMUP_S = 0.2
+
+
 @dataclass
 class TimingConfig:
     warmup_s: float = 0.05
@@ -67,22 +73,32 @@ class TimingConfig:
     max_runs: int = 200
     budget_s: float = 1.0
     flush_cache: bool = True
+    # How the cache is flushed (cuda): "read" a buffer twice the L2 (leaves only clean lines),
+    # or "write" it (leaves the L2 full of dirty lines that the timed call then pays to write
+    # back: measured on an H200, 2-4% IQR on 70-140 us memory-bound kernels).
+    flush_mode: str = "read"
 
 
 class CacheFlusher:
-    """Evicts caches between calls by writing a buffer larger than the last-level cache."""
+    """Evicts caches between calls with a pass over a buffer larger than the last-level cache."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    def __init__(self, device: torch.device, mode: str = "read"):
+        if mode not in ("read", "write"):
+            raise ValueError(f"flush_mode must be read or write, not {mode!r}")
+        self.device, self.mode = device, mode
         if device.type == "cuda":
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
             nbytes = 2 * max(l2, 8 << 20)
         else:
             nbytes = 64 << 20
-        self.buf = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+        self.buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+        self.sink = torch.empty((), dtype=torch.float32, device=device)
 
     def __call__(self) -> None:
-        self.buf.fill_(1.0)
+        if self.mode == "read" and self.device.type == "cuda":
+            torch.sum(self.buf, dim=0, dtype=torch.float32, out=self.sink)
+        else:  # cpu: a write also evicts (and CPU caches write back on their own)
+            self.buf.fill_(1.0)
 
 
 def sync(device: torch.device) -> None:
@@ -109,12 +125,14 @@ def time_calls(fn: Callable[[int], Any], device: torch.device, cfg: TimingConfig
     ``before_call`` runs untimed before each timed call (the verifier swaps data there) and
     ``after_call`` gets each result (the verifier keeps some of them to check).
     """
-    flush = CacheFlusher(device) if cfg.flush_cache else None
-    # Warm-up by time: module loading, autotuning and allocator growth stay out of the numbers.
+    flush = CacheFlusher(device, cfg.flush_mode) if cfg.flush_cache else None
+    # Warm-up by time: module loading, autotuning and allocator growth stay out of the numbers;
+    # on a GPU also long enough for its clocks to settle.
+    warmup_s = max(cfg.warmup_s, CUDA_MIN_WARMUP_S) if device.type == "cuda" else cfg.warmup_s
     sync(device)
     t0 = _perf_counter()
     i = 0
-    while _perf_counter() - t0 < cfg.warmup_s or i < 2:
+    while _perf_counter() - t0 < warmup_s or i < 2:
         fn(i)
         i += 1
         sync(device)
@@ -130,7 +148,14 @@ def time_calls(fn: Callable[[int], Any], device: torch.device, cfg: TimingConfig
             flush()
         if device.type == "cuda":
             start, end, after = (_cuda_event(enable_timing=True) for _ in range(3))
-            _cuda_sync()
+            if flush is None:
+                _cuda_sync()
+            # With a flush, no sync here: the device is still busy flushing (tens of us) when
+            # ``start`` and the call are enqueued, so ``start`` fires when the flush ends and the
+            # call's kernels follow at once. A sync here would leave the device idle while the
+            # call's Python launches its kernels, and that host jitter (2-4% of a 70 us kernel
+            # on an H200) would land inside the timed region. The previous call still ended in
+            # a device-wide sync, so nothing else can be running.
             start.record()
             out = fn(call)
             end.record()

@@ -10,7 +10,16 @@ candidate files (C++/OpenMP for the cpu target, CUDA for the cuda target):
 * row reductions over the trailing dims of a contiguous tensor, after an optional
   elementwise chain: sum, mean, max, min (keepdim or not), norms, logsumexp, softmax,
   log_softmax, layer_norm (weight and bias read from the module at run time), RMSNorm,
-  F.normalize.
+  F.normalize, GroupNorm (rows of channel groups), matrix-vector products;
+* one matrix product (torch.matmul/mm/bmm, F.linear/nn.Linear) or convolution
+  (F.conv2d/nn.Conv2d) of inputs and parameters, followed by any chain of the above (bias,
+  activation, scaling, residual, softmax, norms, sums): the epilogue. Two forms, told apart
+  by the knob ``lib``: a tiled GEMM of its own (fp32 register-blocked SIMT, or WMMA tensor
+  cores for float16/bfloat16; C++ on the cpu target) with the elementwise epilogue fused into
+  its stores or followed by the row kernel (verifiable under the strict policy); or the
+  library's GEMM/convolution followed by one fused epilogue kernel (the candidate says
+  ``POLICY = "permissive"``: the strict kernel audit refuses it, as it should). No TF32: the
+  bundled tasks are float32 and the verifier's precision check would refuse it.
 
 Everything else is declined with a reason. Modules: ``graph`` (what pattern is this),
 ``codegen`` and ``templates`` (the code), ``synthesizer`` (the Proposer and its knobs).

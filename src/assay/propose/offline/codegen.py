@@ -373,12 +373,34 @@ def _knob_line(knobs: dict[str, Any]) -> str:
     return " ".join(f"{k}={knobs[k]}" for k in sorted(knobs))
 
 
+def template_of(plan: Plan, knobs: dict[str, Any]) -> str:
+    """The template a (plan, knobs) pair is written with: ``elementwise`` or ``row`` (no
+    product), ``gemm`` (the tiled fp32 GEMM; a row epilogue follows as a second kernel),
+    ``gemm_tc`` (tensor cores, float16/bfloat16) or ``epilogue`` (the library computes the
+    product, one fused kernel the rest; knob ``lib`` = 1)."""
+    if plan.gemm is None:
+        return plan.kind
+    if int(knobs.get("lib", 0)):
+        return "epilogue"
+    return "gemm" if plan.dtype == "float32" else "gemm_tc"
+
+
 def kernel_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
+    """The whole kernel file (C++ or CUDA) for ``plan`` with ``knobs``."""
+    template = template_of(plan, knobs)
+    if template in ("gemm", "gemm_tc"):
+        return gemm_source(plan, target, knobs, summary)
+    return _fused_source(plan, target, knobs, summary, template)
+
+
+def _fused_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
+                  label: str) -> str:
+    """The elementwise or row kernel of ``plan`` (a product's result is one of its leaves)."""
     kinds = [leaf_kind(plan, k) for k in range(len(plan.leaves))]
     sched = _Schedule(plan, kinds)
     params = _params(plan, target)
     common = {
-        "template": plan.kind, "summary": summary.replace("\n", " "),
+        "template": label, "kind": plan.kind, "summary": summary.replace("\n", " "),
         "knob_line": _knob_line(knobs), "helpers": templates.HELPERS.strip("\n"),
         "prologue": _prologue(plan, sched),
     }
@@ -432,6 +454,119 @@ def kernel_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) 
 
 
 # ----------------------------------------------------------------------------------------------
+# GEMM kernels (templates gemm and gemm_tc)
+
+_CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
+_TO_ELT = {"float16": "__float2half_rn", "bfloat16": "__float2bfloat16_rn"}
+
+
+class _EpiNames(_Names):
+    """Names in a GEMM's fused epilogue: the product's leaf is the accumulator ``acc_v``;
+    ``wrap`` converts float16/bfloat16 loads to float."""
+
+    def __init__(self, plan: Plan, sched: _Schedule, wrap: bool):
+        super().__init__(plan, sched)
+        self.wrap = wrap
+
+    def define(self, j: int) -> str:
+        n = self.plan.nodes[j]
+        if n.op == "load":
+            k = n.attr("leaf")
+            if k == self.plan.gemm_leaf:
+                return f"const float v{j} = acc_v;"
+            if self.wrap:
+                return f"const float v{j} = assay_f({_access(self.sched.kinds[k], k)});"
+        return super().define(j)
+
+
+def _epilogue(plan: Plan, wrap: bool) -> tuple[list[str], list[str], str]:
+    """(kernel prologue, per-element statements, output expression) of a fused epilogue."""
+    kinds = [leaf_kind(plan, k) for k in range(len(plan.leaves))]
+    sched = _Schedule(plan, kinds)
+    names = _EpiNames(plan, sched, wrap)
+    elems = _elem_closure(plan, sched, [plan.output])
+    prologue = [names.define(j) for j, n in enumerate(plan.nodes)
+                if sched.where(j) == "prologue" and n.op != "cols"]
+    return prologue, [names.define(j) for j in elems], names(plan.output)
+
+
+def _gemm_params(plan: Plan, target: str, fused: bool) -> list[_Param]:
+    """assay_gemm's parameters: operands, the epilogue's leaves (when fused), the output (the
+    product itself, ``g``, when a row kernel follows), sizes, batch strides, leaf geometry."""
+    restrict = "__restrict__" if target == "cuda" else "__restrict"
+    elt = "float" if plan.dtype == "float32" else "assay_elt"
+    ptr = "ctypes.c_void_p"
+    ps = [_Param(f"const {elt}* {restrict}", "A", "lA.data_ptr()", ptr),
+          _Param(f"const {elt}* {restrict}", "B", "lB.data_ptr()", ptr)]
+    if fused:
+        ps += [_Param(f"const {elt}* {restrict}", f"t{k}", f"l{k}.data_ptr()", ptr)
+               for k in range(len(plan.leaves)) if k != plan.gemm_leaf]
+    ps.append(_Param(f"{elt}* {restrict}", "out", "out.data_ptr()" if fused else "g.data_ptr()",
+                     ptr))
+    ps += [_Param("int64_t", v, v, "ctypes.c_int64")
+           for v in ("M", "N", "K", "batch", "sA", "sB", "sC")]
+    if fused:
+        for k, lf in enumerate(plan.leaves):
+            if lf.bcast == "block" and k != plan.gemm_leaf:
+                ps += [_Param("int64_t", f"inner{k}", f"inner{k}", "ctypes.c_int64"),
+                       _Param("int64_t", f"mid{k}", f"mid{k}", "ctypes.c_int64")]
+    return ps
+
+
+def gemm_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
+    """The tiled GEMM (cpu, cuda fp32) or tensor-core GEMM (cuda float16/bfloat16) with the
+    elementwise epilogue fused into its stores, or storing the product for the row kernel that
+    follows (whose source comes first in the file)."""
+    assert plan.gemm is not None and plan.gemm.matmul
+    template = template_of(plan, knobs)
+    fused = plan.kind == "elementwise"
+    tc = template == "gemm_tc"
+    trans_b = plan.gemm.op == "linear"
+    prologue, body, out_expr = _epilogue(plan, tc) if fused else ([], [], "acc_v")
+    params = _gemm_params(plan, target, fused)
+    kparams = ", ".join(f"{p.ctype} {p.name}" for p in params)
+    kargs = ", ".join(p.name for p in params)
+    common = {"template": template, "summary": summary.replace("\n", " "),
+              "knob_line": _knob_line(knobs), "helpers": templates.HELPERS.strip("\n")}
+    bm, bn, bk = int(knobs["tile_m"]), int(knobs["tile_n"]), int(knobs["k_step"])
+    values = dict(common, prologue=prologue, epi_body=body, epi_out=out_expr, bm=bm, bn=bn,
+                  bk=bk, trans_b=trans_b, kparams=kparams, kargs=kargs)
+    if target == "cpu":
+        threads = int(knobs["threads"])
+        values.update(params=kparams, parallel=threads != 1, simdlen=4 * int(knobs["unroll"]),
+                      omp_clause=f" num_threads(assay_threads({threads}))" if threads > 1 else "")
+        gemm = templates.render(templates.CPP_GEMM, **values)
+        if fused:
+            return templates.render(templates.CPP_GEMM_HEAD, **common) + gemm
+        return _fused_source(plan, target, knobs, summary, template) + gemm
+
+    values["params"] = kparams + ", void* stream_ptr"
+    if tc:
+        wm, wn, stages = int(knobs["warp_m"]), int(knobs["warp_n"]), int(knobs["stages"])
+        nt = (bm // wm) * (bn // wn) * 32
+        a_tile = bm * (bk + 8)
+        b_tile = bn * (bk + 8) if trans_b else bk * (bn + 8)
+        smem = max(stages * (a_tile + b_tile) * 2, bm * (bn + 4) * 4)
+        values.update(nt=nt, wm=wm, wn=wn, stages=stages, vec=int(knobs["load_vec"]),
+                      store_vec=False, smem_bytes=f"(size_t){smem}", dtype=plan.dtype,
+                      ctype=_CTYPE[plan.dtype], to_elt=_TO_ELT[plan.dtype])
+        values["launcher"] = templates.render(templates.CUDA_GEMM_LAUNCH, **values)
+        head = templates.render(templates.CUDA_COMMON, **common)
+        return head + templates.render(templates.CUDA_GEMM_TC, **values)
+    tm, tn, stages = int(knobs["thread_m"]), int(knobs["thread_n"]), int(knobs["stages"])
+    nt = (bm // tm) * (bn // tn)
+    smem = stages * bk * (bm + 4 + bn + 4) * 4
+    values.update(nt=nt, tm=tm, tn=tn, stages=stages, vec=int(knobs["load_vec"]),
+                  store_vec=True, smem_bytes=f"(size_t){smem}",
+                  min_blocks=int(knobs["min_blocks"]))
+    values["launcher"] = templates.render(templates.CUDA_GEMM_LAUNCH, **values)
+    gemm = templates.render(templates.CUDA_GEMM, **values)
+    if fused:
+        return templates.render(templates.CUDA_COMMON, **common) + gemm
+    return _fused_source(plan, target, knobs, summary, template) + gemm
+
+
+# ----------------------------------------------------------------------------------------------
 # The task's own code, reused for ModelNew's constructor
 
 _DROP_FUNCS = {"get_inputs", "get_init_inputs"}
@@ -477,74 +612,162 @@ def task_prelude(source: str) -> tuple[str, bool]:
 # The candidate file
 
 
-def _forward_lines(plan: Plan, target: str, params: list[_Param]) -> list[str]:
-    lines = []
+def _operand(lf: Any) -> str:
+    if lf.source == "input":
+        return f"_tensor({lf.name}, {lf.name!r})"
+    return f"_tensor(_attr(self, {lf.name!r}), {'self.' + lf.name!r})"
+
+
+_LIBRARY = {"mm": "torch.mm", "linear": "torch.mm", "bmm": "torch.bmm",
+            "conv2d": "torch.nn.functional.conv2d"}
+
+
+def library_of(plan: Plan, target: str) -> str:
+    """What the library computes in the ``epilogue`` template, for the docstring."""
+    assert plan.gemm is not None
+    lib = ("cuDNN" if plan.gemm.op == "conv2d" else "cuBLAS") if target == "cuda" else "ATen"
+    return f"the {plan.gemm.what} ({_LIBRARY[plan.gemm.op]}, {lib})"
+
+
+def _gemm_lines(plan: Plan, target: str, template: str) -> list[str]:
+    """The product's operands and sizes (lA, lB, M, N, K, batch, sA, sB, sC, gshape); in the
+    epilogue template also the library call, whose result is leaf ``l<gemm_leaf>``."""
+    g = plan.gemm
+    assert g is not None
+    lines = [f"lA = {_operand(g.a)}", f"lB = {_operand(g.b)}"]
+    gk = plan.gemm_leaf
+    if g.op == "conv2d":
+        lines.append("_expect(lA.dim() == 4 and lB.dim() == 4, 'conv2d operands are not NCHW')")
+        if g.conv[0] == "module":
+            lines.append(f"conv = _attr(self, {g.conv[1]!r})")
+            lines.append("cargs = (conv.stride, conv.padding, conv.dilation, conv.groups)")
+        else:
+            lines.append(f"cargs = {tuple(g.conv[1:])!r}")
+        call = "g = torch.nn.functional.conv2d(lA, lB, None, *cargs)"
+        if target == "cuda":
+            lines += ["with _ieee_fp32():", f"    {call}"]
+        else:
+            lines.append(call)
+        lines += [f"l{gk} = _tensor(g, 'the conv2d result')", "gshape = tuple(g.shape)"]
+        return lines
+    if g.op == "mm":
+        lines += [f"_expect(lA.dim() == {g.a_ndim} and lB.dim() == 2 and lA.shape[-1] == "
+                  f"lB.shape[0], 'matmul operand shapes')",
+                  "K, N = lB.shape", "M = math.prod(lA.shape[:-1])", "batch, sA, sB = 1, 0, 0",
+                  "gshape = tuple(lA.shape[:-1]) + (N,)"]
+        lib = "torch.mm(lA.reshape(M, K), lB).view(gshape)"
+    elif g.op == "linear":
+        lines += [f"_expect(lA.dim() == {g.a_ndim} and lB.dim() == 2 and lA.shape[-1] == "
+                  f"lB.shape[1], 'linear operand shapes')",
+                  "N, K = lB.shape", "M = math.prod(lA.shape[:-1])", "batch, sA, sB = 1, 0, 0",
+                  "gshape = tuple(lA.shape[:-1]) + (N,)"]
+        lib = "torch.mm(lA.reshape(M, K), lB.t()).view(gshape)"
+    else:  # bmm
+        lines += ["_expect(lA.dim() == 3 and lB.dim() == 3 and lA.shape[0] == lB.shape[0] and "
+                  "lA.shape[2] == lB.shape[1], 'bmm operand shapes')",
+                  "batch, M, K = lA.shape", "N = lB.shape[2]", "sA, sB = M * K, K * N",
+                  "gshape = (batch, M, N)"]
+        lib = "torch.bmm(lA, lB)"
+    lines.append("sC = M * N")
+    if template == "epilogue":
+        lines.append(f"l{gk} = {lib}")
+    return lines
+
+
+def _forward_lines(plan: Plan, target: str, template: str
+                   ) -> tuple[list[str], list[tuple[str, list[_Param]]]]:
+    """ModelNew.forward's body, and the kernel entry points it calls with their parameters."""
+    g = plan.gemm
+    gk = plan.gemm_leaf
+    custom = template in ("gemm", "gemm_tc")
+    fused = custom and plan.kind == "elementwise"
+    lines = _gemm_lines(plan, target, template) if g is not None else []
     for k, lf in enumerate(plan.leaves):
+        if k == gk:
+            continue
         if lf.source == "input":
             lines.append(f"l{k} = _tensor({lf.name}, {lf.name!r})")
         else:
             where = f"self.{lf.name}"
             lines.append(f"l{k} = _tensor(_attr(self, {lf.name!r}), {where!r})")
     a = plan.anchor
+    dev = "lA" if g is not None else f"l{a}"
     nd, k = plan.ndim, plan.k
-    lines.append(f"shape = tuple(l{a}.shape)")
-    lines.append(f"_expect(len(shape) == {nd}, f'{plan.leaves[a].name} has {{len(shape)}} "
-                 f"dims, expected {nd}')")
-    lines.append(f"n = l{a}.numel()")
+    what = "the product" if g is not None else plan.leaves[a].name
+    lines.append("shape = gshape" if g is not None else f"shape = tuple(l{a}.shape)")
+    lines.append(f"_expect(len(shape) == {nd}, f'{what} has {{len(shape)}} dims, expected {nd}')")
+    lines.append("n = math.prod(shape)")
     for j, lf in enumerate(plan.leaves):
-        what = lf.name
+        if j == gk:
+            continue
+        name = lf.name
         if lf.bcast == "full" and j != a:
-            lines.append(f"_expect(l{j}.numel() == n, {what + ' does not match the anchor'!r})")
+            lines.append(f"_expect(l{j}.numel() == n, {name + ' does not match ' + what!r})")
         elif lf.bcast == "scalar":
-            lines.append(f"_expect(l{j}.numel() == 1, {what + ' is not a single value'!r})")
+            lines.append(f"_expect(l{j}.numel() == 1, {name + ' is not a single value'!r})")
         elif lf.bcast == "block":
             lines.append(f"inner{j} = math.prod(shape[{lf.b + 1}:])")
             lines.append(f"mid{j} = math.prod(shape[{lf.a}:{lf.b + 1}])")
-            lines.append(f"_expect(l{j}.numel() == mid{j}, {what + ' does not broadcast'!r})")
+            lines.append(f"_expect(l{j}.numel() == mid{j}, {name + ' does not broadcast'!r})")
     if plan.kind == "row":
         lines.append(f"cols = math.prod(shape[{nd - k}:])")
+        if plan.groups:
+            if plan.groups[0] == "attr":
+                lines.append(f"groups = int(_attr(self, {plan.groups[1]!r}).num_groups)")
+            else:
+                lines.append(f"groups = {int(plan.groups[1])}")
+            lines.append("_expect(groups > 0 and shape[1] % groups == 0, "
+                         "'channels not divisible by the groups')")
+            lines.append("cols = cols // groups")
         lines.append("rows = n // cols if cols else 0")
         if plan.out_is_row:
             keep = f" + {(1,) * k!r}" if plan.keepdim else ""
-            lines.append(f"out = torch.empty(shape[:{nd - k}]{keep}, dtype=torch.float32, "
-                         f"device=l{a}.device)")
+            lines.append(f"out = torch.empty(shape[:{nd - k}]{keep}, dtype=DTYPE, "
+                         f"device={dev}.device)")
             lines.append("_expect(cols > 0 or rows == 0, 'a reduction over empty rows')")
         else:
-            lines.append(f"out = torch.empty(shape, dtype=torch.float32, device=l{a}.device)")
+            lines.append(f"out = torch.empty(shape, dtype=DTYPE, device={dev}.device)")
         lines.append("if rows == 0 or cols == 0:")
     else:
-        lines.append(f"out = torch.empty(shape, dtype=torch.float32, device=l{a}.device)")
+        lines.append(f"out = torch.empty(shape, dtype=DTYPE, device={dev}.device)")
         lines.append("if n == 0:")
     lines.append("    return out")
-    args = [p.py for p in params]
-    if target == "cuda":
-        args.append(f"torch.cuda.current_stream(l{a}.device).cuda_stream")
-    lines.append(f"err = _lib().assay_forward({', '.join(args)})")
-    lines.append("if err:")
-    if target == "cuda":
-        lines.append("    msg = _lib().assay_error_string(err).decode()")
-        lines.append("    raise RuntimeError(f'assay kernel launch failed: {msg} (cuda error "
-                     "{err})')")
-    else:
-        lines.append("    raise RuntimeError(f'assay kernel failed with code {err}')")
+    stream = ([f"torch.cuda.current_stream({dev}.device).cuda_stream"] if target == "cuda"
+              else [])
+    entries: list[tuple[str, list[_Param]]] = []
+    if custom:
+        gp = _gemm_params(plan, target, fused)
+        entries.append(("assay_gemm", gp))
+        if not fused:
+            lines.append(f"g = torch.empty(gshape, dtype=DTYPE, device={dev}.device)")
+        lines.append(f"_check(_lib().assay_gemm({', '.join([p.py for p in gp] + stream)}))")
+        if not fused:
+            lines.append(f"l{gk} = g")
+    if not fused:
+        params = _params(plan, target)
+        entries.append(("assay_forward", params))
+        lines.append(f"_check(_lib().assay_forward({', '.join([p.py for p in params] + stream)}))")
     lines.append("return out")
-    return lines
+    return lines, entries
 
 
 def candidate_file(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
                    task_source: str) -> str:
     """The full candidate module: the task's constructor, SOURCE, and ModelNew."""
+    template = template_of(plan, knobs)
     source = kernel_source(plan, target, knobs, summary)
-    params = _params(plan, target)
-    argtypes = [p.ctypes_type for p in params] + (["ctypes.c_void_p"] if target == "cuda"
-                                                   else [])
+    forward, entries = _forward_lines(plan, target, template)
+    extra = ["ctypes.c_void_p"] if target == "cuda" else []
     code, future = task_prelude(task_source)
     if '"""' in source:  # never: the kernel has no triple quotes, but SOURCE is r"""..."""
         raise ValueError("kernel source contains a triple quote")
     return templates.render(
-        templates.CANDIDATE, summary=summary, template=plan.kind, target=target,
+        templates.CANDIDATE, summary=summary, template=template, target=target,
         knob_line=_knob_line(knobs), knobs_repr=repr(dict(sorted(knobs.items()))),
         lang="cuda" if target == "cuda" else "cpp", source=source, task_code=code,
-        future=future, argtypes=", ".join(argtypes), inputs=list(plan.inputs),
-        device_type="cuda" if target == "cuda" else "cpu",
-        forward=_forward_lines(plan, target, params))
+        future=future, inputs=list(plan.inputs),
+        entries=[(name, ", ".join([p.ctypes_type for p in ps] + extra)) for name, ps in entries],
+        device_type="cuda" if target == "cuda" else "cpu", forward=forward,
+        policy="permissive" if template == "epilogue" else "strict",
+        library=library_of(plan, target) if template == "epilogue" else "",
+        dtype=plan.dtype)

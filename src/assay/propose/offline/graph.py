@@ -16,6 +16,13 @@ over each row: softmax, layer norm, RMSNorm, sums, ...). Composite ops (softmax,
 rms_norm, logsumexp, normalize, mean) are lowered into reductions and elementwise nodes here so
 that the code generator only knows three reductions (sum, max, min) and scalar formulas.
 
+A task may open with one matrix product or convolution (``torch.matmul``/``mm``/``bmm``,
+``F.linear``/``nn.Linear``, ``F.conv2d``/``nn.Conv2d``) whose operands are inputs or parameters:
+it becomes :class:`Gemm`, and its result a leaf (``source="gemm"``) of the plan of what follows
+it (bias, activation, scaling, residual, softmax, norms, sums: the epilogue). A matrix-vector
+product (second operand ``(K,)`` or ``(K, 1)``) is lowered as a row reduction instead.
+GroupNorm over NC... tensors is a row plan whose rows are (sample, group) pairs (``groups``).
+
 Anything the IR cannot express raises :class:`Unsupported` with a one-line reason that the
 proposer returns as its decline. The plan holds no sizes: sizes are read from the tensors at
 run time, so a plan learned at one size serves every size (``analyze_task`` checks that).
@@ -88,6 +95,32 @@ class Node:
 
 
 @dataclass(frozen=True)
+class Gemm:
+    """The matrix product or convolution at the head of a plan (see the module doc).
+
+    ``op``: ``mm`` (``A[..., M, K] @ B[K, N]``), ``bmm`` (``A[b, M, K] @ B[b, K, N]``),
+    ``linear`` (``A[..., K] @ W[N, K]^T``) or ``conv2d`` (NCHW). ``a`` and ``b`` say where the
+    operands come from (a forward input or a model attribute; ``bcast`` is unused). ``conv``:
+    ``("module", path)`` (stride, padding, dilation and groups read from that nn.Conv2d at run
+    time) or ``("const", stride, padding, dilation, groups)``. ``trivial``: what follows the
+    product is at most the op's own bias, so a library call plus an epilogue kernel would only
+    redo the library's work. ``what`` names the op for descriptions and declines.
+    """
+
+    op: str
+    a: Leaf
+    b: Leaf
+    a_ndim: int
+    conv: tuple = ()
+    trivial: bool = False
+    what: str = ""
+
+    @property
+    def matmul(self) -> bool:
+        return self.op in ("mm", "bmm", "linear")
+
+
+@dataclass(frozen=True)
 class Plan:
     """What to compute, independent of sizes. ``kind`` is ``elementwise`` or ``row``."""
 
@@ -100,6 +133,12 @@ class Plan:
     output: int
     keepdim: bool  # row plans whose output is a row value: keep the reduced dims as size 1
     anchor: int  # a full leaf: its run-time shape is S
+    gemm: Gemm | None = None  # the product/convolution whose result is leaf ``gemm_leaf``
+    gemm_leaf: int = -1
+    # Row plans whose rows are groups of the trailing dims (GroupNorm): ("attr", path of the
+    # module whose num_groups it is) or ("const", groups); () for plain rows.
+    groups: tuple = ()
+    dtype: str = "float32"  # of every leaf and the output (float16/bfloat16: GEMM plans only)
 
     @property
     def out_is_row(self) -> bool:
@@ -180,6 +219,7 @@ _register("logsumexp", torch.logsumexp, torch.special.logsumexp)
 _register("layer_norm", F.layer_norm)
 _register("rms_norm", getattr(F, "rms_norm", None))
 _register("normalize", F.normalize)
+_register("group_norm", F.group_norm)
 _register("norm", torch.norm)
 _register("dropout", F.dropout)
 _register("getitem", operator.getitem)
@@ -194,6 +234,12 @@ _METHODS = {
 }
 _METHOD_ALIASES = {"true_divide": "div", "clip": "clamp", "float": "identity",
                    "contiguous": "identity", "clone": "identity"}
+
+# The ops that may open a plan as its Gemm (see the module doc).
+_GEMM_FUNCTIONS: dict[Any, str] = {torch.matmul: "matmul", operator.matmul: "matmul",
+                                   torch.mm: "mm", torch.bmm: "bmm", F.linear: "linear",
+                                   F.conv2d: "conv2d", torch.conv2d: "conv2d"}
+_GEMM_METHODS = {"matmul", "mm", "bmm"}
 
 # Positional parameter names of each canonical op (torch's order); keyword arguments are
 # matched by name. A call with more positional arguments than listed is declined (unusual form).
@@ -218,6 +264,7 @@ _SIGNATURES: dict[str, tuple[str, ...]] = {
     "logsumexp": ("input", "dim", "keepdim"),
     "layer_norm": ("input", "normalized_shape", "weight", "bias", "eps"),
     "rms_norm": ("input", "normalized_shape", "weight", "eps"),
+    "group_norm": ("input", "num_groups", "weight", "bias", "eps"),
     "normalize": ("input", "p", "dim", "eps"),
     "norm": ("input", "p", "dim", "keepdim"),
     "dropout": ("input", "p", "training", "inplace"),
@@ -287,7 +334,12 @@ class _Builder:
     leaves: list[tuple[Leaf, tuple[int, ...]]] = field(default_factory=list)  # (leaf, shape)
     row_k: int | None = None
     row_shape: tuple[int, ...] | None = None
+    groups: tuple | None = None  # the row grouping of the first reduction (see Plan.groups)
     ops: list[str] = field(default_factory=list)
+    gemm: Gemm | None = None
+    gemm_node: int | None = None  # the load of the product's result
+    own_bias: int | None = None  # the product's result plus the op's own bias
+    dtypes: dict[str, str] = field(default_factory=dict)  # leaf name -> dtype (non-float32)
     _memo: dict[Node, int] = field(default_factory=dict)
 
     def add(self, node: Node, keepdim: bool | None = None) -> int:
@@ -307,9 +359,12 @@ class _Builder:
     def cols(self) -> int:
         return self.add(Node("cols", cls="uniform"))
 
-    def leaf(self, source: str, name: str, index: int, meta: Any) -> int:
-        _check_dtype(meta.dtype, name)
-        shape = tuple(int(s) for s in meta.shape)
+    def leaf(self, source: str, name: str, index: int, meta: Any,
+             shape: tuple[int, ...] | None = None) -> int:
+        """A load of a tensor; ``shape`` overrides the tensor's own for broadcasting (a conv
+        bias ``(C,)`` read as ``(C, 1, 1)``, a matrix-vector operand ``(K, 1)`` as ``(K,)``)."""
+        self.dtype_of(meta.dtype, name)
+        shape = tuple(int(s) for s in (meta.shape if shape is None else shape))
         for k, (lf, _) in enumerate(self.leaves):
             if lf.source == source and lf.name == name:
                 break
@@ -342,9 +397,18 @@ class _Builder:
         node = Node(name, tuple(args), tuple(sorted(attrs.items())), cls)
         return self.add(node, keepdim)
 
+    def dtype_of(self, dtype: torch.dtype, what: str) -> None:
+        """float32 always; float16/bfloat16 are noted (only a GEMM plan may use them, all
+        tensors in one dtype: checked when the plan is finished); anything else is declined."""
+        if dtype in (torch.float16, torch.bfloat16):
+            self.dtypes[what] = str(dtype).replace("torch.", "")
+        elif dtype != torch.float32:
+            _check_dtype(dtype, what)
+
     def reduce(self, kind: str, arg: int, dims: tuple[int, ...], keepdim: bool,
-               in_shape: tuple[int, ...]) -> int:
-        """A reduction of ``arg`` (shape ``in_shape``) over ``dims``, which must be trailing."""
+               in_shape: tuple[int, ...], groups: tuple = ()) -> int:
+        """A reduction of ``arg`` (shape ``in_shape``) over ``dims``, which must be trailing;
+        ``groups`` splits each row into that many rows (GroupNorm)."""
         nd = len(in_shape)
         k = len(dims)
         if k == 0 or dims != tuple(range(nd - k, nd)):
@@ -353,8 +417,8 @@ class _Builder:
         if self.nodes[arg].cls != "elem":
             raise Unsupported(f"{PREFIX} a reduction of an already reduced value")
         if self.row_k is None:
-            self.row_k, self.row_shape = k, in_shape
-        elif (self.row_k, self.row_shape) != (k, in_shape):
+            self.row_k, self.row_shape, self.groups = k, in_shape, groups
+        elif (self.row_k, self.row_shape, self.groups) != (k, in_shape, groups):
             raise Unsupported(f"{PREFIX} reductions over different row shapes in one kernel")
         # keepdim is part of the node: the same sum kept and squeezed are two shapes.
         return self.add(Node(f"reduce_{kind}", (arg,), (("keepdim", keepdim),), "row"), keepdim)
@@ -463,10 +527,17 @@ class _Lowering:
             elif node.op == "get_attr":
                 self.env[node] = self.b.leaf("attr", str(node.target), -1, self.meta(node))
             elif node.op == "call_function":
+                if node.target in _GEMM_FUNCTIONS:
+                    self.env[node] = self.gemm_call(node, _GEMM_FUNCTIONS[node.target],
+                                                    node.args, dict(node.kwargs))
+                    continue
                 name = _FUNCTIONS.get(node.target)
                 if name is None:
                     raise _unsupported(_callable_name(node.target))
                 self.env[node] = self.call(node, name, node.args, dict(node.kwargs))
+            elif node.op == "call_method" and str(node.target) in _GEMM_METHODS:
+                self.env[node] = self.gemm_call(node, str(node.target), node.args,
+                                                dict(node.kwargs))
             elif node.op == "call_method":
                 base = str(node.target)
                 name = base[:-1] if base.endswith("_") and base[:-1] in _METHODS else base
@@ -490,8 +561,131 @@ class _Lowering:
         if not isinstance(output, fx.Node):
             raise Unsupported(f"{PREFIX} a forward that returns {type(output).__name__}")
         out = self.value(output)
-        _check_dtype(self.meta(output).dtype, "the output")
+        self.b.dtype_of(self.meta(output).dtype, "the output")
         return out, self.inputs
+
+    # -- the product or convolution at the head of the chain -------------------------------
+
+    def operand(self, a: Any, op: str) -> tuple[Leaf, Any]:
+        """Where a GEMM operand comes from: a forward input or a model attribute."""
+        if isinstance(a, fx.Node) and a.op == "placeholder":
+            return Leaf("input", str(a.target), self.inputs.index(str(a.target))), self.meta(a)
+        if isinstance(a, fx.Node) and a.op == "get_attr":
+            return Leaf("attr", str(a.target), -1), self.meta(a)
+        raise Unsupported(f"{PREFIX} {op} of a computed tensor (v1 fuses what follows one "
+                          f"matmul/convolution of inputs and parameters, not what precedes it)")
+
+    def gemm_call(self, node: fx.Node, op: str, args: tuple, kwargs: dict) -> int:
+        """torch.matmul / mm / bmm / F.linear / F.conv2d (also as methods and operator.matmul)."""
+        names = {"matmul": ("input", "other"), "mm": ("input", "mat2"),
+                 "bmm": ("input", "mat2"), "linear": ("input", "weight", "bias"),
+                 "conv2d": ("input", "weight", "bias", "stride", "padding", "dilation",
+                            "groups")}[op]
+        if len(args) > len(names) or any(k not in names for k in kwargs):
+            raise _unsupported(f"torch.{op} called with unusual arguments ({op})")
+        bound = dict(zip(names, args), **kwargs)
+        x, w = bound["input"], bound.get("other", bound.get("mat2", bound.get("weight")))
+        what = {"matmul": "torch.matmul", "mm": "torch.mm", "bmm": "torch.bmm",
+                "linear": "F.linear", "conv2d": "F.conv2d"}[op]
+        if op == "conv2d":
+            conv = ("const",) + tuple(bound.get(k, d) for k, d in
+                                      (("stride", 1), ("padding", 0), ("dilation", 1),
+                                       ("groups", 1)))
+            if any(isinstance(v, fx.Node) for v in conv):
+                raise Unsupported(f"{PREFIX} F.conv2d with arguments computed at run time")
+            return self.head(node, op, x, w, bound.get("bias"), what, conv)
+        if op in ("matmul", "mm") and isinstance(w, fx.Node) and isinstance(x, fx.Node):
+            ws, xs = self.shape(w), self.shape(x)
+            if len(xs) == 2 and (len(ws) == 1 or (len(ws) == 2 and ws[1] == 1)):
+                return self.matvec(x, w, xs, ws)
+        return self.head(node, op, x, w, bound.get("bias"), what)
+
+    def matvec(self, x: fx.Node, w: fx.Node, xs: tuple, ws: tuple) -> int:
+        """``A[M, K] @ v`` with ``v`` of shape ``(K,)`` or ``(K, 1)``: a row reduction."""
+        if xs[1] != ws[0]:
+            raise Unsupported(f"{PREFIX} a matrix-vector product of shapes {list(xs)} and "
+                              f"{list(ws)}")
+        self.b.ops.append("matvec")
+        a, b = self.value(x), self.value(w)
+        # The vector broadcasts along the rows: read it as (K,) whatever its own shape.
+        vec = self.b.nodes[b]
+        if vec.op != "load":  # pragma: no cover - operands are leaves (value() of a placeholder)
+            raise Unsupported(f"{PREFIX} a matrix-vector product of a computed vector")
+        lf, _ = self.b.leaves[vec.attr("leaf")]
+        self.b.leaves[vec.attr("leaf")] = (lf, (int(ws[0]),))
+        prod = self.b.op("mul", a, b)
+        return self.b.reduce("sum", prod, (1,), len(ws) == 2, xs)
+
+    def head(self, node: fx.Node, op: str, x: Any, w: Any, bias: Any, what: str,
+             conv: tuple = ()) -> int:
+        """The GEMM/convolution: its operands, checks, and a leaf for its result. ``x``, ``w``
+        and ``bias`` are fx nodes, or (Leaf, meta) pairs for a module's parameters."""
+        if self.b.gemm is not None:
+            raise Unsupported(f"{PREFIX} a second matmul/convolution ({what}) in one task (v1 "
+                              f"fuses one GEMM or library call with the chain after it)")
+        a, ma = x if isinstance(x, tuple) else self.operand(x, what)
+        b, mb = w if isinstance(w, tuple) else self.operand(w, what)
+        xs, ws = tuple(int(d) for d in ma.shape), tuple(int(d) for d in mb.shape)
+        if ma.dtype != mb.dtype:
+            raise Unsupported(f"{PREFIX} {what} of mixed dtypes")
+        if op == "matmul":
+            if len(xs) >= 2 and len(ws) == 2:
+                op = "mm"
+            elif len(xs) == 3 and len(ws) == 3 and xs[0] == ws[0]:
+                op = "bmm"
+            else:
+                raise Unsupported(f"{PREFIX} torch.matmul of shapes {list(xs)} and {list(ws)} "
+                                  f"(v1: an N-D by 2-D or a batched 3-D product; matmul)")
+        if op == "mm" and (len(xs) < 2 or len(ws) != 2 or xs[-1] != ws[0]):
+            raise Unsupported(f"{PREFIX} {what} of shapes {list(xs)} and {list(ws)} (matmul)")
+        if op == "bmm" and (len(xs) != 3 or len(ws) != 3 or xs[0] != ws[0] or xs[2] != ws[1]):
+            raise Unsupported(f"{PREFIX} {what} of shapes {list(xs)} and {list(ws)} (matmul)")
+        if op == "linear" and (len(xs) < 1 or len(ws) != 2 or xs[-1] != ws[1]):
+            raise Unsupported(f"{PREFIX} {what} of shapes {list(xs)} and {list(ws)} (matmul)")
+        if op == "conv2d":
+            if len(xs) != 4 or len(ws) != 4:
+                raise Unsupported(f"{PREFIX} {what} of a {len(xs)}-D input (v1: NCHW; "
+                                  f"convolution)")
+            if ma.dtype != torch.float32:
+                raise Unsupported(f"{PREFIX} {what} of dtype "
+                                  f"{str(ma.dtype).replace('torch.', '')} (v1 fuses float32 "
+                                  f"convolutions only; convolution)")
+        self.b.dtype_of(ma.dtype, "the matmul operands")
+        self.b.ops.append(op)
+        leaf = self.b.leaf("gemm", "gemm", -1, self.meta(node))
+        self.b.gemm = Gemm(op, a, b, len(xs), conv, what=what)
+        self.b.gemm_node = leaf
+        if bias is None:
+            self.b.own_bias = leaf
+            return leaf
+        bl, mbias = bias if isinstance(bias, tuple) else self.operand(bias, f"the bias of {what}")
+        bshape = tuple(int(d) for d in mbias.shape)
+        if op == "conv2d":
+            bshape = bshape + (1, 1)  # (C,) -> (C, 1, 1): along the channels of NCHW
+        v = self.b.op("add", leaf, self.b.leaf(bl.source, bl.name, bl.index, mbias, bshape))
+        self.b.own_bias = v
+        return v
+
+    def group_norm(self, x: Any, groups: tuple, num_groups: int, w: int | None,
+                   bias: int | None, eps: float, what: str) -> int:
+        """GroupNorm of an (N, C, ...) tensor: rows are (sample, group), a row is the group's
+        channels times the spatial dims (contiguous in memory), the affine is per channel."""
+        shape = self.shape(x)
+        if len(shape) < 2 or num_groups <= 0 or shape[1] % num_groups:
+            raise Unsupported(f"{PREFIX} {what} of shape {list(shape)} with {num_groups} "
+                              f"groups")
+        dims = tuple(range(1, len(shape)))
+        b, v = self.b, self.value(x)
+        mu = b.op("div", b.reduce("sum", v, dims, True, shape, groups), b.cols())
+        d = b.op("sub", v, mu)
+        var = b.op("div", b.reduce("sum", b.op("mul", d, d), dims, True, shape, groups),
+                   b.cols())
+        out = b.op("mul", d, b.op("rsqrt", b.op("add", var, b.const(eps))))
+        if w is not None:
+            out = b.op("mul", out, w)
+        if bias is not None:
+            out = b.op("add", out, bias)
+        return out
 
     def module(self, node: fx.Node) -> Any:
         """A leaf torch.nn module: its op with the module's attributes as arguments."""
@@ -528,6 +722,27 @@ class _Lowering:
             w = self.b.leaf("attr", f"{t}.weight", -1, m.weight) if m.weight is not None else None
             bias = self.b.leaf("attr", f"{t}.bias", -1, m.bias) if m.bias is not None else None
             return self.layer_norm(x, tuple(m.normalized_shape), w, bias, m.eps)
+        if type(m) is nn.Linear:
+            w = (Leaf("attr", f"{t}.weight", -1), m.weight)
+            bias = (Leaf("attr", f"{t}.bias", -1), m.bias) if m.bias is not None else None
+            return self.head(node, "linear", x, w, bias, f"nn.Linear {t!r}")
+        if type(m) is nn.Conv2d:
+            if m.padding_mode != "zeros":
+                raise Unsupported(f"{PREFIX} nn.Conv2d with padding_mode={m.padding_mode!r} "
+                                  f"(convolution)")
+            w = (Leaf("attr", f"{t}.weight", -1), m.weight)
+            bias = (Leaf("attr", f"{t}.bias", -1), m.bias) if m.bias is not None else None
+            return self.head(node, "conv2d", x, w, bias, f"nn.Conv2d {t!r}", ("module", t))
+        if type(m) is nn.GroupNorm:
+            self.b.ops.append("group_norm")
+            shape = self.shape(x)
+            view = (int(m.num_channels),) + (1,) * (len(shape) - 2)
+            w = bias = None
+            if m.affine:
+                w = self.b.leaf("attr", f"{t}.weight", -1, m.weight, view)
+                bias = self.b.leaf("attr", f"{t}.bias", -1, m.bias, view)
+            return self.group_norm(x, ("attr", t), int(m.num_groups), w, bias, float(m.eps),
+                                   f"nn.GroupNorm {t!r}")
         if hasattr(nn, "RMSNorm") and type(m) is nn.RMSNorm:
             self.b.ops.append("rms_norm")
             w = self.b.leaf("attr", f"{t}.weight", -1, m.weight) if m.weight is not None else None
@@ -625,6 +840,22 @@ class _Lowering:
                                    self.value(w) if w is not None else None,
                                    self.value(bias) if bias is not None else None,
                                    float(bound.get("eps", 1e-5)))
+        if op == "group_norm":
+            g = bound.get("num_groups")
+            if not isinstance(g, int) or isinstance(g, bool):
+                raise Unsupported(f"{PREFIX} F.group_norm with num_groups computed at run time")
+            shape = self.shape(x)
+            view = (shape[1] if len(shape) > 1 else 1,) + (1,) * max(len(shape) - 2, 0)
+            leaves = []
+            for key in ("weight", "bias"):
+                a = bound.get(key)
+                if a is None:
+                    leaves.append(None)
+                    continue
+                lf, meta = self.operand(a, "F.group_norm's affine")
+                leaves.append(self.b.leaf(lf.source, lf.name, lf.index, meta, view))
+            return self.group_norm(x, ("const", g), g, leaves[0], leaves[1],
+                                   float(bound.get("eps", 1e-5)), "F.group_norm")
         if op == "rms_norm":
             w = bound.get("weight")
             return self.rms_norm(x, tuple(bound["normalized_shape"]),
@@ -761,7 +992,7 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
     nodes = builder.nodes
     if nodes[out].cls == "uniform":
         raise Unsupported(f"{PREFIX} a forward whose result does not depend on a tensor")
-    if nodes[out].op == "load":
+    if nodes[out].op == "load" and out != builder.gemm_node:
         raise Unsupported(f"{PREFIX} a forward that returns an input unchanged (nothing to "
                           f"compute)")
     # Keep only what the output needs, renumbered in topological order.
@@ -803,6 +1034,43 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
     # Prefer a forward input as the anchor: its shape is what the caller passes.
     anchor = min(anchors, key=lambda j: (leaves[j].source != "input", j))
 
+    gemm, gemm_leaf = builder.gemm, -1
+    if gemm is not None:
+        found = [j for j, lf in enumerate(leaves) if lf.source == "gemm"]
+        if not found:  # the product's result is never used: nothing of it to compute
+            gemm = None
+        else:
+            gemm_leaf = anchor = found[0]
+            if leaves[gemm_leaf].bcast != "full":
+                raise Unsupported(f"{PREFIX} a {gemm.what} result broadcast to a larger shape "
+                                  f"{list(s)}")
+            gemm = dataclasses.replace(gemm, trivial=out in (builder.gemm_node,
+                                                             builder.own_bias))
+    groups = builder.groups or ()
+    if groups and nodes[out].cls != "elem":
+        raise Unsupported(f"{PREFIX} a per-group reduced output (group statistics)")
+    if groups:
+        for j, lf in enumerate(leaves):  # channel parameters of a GroupNorm: no (c)olumn forms
+            if lf.bcast == "block" and lf.b == len(s) - 1:
+                raise Unsupported(f"{PREFIX} {lf.name!r} broadcast along the last dim of a "
+                                  f"grouped normalization")
+
+    # Dtypes: float32, or one of float16/bfloat16 throughout a GEMM with an elementwise
+    # epilogue (the tensor-core template).
+    names = [lf.name for lf in leaves if lf.source != "gemm"] + ["the output"]
+    if gemm is not None:
+        names.append("the matmul operands")
+    low = {builder.dtypes[n] for n in names if n in builder.dtypes}
+    dtype = "float32"
+    if low:
+        ok = (gemm is not None and gemm.matmul and kind == "elementwise" and len(low) == 1
+              and all(n in builder.dtypes for n in names))
+        if not ok:
+            raise Unsupported(f"{PREFIX} tensors of dtype {min(low)} (v1 handles float32, and "
+                              f"float16/bfloat16 only for a matmul with an elementwise "
+                              f"epilogue, all in one dtype)")
+        dtype = low.pop()
+
     new_nodes = []
     for i in order:
         n = nodes[i]
@@ -811,7 +1079,8 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
             attrs = (("leaf", leaf_remap[n.attr("leaf")]),)
         new_nodes.append(Node(n.op, tuple(remap[a] for a in n.args), attrs, n.cls))
     plan = Plan(kind=kind, inputs=tuple(inputs), ndim=len(s), k=k, leaves=tuple(leaves),
-                nodes=tuple(new_nodes), output=remap[out], keepdim=keepdim, anchor=anchor)
+                nodes=tuple(new_nodes), output=remap[out], keepdim=keepdim, anchor=anchor,
+                gemm=gemm, gemm_leaf=gemm_leaf, groups=tuple(groups), dtype=dtype)
     return plan, tuple(s)
 
 
@@ -842,15 +1111,18 @@ def _meta_inputs(mod: Any) -> list:
 _KNOWN_MODULES = (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.Mish, nn.SELU, nn.Softsign,
                   nn.Hardsigmoid, nn.Hardswish, nn.Identity, nn.GELU, nn.LeakyReLU, nn.Hardtanh,
                   nn.ELU, nn.Softplus, nn.modules.dropout._DropoutNd, nn.Softmax, nn.LogSoftmax,
-                  nn.LayerNorm) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
+                  nn.LayerNorm, nn.Linear, nn.Conv2d, nn.GroupNorm
+                  ) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
 
 
 def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
     """The decline for the first op outside the v1 tables, found without shapes."""
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target not in _FUNCTIONS:
+        if (node.op == "call_function" and node.target not in _FUNCTIONS
+                and node.target not in _GEMM_FUNCTIONS):
             return _unsupported(_callable_name(node.target))
-        if node.op == "call_method" and str(node.target).rstrip("_") not in _METHODS:
+        if (node.op == "call_method" and str(node.target).rstrip("_") not in _METHODS
+                and str(node.target) not in _GEMM_METHODS):
             return _unsupported(f"Tensor.{node.target}")
         if node.op == "call_module":
             m = gm.get_submodule(str(node.target))
@@ -859,11 +1131,19 @@ def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
     return None
 
 
-def analyze_module(mod: Any) -> Analysis:
-    """Trace and lower one executed task module (see :meth:`Task.module`)."""
+def analyze_module(mod: Any, real: bool = False) -> Analysis:
+    """Trace and lower one executed task module (see :meth:`Task.module`).
+
+    Shapes are propagated on meta tensors (no memory at any size), or with ``real`` on real
+    CPU tensors: for a small task that is faster, because the first use of meta kernels imports
+    torch's meta registrations and decompositions (about 1.5 s of every translate/evolve step
+    of a CPU campaign)."""
     try:
-        model = _meta_model(mod)
-        inputs = _meta_inputs(mod)
+        if real:
+            model = mod.Model(*init_inputs(mod)).eval()
+            inputs = make_inputs(mod, seed=0, device="cpu")
+        else:
+            model, inputs = _meta_model(mod), _meta_inputs(mod)
     except Exception as e:  # noqa: BLE001
         raise Unsupported(f"{PREFIX} this task: building it failed ({type(e).__name__}: {e})")
     try:
@@ -900,9 +1180,11 @@ def analyze_task(task: Task) -> Analysis:
     coincidence at one size (a batch equal to a feature count, a dim of 1) would otherwise
     turn into a wrong broadcast at another. Plans that differ are declined.
     """
-    main = analyze_module(task.module())
+    # Real tensors only where the small size is the task's own (a task without a small
+    # variant, e.g. a KernelBench file, is as large at "small" as at "large").
+    main = analyze_module(task.module(), real=task.size == "small" and task.has_small_variant)
     if task.size != "small" and task.has_small_variant:
-        other = analyze_module(dataclasses.replace(task, size="small").module())
+        other = analyze_module(dataclasses.replace(task, size="small").module(), real=True)
         if other.plan != main.plan:
             raise Unsupported(f"{PREFIX} this task: its graph's structure differs between "
                               f"sizes")
@@ -916,7 +1198,12 @@ def describe(plan: Plan) -> str:
         args = [names[a] for a in n.args]
         if n.op == "load":
             lf = plan.leaves[n.attr("leaf")]
-            names[i] = lf.name if lf.source == "input" else f"self.{lf.name}"
+            if lf.source == "gemm" and plan.gemm is not None:
+                g = plan.gemm
+                ops = [o.name if o.source == "input" else f"self.{o.name}" for o in (g.a, g.b)]
+                names[i] = f"{g.op}({', '.join(ops)})"
+            else:
+                names[i] = lf.name if lf.source == "input" else f"self.{lf.name}"
         elif n.op == "const":
             names[i] = f"{n.attr('value'):g}"
         elif n.op == "cols":

@@ -1,9 +1,17 @@
 """The offline synthesizer as a Proposer: knob spaces and the four evolution operators.
 
 Every candidate of a task comes from one plan (graph.analyze_task) and one knob set; the
-operators only move in knob space: translate samples it (defaults first), mutate perturbs one
-or two knobs of a parent, crossover takes each knob from one of the parents, repair falls back
-to the defaults (or, if the parent already had them, to the most conservative set).
+operators only move in knob space: translate samples it (the defaults of each template first),
+mutate perturbs one or two knobs of a parent, crossover takes each knob from one of the parents,
+repair falls back to the defaults (or, if the parent already had them, to the most conservative
+set).
+
+A plan that opens with a matrix product has two templates, told apart by the knob ``lib``:
+0 = the tiled GEMM of this package with the epilogue fused into its stores (strict policy),
+1 = the library's GEMM followed by one fused epilogue kernel (permissive policy). A convolution
+has only the library form; float16/bfloat16 products only the tensor-core GEMM. Mutating
+``lib`` switches templates: the knobs both share keep their values, the others take the new
+template's defaults.
 """
 
 from __future__ import annotations
@@ -15,10 +23,11 @@ from typing import Any
 
 from assay.propose.base import Parent, TaskContext
 from assay.propose.offline import codegen
-from assay.propose.offline.graph import Analysis, Unsupported, analyze_task
+from assay.propose.offline.graph import PREFIX, Analysis, Unsupported, analyze_task
 from assay.records import Proposal
 
 TARGETS = ("cpu", "cuda")
+POLICIES = ("any", "strict", "permissive")
 
 # The values each knob may take, per (target, template). Every value is valid for every task;
 # a kernel checks at run time what it needs (alignment for vectors) and falls back if not.
@@ -30,6 +39,10 @@ KNOB_SPACES: dict[tuple[str, str], dict[str, tuple[int, ...]]] = {
     # chunk: rows per OpenMP task (0 = an even static split).
     ("cpu", "row"): {"threads": (0, 1, 2, 4, 8), "chunk": (0, 1, 4, 16),
                      "unroll": (1, 2, 4, 8)},
+    # tile_m x tile_n: the output tile of one OpenMP task; k_step: the K slab packed at a time.
+    ("cpu", "gemm"): {"threads": (0, 1, 2, 4, 8), "tile_m": (16, 32, 64),
+                      "tile_n": (64, 128, 256), "k_step": (64, 128, 256),
+                      "unroll": (1, 2, 4, 8)},
     # block: threads per block; vec: floats per load (float4 = 16 bytes); unroll: vectors per
     # thread per grid-stride step; persistent: 1 = a grid capped at a few waves per SM that
     # strides over the data, 0 = one pass with as many blocks as the data needs.
@@ -39,6 +52,19 @@ KNOB_SPACES: dict[tuple[str, str], dict[str, tuple[int, ...]]] = {
     # inputs that several passes read in shared memory (when the row fits).
     ("cuda", "row"): {"block": (128, 256, 512, 1024), "vec": (1, 2, 4),
                       "warp_per_row": (0, 1), "cache_row": (0, 1)},
+    # tile_m x tile_n: the block's output tile; k_step: the K slab in shared memory;
+    # thread_m x thread_n: each thread's register tile; load_vec: 4 = float4 global loads and
+    # stores (when K and N allow); stages: 2 = double-buffered slabs (the next one loads while
+    # the current one is multiplied), 1 = load, sync, multiply.
+    # min_blocks: blocks per SM the register budget must allow (__launch_bounds__).
+    ("cuda", "gemm"): {"tile_m": (64, 128), "tile_n": (64, 128), "k_step": (8, 16, 32),
+                       "thread_m": (4, 8), "thread_n": (4, 8), "load_vec": (1, 4),
+                       "stages": (1, 2), "min_blocks": (1, 2)},
+    # warp_m x warp_n: each warp's share of the tile, in 16 x 16 WMMA fragments; load_vec: 8 =
+    # 16-byte cp.async copies (stages 2 pipelines them), 1 = element loads.
+    ("cuda", "gemm_tc"): {"tile_m": (64, 128), "tile_n": (64, 128), "k_step": (32, 64),
+                          "warp_m": (32, 64), "warp_n": (32, 64), "load_vec": (1, 8),
+                          "stages": (1, 2)},
 }
 
 
@@ -46,14 +72,60 @@ def knob_space(target: str, template: str) -> dict[str, tuple[int, ...]]:
     return KNOB_SPACES[(target, template)]
 
 
-def default_knobs(target: str, analysis: Analysis) -> dict[str, int]:
-    """Knobs expected to do well at the analysed size (the code itself stays size-generic)."""
+def lib_values(target: str, analysis: Analysis, policy: str = "any") -> tuple[int, ...]:
+    """The values knob ``lib`` may take for this plan (empty: no template can write it)."""
+    g = analysis.plan.gemm
+    if g is None:
+        return ()
+    custom = g.matmul and (analysis.plan.dtype == "float32" or target == "cuda")
+    library = not g.trivial and analysis.plan.dtype == "float32" and policy != "strict"
+    return tuple(v for v, ok in ((0, custom), (1, library)) if ok)
+
+
+def why_not(target: str, analysis: Analysis, policy: str = "any") -> str | None:
+    """Why no template can write this plan on ``target`` under ``policy``, or None."""
+    plan = analysis.plan
+    g = plan.gemm
+    if plan.dtype != "float32" and target == "cpu":
+        return f"{PREFIX} {plan.dtype} on the cpu target (float32 only there)"
+    if g is None or lib_values(target, analysis, policy):
+        return None
+    if g.op == "conv2d" and g.trivial:
+        return (f"{PREFIX} a lone {g.what} (convolution): nothing after the library call to "
+                f"fuse, and v1 has no convolution kernel of its own")
+    if g.op == "conv2d":
+        return (f"{PREFIX} {g.what} under the strict policy (convolution): v1 only fuses "
+                f"what follows a library convolution, which needs the permissive policy")
+    return f"{PREFIX} this task ({g.what})"  # pragma: no cover - matmul always has lib=0
+
+
+def template_space(target: str, analysis: Analysis, lib: int | None,
+                   policy: str = "any") -> dict[str, tuple[int, ...]]:
+    """The knob space of the template that ``lib`` selects (None: the plan's first)."""
+    plan = analysis.plan
+    libs = lib_values(target, analysis, policy)
+    if plan.gemm is None:
+        return dict(knob_space(target, plan.kind))
+    if lib not in libs:
+        lib = libs[0]
+    space: dict[str, tuple[int, ...]] = {"lib": libs}
+    if lib == 1:
+        space.update(knob_space(target, plan.kind))
+        return space
+    gemm = "gemm_tc" if plan.dtype != "float32" else "gemm"
+    space.update(knob_space(target, gemm))
+    if plan.kind == "row":  # the row kernel after the GEMM has its own knobs
+        space.update(knob_space(target, "row"))
+    return space
+
+
+def _fused_defaults(target: str, analysis: Analysis, kind: str) -> dict[str, int]:
     plan = analysis.plan
     if target == "cpu":
-        if plan.kind == "elementwise":
+        if kind == "elementwise":
             return {"threads": 0, "chunk": 16384, "unroll": 2}
         return {"threads": 0, "chunk": 0, "unroll": 2}
-    if plan.kind == "elementwise":
+    if kind == "elementwise":
         # Measured on H200 (ReLU and GELU over 4096 x 16384): within 1% of eager torch, the
         # best of the 56 variants tried; a persistent grid was ~4% slower.
         return {"block": 256, "vec": 4, "unroll": 2, "persistent": 0}
@@ -65,23 +137,57 @@ def default_knobs(target: str, analysis: Analysis) -> dict[str, int]:
     return {"block": 256 if cols < 8192 else 512, "vec": 4, "warp_per_row": 0, "cache_row": 1}
 
 
+def default_knobs(target: str, analysis: Analysis, lib: int | None = None,
+                  policy: str = "any") -> dict[str, int]:
+    """Knobs expected to do well at the analysed size (the code itself stays size-generic);
+    for a product, those of the template ``lib`` selects (None: the plan's first)."""
+    plan = analysis.plan
+    if plan.gemm is None:
+        return _fused_defaults(target, analysis, plan.kind)
+    libs = lib_values(target, analysis, policy)
+    lib = lib if lib in libs else libs[0]
+    if lib == 1:
+        return {"lib": 1, **_fused_defaults(target, analysis, plan.kind)}
+    if target == "cpu":
+        knobs = {"lib": 0, "threads": 0, "tile_m": 32, "tile_n": 128, "k_step": 128, "unroll": 2}
+    elif plan.dtype != "float32":
+        knobs = {"lib": 0, "tile_m": 128, "tile_n": 128, "k_step": 32, "warp_m": 64,
+                 "warp_n": 32, "load_vec": 8, "stages": 2}
+    else:
+        # The classic register-blocked SGEMM: 128 x 128 tiles, 8 x 8 per thread (256
+        # threads), K slabs of 8, float4 loads, double buffering.
+        knobs = {"lib": 0, "tile_m": 128, "tile_n": 128, "k_step": 8, "thread_m": 8,
+                 "thread_n": 8, "load_vec": 4, "stages": 2, "min_blocks": 2}
+    if plan.kind == "row":
+        knobs.update(_fused_defaults(target, analysis, "row"))
+    return knobs
+
+
 def safe_knobs(target: str, template: str) -> dict[str, int]:
     """The most conservative form: no vector accesses, no unrolling, serial on the host."""
     if target == "cpu":
+        if template == "gemm":
+            return {"threads": 1, "tile_m": 16, "tile_n": 64, "k_step": 64, "unroll": 1}
         return {"threads": 1, "chunk": 16384 if template == "elementwise" else 0, "unroll": 1}
     if template == "elementwise":
         return {"block": 256, "vec": 1, "unroll": 1, "persistent": 1}
+    if template == "gemm":
+        return {"tile_m": 64, "tile_n": 64, "k_step": 8, "thread_m": 4, "thread_n": 4,
+                "load_vec": 1, "stages": 1, "min_blocks": 1}
+    if template == "gemm_tc":
+        return {"tile_m": 64, "tile_n": 64, "k_step": 32, "warp_m": 32, "warp_n": 32,
+                "load_vec": 1, "stages": 1}
     return {"block": 256, "vec": 1, "warp_per_row": 0, "cache_row": 0}
 
 
 def normalize_knobs(knobs: Any, space: dict[str, tuple[int, ...]],
                     fallback: dict[str, int]) -> dict[str, int]:
     """Valid values of ``knobs`` (e.g. a parent's), the fallback's for the rest."""
-    out = dict(fallback)
+    out = {k: v for k, v in fallback.items() if k in space}
     if isinstance(knobs, dict):
         for key, values in space.items():
             v = knobs.get(key)
-            if isinstance(v, (int, float)) and int(v) in values:
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and int(v) in values:
                 out[key] = int(v)
     return out
 
@@ -101,8 +207,13 @@ def mutate_knobs(knobs: dict[str, int], space: dict[str, tuple[int, ...]],
 
 
 def cross_knobs(parents: list[dict[str, int]], space: dict[str, tuple[int, ...]],
-                rng: random.Random) -> dict[str, int]:
-    return {key: rng.choice(parents)[key] for key in sorted(space)}
+                rng: random.Random, fallback: dict[str, int] | None = None) -> dict[str, int]:
+    """Each knob from a random parent that has it (else from ``fallback``)."""
+    out = {}
+    for key in sorted(space):
+        have = [p[key] for p in parents if key in p]
+        out[key] = rng.choice(have) if have else (fallback or {})[key]
+    return out
 
 
 def _parent_knobs(parent: Parent) -> Any:
@@ -120,9 +231,14 @@ def _parent_knobs(parent: Parent) -> Any:
     return None
 
 
-def strategy_of(analysis: Analysis) -> str:
-    """The niche of a template: a single op streams (vectorize), several fuse (fusion)."""
+def strategy_of(analysis: Analysis, knobs: dict[str, int] | None = None) -> str:
+    """The niche of a template: a single op streams (vectorize), several fuse (fusion), a row
+    reduces (rowreduce); a product tiles (tiling), uses tensor cores (tensor_cores) or leaves
+    the product to the library and fuses the rest (epilogue)."""
     plan = analysis.plan
+    if plan.gemm is not None:
+        template = codegen.template_of(plan, knobs or {})
+        return {"epilogue": "epilogue", "gemm_tc": "tensor_cores"}.get(template, "tiling")
     if plan.kind == "row":
         return "rowreduce"
     compute = [n for n in plan.nodes if n.op not in ("load", "const", "cols")]
@@ -130,24 +246,35 @@ def strategy_of(analysis: Analysis) -> str:
 
 
 class OfflineSynthesizer:
-    """Writes fused elementwise and row-reduction kernels without an LLM (see package doc)."""
+    """Writes fused elementwise, row-reduction and GEMM(+epilogue) kernels without an LLM.
+
+    ``policy``: ``any`` (default) proposes both forms of a product (own GEMM, library GEMM +
+    fused epilogue); ``strict`` only kernels of its own (library forms would be refused by the
+    strict kernel audit); ``permissive`` is the same as ``any``.
+    """
 
     name = "offline"
 
-    def __init__(self, target: str = "cpu"):
+    def __init__(self, target: str = "cpu", policy: str = "any"):
         if target not in TARGETS:
             raise ValueError(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
         self.target = target
+        self.policy = policy
         self._analyses: dict[tuple[str, str, str], Analysis | Unsupported] = {}
 
     # -- shared -------------------------------------------------------------------------------
 
     def analyse(self, ctx: TaskContext) -> Analysis:
-        """The task's plan (cached per task source and size); raises Unsupported."""
+        """The task's plan (cached per task source and size); raises Unsupported, also when
+        no template can write the plan on this target under this policy."""
         key = (ctx.task.source_hash, ctx.task.size, str(ctx.task.path))
         if key not in self._analyses:
             try:
-                self._analyses[key] = analyze_task(ctx.task)
+                analysis = analyze_task(ctx.task)
+                reason = why_not(self.target, analysis, self.policy)
+                self._analyses[key] = Unsupported(reason) if reason else analysis
             except Unsupported as e:
                 self._analyses[key] = e
         result = self._analyses[key]
@@ -155,22 +282,40 @@ class OfflineSynthesizer:
             raise result
         return result
 
-    def _space(self, analysis: Analysis) -> dict[str, tuple[int, ...]]:
-        return knob_space(self.target, analysis.plan.kind)
+    def space(self, analysis: Analysis, knobs: Any = None) -> dict[str, tuple[int, ...]]:
+        """The knob space of the template ``knobs`` (a dict, maybe partial) selects."""
+        lib = knobs.get("lib") if isinstance(knobs, dict) else None
+        return template_space(self.target, analysis, lib, self.policy)
+
+    def defaults(self, analysis: Analysis, knobs: Any = None) -> dict[str, int]:
+        lib = knobs.get("lib") if isinstance(knobs, dict) else None
+        return default_knobs(self.target, analysis, lib, self.policy)
+
+    def normalize(self, analysis: Analysis, knobs: Any) -> dict[str, int]:
+        """A complete, valid knob set of the template ``knobs`` selects."""
+        return normalize_knobs(knobs, self.space(analysis, knobs), self.defaults(analysis, knobs))
 
     def _proposal(self, ctx: TaskContext, analysis: Analysis, knobs: dict[str, int],
                   operator: str, parents: list[str], started: float) -> Proposal:
         code = codegen.candidate_file(analysis.plan, self.target, knobs, analysis.summary,
                                       ctx.task.source)
         return Proposal(code=code, operator=operator, parents=list(parents),
-                        strategy=strategy_of(analysis), knobs=dict(sorted(knobs.items())),
-                        model=self.name, wall_s=round(time.perf_counter() - started, 4))
+                        strategy=strategy_of(analysis, knobs),
+                        knobs=dict(sorted(knobs.items())), model=self.name,
+                        wall_s=round(time.perf_counter() - started, 4))
 
     def _declined(self, operator: str, parents: list[str], reason: str,
                   started: float) -> list[Proposal]:
         return [Proposal(code=None, operator=operator, parents=list(parents), strategy="none",
                          declined=reason, model=self.name,
                          wall_s=round(time.perf_counter() - started, 4))]
+
+    def _mutant(self, analysis: Analysis, base: dict[str, int],
+                rng: random.Random) -> dict[str, int]:
+        child = mutate_knobs(base, self.space(analysis, base), rng)
+        if child.get("lib") != base.get("lib"):  # another template: its knobs, shared ones kept
+            child = self.normalize(analysis, child)
+        return child
 
     # -- the Proposer protocol ----------------------------------------------------------------
 
@@ -180,12 +325,20 @@ class OfflineSynthesizer:
             analysis = self.analyse(ctx)
         except Unsupported as e:
             return self._declined("translate", [], str(e), started)
-        space = self._space(analysis)
-        chosen = [default_knobs(self.target, analysis)]
-        for _ in range(50 * max(n, 1)):
+        libs = lib_values(self.target, analysis, self.policy) or (None,)
+        # The defaults of every template first, then random points of each in turn.
+        chosen = []
+        for lib in libs:
+            d = default_knobs(self.target, analysis, lib, self.policy)
+            if d not in chosen:
+                chosen.append(d)
+        for i in range(50 * max(n, 1)):
             if len(chosen) >= n:
                 break
-            knobs = random_knobs(space, rng)
+            lib = libs[i % len(libs)]
+            knobs = random_knobs(template_space(self.target, analysis, lib, self.policy), rng)
+            if lib is not None:
+                knobs["lib"] = lib
             if knobs not in chosen:
                 chosen.append(knobs)
         return [self._proposal(ctx, analysis, k, "translate", [], started) for k in chosen[:n]]
@@ -197,13 +350,12 @@ class OfflineSynthesizer:
             analysis = self.analyse(ctx)
         except Unsupported as e:
             return self._declined("mutate", [parent.id], str(e), started)
-        space = self._space(analysis)
-        base = normalize_knobs(_parent_knobs(parent), space, default_knobs(self.target, analysis))
+        base = self.normalize(analysis, _parent_knobs(parent))
         children: list[dict[str, int]] = []
         for _ in range(50 * max(n, 1)):
             if len(children) >= n:
                 break
-            child = mutate_knobs(base, space, rng)
+            child = self._mutant(analysis, base, rng)
             if child != base and child not in children:
                 children.append(child)
         return [self._proposal(ctx, analysis, k, "mutate", [parent.id], started)
@@ -219,16 +371,23 @@ class OfflineSynthesizer:
             return self._declined("crossover", ids, str(e), started)
         if not parents:
             return []
-        space = self._space(analysis)
-        default = default_knobs(self.target, analysis)
-        pk = [normalize_knobs(_parent_knobs(p), space, default) for p in parents]
-        child = cross_knobs(pk, space, rng)
+        pk = [self.normalize(analysis, _parent_knobs(p)) for p in parents]
+
+        def cross() -> dict[str, int]:
+            # The template (lib) of a random parent, then each of its knobs from a parent of
+            # the same template when one has it.
+            first = rng.choice(pk)
+            space = self.space(analysis, first)
+            same = [p for p in pk if p.get("lib") == first.get("lib")]
+            return cross_knobs(same, space, rng, self.defaults(analysis, first))
+
+        child = cross()
         for _ in range(16):  # prefer a child that is none of its parents
             if child not in pk:
                 break
-            child = cross_knobs(pk, space, rng)
+            child = cross()
         if child in pk:  # the parents agree on every knob: step off them
-            child = mutate_knobs(child, space, rng)
+            child = self._mutant(analysis, child, rng)
         return [self._proposal(ctx, analysis, child, "crossover", ids, started)]
 
     def repair(self, ctx: TaskContext, parent: Parent, rng: random.Random) -> list[Proposal]:
@@ -237,9 +396,16 @@ class OfflineSynthesizer:
             analysis = self.analyse(ctx)
         except Unsupported as e:
             return self._declined("repair", [parent.id], str(e), started)
-        space = self._space(analysis)
-        knobs = default_knobs(self.target, analysis)
         current = _parent_knobs(parent)
-        if isinstance(current, dict) and normalize_knobs(current, space, knobs) == knobs:
-            knobs = safe_knobs(self.target, analysis.plan.kind)
+        knobs = self.defaults(analysis, current)
+        if isinstance(current, dict) and self.normalize(analysis, current) == knobs:
+            template = codegen.template_of(analysis.plan, knobs)
+            safe = dict(knobs)
+            if template in ("gemm", "gemm_tc"):
+                safe.update(safe_knobs(self.target, template))
+                if analysis.plan.kind == "row":
+                    safe.update(safe_knobs(self.target, "row"))
+            else:
+                safe.update(safe_knobs(self.target, analysis.plan.kind))
+            knobs = safe
         return [self._proposal(ctx, analysis, knobs, "repair", [parent.id], started)]

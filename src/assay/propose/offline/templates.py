@@ -78,7 +78,7 @@ extern "C" int assay_forward({{ params }}) {
 {% for line in prologue %}
   {{ line }}
 {% endfor %}
-{% if template == "elementwise" %}
+{% if kind == "elementwise" %}
   // {{ chunk }} elements per OpenMP task: large enough to amortize scheduling, small enough
   // to balance the threads.
   const int64_t chunk = {{ chunk }};
@@ -423,21 +423,539 @@ extern "C" int assay_forward({{ params }}) {
 """
 
 # ---------------------------------------------------------------------------------------------
+# GEMMs. `assay_gemm` computes C = A @ B (or A @ B^T: a linear layer's weight is [N, K]) for a
+# batch of products (blockIdx.z / the outer task loop) and applies the fused elementwise
+# epilogue to every element as it is stored: `acc_v` is the product's value, `i` its flat index
+# in the output, the leaves are read as the elementwise template reads them. With a row
+# epilogue (softmax, norms, sums) the GEMM stores the product itself and the row kernel follows.
+
+CPP_GEMM_HEAD = r"""// Assay offline synthesizer v1: {{ template }} kernel (cpu, C++/OpenMP)
+// computes: {{ summary }}
+// knobs: {{ knob_line }}
+#include <math.h>
+#include <stdint.h>
+#include <algorithm>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define ASSAY_FN static inline
+{{ helpers }}
+static inline int assay_threads(int wanted) {
+#ifdef _OPENMP
+  return std::max(1, std::min(wanted, omp_get_max_threads()));
+#else
+  return 1;
+#endif
+}
+"""
+
+CPP_GEMM = r"""
+#include <stdlib.h>
+// Tiled GEMM: each task is a {{ bm }} x {{ bn }} tile of the output; K advances {{ bk }} at a
+// time, the slab of B packed into a contiguous [{{ bk }}][{{ bn }}] buffer (rows of B^T for a
+// linear layer), so the inner loop is a unit-stride `omp simd` AXPY into the tile's
+// accumulators. Plain fp32 multiply-adds in K order.
+extern "C" int assay_gemm({{ params }}) {
+{% for line in prologue %}
+  {{ line }}
+{% endfor %}
+  const int64_t MB = {{ bm }}, NB = {{ bn }}, KB = {{ bk }};
+  if (M <= 0 || N <= 0 || batch <= 0) return 0;
+  const int64_t mt = (M + MB - 1) / MB, nt = (N + NB - 1) / NB;
+  const int64_t tasks = batch * mt * nt;
+  int failed = 0;
+{% if parallel %}
+  #pragma omp parallel{{ omp_clause }} if(tasks > 1 && M * N * K > 32768) reduction(|:failed)
+{% endif %}
+  {
+    float* acc = static_cast<float*>(aligned_alloc(64, sizeof(float) * {{ bm * bn }}));
+    float* bp = static_cast<float*>(aligned_alloc(64, sizeof(float) * {{ bk * bn }}));
+    if (acc == nullptr || bp == nullptr) {
+      failed = 1;
+    } else {
+{% if parallel %}
+      #pragma omp for schedule(static)
+{% endif %}
+      for (int64_t t = 0; t < tasks; ++t) {
+        const int64_t bz = t / (mt * nt), rest = t % (mt * nt);
+        const int64_t m0 = (rest / nt) * MB, n0 = (rest % nt) * NB;
+        const int64_t mb = std::min(MB, M - m0), nb = std::min(NB, N - n0);
+        const float* Ab = A + bz * sA;
+        const float* Bb = B + bz * sB;
+        std::fill(acc, acc + MB * NB, 0.0f);
+        for (int64_t k0 = 0; k0 < K; k0 += KB) {
+          const int64_t kb = std::min(KB, K - k0);
+          for (int64_t kk = 0; kk < kb; ++kk) {
+            float* dst = bp + kk * NB;
+            for (int64_t j = 0; j < nb; ++j) {
+{% if trans_b %}
+              dst[j] = Bb[(n0 + j) * K + k0 + kk];
+{% else %}
+              dst[j] = Bb[(k0 + kk) * N + n0 + j];
+{% endif %}
+            }
+            for (int64_t j = nb; j < NB; ++j) dst[j] = 0.0f;
+          }
+          for (int64_t r = 0; r < mb; ++r) {
+            const float* a = Ab + (m0 + r) * K + k0;
+            float* c = acc + r * NB;
+            for (int64_t kk = 0; kk < kb; ++kk) {
+              const float av = a[kk];
+              const float* b = bp + kk * NB;
+              #pragma omp simd simdlen({{ simdlen }})
+              for (int64_t j = 0; j < NB; ++j) c[j] += av * b[j];
+            }
+          }
+        }
+        for (int64_t r = 0; r < mb; ++r) {
+          const int64_t row = m0 + r;
+          for (int64_t j = 0; j < nb; ++j) {
+            const int64_t i = bz * sC + row * N + n0 + j;
+            const float acc_v = acc[r * NB + j];
+{% for line in epi_body %}
+            {{ line }}
+{% endfor %}
+            out[i] = {{ epi_out }};
+          }
+        }
+      }
+    }
+    free(acc);
+    free(bp);
+  }
+  return failed ? 12 : 0;  // 12: ENOMEM
+}
+"""
+
+CUDA_GEMM = r"""
+// Tiled fp32 GEMM: a block of {{ nt }} threads computes a {{ bm }} x {{ bn }} tile of the output,
+// each thread a {{ tm }} x {{ tn }} register tile (outer products of a column slice of A and a
+// row slice of B read from shared memory, A stored transposed so both are float4 reads). K
+// advances {{ bk }} at a time{% if stages == 2 %}; the next slab is loaded into registers while
+// the current one is multiplied, into the other half of double-buffered shared memory{% endif %}.
+// Plain fp32 FMAs in K order: no TF32, no split-K.
+template <int VEC>
+__global__ void __launch_bounds__({{ nt }}, {{ min_blocks }})
+assay_matmul_tiles({{ kparams }}) {
+  constexpr int BM = {{ bm }}, BN = {{ bn }}, BK = {{ bk }}, TM = {{ tm }}, TN = {{ tn }};
+  constexpr int NT = (BM / TM) * (BN / TN);
+  constexpr int STAGES = {{ stages }};
+  constexpr int ALD = BM + 4, BLD = BN + 4;  // +4: float4-aligned rows, fewer bank conflicts
+  extern __shared__ float4 assay_gemm_smem[];
+  float* As = reinterpret_cast<float*>(assay_gemm_smem);  // [STAGES][BK][ALD]: A^T slabs
+  float* Bs = As + STAGES * BK * ALD;                      // [STAGES][BK][BLD]
+{% for line in prologue %}
+  {{ line }}
+{% endfor %}
+  const int64_t bz = blockIdx.z;
+  const float* __restrict__ Ab = A + bz * sA;
+  const float* __restrict__ Bb = B + bz * sB;
+  const int64_t m0 = (int64_t)blockIdx.y * BM;
+  const int64_t n0 = (int64_t)blockIdx.x * BN;
+  const int tid = threadIdx.x;
+  const int tr = tid / (BN / TN), tc = tid % (BN / TN);
+
+  constexpr int A_VECS = BM * BK / VEC, B_VECS = BK * BN / VEC;
+  constexpr int A_PER = (A_VECS + NT - 1) / NT, B_PER = (B_VECS + NT - 1) / NT;
+  float ra[A_PER][VEC], rb[B_PER][VEC];
+  float acc[TM][TN];
+  #pragma unroll
+  for (int ii = 0; ii < TM; ++ii) {
+    #pragma unroll
+    for (int jj = 0; jj < TN; ++jj) acc[ii][jj] = 0.0f;
+  }
+
+  // Global -> registers: VEC consecutive floats along K (A, B^T) or N (B), zero past the edges.
+  auto load = [&](int64_t k0) {
+    #pragma unroll
+    for (int p = 0; p < A_PER; ++p) {
+      const int e = tid + p * NT;
+      const int m = e / (BK / VEC), kk = (e % (BK / VEC)) * VEC;
+      const int64_t gm = m0 + m, gk = k0 + kk;
+      if (e < A_VECS && gm < M && gk < K) {
+        assay_load<VEC>(Ab, gm * K + gk, ra[p]);
+      } else {
+        #pragma unroll
+        for (int u = 0; u < VEC; ++u) ra[p][u] = 0.0f;
+      }
+    }
+    #pragma unroll
+    for (int p = 0; p < B_PER; ++p) {
+      const int e = tid + p * NT;
+{% if trans_b %}
+      const int n = e / (BK / VEC), kk = (e % (BK / VEC)) * VEC;
+      const int64_t gn = n0 + n, gk = k0 + kk;
+      if (e < B_VECS && gn < N && gk < K) {
+        assay_load<VEC>(Bb, gn * K + gk, rb[p]);
+{% else %}
+      const int kk = e / (BN / VEC), n = (e % (BN / VEC)) * VEC;
+      const int64_t gk = k0 + kk, gn = n0 + n;
+      if (e < B_VECS && gk < K && gn < N) {
+        assay_load<VEC>(Bb, gk * N + gn, rb[p]);
+{% endif %}
+      } else {
+        #pragma unroll
+        for (int u = 0; u < VEC; ++u) rb[p][u] = 0.0f;
+      }
+    }
+  };
+  // Registers -> shared memory stage s.
+  auto store = [&](int s) {
+    float* as = As + s * BK * ALD;
+    float* bs = Bs + s * BK * BLD;
+    #pragma unroll
+    for (int p = 0; p < A_PER; ++p) {
+      const int e = tid + p * NT;
+      if (e < A_VECS) {
+        const int m = e / (BK / VEC), kk = (e % (BK / VEC)) * VEC;
+        #pragma unroll
+        for (int u = 0; u < VEC; ++u) as[(kk + u) * ALD + m] = ra[p][u];
+      }
+    }
+    #pragma unroll
+    for (int p = 0; p < B_PER; ++p) {
+      const int e = tid + p * NT;
+      if (e < B_VECS) {
+{% if trans_b %}
+        const int n = e / (BK / VEC), kk = (e % (BK / VEC)) * VEC;
+        #pragma unroll
+        for (int u = 0; u < VEC; ++u) bs[(kk + u) * BLD + n] = rb[p][u];
+{% else %}
+        const int kk = e / (BN / VEC), n = (e % (BN / VEC)) * VEC;
+        #pragma unroll
+        for (int u = 0; u < VEC; ++u) bs[kk * BLD + n + u] = rb[p][u];
+{% endif %}
+      }
+    }
+  };
+  auto compute = [&](int s) {
+    const float* as = As + s * BK * ALD + tr * TM;
+    const float* bs = Bs + s * BK * BLD + tc * TN;
+    #pragma unroll
+    for (int kk = 0; kk < BK; ++kk) {
+      float a[TM], b[TN];
+      #pragma unroll
+      for (int q = 0; q < TM / 4; ++q) {
+        const float4 t = *reinterpret_cast<const float4*>(as + kk * ALD + 4 * q);
+        a[4 * q] = t.x; a[4 * q + 1] = t.y; a[4 * q + 2] = t.z; a[4 * q + 3] = t.w;
+      }
+      #pragma unroll
+      for (int q = 0; q < TN / 4; ++q) {
+        const float4 t = *reinterpret_cast<const float4*>(bs + kk * BLD + 4 * q);
+        b[4 * q] = t.x; b[4 * q + 1] = t.y; b[4 * q + 2] = t.z; b[4 * q + 3] = t.w;
+      }
+      #pragma unroll
+      for (int ii = 0; ii < TM; ++ii) {
+        #pragma unroll
+        for (int jj = 0; jj < TN; ++jj) acc[ii][jj] = fmaf(a[ii], b[jj], acc[ii][jj]);
+      }
+    }
+  };
+
+  const int64_t ntiles = (K + BK - 1) / BK;
+  if (ntiles > 0) {
+    load(0);
+    store(0);
+  }
+  __syncthreads();
+  for (int64_t t = 0; t < ntiles; ++t) {
+    if (STAGES == 2) {
+      if (t + 1 < ntiles) load((t + 1) * BK);  // in flight while this slab is multiplied
+      compute((int)(t & 1));
+      if (t + 1 < ntiles) store((int)((t + 1) & 1));
+      __syncthreads();
+    } else {
+      compute(0);
+      __syncthreads();
+      if (t + 1 < ntiles) {
+        load((t + 1) * BK);
+        store(0);
+      }
+      __syncthreads();
+    }
+  }
+
+  // Epilogue: the fused formula per element; float4 stores when N % 4 == 0 (VEC == 4).
+  #pragma unroll
+  for (int ii = 0; ii < TM; ++ii) {
+    const int64_t row = m0 + tr * TM + ii;
+    if (row >= M) continue;
+    float o[TN];
+    #pragma unroll
+    for (int jj = 0; jj < TN; ++jj) {
+      const int64_t col = n0 + tc * TN + jj;
+      float res = 0.0f;
+      if (col < N) {
+        const int64_t i = bz * sC + row * N + col;
+        (void)i;
+        const float acc_v = acc[ii][jj];
+{% for line in epi_body %}
+        {{ line }}
+{% endfor %}
+        res = {{ epi_out }};
+      }
+      o[jj] = res;
+    }
+    const int64_t base = bz * sC + row * N + n0 + tc * TN;
+    if (VEC == 4) {
+      #pragma unroll
+      for (int q = 0; q < TN / 4; ++q) {
+        if (n0 + tc * TN + 4 * q < N) {
+          *reinterpret_cast<float4*>(out + base + 4 * q) =
+              make_float4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
+        }
+      }
+    } else {
+      #pragma unroll
+      for (int jj = 0; jj < TN; ++jj) {
+        if (n0 + tc * TN + jj < N) out[base + jj] = o[jj];
+      }
+    }
+  }
+}
+{{ launcher }}"""
+
+# The host side shared by both CUDA GEMMs: grid, dynamic shared memory (opted in above 48 KB),
+# the vector instantiation when sizes and pointers allow it.
+CUDA_GEMM_LAUNCH = r"""
+static int assay_gemm_smem_optin() {
+  static int cache[64] = {0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 48 * 1024;
+  if (cache[dev] == 0) {
+    int v = 0;
+    cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    cache[dev] = v > 0 ? v : 48 * 1024;
+  }
+  return cache[dev];
+}
+
+template <int VEC>
+static int assay_gemm_launch(dim3 grid, size_t smem, cudaStream_t stream, {{ kparams }}) {
+  if (smem > (size_t)assay_gemm_smem_optin()) return (int)cudaErrorInvalidConfiguration;
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(assay_matmul_tiles<VEC>,
+        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return static_cast<int>(e);
+  }
+  assay_matmul_tiles<VEC><<<grid, {{ nt }}, smem, stream>>>({{ kargs }});
+  return (int)cudaGetLastError();
+}
+
+extern "C" int assay_gemm({{ params }}) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  if (M <= 0 || N <= 0 || batch <= 0) return 0;
+  const int64_t gx = (N + {{ bn - 1 }}) / {{ bn }}, gy = (M + {{ bm - 1 }}) / {{ bm }};
+  if (gx > 2147483647 || gy > 65535 || batch > 65535) return (int)cudaErrorInvalidConfiguration;
+  const dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)batch);
+  const size_t smem = {{ smem_bytes }};
+  const bool vec = {{ vec }} > 1 && K % {{ vec }} == 0 && ({{ "true" if trans_b and not store_vec else "false" }} || N % {{ vec }} == 0)
+                   && assay_aligned(A, 16) && assay_aligned(B, 16){% if store_vec %} && assay_aligned(out, 16){% endif %};
+  if (vec) return assay_gemm_launch<{{ vec }}>(grid, smem, stream, {{ kargs }});
+  return assay_gemm_launch<1>(grid, smem, stream, {{ kargs }});
+}
+"""
+
+CUDA_GEMM_TC = r"""
+#include <mma.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+// Tensor-core GEMM (WMMA 16x16x16 on {{ dtype }} with fp32 accumulation): a block of
+// {{ nt // 32 }} warp(s) computes a {{ bm }} x {{ bn }} tile, each warp {{ wm }} x {{ wn }}; K advances
+// {{ bk }} at a time{% if stages == 2 %}, the next slab copied with cp.async into the other half
+// of double-buffered shared memory while the current one is multiplied{% endif %}. The
+// accumulators go through shared memory once, where the fused epilogue reads them in fp32
+// and stores {{ dtype }}.
+typedef {{ ctype }} assay_elt;
+__device__ __forceinline__ float assay_f(float x) { return x; }
+__device__ __forceinline__ float assay_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float assay_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ assay_elt assay_to_elt(float x) { return {{ to_elt }}(x); }
+
+__device__ __forceinline__ void assay_cp_async16(void* smem, const void* gmem, bool full) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int bytes = full ? 16 : 0;  // 0: the 16 bytes are zero-filled
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void assay_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void assay_cp_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+
+template <int VEC>
+__global__ void __launch_bounds__({{ nt }})
+assay_matmul_tiles({{ kparams }}) {
+  using namespace nvcuda;
+  constexpr int BM = {{ bm }}, BN = {{ bn }}, BK = {{ bk }}, WM = {{ wm }}, WN = {{ wn }};
+  constexpr int STAGES = {{ stages }};
+  constexpr int WARPS_N = BN / WN;
+  constexpr int FM = WM / 16, FN = WN / 16;
+  constexpr int NT = {{ nt }};
+  constexpr int ALD = BK + 8;  // 16-byte rows, 32-byte fragment pointers
+{% if trans_b %}
+  constexpr int BROWS = BN, BCOLS = BK, BLD = BK + 8;  // Bs[n][k]: B^T rows, a col_major B
+{% else %}
+  constexpr int BROWS = BK, BCOLS = BN, BLD = BN + 8;  // Bs[k][n]: a row_major B
+{% endif %}
+  constexpr int A_TILE = BM * ALD, B_TILE = BROWS * BLD;
+  constexpr int CLD = BN + 4;
+  extern __shared__ __align__(128) unsigned char assay_gemm_smem[];
+  assay_elt* As = reinterpret_cast<assay_elt*>(assay_gemm_smem);
+  assay_elt* Bs = As + STAGES * A_TILE;
+  float* Cs = reinterpret_cast<float*>(assay_gemm_smem);  // the accumulators, after the K loop
+{% for line in prologue %}
+  {{ line }}
+{% endfor %}
+  const int64_t bz = blockIdx.z;
+  const assay_elt* __restrict__ Ab = A + bz * sA;
+  const assay_elt* __restrict__ Bb = B + bz * sB;
+  const int64_t m0 = (int64_t)blockIdx.y * BM;
+  const int64_t n0 = (int64_t)blockIdx.x * BN;
+  const int tid = threadIdx.x, warp = tid / 32;
+  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
+  #pragma unroll
+  for (int i = 0; i < FM; ++i) {
+    #pragma unroll
+    for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+  }
+
+  // One slab into stage s: VEC == 8 copies 16 bytes with cp.async (zero-filled past the
+  // edges), VEC == 1 element by element through registers.
+  auto load = [&](int s, int64_t k0) {
+    assay_elt* as = As + s * A_TILE;
+    assay_elt* bs = Bs + s * B_TILE;
+    for (int e = tid; e < BM * BK / VEC; e += NT) {
+      const int r = e / (BK / VEC), c = (e % (BK / VEC)) * VEC;
+      const int64_t gr = m0 + r, gc = k0 + c;
+      const bool ok = gr < M && gc < K;
+      if constexpr (VEC == 8) {
+        assay_cp_async16(as + r * ALD + c, ok ? (const void*)(Ab + gr * K + gc) : (const void*)Ab, ok);
+      } else {
+        as[r * ALD + c] = ok ? Ab[gr * K + gc] : assay_to_elt(0.0f);
+      }
+    }
+    for (int e = tid; e < BROWS * BCOLS / VEC; e += NT) {
+      const int r = e / (BCOLS / VEC), c = (e % (BCOLS / VEC)) * VEC;
+{% if trans_b %}
+      const int64_t gr = n0 + r, gc = k0 + c;
+      const bool ok = gr < N && gc < K;
+      const int64_t at = gr * K + gc;
+{% else %}
+      const int64_t gr = k0 + r, gc = n0 + c;
+      const bool ok = gr < K && gc < N;
+      const int64_t at = gr * N + gc;
+{% endif %}
+      if constexpr (VEC == 8) {
+        assay_cp_async16(bs + r * BLD + c, ok ? (const void*)(Bb + at) : (const void*)Bb, ok);
+      } else {
+        bs[r * BLD + c] = ok ? Bb[at] : assay_to_elt(0.0f);
+      }
+    }
+  };
+  auto compute = [&](int s) {
+    const assay_elt* as = As + s * A_TILE;
+    const assay_elt* bs = Bs + s * B_TILE;
+    #pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, assay_elt, wmma::row_major> fa[FM];
+{% if trans_b %}
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, assay_elt, wmma::col_major> fb[FN];
+{% else %}
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, assay_elt, wmma::row_major> fb[FN];
+{% endif %}
+      #pragma unroll
+      for (int i = 0; i < FM; ++i) wmma::load_matrix_sync(fa[i], as + (wm * WM + i * 16) * ALD + kk, ALD);
+      #pragma unroll
+      for (int j = 0; j < FN; ++j) {
+{% if trans_b %}
+        wmma::load_matrix_sync(fb[j], bs + (wn * WN + j * 16) * BLD + kk, BLD);
+{% else %}
+        wmma::load_matrix_sync(fb[j], bs + kk * BLD + wn * WN + j * 16, BLD);
+{% endif %}
+      }
+      #pragma unroll
+      for (int i = 0; i < FM; ++i) {
+        #pragma unroll
+        for (int j = 0; j < FN; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+      }
+    }
+  };
+
+  const int64_t ntiles = (K + BK - 1) / BK;
+  if constexpr (VEC == 8 && STAGES == 2) {
+    if (ntiles > 0) load(0, 0);
+    assay_cp_commit();
+    for (int64_t t = 0; t < ntiles; ++t) {
+      if (t + 1 < ntiles) load((int)((t + 1) & 1), (t + 1) * BK);
+      assay_cp_commit();
+      assay_cp_wait<1>();  // slab t has landed; slab t + 1 may still be in flight
+      __syncthreads();
+      compute((int)(t & 1));
+      __syncthreads();
+    }
+  } else {
+    for (int64_t t = 0; t < ntiles; ++t) {
+      load(0, t * BK);
+      if constexpr (VEC == 8) {
+        assay_cp_commit();
+        assay_cp_wait<0>();
+      }
+      __syncthreads();
+      compute(0);
+      __syncthreads();
+    }
+  }
+
+  #pragma unroll
+  for (int i = 0; i < FM; ++i) {
+    #pragma unroll
+    for (int j = 0; j < FN; ++j)
+      wmma::store_matrix_sync(Cs + (wm * WM + i * 16) * CLD + wn * WN + j * 16, acc[i][j], CLD,
+                              wmma::mem_row_major);
+  }
+  __syncthreads();
+  for (int e = tid; e < BM * BN; e += NT) {
+    const int r = e / BN, c = e % BN;
+    const int64_t row = m0 + r, col = n0 + c;
+    if (row < M && col < N) {
+      const int64_t i = bz * sC + row * N + col;
+      (void)i;
+      const float acc_v = Cs[r * CLD + c];
+{% for line in epi_body %}
+      {{ line }}
+{% endfor %}
+      out[i] = assay_to_elt({{ epi_out }});
+    }
+  }
+}
+{{ launcher }}"""
+
+# ---------------------------------------------------------------------------------------------
 # The candidate file.
 
 CANDIDATE = r'''"""Candidate written by Assay's offline synthesizer (v1).
 
 Computes: {{ summary }}
 Template: {{ template }} ({{ target }}); knobs: {{ knob_line }}.
+{% if library %}
+
+POLICY: permissive. The library computes {{ library }};
+everything after it is one fused kernel of this file (the SOURCE below). The verifier's
+permissive policy reports the library's share of the time; the strict policy refuses library
+compute, as it should.
+{% endif %}
 
 ModelNew inherits the task's Model constructor (copied below without its forward), so its
-parameters have the reference's names, shapes and seeded values; its forward runs one
-compiled kernel (the SOURCE below, loaded with ctypes) and allocates the output only.
+parameters have the reference's names, shapes and seeded values; its forward runs the
+compiled kernel(s) of SOURCE (loaded with ctypes) and allocates the output only.
 """
 {% if future %}
 from __future__ import annotations
 {% endif %}
 
+import contextlib
 import ctypes
 import functools
 import math
@@ -455,19 +973,26 @@ TEMPLATE = {{ template|tojson }}
 TARGET = {{ target|tojson }}
 KNOBS = {{ knobs_repr }}
 LANG = {{ lang|tojson }}
+POLICY = {{ policy|tojson }}  # the verifier policy this candidate can pass
+DTYPE = torch.{{ dtype }}
 SOURCE = r"""
 {{ source }}"""
 
 _LIB = None
-_ARGTYPES = [{{ argtypes }}]
+_ARGTYPES = {
+{% for name, types in entries %}
+    {{ name|tojson }}: [{{ types }}],
+{% endfor %}
+}
 
 
 def _lib():
     global _LIB
     if _LIB is None:
         lib = load_library(SOURCE, lang=LANG)
-        lib.assay_forward.argtypes = _ARGTYPES
-        lib.assay_forward.restype = ctypes.c_int
+        for name, types in _ARGTYPES.items():
+            getattr(lib, name).argtypes = types
+            getattr(lib, name).restype = ctypes.c_int
 {% if target == "cuda" %}
         lib.assay_error_string.argtypes = [ctypes.c_int]
         lib.assay_error_string.restype = ctypes.c_char_p
@@ -476,12 +1001,22 @@ def _lib():
     return _LIB
 
 
+def _check(err):
+    if err:
+{% if target == "cuda" %}
+        msg = _lib().assay_error_string(err).decode()
+        raise RuntimeError(f"assay kernel launch failed: {msg} (cuda error {err})")
+{% else %}
+        raise RuntimeError(f"assay kernel failed with code {err}")
+{% endif %}
+
+
 def _tensor(t, what):
-    """A contiguous float32 tensor on this candidate's device (a copy only if it was strided)."""
+    """A contiguous DTYPE tensor on this candidate's device (a copy only if it was strided)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what}: expected a tensor, got {type(t).__name__}")
-    if t.dtype != torch.float32 or t.device.type != {{ device_type|tojson }}:
-        raise TypeError(f"{what}: expected a float32 {{ device_type }} tensor, got {t.dtype} on "
+    if t.dtype != DTYPE or t.device.type != {{ device_type|tojson }}:
+        raise TypeError(f"{what}: expected a {DTYPE} {{ device_type }} tensor, got {t.dtype} on "
                         f"{t.device}")
     return t.contiguous()
 
@@ -493,6 +1028,18 @@ def _attr(module, path):
 def _expect(cond, what):
     if not cond:
         raise ValueError(f"shape mismatch: {what} (this kernel was generated for other shapes)")
+
+
+@contextlib.contextmanager
+def _ieee_fp32():
+    """cuDNN may run float32 convolutions in TF32 by default; the task is float32, so the
+    library call asks for IEEE float32 and the process-wide setting is put back afterwards."""
+    prev = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = prev
 
 
 class ModelNew(Model):
