@@ -2,7 +2,7 @@
 import shlex
 import sys
 
-from assay.app import compose, task_refs
+from assay.app import compose, target, task_refs
 
 OVERRIDES = [str(o) for o in config.get("overrides", [])]
 CFG = compose(OVERRIDES)
@@ -14,8 +14,10 @@ for _err in TASK_ERRORS:
     print(f"assay: task left out: {_err}", file=sys.stderr)
 TASKS = [r.id for r in REFS]
 LEVELS = sorted({r.level for r in REFS})
-# GPU steps hold one GPU each (`--resources gpu=N`); the lease in assay.gpu picks which.
-GPU = 0 if CFG.target.name == "cpu" else 1
+# GPU steps hold one GPU each (`--resources gpu=N`); the lease in assay.gpu picks which. On the
+# cpu target they hold none, so they run side by side. `target=auto` is resolved here, on the
+# machine running Snakemake: a cluster whose login node has no GPU needs `target=cuda`.
+GPU = 1 if target(CFG) == "cuda" else 0
 OVR = " ".join(shlex.quote(o) for o in OVERRIDES)
 # `--use-conda` builds this environment for each step; by default the current one is used.
 ENV = "../../environment.yml"
