@@ -15,6 +15,12 @@ min_version("9.0")
 configfile: f"{workflow.basedir}/config/workflow.yaml"
 
 
+# `--config overrides='[a=1,llms=[x,y]]'`: Snakemake cannot parse a list inside the list and
+# passes the text on; split it here, at the top level only.
+if isinstance(config.get("overrides"), str):
+    from assay.app import split_overrides
+
+    config["overrides"] = split_overrides(config["overrides"])
 validate(config, "workflow/schemas/workflow.schema.yaml")
 
 

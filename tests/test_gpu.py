@@ -24,8 +24,9 @@ import pytest
 import torch
 
 from assay.tasks.model import Task
-from assay.verify.harness import Prepared, VerifyConfig, prepare, verify
-from test_zoo import GENEROUS_PEAKS, zoo_config
+from assay.verify.harness import Prepared, VerifyConfig, verify
+from test_zoo import (GENEROUS_PEAKS, assert_verdict, prepared, record, zoo_config,
+                      zoo_task)
 from test_zoo_cuda import CUDA_CASES, CUDA_ZOO, kernel_names, kernel_sources
 
 pytestmark = pytest.mark.gpu
@@ -130,35 +131,20 @@ def test_illegal_address_is_a_verdict(task, tmp_path):
 # --- the cuda exploit zoo ----------------------------------------------------------------------
 
 NAIVE = Path(__file__).parent / "zoo" / "naive.py"
-_TASKS: dict[str, Task] = {}
-_PREPARED: dict[str, Prepared] = {}
-_RECORDS: dict[str, dict] = {}
 
 
 def cuda_task(rel: str) -> Task:
-    if rel not in _TASKS:
-        _TASKS[rel] = Task.from_file(CUDA_ZOO / "tasks" / f"{rel}.py")
-    return _TASKS[rel]
+    return zoo_task(rel, CUDA_ZOO)
 
 
 def cuda_prepared(task: Task) -> Prepared:
-    """One preparation per task, reused by its candidates (as the verify step does)."""
-    if task.id not in _PREPARED:
-        _PREPARED[task.id] = prepare(task, "cuda", zoo_config({"POLICY": "strict",
-                                                               "CONFIG": {}}))
-    return _PREPARED[task.id]
+    return prepared(task, "cuda")
 
 
 def cuda_record(task: Task) -> dict:
-    """Roofline inputs as in the cpu zoo: every input and output once, no FLOPs; judged against
-    GENEROUS_PEAKS (10 TB/s), which no honest kernel beats and a faked time does."""
-    if task.id not in _RECORDS:
-        prep = cuda_prepared(task)
-        nbytes = sum(x.numel() * x.element_size() for x in prep.sets[0]
-                     if isinstance(x, torch.Tensor))
-        nbytes += sum(r.numel() * r.element_size() for r in prep.refs[0])
-        _RECORDS[task.id] = {"flops": 0.0, "min_bytes": float(nbytes)}
-    return _RECORDS[task.id]
+    """Roofline inputs as in the cpu zoo, judged against GENEROUS_PEAKS (10 TB/s), which no
+    honest kernel beats and a faked time does."""
+    return record(task, "cuda")
 
 
 @pytest.fixture(scope="module")
@@ -182,16 +168,6 @@ def run_cuda_case(name: str):
     print(name, v.accepted, v.reasons, f"{v.runtime_ms} ms", f"verify {elapsed:.1f} s",
           (v.kernels_launched or [])[:4], v.error[:200])
     return v, elapsed
-
-
-def assert_verdict(meta: dict, v) -> None:
-    """The zoo's rule: accepted iff honest, every EXPECT reason present, nothing but EXPECT and
-    ALSO."""
-    expect, also = set(meta["EXPECT"]), set(meta["ALSO"])
-    failed = {k: c["detail"][:400] for k, c in v.checks.items() if not c["passed"]}
-    assert v.accepted == (not expect), (v.reasons, failed)
-    assert expect <= set(v.reasons), (sorted(expect - set(v.reasons)), v.reasons, failed)
-    assert set(v.reasons) <= expect | also, (sorted(set(v.reasons) - expect - also), failed)
 
 
 @pytest.mark.parametrize("name", [n for n, m in CUDA_CASES.items() if m["KIND"] != "failure"])

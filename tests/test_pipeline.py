@@ -44,6 +44,18 @@ def test_dry_run_lists_every_stage(tmp_path):
         assert f"rule {stage}:" in out or f"\n{stage} " in out, stage
 
 
+def test_lists_inside_the_overrides_list(tmp_path):
+    """`--config overrides='[...,tasks.include=[L1_1_ReLU]]'`: Snakemake cannot parse the inner
+    list; the Snakefile splits the text at its top-level commas."""
+    cmd = snakemake(tmp_path, "-n")
+    cmd[cmd.index(OVERRIDES)] = ("overrides=[campaign=ci,tasks=ci,llms=[offline],"
+                                 "tasks.include=[L1_1_ReLU]]")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert "L1_1_ReLU" in out and "L1_10_Softmax" not in out
+
+
 def test_lint_is_clean(tmp_path):
     r = subprocess.run(snakemake(tmp_path, "--lint"), capture_output=True, text=True, env=env())
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
@@ -118,3 +130,13 @@ def test_killed_campaign_resumes_without_losing_or_redoing_work(tmp_path):
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(parents) == 1 and len(children) == 3
     assert (c / "report.html").read_text().count("L1_") >= 3
+
+    # The report of this real campaign in headless Chromium (issue #9): no console problems,
+    # nothing fetched, the plots drawn; screenshots saved as test artifacts.
+    from test_report_browser import render_in_chromium
+
+    facts, found, urls = render_in_chromium(c / "report.html", "report-ci-campaign")
+    assert found == [], "the page logged problems:\n" + "\n".join(found)
+    assert urls == [(c / "report.html").resolve().as_uri()], urls
+    assert facts["leaderboard_rows"] == 3 and facts["roofline_points"] > 0
+    assert facts["charts"] >= 4 and facts["svgs"] == facts["charts"] and facts["lineages"] >= 1

@@ -56,10 +56,11 @@ _PREPARED: dict[str, Prepared] = {}
 _RECORDS: dict[str, dict] = {}
 
 
-def zoo_task(rel: str) -> Task:
-    if rel not in _TASKS:
-        _TASKS[rel] = Task.from_file(ZOO / "tasks" / f"{rel}.py")
-    return _TASKS[rel]
+def zoo_task(rel: str, root: Path = ZOO) -> Task:
+    key = f"{root}/{rel}"
+    if key not in _TASKS:
+        _TASKS[key] = Task.from_file(root / "tasks" / f"{rel}.py")
+    return _TASKS[key]
 
 
 def zoo_config(meta: dict) -> VerifyConfig:
@@ -69,26 +70,28 @@ def zoo_config(meta: dict) -> VerifyConfig:
                         limits=SandboxLimits(memory_gb=c.get("memory_gb", 32)))
 
 
-def prepared(task: Task) -> Prepared:
-    """One preparation per task and test process, reused by its candidates (as the verify step
-    reuses one per generation); the settings it depends on are the same for every candidate."""
-    if task.id not in _PREPARED:
-        _PREPARED[task.id] = prepare(task, "cpu", zoo_config({"POLICY": "strict",
-                                                              "CONFIG": {}}))
-    return _PREPARED[task.id]
+def prepared(task: Task, device: str = "cpu") -> Prepared:
+    """One preparation per task, device and test process, reused by its candidates (as the
+    verify step reuses one per generation); the settings it depends on are the same for every
+    candidate."""
+    key = f"{task.path}@{device}"
+    if key not in _PREPARED:
+        _PREPARED[key] = prepare(task, device, zoo_config({"POLICY": "strict", "CONFIG": {}}))
+    return _PREPARED[key]
 
 
-def record(task: Task) -> dict:
+def record(task: Task, device: str = "cpu") -> dict:
     """The roofline's inputs: minimum bytes (every input and output once) and no FLOPs (the
     memory floor is enough here; assay.tasks.analyze.cost counts FLOPs, at the price of a
     dynamo import). No degeneracy analysis: the harness must find that by itself."""
-    if task.id not in _RECORDS:
-        prep = prepared(task)
+    key = f"{task.path}@{device}"
+    if key not in _RECORDS:
+        prep = prepared(task, device)
         nbytes = sum(x.numel() * x.element_size() for x in prep.sets[0]
                      if isinstance(x, torch.Tensor))
         nbytes += sum(r.numel() * r.element_size() for r in prep.refs[0])
-        _RECORDS[task.id] = {"flops": 0.0, "min_bytes": float(nbytes)}
-    return _RECORDS[task.id]
+        _RECORDS[key] = {"flops": 0.0, "min_bytes": float(nbytes)}
+    return _RECORDS[key]
 
 
 def run_case(name: str):
@@ -108,16 +111,22 @@ def test_zoo_size():
     assert kinds.count("exploit") >= 20 and kinds.count("honest") >= 10, kinds
 
 
-@pytest.mark.parametrize("name", [_param(n) for n in CASES])
-def test_zoo_verdict(name):
-    meta = CASES[name]
-    v = run_case(name)
+def assert_verdict(meta: dict, v) -> None:
+    """The zoo's rule: accepted iff honest, every EXPECT reason present, nothing but EXPECT and
+    ALSO."""
     expect, also = set(meta["EXPECT"]), set(meta["ALSO"])
     failed = {k: c["detail"][:400] for k, c in v.checks.items() if not c["passed"]}
     assert v.accepted == (not expect), (v.reasons, failed)
     assert expect <= set(v.reasons), (sorted(expect - set(v.reasons)), v.reasons, failed)
     assert set(v.reasons) <= expect | also, (sorted(set(v.reasons) - expect - also), failed)
-    if not expect:
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in CASES])
+def test_zoo_verdict(name):
+    meta = CASES[name]
+    v = run_case(name)
+    assert_verdict(meta, v)
+    if not meta["EXPECT"]:
         assert v.runtime_ms > 0 and v.kernels_launched is not None
         assert v.checks["precision"]["passed"] and v.checks["stale_results"]["passed"]
         if meta["POLICY"] == "permissive":

@@ -72,6 +72,32 @@ def step(fn: Callable[[DictConfig], Any], gpu: bool = False) -> Callable[[], Any
                       config_name="config")(run)
 
 
+def split_overrides(text: str) -> list[str]:
+    """``"[a=1,llms=[x,y],b='p,q']"`` -> ``["a=1", "llms=[x,y]", "b='p,q'"]``: commas split only
+    outside brackets and quotes (the outer brackets are optional)."""
+    text = text.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    out, cur, depth, quote = [], [], 0, ""
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+            continue
+        cur.append(ch)
+    if "".join(cur).strip():
+        out.append("".join(cur).strip())
+    return [o for o in out if o]
+
+
 class UserError(ValueError):
     """A mistake in what the user asked for; printed as one line, exit status 2."""
 

@@ -54,7 +54,8 @@ ASSAY_FN float assay_hardswish(float x) { return x * assay_clamp(x + 3.0f, 0.0f,
 # ---------------------------------------------------------------------------------------------
 # C++ (cpu target): OpenMP threads over chunks or rows, `omp simd` inner loops.
 
-CPP_SOURCE = r"""// Assay offline synthesizer v1: {{ template }} kernel (cpu, C++/OpenMP)
+# The head of every C++ source: includes, the helpers, a thread count within OpenMP's.
+CPP_PREAMBLE = r"""// Assay offline synthesizer v1: {{ template }} kernel (cpu, C++/OpenMP)
 // computes: {{ summary }}
 // knobs: {{ knob_line }}
 #include <math.h>
@@ -73,7 +74,9 @@ static inline int assay_threads(int wanted) {
   return 1;
 #endif
 }
+"""
 
+CPP_SOURCE = CPP_PREAMBLE + r"""
 extern "C" int assay_forward({{ params }}) {
 {% for line in prologue %}
   {{ line }}
@@ -429,26 +432,7 @@ extern "C" int assay_forward({{ params }}) {
 # in the output, the leaves are read as the elementwise template reads them. With a row
 # epilogue (softmax, norms, sums) the GEMM stores the product itself and the row kernel follows.
 
-CPP_GEMM_HEAD = r"""// Assay offline synthesizer v1: {{ template }} kernel (cpu, C++/OpenMP)
-// computes: {{ summary }}
-// knobs: {{ knob_line }}
-#include <math.h>
-#include <stdint.h>
-#include <algorithm>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-#define ASSAY_FN static inline
-{{ helpers }}
-static inline int assay_threads(int wanted) {
-#ifdef _OPENMP
-  return std::max(1, std::min(wanted, omp_get_max_threads()));
-#else
-  return 1;
-#endif
-}
-"""
+CPP_GEMM_HEAD = CPP_PREAMBLE + r""""""
 
 CPP_GEMM = r"""
 #include <stdlib.h>
