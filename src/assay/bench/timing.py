@@ -23,14 +23,17 @@ import torch
 
 _perf_counter = time.perf_counter
 _cuda_event = torch.cuda.Event
+# Bound now: a candidate that patches the class's methods later changes nothing measured here.
+_record = torch.cuda.Event.record
+_elapsed = torch.cuda.Event.elapsed_time
 _cuda_sync = torch.cuda.synchronize
 
 ORIGINALS = {
     "time.perf_counter": _perf_counter,
     "torch.cuda.Event": _cuda_event,
     "torch.cuda.synchronize": _cuda_sync,
-    "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
-    "torch.cuda.Event.record": torch.cuda.Event.record,
+    "torch.cuda.Event.elapsed_time": _elapsed,
+    "torch.cuda.Event.record": _record,
 }
 
 
@@ -156,14 +159,14 @@ def time_calls(fn: Callable[[int], Any], device: torch.device, cfg: TimingConfig
             # call's Python launches its kernels, and that host jitter (2-4% of a 70 us kernel
             # on an H200) would land inside the timed region. The previous call still ended in
             # a device-wide sync, so nothing else can be running.
-            start.record()
+            _record(start)
             out = fn(call)
-            end.record()
+            _record(end)
             _cuda_sync()  # waits for every stream: ``after`` cannot precede hidden work
-            after.record()
+            _record(after)
             _cuda_sync()
-            samples.append(start.elapsed_time(end))
-            whole.append(start.elapsed_time(after))
+            samples.append(_elapsed(start, end))
+            whole.append(_elapsed(start, after))
         else:
             s = _perf_counter()
             out = fn(call)
@@ -183,11 +186,11 @@ def _sync_latency_ms(n: int = 20) -> float:
     for _ in range(n):
         start, after = _cuda_event(enable_timing=True), _cuda_event(enable_timing=True)
         _cuda_sync()
-        start.record()
+        _record(start)
         _cuda_sync()
-        after.record()
+        _record(after)
         _cuda_sync()
-        vals.append(start.elapsed_time(after))
+        vals.append(_elapsed(start, after))
     return statistics.median(vals)
 
 
