@@ -2,8 +2,8 @@
 
 CUDA: a device-wide sync, then per call an L2 flush (a read over a buffer twice the L2), device
 events around the call alone (the call is enqueued while the flush still runs, so host launch
-overhead stays out of the device time), inputs rotated among several buffers, warm-up by time, median and
-IQR. CPU: the same with ``perf_counter`` (CPU ops are synchronous) and a cache flush by a write
+overhead stays out of the device time), inputs rotated among several buffers, warm-up by time,
+median and IQR. CPU: the same with ``perf_counter`` (CPU ops are synchronous) and a cache flush by a write
 over a buffer larger than the last-level cache.
 
 The functions here keep references to the clocks taken at import, before any candidate code is
