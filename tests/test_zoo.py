@@ -135,14 +135,26 @@ def test_zoo_verdict(name):
 
 # --- the naive harness accepts every exploit (so each one is a real exploit) -----------------
 
+# glibc serves a freed block again only below its mmap threshold, which it moves at run time;
+# pinned high, the reference's freed output is reused as a naive harness's would be in a
+# long-running process (and the CUDA caching allocator always does). Even so, reuse depends on
+# the heap's history, which differs from process to process (threads, hash seeds): a noop
+# kernel passes in about half of fresh processes, so the test retries in new ones.
+NAIVE_ENV = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 30)}
+
+
+def naive_once(task: Path, candidate: Path, timeout_s: float = 180.0) -> dict:
+    """One request to a naive harness process of its own (a heap with another history)."""
+    line = json.dumps({"task": str(task), "candidate": str(candidate), "timeout_s": timeout_s})
+    r = subprocess.run([sys.executable, str(ZOO / "naive.py")], input=line + "\n", text=True,
+                       capture_output=True, env=NAIVE_ENV, timeout=timeout_s + 60)
+    return json.loads(r.stdout.splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def naive():
-    # glibc serves a freed block again only below its mmap threshold, which it moves at run
-    # time; pinned high, the reference's freed output is reused as a naive harness's would be
-    # in a long-running process (and the CUDA caching allocator always does).
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 30)}
     proc = subprocess.Popen([sys.executable, str(ZOO / "naive.py")], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, text=True, env=NAIVE_ENV)
 
     def ask(task: Path, candidate: Path, timeout_s: float = 180.0) -> dict:
         proc.stdin.write(json.dumps({"task": str(task), "candidate": str(candidate),
@@ -165,13 +177,16 @@ def test_naive_harness_accepts(name, naive):
     meta = CASES[name]
     if isinstance(meta.get("NAIVE"), str):
         pytest.skip(meta["NAIVE"])
-    # Up to 3 fresh runs: whether glibc hands the reference's freed block to the candidate is
-    # not deterministic on cpu (the CUDA caching allocator's reuse is); one acceptance is enough
-    # for a search to find and keep the trick.
-    for _ in range(3):
-        r = naive(ZOO / "tasks" / f"{meta['TASK']}.py", meta["path"])
+    # Whether glibc hands the reference's freed block to the candidate depends on the heap's
+    # history on cpu (the CUDA caching allocator's reuse does not): the shared server's forks
+    # all start from one heap, so later tries run in processes of their own. One acceptance
+    # is enough for a search to find and keep the trick.
+    task = ZOO / "tasks" / f"{meta['TASK']}.py"
+    r = naive(task, meta["path"])
+    for _ in range(8):
         if r["accepted"]:
             break
+        r = naive_once(task, meta["path"])
     assert r["accepted"], r
 
 
