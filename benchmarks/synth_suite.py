@@ -50,7 +50,7 @@ if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
 
 T0 = time.perf_counter()
-BANDWIDTH_STRATEGIES = {"vectorize", "fusion", "rowreduce"}  # memory-bound kernels
+BANDWIDTH_STRATEGIES = {"vectorize", "fusion", "rowreduce", "pooling"}  # memory-bound kernels
 TARGETS = {"level1": 0.70, "level2": 0.60, "geomean_eager": 1.3, "geomean_compile": 1.0,
            "bandwidth": 0.70}
 
@@ -242,11 +242,11 @@ def propose(run: TaskRun, target: str, variants: int, mutations: int, seed: int,
         run.declined = props[0].declined
         return
     defaults = []
-    seen_lib = set()
-    for p in props:  # the first proposal of each template is its default (translate's order)
-        lib = p.knobs.get("lib")
-        if lib not in seen_lib:
-            seen_lib.add(lib)
+    seen = set()
+    for p in props:  # the first proposal of each template (and conv layout) is its default
+        form = (p.knobs.get("lib"), p.knobs.get("layout"))
+        if form not in seen:
+            seen.add(form)
             defaults.append(p)
     extra = []
     if mutations > 0:
@@ -433,6 +433,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from assay.bench import absolute_pythonpath
+
+    absolute_pythonpath(REPO / "src")  # the verifier's sandboxed workers import assay too
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

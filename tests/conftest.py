@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import textwrap
 from pathlib import Path
 
@@ -29,3 +30,12 @@ def write_file(tmp_path):
         path.write_text(textwrap.dedent(text).lstrip())
         return path
     return write
+
+
+def import_file(code: str, path: Path):
+    """Write ``code`` to ``path`` and import it as a module (a candidate file, say)."""
+    path.write_text(code)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -1,9 +1,12 @@
 """One timing protocol for candidates, eager and torch.compile alike.
 
-CUDA: a device-wide sync, then per call an L2 flush (a read over a buffer twice the L2), device
-events around the call alone (the call is enqueued while the flush still runs, so host launch
-overhead stays out of the device time), inputs rotated among several buffers, warm-up by time,
-median and IQR. CPU: the same with ``perf_counter`` (CPU ops are synchronous) and a cache flush by a write
+CUDA: a device-wide sync, then per call an L2 flush (a read over a buffer twice the L2) and a
+short spin kernel that holds the stream while the host enqueues the call, device events around
+the call alone (so host launch overhead and host jitter stay out of the device time; the hold
+is sized from the call's own enqueue time, bounded), inputs rotated among several buffers,
+warm-up by time,
+median and IQR over samples that each average enough consecutive calls to cover 0.2 ms of
+device time (each call still flushed and timed on its own). CPU: the same with ``perf_counter`` (CPU ops are synchronous) and a cache flush by a write
 over a buffer larger than the last-level cache.
 
 The functions here keep references to the clocks taken at import, before any candidate code is
@@ -13,6 +16,7 @@ change what this module measures (the verifier also checks that they are unchang
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +31,7 @@ _cuda_event = torch.cuda.Event
 _record = torch.cuda.Event.record
 _elapsed = torch.cuda.Event.elapsed_time
 _cuda_sync = torch.cuda.synchronize
+_cuda_spin = getattr(torch.cuda, "_sleep", None)  # spins a number of GPU clock cycles
 
 ORIGINALS = {
     "time.perf_counter": _perf_counter,
@@ -34,6 +39,7 @@ ORIGINALS = {
     "torch.cuda.synchronize": _cuda_sync,
     "torch.cuda.Event.elapsed_time": _elapsed,
     "torch.cuda.Event.record": _record,
+    "torch.cuda._sleep": _cuda_spin,
 }
 
 
@@ -45,24 +51,49 @@ def tampered_clocks() -> list[str]:
         "torch.cuda.synchronize": torch.cuda.synchronize,
         "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
         "torch.cuda.Event.record": torch.cuda.Event.record,
+        "torch.cuda._sleep": getattr(torch.cuda, "_sleep", None),
     }
     return [k for k, v in now.items() if v is not ORIGINALS[k]]
 
 
 @dataclass
 class Timing:
-    median_ms: float
-    iqr_ms: float
-    runs: int
+    median_ms: float  # of the samples (each the mean of ``group`` consecutive calls)
+    iqr_ms: float  # of the samples
+    runs: int  # timed calls
     samples_ms: list[float] = field(default_factory=list)
     # CUDA: device time that finished only after a device-wide sync, beyond the caller's
     # stream (median, sync latency subtracted). Work hidden on a side stream shows here.
     escaped_ms: float = 0.0
+    group: int = 1  # calls averaged per sample
+    call_iqr_ms: float = 0.0  # IQR of single calls: the spread a sample of one call would have
+    host_ms: float = 0.0  # median host time to enqueue one call (CUDA) or to run it (CPU)
+    hold_us: float = 0.0  # CUDA: how long the spin kernel held the stream before each call
 
     def to_dict(self) -> dict[str, Any]:
         return {"median_ms": self.median_ms, "iqr_ms": self.iqr_ms, "runs": self.runs,
-                "escaped_ms": self.escaped_ms}
+                "escaped_ms": self.escaped_ms, "group": self.group,
+                "call_iqr_ms": self.call_iqr_ms, "host_ms": self.host_ms,
+                "hold_us": self.hold_us}
 
+
+# A sample averages consecutive calls until it covers this much time. Measured on an H200
+# (2026-11-23, benchmarks/probe_gpu.py): a 64 us memory-bound kernel spreads by 2.0-2.5% IQR
+# from call to call, with one buffer or three, with or without the stream held while the host
+# enqueues the call (so neither placement nor launch jitter): the device's own variation, about
+# 1 us, which a mean of four calls halves. Kernels of 0.2 ms and more are one call a sample.
+SAMPLE_MIN_MS = 0.2
+
+# The hold: 1.5x the slowest tenth of the warm-up's enqueue times, within these bounds. Measured
+# on an H200: enqueueing torch.relu takes ~37 us of Python and driver time, a candidate's
+# forward 40-60 us, longer on a loaded host, while the read flush lasts ~28 us; without a hold,
+# the rest lands in the timed region (4-15% IQR on 50-140 us kernels on a busy host). Bounded,
+# so that host work a call hides under the hold stays small next to the kernels timed.
+HOLD_MIN_US = 20.0
+HOLD_MAX_US = 500.0
+_SPIN_RATE: dict[int, float] = {}  # device index -> spin cycles per microsecond
+MAX_GROUP = 8
+MIN_SAMPLES = 8
 
 # Measured on an H200: with 0.05 s of warm-up, 64-170 us kernels showed 2-10% IQR in some runs
 # (clocks still ramping); with 0.2 s, 0.5-2%.
@@ -110,14 +141,32 @@ def sync(device: torch.device) -> None:
         _cuda_sync()
 
 
-def summarize(samples_ms: Sequence[float]) -> Timing:
-    s = sorted(samples_ms)
-    if len(s) >= 4:
-        q = statistics.quantiles(s, n=4)
-        iqr = q[2] - q[0]
-    else:
-        iqr = 0.0
-    return Timing(statistics.median(s), iqr, len(s), list(s))
+def _iqr(s: Sequence[float]) -> float:
+    if len(s) < 4:
+        return 0.0
+    q = statistics.quantiles(s, n=4)
+    return q[2] - q[0]
+
+
+def group_size(calls_ms: Sequence[float]) -> int:
+    """Calls per sample: enough to cover SAMPLE_MIN_MS, at most MAX_GROUP, and few enough to
+    leave MIN_SAMPLES samples."""
+    if not calls_ms:
+        return 1
+    med = statistics.median(calls_ms)
+    want = math.ceil(SAMPLE_MIN_MS / med) if med > 0 else MAX_GROUP
+    return max(1, min(want, MAX_GROUP, len(calls_ms) // MIN_SAMPLES))
+
+
+def summarize(calls_ms: Sequence[float], group: int = 1) -> Timing:
+    """Median and IQR of samples that each average ``group`` consecutive calls (in call order;
+    a last partial group is dropped)."""
+    calls = list(calls_ms)
+    group = max(1, group)
+    n = len(calls) // group * group if len(calls) >= group else len(calls)
+    samples = sorted(statistics.fmean(calls[i:i + group]) for i in range(0, n, group))
+    return Timing(statistics.median(samples), _iqr(samples), len(calls), samples,
+                  group=group, call_iqr_ms=_iqr(sorted(calls)))
 
 
 def time_calls(fn: Callable[[int], Any], device: torch.device, cfg: TimingConfig,
@@ -135,13 +184,23 @@ def time_calls(fn: Callable[[int], Any], device: torch.device, cfg: TimingConfig
     sync(device)
     t0 = _perf_counter()
     i = 0
+    enqueue: list[float] = []  # host seconds per warm-up call (the first two load code)
     while _perf_counter() - t0 < warmup_s or i < 2:
+        h = _perf_counter()
         fn(i)
+        if i >= 2:
+            enqueue.append(_perf_counter() - h)
         i += 1
         sync(device)
+    cuda = device.type == "cuda"
+    hold_us, spin_cycles = 0.0, 0
+    if cuda and flush is not None and _cuda_spin is not None:
+        hold_us = hold_for(enqueue)
+        spin_cycles = int(hold_us * _spin_rate(device))
     samples: list[float] = []
+    host: list[float] = []
     whole: list[float] = []  # start -> after a device-wide sync (cuda)
-    sync_ms = _sync_latency_ms() if device.type == "cuda" else 0.0
+    sync_ms = _sync_latency_ms(flush, spin_cycles) if cuda else 0.0
     t0 = _perf_counter()
     call = 0
     while call < cfg.max_runs and (call < cfg.min_runs or _perf_counter() - t0 < cfg.budget_s):
@@ -149,18 +208,22 @@ def time_calls(fn: Callable[[int], Any], device: torch.device, cfg: TimingConfig
             before_call(call)
         if flush is not None:
             flush()
-        if device.type == "cuda":
+        if cuda:
             start, end, after = (_cuda_event(enable_timing=True) for _ in range(3))
             if flush is None:
                 _cuda_sync()
-            # With a flush, no sync here: the device is still busy flushing (tens of us) when
-            # ``start`` and the call are enqueued, so ``start`` fires when the flush ends and the
-            # call's kernels follow at once. A sync here would leave the device idle while the
-            # call's Python launches its kernels, and that host jitter (2-4% of a 70 us kernel
-            # on an H200) would land inside the timed region. The previous call still ended in
-            # a device-wide sync, so nothing else can be running.
+            elif spin_cycles:
+                _cuda_spin(spin_cycles)
+            # With a flush, no sync here: the device is still busy flushing (~28 us) and then
+            # spinning (the hold) when ``start`` and the call are enqueued, so ``start`` fires
+            # when the hold ends and the call's kernels follow at once. A sync here would leave
+            # the device idle while the call's Python launches its kernels, and that host
+            # jitter would land inside the timed region. The previous call still ended in a
+            # device-wide sync, so nothing else can be running.
             _record(start)
+            h = _perf_counter()
             out = fn(call)
+            host.append(_perf_counter() - h)
             _record(end)
             _cuda_sync()  # waits for every stream: ``after`` cannot precede hidden work
             _record(after)
@@ -171,21 +234,60 @@ def time_calls(fn: Callable[[int], Any], device: torch.device, cfg: TimingConfig
             s = _perf_counter()
             out = fn(call)
             samples.append((_perf_counter() - s) * 1e3)
+            host.append(samples[-1] / 1e3)
         if after_call is not None:
             after_call(call, out)
         call += 1
-    t = summarize(samples)
+    t = summarize(samples, group_size(samples))
+    t.host_ms = statistics.median(host) * 1e3 if host else 0.0
+    t.hold_us = hold_us
     if whole:
         t.escaped_ms = max(0.0, statistics.median(whole) - sync_ms - t.median_ms)
     return t
 
 
-def _sync_latency_ms(n: int = 20) -> float:
-    """Median event time across an empty region closed by a device-wide sync."""
+def hold_for(enqueue_s: Sequence[float]) -> float:
+    """Microseconds to hold the stream before a call whose warm-up enqueue times (seconds) were
+    ``enqueue_s``: 1.5x their slowest tenth, within [HOLD_MIN_US, HOLD_MAX_US]."""
+    if not enqueue_s:
+        return HOLD_MIN_US
+    s = sorted(enqueue_s)
+    p90 = s[min(len(s) - 1, int(0.9 * len(s)))] * 1e6
+    return min(HOLD_MAX_US, max(HOLD_MIN_US, 1.5 * p90))
+
+
+def _spin_rate(device: torch.device) -> float:
+    """Spin cycles per microsecond on ``device`` (the spin counts SM clock cycles), measured
+    once per process."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SPIN_RATE:
+        cycles = 1_000_000
+        _cuda_spin(cycles)  # clocks up
+        start, end = _cuda_event(enable_timing=True), _cuda_event(enable_timing=True)
+        _record(start)
+        _cuda_spin(cycles)
+        _record(end)
+        _cuda_sync()
+        ms = _elapsed(start, end)
+        _SPIN_RATE[index] = cycles / (ms * 1e3) if ms > 0 else 2000.0
+    return _SPIN_RATE[index]
+
+
+def _sync_latency_ms(flush: CacheFlusher | None, spin_cycles: int, n: int = 20) -> float:
+    """Median event time from ``start`` to ``after`` around an empty call, under the timed
+    loop's own protocol (flush, hold, the host waiting in a device-wide sync): how late
+    ``after`` lands with no work at all. A host that waited long in a sync wakes later than one
+    that waited briefly (measured on an H200: ~20 us more behind a held stream), so the
+    calibration must wait as long as the timed calls do."""
     vals = []
     for _ in range(n):
         start, after = _cuda_event(enable_timing=True), _cuda_event(enable_timing=True)
-        _cuda_sync()
+        if flush is not None:
+            flush()
+            if spin_cycles:
+                _cuda_spin(spin_cycles)
+        else:
+            _cuda_sync()
         _record(start)
         _cuda_sync()
         _record(after)

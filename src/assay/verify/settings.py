@@ -39,7 +39,11 @@ class VerifyConfig:
     precision: dict[str, list[float]] = field(default_factory=lambda: {
         "float32": [32.0, 4.0], "float16": [32.0, 4.0], "bfloat16": [32.0, 4.0],
         "float64": [32.0, 4.0], "tf32": [32.0, 4.0]})
-    roofline_margin: float = 0.9  # reject a runtime under margin x the roofline floor
+    # Reject a runtime under margin x the roofline floor. The floor's bandwidth is a measured
+    # copy (or read) rate, not the chip's ceiling: on an H200 (copy 3.9 TB/s) honest row
+    # reductions ran at 112% and elementwise kernels at 109% of it, and the datasheet's 4.8 TB/s
+    # is 123%. 0.8 (125%) rejects only what no memory system could do.
+    roofline_margin: float = 0.8
     on_degenerate: str = "reject"  # reject | flag
     max_library_time_frac: float = 1.0  # permissive policy's ceiling
     reject_reference_ops: bool = True  # reference_fallback: the reference's own ops, re-run

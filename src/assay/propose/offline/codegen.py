@@ -375,9 +375,12 @@ def _knob_line(knobs: dict[str, Any]) -> str:
 
 def template_of(plan: Plan, knobs: dict[str, Any]) -> str:
     """The template a (plan, knobs) pair is written with: ``elementwise`` or ``row`` (no
-    product), ``gemm`` (the tiled fp32 GEMM; a row epilogue follows as a second kernel),
+    product), ``pool`` (2-D pooling + elementwise epilogue), ``gemm`` (the tiled fp32 GEMM; a
+    row epilogue follows as a second kernel),
     ``gemm_tc`` (tensor cores, float16/bfloat16) or ``epilogue`` (the library computes the
     product, one fused kernel the rest; knob ``lib`` = 1)."""
+    if plan.pool is not None:
+        return "pool"
     if plan.gemm is None:
         return plan.kind
     if int(knobs.get("lib", 0)):
@@ -390,6 +393,8 @@ def kernel_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) 
     template = template_of(plan, knobs)
     if template in ("gemm", "gemm_tc"):
         return gemm_source(plan, target, knobs, summary)
+    if template == "pool":
+        return pool_source(plan, target, knobs, summary)
     return _fused_source(plan, target, knobs, summary, template)
 
 
@@ -461,7 +466,7 @@ _TO_ELT = {"float16": "__float2half_rn", "bfloat16": "__float2bfloat16_rn"}
 
 
 class _EpiNames(_Names):
-    """Names in a GEMM's fused epilogue: the product's leaf is the accumulator ``acc_v``;
+    """Names in a fused epilogue: the head op's leaf (product, pooled window) is ``acc_v``;
     ``wrap`` converts float16/bfloat16 loads to float."""
 
     def __init__(self, plan: Plan, sched: _Schedule, wrap: bool):
@@ -472,7 +477,7 @@ class _EpiNames(_Names):
         n = self.plan.nodes[j]
         if n.op == "load":
             k = n.attr("leaf")
-            if k == self.plan.gemm_leaf:
+            if k == self.plan.head_leaf:
                 return f"const float v{j} = acc_v;"
             if self.wrap:
                 return f"const float v{j} = assay_f({_access(self.sched.kinds[k], k)});"
@@ -567,6 +572,81 @@ def gemm_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) ->
 
 
 # ----------------------------------------------------------------------------------------------
+# Pooling (template pool)
+
+
+def _pool_params(plan: Plan, target: str) -> list[_Param]:
+    """assay_forward's parameters for a pooling plan: the pooled input, the epilogue's other
+    leaves, the output, the geometry (planes = N*C, input H x W, output OH x OW), leaf
+    geometry."""
+    restrict = "__restrict__" if target == "cuda" else "__restrict"
+    ptr = "ctypes.c_void_p"
+    pk = plan.pool_leaf
+    ps = [_Param(f"const float* {restrict}", "x", "lx.data_ptr()", ptr)]
+    ps += [_Param(f"const float* {restrict}", f"t{k}", f"l{k}.data_ptr()", ptr)
+           for k in range(len(plan.leaves)) if k != pk]
+    ps.append(_Param(f"float* {restrict}", "out", "out.data_ptr()", ptr))
+    ps += [_Param("int64_t", v, v, "ctypes.c_int64") for v in ("planes", "H", "W", "OH", "OW")]
+    for k, lf in enumerate(plan.leaves):
+        if lf.bcast == "block" and k != pk:
+            ps += [_Param("int64_t", f"inner{k}", f"inner{k}", "ctypes.c_int64"),
+                   _Param("int64_t", f"mid{k}", f"mid{k}", "ctypes.c_int64")]
+    return ps
+
+
+def pool_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
+    """The pooling kernel with its elementwise epilogue fused into the store."""
+    pool = plan.pool
+    assert pool is not None
+    prologue, body, out_expr = _epilogue(plan, False)
+    params = _pool_params(plan, target)
+    kparams = ", ".join(f"{p.ctype} {p.name}" for p in params)
+    geometry = {"kh": pool.kernel[0], "kw": pool.kernel[1], "sh": pool.stride[0],
+                "sw": pool.stride[1], "ph": pool.padding[0], "pw": pool.padding[1],
+                "dh": pool.dilation[0], "dw": pool.dilation[1]}
+    window = templates.render(templates.POOL_WINDOW, op=pool.op, divisor=pool.divisor,
+                              count_include_pad=pool.count_include_pad, **geometry)
+    values = dict(template="pool", summary=summary.replace("\n", " "),
+                  knob_line=_knob_line(knobs), helpers=templates.HELPERS.strip("\n"),
+                  prologue=prologue, epi_body=body, epi_out=out_expr, window=window,
+                  kparams=kparams, kargs=", ".join(p.name for p in params), **geometry)
+    if target == "cpu":
+        threads = int(knobs["threads"])
+        return templates.render(templates.CPP_POOL, params=kparams, parallel=threads != 1,
+                                omp_clause=(f" num_threads(assay_threads({threads}))"
+                                            if threads > 1 else ""), **values)
+    head = templates.render(templates.CUDA_COMMON, **values)
+    return head + templates.render(templates.CUDA_POOL, params=kparams + ", void* stream_ptr",
+                                   block=int(knobs["block"]), rows=int(knobs["rows"]),
+                                   smem=bool(knobs["smem"]), **values)
+
+
+def _pool_lines(plan: Plan) -> list[str]:
+    """The pooled input ``lx``, its planes and the output's size (torch's formula, ceil_mode
+    included); ``gshape`` is the output's shape."""
+    pool = plan.pool
+    assert pool is not None
+    x = pool.x
+    src = (f"_tensor({x.name}, {x.name!r})" if x.source == "input"
+           else f"_tensor(_attr(self, {x.name!r}), {'self.' + x.name!r})")
+    lines = [f"lx = {src}",
+             "_expect(lx.dim() in (3, 4), 'the pooled input is not CHW or NCHW')",
+             "H, W = lx.shape[-2], lx.shape[-1]"]
+    for out, size, k, s_, p, d in (("OH", "H", pool.kernel[0], pool.stride[0],
+                                    pool.padding[0], pool.dilation[0]),
+                                   ("OW", "W", pool.kernel[1], pool.stride[1],
+                                    pool.padding[1], pool.dilation[1])):
+        extra = s_ - 1 if pool.ceil_mode else 0
+        lines.append(f"{out} = ({size} + {2 * p} - {d * (k - 1)} - 1 + {extra}) // {s_} + 1")
+        if pool.ceil_mode:  # the last window must start inside the input or its left padding
+            lines.append(f"{out} -= 1 if ({out} - 1) * {s_} >= {size} + {p} else 0")
+    lines += ["_expect(OH > 0 and OW > 0, 'the pooled output would be empty')",
+              "planes = math.prod(lx.shape[:-2])",
+              "gshape = tuple(lx.shape[:-2]) + (OH, OW)"]
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------
 # The task's own code, reused for ModelNew's constructor
 
 _DROP_FUNCS = {"get_inputs", "get_init_inputs"}
@@ -629,9 +709,11 @@ def library_of(plan: Plan, target: str) -> str:
     return f"the {plan.gemm.what} ({_LIBRARY[plan.gemm.op]}, {lib})"
 
 
-def _gemm_lines(plan: Plan, target: str, template: str) -> list[str]:
+def _gemm_lines(plan: Plan, target: str, template: str, layout: int = 0) -> list[str]:
     """The product's operands and sizes (lA, lB, M, N, K, batch, sA, sB, sC, gshape); in the
-    epilogue template also the library call, whose result is leaf ``l<gemm_leaf>``."""
+    epilogue template also the library call, whose result is leaf ``l<gemm_leaf>``.
+    ``layout`` 1: the convolution runs on channels_last copies of its operands (its result,
+    channels_last too, becomes contiguous NCHW again for the epilogue kernel)."""
     g = plan.gemm
     assert g is not None
     lines = [f"lA = {_operand(g.a)}", f"lB = {_operand(g.b)}"]
@@ -643,7 +725,12 @@ def _gemm_lines(plan: Plan, target: str, template: str) -> list[str]:
             lines.append("cargs = (conv.stride, conv.padding, conv.dilation, conv.groups)")
         else:
             lines.append(f"cargs = {tuple(g.conv[1:])!r}")
-        call = "g = torch.nn.functional.conv2d(lA, lB, None, *cargs)"
+        if layout:
+            lines.append("cl = torch.channels_last")
+            call = ("g = torch.nn.functional.conv2d(lA.contiguous(memory_format=cl), "
+                    "lB.contiguous(memory_format=cl), None, *cargs)")
+        else:
+            call = "g = torch.nn.functional.conv2d(lA, lB, None, *cargs)"
         if target == "cuda":
             lines += ["with _ieee_fp32():", f"    {call}"]
         else:
@@ -674,14 +761,18 @@ def _gemm_lines(plan: Plan, target: str, template: str) -> list[str]:
     return lines
 
 
-def _forward_lines(plan: Plan, target: str, template: str
+def _forward_lines(plan: Plan, target: str, template: str, layout: int = 0
                    ) -> tuple[list[str], list[tuple[str, list[_Param]]]]:
     """ModelNew.forward's body, and the kernel entry points it calls with their parameters."""
     g = plan.gemm
-    gk = plan.gemm_leaf
+    gk = plan.head_leaf
     custom = template in ("gemm", "gemm_tc")
     fused = custom and plan.kind == "elementwise"
-    lines = _gemm_lines(plan, target, template) if g is not None else []
+    pooled = plan.pool is not None
+    if g is not None:
+        lines = _gemm_lines(plan, target, template, layout)
+    else:
+        lines = _pool_lines(plan) if pooled else []
     for k, lf in enumerate(plan.leaves):
         if k == gk:
             continue
@@ -691,10 +782,11 @@ def _forward_lines(plan: Plan, target: str, template: str
             where = f"self.{lf.name}"
             lines.append(f"l{k} = _tensor(_attr(self, {lf.name!r}), {where!r})")
     a = plan.anchor
-    dev = "lA" if g is not None else f"l{a}"
+    dev = "lA" if g is not None else ("lx" if pooled else f"l{a}")
     nd, k = plan.ndim, plan.k
-    what = "the product" if g is not None else plan.leaves[a].name
-    lines.append("shape = gshape" if g is not None else f"shape = tuple(l{a}.shape)")
+    what = ("the product" if g is not None else "the pooled tensor" if pooled
+            else plan.leaves[a].name)
+    lines.append("shape = gshape" if g is not None or pooled else f"shape = tuple(l{a}.shape)")
     lines.append(f"_expect(len(shape) == {nd}, f'{what} has {{len(shape)}} dims, expected {nd}')")
     lines.append("n = math.prod(shape)")
     for j, lf in enumerate(plan.leaves):
@@ -744,7 +836,7 @@ def _forward_lines(plan: Plan, target: str, template: str
         if not fused:
             lines.append(f"l{gk} = g")
     if not fused:
-        params = _params(plan, target)
+        params = _pool_params(plan, target) if pooled else _params(plan, target)
         entries.append(("assay_forward", params))
         lines.append(f"_check(_lib().assay_forward({', '.join([p.py for p in params] + stream)}))")
     lines.append("return out")
@@ -756,7 +848,7 @@ def candidate_file(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
     """The full candidate module: the task's constructor, SOURCE, and ModelNew."""
     template = template_of(plan, knobs)
     source = kernel_source(plan, target, knobs, summary)
-    forward, entries = _forward_lines(plan, target, template)
+    forward, entries = _forward_lines(plan, target, template, int(knobs.get("layout", 0)))
     extra = ["ctypes.c_void_p"] if target == "cuda" else []
     code, future = task_prelude(task_source)
     if '"""' in source:  # never: the kernel has no triple quotes, but SOURCE is r"""..."""

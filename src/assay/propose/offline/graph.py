@@ -22,6 +22,10 @@ it becomes :class:`Gemm`, and its result a leaf (``source="gemm"``) of the plan 
 it (bias, activation, scaling, residual, softmax, norms, sums: the epilogue). A matrix-vector
 product (second operand ``(K,)`` or ``(K, 1)``) is lowered as a row reduction instead.
 GroupNorm over NC... tensors is a row plan whose rows are (sample, group) pairs (``groups``).
+A task may instead open with 2-D max or average pooling of a forward input
+(``nn.MaxPool2d``/``nn.AvgPool2d``, ``F.max_pool2d``/``F.avg_pool2d``): it becomes :class:`Pool`,
+its result the leaf ``pool_leaf`` of an elementwise plan over the pooled shape (template
+``pool``).
 
 Anything the IR cannot express raises :class:`Unsupported` with a one-line reason that the
 proposer returns as its decline. The plan holds no sizes: sizes are read from the tensors at
@@ -121,6 +125,26 @@ class Gemm:
 
 
 @dataclass(frozen=True)
+class Pool:
+    """2-D max or average pooling of a forward input (NCHW or CHW) at the head of a plan; its
+    result is leaf ``pool_leaf`` and what follows is an elementwise epilogue. Pairs are
+    (height, width). ``divisor`` 0 = none (avg_pool2d's ``divisor_override``); ``module``: the
+    nn module's path whose attributes must still match at run time ("" for F calls)."""
+
+    op: str  # "max" or "avg"
+    x: Leaf
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int] = (1, 1)
+    ceil_mode: bool = False
+    count_include_pad: bool = True
+    divisor: int = 0
+    module: str = ""
+    what: str = ""
+
+
+@dataclass(frozen=True)
 class Plan:
     """What to compute, independent of sizes. ``kind`` is ``elementwise`` or ``row``."""
 
@@ -139,6 +163,13 @@ class Plan:
     # module whose num_groups it is) or ("const", groups); () for plain rows.
     groups: tuple = ()
     dtype: str = "float32"  # of every leaf and the output (float16/bfloat16: GEMM plans only)
+    pool: Pool | None = None  # the pooling whose result is leaf ``pool_leaf``
+    pool_leaf: int = -1
+
+    @property
+    def head_leaf(self) -> int:
+        """The leaf a head op (product, convolution, pooling) computes; -1 without one."""
+        return self.gemm_leaf if self.gemm is not None else self.pool_leaf
 
     @property
     def out_is_row(self) -> bool:
@@ -234,6 +265,16 @@ _METHODS = {
 }
 _METHOD_ALIASES = {"true_divide": "div", "clip": "clamp", "float": "identity",
                    "contiguous": "identity", "clone": "identity"}
+
+# 2-D pooling, which may open a plan as its Pool.
+_POOL_FUNCTIONS: dict[Any, str] = {F.max_pool2d: "max", F.avg_pool2d: "avg",
+                                   torch.max_pool2d: "max"}
+_POOL_SIGNATURES = {
+    "max": ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
+            "return_indices"),
+    "avg": ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
+            "divisor_override"),
+}
 
 # The ops that may open a plan as its Gemm (see the module doc).
 _GEMM_FUNCTIONS: dict[Any, str] = {torch.matmul: "matmul", operator.matmul: "matmul",
@@ -338,6 +379,8 @@ class _Builder:
     ops: list[str] = field(default_factory=list)
     gemm: Gemm | None = None
     gemm_node: int | None = None  # the load of the product's result
+    pool: Pool | None = None
+    pool_node: int | None = None  # the load of the pooled result
     own_bias: int | None = None  # the product's result plus the op's own bias
     dtypes: dict[str, str] = field(default_factory=dict)  # leaf name -> dtype (non-float32)
     _memo: dict[Node, int] = field(default_factory=dict)
@@ -531,6 +574,14 @@ class _Lowering:
                     self.env[node] = self.gemm_call(node, _GEMM_FUNCTIONS[node.target],
                                                     node.args, dict(node.kwargs))
                     continue
+                if node.target in _POOL_FUNCTIONS:
+                    op = _POOL_FUNCTIONS[node.target]
+                    names = _POOL_SIGNATURES[op]
+                    if len(node.args) > len(names) or any(k not in names for k in node.kwargs):
+                        raise _unsupported(f"{op}_pool2d called with unusual arguments")
+                    bound = dict(zip(names, node.args), **node.kwargs)
+                    self.env[node] = self.pool_head(node, op, bound, f"F.{op}_pool2d", "")
+                    continue
                 name = _FUNCTIONS.get(node.target)
                 if name is None:
                     raise _unsupported(_callable_name(node.target))
@@ -620,7 +671,7 @@ class _Lowering:
              conv: tuple = ()) -> int:
         """The GEMM/convolution: its operands, checks, and a leaf for its result. ``x``, ``w``
         and ``bias`` are fx nodes, or (Leaf, meta) pairs for a module's parameters."""
-        if self.b.gemm is not None:
+        if self.b.gemm is not None or self.b.pool is not None:
             raise Unsupported(f"{PREFIX} a second matmul/convolution ({what}) in one task (v1 "
                               f"fuses one GEMM or library call with the chain after it)")
         a, ma = x if isinstance(x, tuple) else self.operand(x, what)
@@ -666,6 +717,54 @@ class _Lowering:
         self.b.own_bias = v
         return v
 
+    def pool_head(self, node: fx.Node, op: str, bound: dict, what: str, module: str) -> int:
+        """max_pool2d / avg_pool2d of a forward input: the Pool, and a leaf for its result."""
+        if self.b.gemm is not None or self.b.pool is not None:
+            raise Unsupported(f"{PREFIX} {what} after another matmul/convolution/pooling "
+                              f"(v1 fuses one head op with the elementwise chain after it; "
+                              f"pooling)")
+        x, mx = self.operand(bound["input"], what)
+        xs = tuple(int(d) for d in mx.shape)
+        if len(xs) not in (3, 4):
+            raise Unsupported(f"{PREFIX} {what} of a {len(xs)}-D input (v1: NCHW or CHW; "
+                              f"pooling)")
+        _check_dtype(mx.dtype, f"the input of {what}")
+        if bound.get("return_indices"):
+            raise Unsupported(f"{PREFIX} {what} with return_indices (index-valued op)")
+
+        def pair(name: str, default: Any) -> tuple[int, int]:
+            v = bound.get(name, default)
+            if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
+                v = default
+            if isinstance(v, fx.Node):
+                raise Unsupported(f"{PREFIX} {what} with {name} computed at run time")
+            v = tuple(v) if isinstance(v, (list, tuple)) else (v, v)
+            if len(v) == 1:
+                v = (v[0], v[0])
+            if len(v) != 2 or not all(isinstance(a, int) and not isinstance(a, bool)
+                                      for a in v):
+                raise Unsupported(f"{PREFIX} {what} with {name}={bound.get(name)!r}")
+            return int(v[0]), int(v[1])
+
+        kernel = pair("kernel_size", None)
+        stride = pair("stride", kernel)
+        padding = pair("padding", 0)
+        dilation = pair("dilation", 1) if op == "max" else (1, 1)
+        divisor = bound.get("divisor_override") or 0
+        if (min(kernel) <= 0 or min(stride) <= 0 or min(dilation) <= 0 or min(padding) < 0
+                or padding[0] > kernel[0] // 2 or padding[1] > kernel[1] // 2
+                or isinstance(divisor, fx.Node)):
+            raise Unsupported(f"{PREFIX} {what} with kernel {kernel}, stride {stride}, "
+                              f"padding {padding} (pooling)")
+        self.b.ops.append(f"{op}_pool2d")
+        self.b.pool = Pool(op, x, kernel, stride, padding, dilation,
+                           bool(bound.get("ceil_mode", False)),
+                           bool(bound.get("count_include_pad", True)), int(divisor), module,
+                           what)
+        leaf = self.b.leaf("pool", "pool", -1, self.meta(node))
+        self.b.pool_node = leaf
+        return leaf
+
     def group_norm(self, x: Any, groups: tuple, num_groups: int, w: int | None,
                    bias: int | None, eps: float, what: str) -> int:
         """GroupNorm of an (N, C, ...) tensor: rows are (sample, group), a row is the group's
@@ -674,7 +773,13 @@ class _Lowering:
         if len(shape) < 2 or num_groups <= 0 or shape[1] % num_groups:
             raise Unsupported(f"{PREFIX} {what} of shape {list(shape)} with {num_groups} "
                               f"groups")
-        dims = tuple(range(1, len(shape)))
+        return self.normalize(x, tuple(range(1, len(shape))), shape, w, bias, eps, groups)
+
+    def normalize(self, x: Any, dims: tuple[int, ...], shape: tuple, w: int | None,
+                  bias: int | None, eps: float, groups: tuple = ()) -> int:
+        """(x - mean) / sqrt(var + eps) over the trailing ``dims`` (per group of a row with
+        ``groups``), then the affine. Two passes (the mean, then the mean of squared
+        deviations): as accurate as torch's Welford without its serial dependency."""
         b, v = self.b, self.value(x)
         mu = b.op("div", b.reduce("sum", v, dims, True, shape, groups), b.cols())
         d = b.op("sub", v, mu)
@@ -743,6 +848,11 @@ class _Lowering:
                 bias = self.b.leaf("attr", f"{t}.bias", -1, m.bias, view)
             return self.group_norm(x, ("attr", t), int(m.num_groups), w, bias, float(m.eps),
                                    f"nn.GroupNorm {t!r}")
+        if type(m) in (nn.MaxPool2d, nn.AvgPool2d):
+            op = "max" if type(m) is nn.MaxPool2d else "avg"
+            names = _POOL_SIGNATURES[op][1:]
+            bound = {"input": x, **{k: getattr(m, k) for k in names if hasattr(m, k)}}
+            return self.pool_head(node, op, bound, f"nn.{type(m).__name__} {t!r}", t)
         if hasattr(nn, "RMSNorm") and type(m) is nn.RMSNorm:
             self.b.ops.append("rms_norm")
             w = self.b.leaf("attr", f"{t}.weight", -1, m.weight) if m.weight is not None else None
@@ -937,19 +1047,8 @@ class _Lowering:
 
     def layer_norm(self, x: Any, normalized_shape: tuple, w: int | None,
                    bias: int | None, eps: float) -> int:
-        # Two passes (mean, then the mean of squared deviations): as accurate as torch's
-        # Welford without its serial dependency.
         shape, dims = self._trailing(x, normalized_shape, "layer_norm")
-        b, v = self.b, self.value(x)
-        mu = b.op("div", b.reduce("sum", v, dims, True, shape), b.cols())
-        d = b.op("sub", v, mu)
-        var = b.op("div", b.reduce("sum", b.op("mul", d, d), dims, True, shape), b.cols())
-        out = b.op("mul", d, b.op("rsqrt", b.op("add", var, b.const(eps))))
-        if w is not None:
-            out = b.op("mul", out, w)
-        if bias is not None:
-            out = b.op("add", out, bias)
-        return out
+        return self.normalize(x, dims, shape, w, bias, eps)
 
     def rms_norm(self, x: Any, normalized_shape: tuple, w: int | None,
                  eps: float | None) -> int:
@@ -992,7 +1091,7 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
     nodes = builder.nodes
     if nodes[out].cls == "uniform":
         raise Unsupported(f"{PREFIX} a forward whose result does not depend on a tensor")
-    if nodes[out].op == "load" and out != builder.gemm_node:
+    if nodes[out].op == "load" and out not in (builder.gemm_node, builder.pool_node):
         raise Unsupported(f"{PREFIX} a forward that returns an input unchanged (nothing to "
                           f"compute)")
     # Keep only what the output needs, renumbered in topological order.
@@ -1046,6 +1145,16 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
                                   f"{list(s)}")
             gemm = dataclasses.replace(gemm, trivial=out in (builder.gemm_node,
                                                              builder.own_bias))
+    pool, pool_leaf = builder.pool, -1
+    if pool is not None:
+        found = [j for j, lf in enumerate(leaves) if lf.source == "pool"]
+        if not found:  # the pooled value is never used
+            pool = None
+        else:
+            pool_leaf = anchor = found[0]
+            if kind != "elementwise" or leaves[pool_leaf].bcast != "full":
+                raise Unsupported(f"{PREFIX} a reduction or broadcast after {pool.what} (v1 "
+                                  f"fuses an elementwise chain after pooling)")
     groups = builder.groups or ()
     if groups and nodes[out].cls != "elem":
         raise Unsupported(f"{PREFIX} a per-group reduced output (group statistics)")
@@ -1080,7 +1189,8 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
         new_nodes.append(Node(n.op, tuple(remap[a] for a in n.args), attrs, n.cls))
     plan = Plan(kind=kind, inputs=tuple(inputs), ndim=len(s), k=k, leaves=tuple(leaves),
                 nodes=tuple(new_nodes), output=remap[out], keepdim=keepdim, anchor=anchor,
-                gemm=gemm, gemm_leaf=gemm_leaf, groups=tuple(groups), dtype=dtype)
+                gemm=gemm, gemm_leaf=gemm_leaf, groups=tuple(groups), dtype=dtype,
+                pool=pool, pool_leaf=pool_leaf)
     return plan, tuple(s)
 
 
@@ -1111,15 +1221,15 @@ def _meta_inputs(mod: Any) -> list:
 _KNOWN_MODULES = (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.Mish, nn.SELU, nn.Softsign,
                   nn.Hardsigmoid, nn.Hardswish, nn.Identity, nn.GELU, nn.LeakyReLU, nn.Hardtanh,
                   nn.ELU, nn.Softplus, nn.modules.dropout._DropoutNd, nn.Softmax, nn.LogSoftmax,
-                  nn.LayerNorm, nn.Linear, nn.Conv2d, nn.GroupNorm
-                  ) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
+                  nn.LayerNorm, nn.Linear, nn.Conv2d, nn.GroupNorm, nn.MaxPool2d,
+                  nn.AvgPool2d) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
 
 
 def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
     """The decline for the first op outside the v1 tables, found without shapes."""
     for node in gm.graph.nodes:
         if (node.op == "call_function" and node.target not in _FUNCTIONS
-                and node.target not in _GEMM_FUNCTIONS):
+                and node.target not in _GEMM_FUNCTIONS and node.target not in _POOL_FUNCTIONS):
             return _unsupported(_callable_name(node.target))
         if (node.op == "call_method" and str(node.target).rstrip("_") not in _METHODS
                 and str(node.target) not in _GEMM_METHODS):
@@ -1198,7 +1308,11 @@ def describe(plan: Plan) -> str:
         args = [names[a] for a in n.args]
         if n.op == "load":
             lf = plan.leaves[n.attr("leaf")]
-            if lf.source == "gemm" and plan.gemm is not None:
+            if lf.source == "pool" and plan.pool is not None:
+                x = plan.pool.x
+                names[i] = (f"{plan.pool.op}_pool2d({x.name if x.source == 'input' else 'self.' + x.name}, "
+                            f"k={plan.pool.kernel}, s={plan.pool.stride}, p={plan.pool.padding})")
+            elif lf.source == "gemm" and plan.gemm is not None:
                 g = plan.gemm
                 ops = [o.name if o.source == "input" else f"self.{o.name}" for o in (g.a, g.b)]
                 names[i] = f"{g.op}({', '.join(ops)})"

@@ -60,6 +60,10 @@ KNOB_SPACES: dict[tuple[str, str], dict[str, tuple[int, ...]]] = {
     ("cuda", "gemm"): {"tile_m": (64, 128), "tile_n": (64, 128), "k_step": (8, 16, 32),
                        "thread_m": (4, 8), "thread_n": (4, 8), "load_vec": (1, 4),
                        "stages": (1, 2), "min_blocks": (1, 2)},
+    # 2-D pooling. cpu: threads over (plane, output row). cuda: block threads; rows: output rows
+    # of one plane per block; smem: 1 = stage the input rows a strip reads in shared memory.
+    ("cpu", "pool"): {"threads": (0, 1, 2, 4, 8)},
+    ("cuda", "pool"): {"block": (128, 256, 512), "rows": (1, 2, 4, 8, 16), "smem": (0, 1)},
     # warp_m x warp_n: each warp's share of the tile, in 16 x 16 WMMA fragments; load_vec: 8 =
     # 16-byte cp.async copies (stages 2 pipelines them), 1 = element loads.
     ("cuda", "gemm_tc"): {"tile_m": (64, 128), "tile_n": (64, 128), "k_step": (32, 64),
@@ -99,11 +103,22 @@ def why_not(target: str, analysis: Analysis, policy: str = "any") -> str | None:
     return f"{PREFIX} this task ({g.what})"  # pragma: no cover - matmul always has lib=0
 
 
+def conv_layouts(target: str, analysis: Analysis) -> bool:
+    """Whether knob ``layout`` applies: a library convolution on cuda, run on the tensors as
+    given (0, NCHW) or converted to channels_last (1), whose cuDNN kernels differ. Measured on
+    an H200 (2026-11-23, benchmarks/probe_gpu.py): 0.59 ms against 2.36 ms NCHW (an FFT
+    algorithm) for L2_5's 64->128 channel conv, but 1.05 against 0.97 ms for L2_4's."""
+    g = analysis.plan.gemm
+    return target == "cuda" and g is not None and g.op == "conv2d"
+
+
 def template_space(target: str, analysis: Analysis, lib: int | None,
                    policy: str = "any") -> dict[str, tuple[int, ...]]:
     """The knob space of the template that ``lib`` selects (None: the plan's first)."""
     plan = analysis.plan
     libs = lib_values(target, analysis, policy)
+    if plan.pool is not None:
+        return dict(knob_space(target, "pool"))
     if plan.gemm is None:
         return dict(knob_space(target, plan.kind))
     if lib not in libs:
@@ -111,6 +126,8 @@ def template_space(target: str, analysis: Analysis, lib: int | None,
     space: dict[str, tuple[int, ...]] = {"lib": libs}
     if lib == 1:
         space.update(knob_space(target, plan.kind))
+        if conv_layouts(target, analysis):
+            space["layout"] = (0, 1)
         return space
     gemm = "gemm_tc" if plan.dtype != "float32" else "gemm"
     space.update(knob_space(target, gemm))
@@ -142,12 +159,19 @@ def default_knobs(target: str, analysis: Analysis, lib: int | None = None,
     """Knobs expected to do well at the analysed size (the code itself stays size-generic);
     for a product, those of the template ``lib`` selects (None: the plan's first)."""
     plan = analysis.plan
+    if plan.pool is not None:
+        # A strip of 8 output rows stages 17 input rows for a 3x3/2 window: each input row is
+        # read from DRAM 17/16 times; 256 threads cover two 64-wide output rows at a time.
+        return {"threads": 0} if target == "cpu" else {"block": 256, "rows": 8, "smem": 1}
     if plan.gemm is None:
         return _fused_defaults(target, analysis, plan.kind)
     libs = lib_values(target, analysis, policy)
     lib = lib if lib in libs else libs[0]
     if lib == 1:
-        return {"lib": 1, **_fused_defaults(target, analysis, plan.kind)}
+        knobs = {"lib": 1, **_fused_defaults(target, analysis, plan.kind)}
+        if conv_layouts(target, analysis):
+            knobs["layout"] = 0
+        return knobs
     if target == "cpu":
         knobs = {"lib": 0, "threads": 0, "tile_m": 32, "tile_n": 128, "k_step": 128, "unroll": 2}
     elif plan.dtype != "float32":
@@ -165,6 +189,8 @@ def default_knobs(target: str, analysis: Analysis, lib: int | None = None,
 
 def safe_knobs(target: str, template: str) -> dict[str, int]:
     """The most conservative form: no vector accesses, no unrolling, serial on the host."""
+    if template == "pool":
+        return {"threads": 1} if target == "cpu" else {"block": 128, "rows": 1, "smem": 0}
     if target == "cpu":
         if template == "gemm":
             return {"threads": 1, "tile_m": 16, "tile_n": 64, "k_step": 64, "unroll": 1}
@@ -233,9 +259,11 @@ def _parent_knobs(parent: Parent) -> Any:
 
 def strategy_of(analysis: Analysis, knobs: dict[str, int] | None = None) -> str:
     """The niche of a template: a single op streams (vectorize), several fuse (fusion), a row
-    reduces (rowreduce); a product tiles (tiling), uses tensor cores (tensor_cores) or leaves
+    reduces (rowreduce), a window pools (pooling); a product tiles (tiling), uses tensor cores (tensor_cores) or leaves
     the product to the library and fuses the rest (epilogue)."""
     plan = analysis.plan
+    if plan.pool is not None:
+        return "pooling"
     if plan.gemm is not None:
         template = codegen.template_of(plan, knobs or {})
         return {"epilogue": "epilogue", "gemm_tc": "tensor_cores"}.get(template, "tiling")
@@ -332,6 +360,8 @@ class OfflineSynthesizer:
             d = default_knobs(self.target, analysis, lib, self.policy)
             if d not in chosen:
                 chosen.append(d)
+            if "layout" in d:  # which layout suits a convolution is known only by timing it
+                chosen.append(dict(d, layout=1))
         for i in range(50 * max(n, 1)):
             if len(chosen) >= n:
                 break
@@ -405,6 +435,8 @@ class OfflineSynthesizer:
                 safe.update(safe_knobs(self.target, template))
                 if analysis.plan.kind == "row":
                     safe.update(safe_knobs(self.target, "row"))
+            elif template == "pool":
+                safe.update(safe_knobs(self.target, "pool"))
             else:
                 safe.update(safe_knobs(self.target, analysis.plan.kind))
             knobs = safe

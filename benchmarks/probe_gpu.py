@@ -1,0 +1,308 @@
+"""Diagnostics behind issues #4 and #6, run once on the GPU machine before changing code.
+
+    PYTHONPATH=src python3 benchmarks/probe_gpu.py --out $OUT/probe
+
+1. ``noise``: where the IQR of a ~64 us kernel comes from. The timing loop of
+   ``assay.bench.timing`` is re-run here with its samples kept in call order, so the spread can
+   be split by rotating buffer, and with variants: one buffer against three, no flush, and the
+   stream held by a spin kernel while the host enqueues the timed call (nvbench's "blocking
+   kernel"), which keeps host launch jitter out of the device time.
+2. ``convs``: the per-kernel device time (torch.profiler) of eager L2_5 (conv, GroupNorm, tanh)
+   and of the conv tasks' convolutions in NCHW against channels_last.
+4. ``ncu``: Nsight Compute sections of the Softmax and LogSoftmax row kernels.
+3. ``rows``: the synthesizer's Softmax / LogSoftmax / GroupNorm-epilogue kernels timed against
+   eager (LogSoftmax measured 55% of bandwidth once, Softmax 93%, with the same kernel shape).
+
+Writes ``probe.json`` and prints a short table per part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+import torch  # noqa: E402
+
+from assay.bench.timing import CacheFlusher  # noqa: E402
+
+RESULTS: dict = {}
+
+
+def stats(xs: list[float]) -> dict:
+    s = sorted(xs)
+    q = statistics.quantiles(s, n=20)
+    q4 = statistics.quantiles(s, n=4)
+    med = statistics.median(s)
+    return {"median": med, "iqr_frac": (q4[2] - q4[0]) / med, "p5": q[0], "p25": q4[0],
+            "p75": q4[2], "p95": q[-1], "n": len(s)}
+
+
+def time_loop(fn, bufs: int, mode: str, runs: int = 300, hold_us: float = 0.0,
+              cycles_per_us: float = 1800.0) -> dict:
+    dev = torch.device("cuda")
+    flush = CacheFlusher(dev, "read") if mode != "none" else None
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    i = 0
+    while time.perf_counter() - t0 < 0.3 or i < 2:
+        fn(i % bufs)
+        i += 1
+        torch.cuda.synchronize()
+    samples, host = [], []
+    for call in range(runs):
+        if flush is not None:
+            flush()
+        if hold_us:
+            torch.cuda._sleep(int(hold_us * cycles_per_us))
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if flush is None and not hold_us:
+            torch.cuda.synchronize()
+        h = time.perf_counter()
+        start.record()
+        fn(call % bufs)
+        end.record()
+        host.append((time.perf_counter() - h) * 1e6)
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end))
+    out = stats(samples)
+    out["host_enqueue_us_median"] = statistics.median(host)
+    out["host_enqueue_us_p95"] = statistics.quantiles(host, n=20)[-1]
+    out["per_buffer_median"] = [statistics.median(samples[b::bufs]) for b in range(bufs)]
+    out["per_buffer_iqr_frac"] = [stats(samples[b::bufs])["iqr_frac"] for b in range(bufs)]
+    out["first_half_median"] = statistics.median(samples[: runs // 2])
+    out["second_half_median"] = statistics.median(samples[runs // 2:])
+    out["raw"] = samples
+    return out
+
+
+def sleep_rate() -> float:
+    """Cycles of torch.cuda._sleep per microsecond on this device."""
+    torch.cuda._sleep(1_000_000)
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    torch.cuda._sleep(2_000_000)
+    b.record()
+    torch.cuda.synchronize()
+    return 2_000_000 / (a.elapsed_time(b) * 1000)
+
+
+def part_noise() -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    cpu = sleep_rate()
+    RESULTS["sleep_cycles_per_us"] = cpu
+    print(f"_sleep: {cpu:.0f} cycles/us")
+    rows = []
+    for n in (1 << 25, 1 << 26):
+        xs = [torch.randn(n, device="cuda", generator=g) for _ in range(3)]
+        outs = [torch.empty_like(x) for x in xs]
+        fns = {"torch.relu": lambda b: torch.relu(xs[b]),
+               "clamp_min out=": lambda b: torch.clamp_min(xs[b], 0.0, out=outs[b])}
+        for fname, fn in fns.items():
+            for bufs, mode, hold in ((3, "read", 0), (1, "read", 0), (3, "none", 0),
+                                     (3, "read", 40), (1, "read", 40), (3, "read", 100)):
+                r = time_loop(fn, bufs, mode, hold_us=hold, cycles_per_us=cpu)
+                r.update(kernel=f"{fname} {n}", bufs=bufs, flush=mode, hold_us=hold)
+                rows.append(r)
+                print(f"{fname:11s} n={n:9d} bufs={bufs} flush={mode:4s} hold={hold:3d}us "
+                      f"med={r['median']*1e3:7.2f}us iqr={r['iqr_frac']*100:5.2f}% "
+                      f"p5={r['p5']*1e3:.2f} p95={r['p95']*1e3:.2f} per-buf="
+                      f"{[round(v * 1e3, 2) for v in r['per_buffer_median']]} "
+                      f"halves={r['first_half_median']*1e3:.2f}/{r['second_half_median']*1e3:.2f}"
+                      f" host={r['host_enqueue_us_median']:.1f}us", flush=True)
+    RESULTS["noise"] = rows
+
+
+def load_task(path: str):
+    from assay.tasks.model import Task
+    return Task.from_file(REPO / path, size="large")
+
+
+def profile_kernels(fn, reps: int = 5) -> list[tuple[str, float]]:
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t:
+            rows.append((e.key[:90], t / reps / 1000.0))
+    return sorted(rows, key=lambda r: -r[1])
+
+
+def part_convs() -> None:
+    from assay.tasks.instantiate import make_inputs, reference_model
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    out = {}
+    for path in ("data/tasks/level2/5_Conv2d_GroupNorm_Tanh.py",
+                 "data/tasks/level2/4_Conv2d_ReLU_BiasAdd.py", "data/tasks/level1/17_Conv2d.py"):
+        task = load_task(path)
+        mod = task.module()
+        model = reference_model(mod, 0, "cuda")
+        xs = make_inputs(mod, 1, "cuda")
+        with torch.no_grad():
+            prof = profile_kernels(lambda: model(*xs))
+            conv = model.conv
+            x = xs[0]
+            xcl = x.contiguous(memory_format=torch.channels_last)
+            wcl = conv.weight.contiguous(memory_format=torch.channels_last)
+            res = {"eager_kernels_ms": prof}
+            for name, fn in (
+                    ("conv NCHW", lambda: torch.nn.functional.conv2d(
+                        x, conv.weight, conv.bias, conv.stride, conv.padding)),
+                    ("conv channels_last (input converted inside)", lambda: torch.nn.functional.conv2d(
+                        x.contiguous(memory_format=torch.channels_last), wcl, conv.bias,
+                        conv.stride, conv.padding)),
+                    ("conv channels_last (input already)", lambda: torch.nn.functional.conv2d(
+                        xcl, wcl, conv.bias, conv.stride, conv.padding))):
+                for bench in (False, True):
+                    torch.backends.cudnn.benchmark = bench
+                    k = profile_kernels(fn)
+                    total = sum(t for _, t in k)
+                    res[f"{name} benchmark={bench}"] = {"total_ms": total, "kernels": k[:4]}
+                    print(f"{task.id}: {name} cudnn.benchmark={bench}: {total:.3f} ms "
+                          f"{[(a[:40], round(b, 3)) for a, b in k[:3]]}", flush=True)
+            torch.backends.cudnn.benchmark = False
+            print(f"{task.id} eager kernels: {[(a[:50], round(b, 3)) for a, b in prof[:6]]}",
+                  flush=True)
+        out[task.id] = res
+    RESULTS["convs"] = out
+
+
+def candidate_module(code: str, name: str):
+    path = Path("/tmp") / f"{name}.py"
+    path.write_text(code)
+    spec = importlib.util.spec_from_file_location(name, path)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def part_rows() -> None:
+    from assay.bench.timing import TimingConfig, time_calls
+    from assay.propose.base import TaskContext
+    from assay.propose.offline import OfflineSynthesizer
+    from assay.tasks.instantiate import init_inputs, make_inputs, reference_model
+    cfg = TimingConfig(warmup_s=0.2, min_runs=10, max_runs=200, budget_s=0.5)
+    dev = torch.device("cuda")
+    out = []
+    for path in ("data/tasks/level1/10_Softmax.py", "data/tasks/level1/11_LogSoftmax.py",
+                 "data/tasks/level1/12_LayerNorm.py",
+                 "data/tasks/level2/5_Conv2d_GroupNorm_Tanh.py"):
+        task = load_task(path)
+        mod = task.module()
+        ref = reference_model(mod, 0, "cuda")
+        sets = [make_inputs(mod, 10 + i, "cuda") for i in range(3)]
+        syn = OfflineSynthesizer("cuda")
+        props = syn.translate(TaskContext(task, target="cuda"), n=4, rng=random.Random(0))
+        with torch.no_grad():
+            e1 = time_calls(lambda i: ref(*sets[i % 3]), dev, cfg)
+            e2 = time_calls(lambda i: ref(*sets[i % 3]), dev, cfg)
+            row = {"task": task.id, "eager_ms": [e1.median_ms, e2.median_ms], "cands": []}
+            for j, p in enumerate(props):
+                if p.code is None:
+                    continue
+                m = candidate_module(p.code, f"cand_{task.id}_{j}")
+                new = m.ModelNew(*init_inputs(mod)).cuda()
+                new.load_state_dict(ref.state_dict())
+                got, want = new(*sets[0]), ref(*sets[0])
+                err = (got - want).abs().max().item()
+                t1 = time_calls(lambda i: new(*sets[i % 3]), dev, cfg)
+                t2 = time_calls(lambda i: new(*sets[i % 3]), dev, cfg)
+                kern = profile_kernels(lambda: new(*sets[0]))
+                row["cands"].append({"knobs": p.knobs, "ms": [t1.median_ms, t2.median_ms],
+                                     "max_abs_err": err, "kernels": kern[:4]})
+                print(f"{task.id} {p.knobs}: {t1.median_ms:.4f}/{t2.median_ms:.4f} ms "
+                      f"(eager {e1.median_ms:.4f}/{e2.median_ms:.4f}) err {err:.2e} "
+                      f"{[(a[:30], round(b, 4)) for a, b in kern[:3]]}", flush=True)
+        out.append(row)
+    RESULTS["rows"] = out
+
+
+def part_ncu() -> None:
+    """Nsight Compute on the Softmax and LogSoftmax row kernels (default knobs)."""
+    import subprocess
+    from assay.propose.base import TaskContext
+    from assay.propose.offline import OfflineSynthesizer
+    files = []
+    for path in ("data/tasks/level1/10_Softmax.py", "data/tasks/level1/11_LogSoftmax.py"):
+        task = load_task(path)
+        p = OfflineSynthesizer("cuda").translate(TaskContext(task, target="cuda"), n=1,
+                                                 rng=random.Random(0))[0]
+        f = Path("/tmp") / f"ncu_{task.id}.py"
+        f.write_text(p.code)
+        files.append((str(REPO / path), str(f)))
+    for task_path, cand in files:
+        cmd = ["ncu", "--clock-control", "none", "--kernel-name", "regex:assay_rows",
+               "--launch-skip", "2", "--launch-count", "1", "--section", "SpeedOfLight",
+               "--section", "Occupancy", "--section", "WarpStateStats",
+               "--section", "MemoryWorkloadAnalysis", "--section", "LaunchStats",
+               sys.executable, __file__, "--ncu-child", task_path, cand]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                           env={**__import__("os").environ, "PYTHONPATH": str(REPO / "src")})
+        keep = [ln for ln in r.stdout.splitlines()
+                if any(k in ln for k in ("Duration", "Throughput", "Occupancy", "Stall",
+                                         "Registers", "Block Size", "Grid Size", "Waves",
+                                         "Shared Memory", "Warp Cycles", "Issued", "L1/TEX Hit",
+                                         "L2 Hit", "Mem Busy", "Max Bandwidth", "assay_rows"))]
+        print(f"--- ncu {Path(cand).name} rc={r.returncode}")
+        print("\n".join(keep[:60]) or r.stderr[-2000:], flush=True)
+        RESULTS.setdefault("ncu", {})[Path(cand).name] = r.stdout[-20000:]
+
+
+def ncu_child(task_path: str, cand: str) -> None:
+    from assay.tasks.instantiate import init_inputs, make_inputs, reference_model
+    from assay.tasks.model import Task
+    task = Task.from_file(task_path, size="large")
+    mod = task.module()
+    ref = reference_model(mod, 0, "cuda")
+    xs = make_inputs(mod, 1, "cuda")
+    m = candidate_module(Path(cand).read_text(), Path(cand).stem)
+    new = m.ModelNew(*init_inputs(mod)).cuda()
+    new.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        for _ in range(4):
+            new(*xs)
+    torch.cuda.synchronize()
+
+
+def main() -> int:
+    if len(sys.argv) == 4 and sys.argv[1] == "--ncu-child":
+        ncu_child(sys.argv[2], sys.argv[3])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--only", default="noise,convs,rows")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    RESULTS["device"] = torch.cuda.get_device_name(0)
+    for part in args.only.split(","):
+        t = time.perf_counter()
+        try:
+            {"noise": part_noise, "convs": part_convs, "rows": part_rows,
+             "ncu": part_ncu}[part]()
+        except Exception as e:  # noqa: BLE001 - the other parts still run
+            import traceback
+            traceback.print_exc()
+            RESULTS[f"{part}_error"] = repr(e)
+        print(f"== {part}: {time.perf_counter() - t:.1f} s", flush=True)
+        (args.out / "probe.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""The offline synthesizer's pooling template: max/avg pool2d (+ an elementwise epilogue).
+
+CPU candidates are built with g++ and compared exactly with torch (the same window bounds,
+divisor and summation order); CUDA candidates are compiled with nvcc here and compared on the
+device by the tests marked ``gpu``.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from assay.propose.base import Parent, TaskContext
+from assay.propose.offline import KNOB_SPACES, OfflineSynthesizer
+from assay.propose.offline.graph import Unsupported, analyze_task
+from assay.tasks.instantiate import make_inputs, reference_model, seeded
+from assay.tasks.model import Task
+
+from conftest import REPO, import_file
+
+# name: (init lines, forward body, input shape expression)
+POOLS = {
+    "max_3s2p1": ("self.pool = nn.MaxPool2d(3, stride=2, padding=1)", "return self.pool(x)",
+                  "batch, 3, h, w"),
+    "avg_3s2p1": ("self.pool = nn.AvgPool2d(3, stride=2, padding=1)", "return self.pool(x)",
+                  "batch, 3, h, w"),
+    "max_ceil_dil": ("self.pool = nn.MaxPool2d(3, stride=2, padding=1, dilation=2, "
+                     "ceil_mode=True)", "return self.pool(x)", "batch, 2, h, w"),
+    "avg_ceil_nopad": ("self.pool = nn.AvgPool2d((3, 2), stride=(2, 3), padding=(1, 1), "
+                       "ceil_mode=True, count_include_pad=False)", "return self.pool(x)",
+                       "batch, 2, h, w"),
+    "avg_divisor_fn": ("", "return F.avg_pool2d(x, 2, divisor_override=3)", "batch, 2, h, w"),
+    "max_fn_epilogue": ("self.scale = nn.Parameter(torch.randn(4, 1, 1))",
+                        "return torch.relu(F.max_pool2d(x, 2)) * self.scale + 0.5",
+                        "batch, 4, h, w"),
+    "max_chw": ("self.pool = nn.MaxPool2d(2)", "return torch.tanh(self.pool(x))", "3, h, w"),
+}
+DECLINED = {
+    "pool_after_relu": ("self.pool = nn.MaxPool2d(2)", "return self.pool(torch.relu(x))",
+                        "batch, 3, h, w"),
+    "return_indices": ("self.pool = nn.MaxPool2d(2, return_indices=True)",
+                       "return self.pool(x)[0]", "batch, 3, h, w"),
+    "sum_after_pool": ("self.pool = nn.AvgPool2d(2)", "return self.pool(x).sum(dim=-1)",
+                       "batch, 3, h, w"),
+}
+# (batch, h, w): odd sizes, a width not a multiple of 4, a plane wider than a strip.
+SHAPES = [(2, 9, 11), (1, 16, 20), (3, 5, 6)]
+
+
+def _source(init: str, body: str, shape: str) -> str:
+    init = init or "pass"
+    return f"""import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        {init}
+
+    def forward(self, x):
+        {body}
+
+
+batch, h, w = 2, 33, 40
+ASSAY_SIZES = {{"small": {{"batch": 2, "h": 9, "w": 11}}}}
+
+
+def get_inputs():
+    return [torch.randn({shape})]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.fixture(scope="module")
+def pool_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("pool_tasks")
+    for name, spec in {**POOLS, **DECLINED}.items():
+        (root / f"{name}.py").write_text(_source(*spec))
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("ASSAY_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() / "kernels"))
+    monkeypatch.setenv("ASSAY_CUDA_ARCH", "sm_90")
+
+
+def _ctx(path: Path, target: str, size: str = "large") -> TaskContext:
+    return TaskContext(Task.from_file(path, size=size), target=target)
+
+
+_import = import_file
+
+
+def _kernel_source(code: str) -> str:
+    for node in ast.parse(code).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "SOURCE":
+            return ast.literal_eval(node.value)
+    raise AssertionError("no SOURCE in the candidate")
+
+
+def _check(code: str, task_path: Path, tmp_path: Path, device: str,
+           shapes: list[tuple[int, int, int]] = SHAPES) -> None:
+    """ModelNew equals Model at every shape, exactly up to float rounding, NaN included."""
+    cand = _import(code, tmp_path / f"cand_{abs(hash(code))}.py")
+    for batch, h, w in shapes:
+        mod = Task.from_file(task_path, size="large").module()
+        mod.batch, mod.h, mod.w = batch, h, w
+        ref = reference_model(mod, seed=0, device=device)
+        with seeded(0):
+            new = cand.ModelNew()
+        new.to(device).eval()
+        new.load_state_dict(ref.state_dict())
+        for seed, dist in ((1, "native"), (2, "large")):
+            (x,) = make_inputs(mod, seed=seed, device=device, distribution=dist)
+            if seed == 2:  # NaN propagates through max and sums as torch's does
+                x.view(-1)[::7] = float("nan")
+            with torch.no_grad():
+                want, got = ref(x), new(x)
+            assert got.shape == want.shape and got.stride() == want.stride(), (batch, h, w)
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+def test_bundled_pooling_tasks_are_recognized():
+    for name, op in (("18_MaxPool2d", "max"), ("19_AvgPool2d", "avg")):
+        a = analyze_task(Task.from_file(REPO / "data" / "tasks" / "level1" / f"{name}.py"))
+        assert a.plan.pool is not None and a.plan.pool.op == op
+        assert (a.plan.pool.kernel, a.plan.pool.stride, a.plan.pool.padding) == \
+            ((3, 3), (2, 2), (1, 1))
+        assert a.shape == (32, 64, 64, 64)  # the pooled output is the iteration shape
+
+
+@pytest.mark.parametrize("name", sorted(DECLINED))
+def test_what_pooling_cannot_express_is_declined(pool_dir, name):
+    with pytest.raises(Unsupported) as e:
+        analyze_task(Task.from_file(pool_dir / f"{name}.py"))
+    assert str(e.value).startswith("offline synthesizer v1 cannot express")
+    props = OfflineSynthesizer("cpu").translate(_ctx(pool_dir / f"{name}.py", "cpu"), 2,
+                                                random.Random(0))
+    assert len(props) == 1 and props[0].code is None and props[0].declined
+
+
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_cpu_pool_candidates_match_torch(pool_dir, tmp_path, name):
+    path = pool_dir / f"{name}.py"
+    syn = OfflineSynthesizer("cpu")
+    props = syn.translate(_ctx(path, "cpu"), n=2, rng=random.Random(0))
+    assert len(props) == 2 and all(p.code for p in props)
+    for p in props:
+        assert p.strategy == "pooling" and set(p.knobs) == set(KNOB_SPACES[("cpu", "pool")])
+        assert "_pool2d(" not in p.code.split("class ModelNew")[1]  # no library pooling call
+        _check(p.code, path, tmp_path, "cpu")
+
+
+def test_pool_evolution_operators_stay_in_the_space(pool_dir):
+    path = pool_dir / "max_3s2p1.py"
+    ctx = _ctx(path, "cuda")
+    syn = OfflineSynthesizer("cuda")
+    base = syn.translate(ctx, 1, random.Random(0))[0]
+    assert base.knobs == {"block": 256, "rows": 8, "smem": 1}
+    space = KNOB_SPACES[("cuda", "pool")]
+    parent = Parent(base.id, base.code, {}, {"knobs": base.knobs})
+    kids = syn.mutate(ctx, parent, 4, random.Random(1))
+    assert kids and all(k.knobs != base.knobs for k in kids)
+    other = syn.mutate(ctx, parent, 1, random.Random(7))[0]
+    cross = syn.crossover(ctx, [parent, Parent(other.id, other.code, {}, {"knobs": other.knobs})],
+                          random.Random(2))[0]
+    repaired = syn.repair(ctx, parent, random.Random(3))[0]
+    for p in kids + [cross, repaired]:
+        assert all(p.knobs[k] in space[k] for k in space), p.knobs
+    assert repaired.knobs == {"block": 128, "rows": 1, "smem": 0}  # defaults -> the safe form
+
+
+def test_cuda_pool_candidates_compile(pool_dir):
+    from assay.bench.build import build
+    sources = set()
+    for name in ("max_ceil_dil", "avg_ceil_nopad", "max_fn_epilogue"):
+        for smem in (0, 1):
+            knobs = {"block": 128, "rows": 4, "smem": smem}
+            ctx = _ctx(pool_dir / f"{name}.py", "cuda")
+            syn = OfflineSynthesizer("cuda")
+            prop = syn._proposal(ctx, syn.analyse(ctx), knobs, "translate", [], 0.0)
+            sources.add(_kernel_source(prop.code))
+    assert len(sources) == 6
+    for src in sources:
+        assert build(src, lang="cuda").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# On the device
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_cuda_pool_candidates_match_torch(pool_dir, tmp_path, name):
+    path = pool_dir / f"{name}.py"
+    ctx = _ctx(path, "cuda")
+    syn = OfflineSynthesizer("cuda")
+    analysis = syn.analyse(ctx)
+    shapes = SHAPES + [(2, 130, 260)]  # a plane whose strip is several rows of 260
+    for knobs in ({"block": 256, "rows": 8, "smem": 1}, {"block": 128, "rows": 1, "smem": 0},
+                  {"block": 512, "rows": 16, "smem": 1}):
+        prop = syn._proposal(ctx, analysis, knobs, "translate", [], 0.0)
+        _check(prop.code, path, tmp_path, "cuda", shapes)

@@ -1,0 +1,55 @@
+"""The timing protocol's statistics (assay.bench.timing): samples that average short calls."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import torch
+
+from assay.bench import timing
+
+
+def test_short_calls_are_averaged_into_samples_of_at_least_the_minimum():
+    calls = [0.05] * 200  # 50 us calls: four of them make a 0.2 ms sample
+    assert timing.group_size(calls) == 4
+    assert timing.group_size([0.5] * 200) == 1  # long calls: one call a sample
+    assert timing.group_size([0.001] * 200) == timing.MAX_GROUP
+    # Never so few samples that the IQR means nothing.
+    assert timing.group_size([0.05] * 20) == 20 // timing.MIN_SAMPLES
+
+
+def test_averaging_narrows_the_spread_and_keeps_the_centre():
+    rng = random.Random(0)
+    calls = [0.064 + rng.gauss(0, 0.001) for _ in range(400)]
+    single = timing.summarize(calls, 1)
+    grouped = timing.summarize(calls, timing.group_size(calls))
+    assert grouped.group == 4 and grouped.runs == 400 and len(grouped.samples_ms) == 100
+    # The mean of four independent calls spreads half as much (1/sqrt(4)), within sampling.
+    assert 0.35 < grouped.iqr_ms / single.iqr_ms < 0.7
+    assert abs(grouped.median_ms - statistics.median(calls)) < 0.0005
+    assert grouped.call_iqr_ms == single.iqr_ms  # the single-call spread is still reported
+    assert grouped.to_dict()["group"] == 4
+
+
+def test_samples_follow_call_order_and_drop_a_partial_group():
+    t = timing.summarize([1.0, 1.0, 3.0, 3.0, 5.0], 2)
+    assert t.samples_ms == [1.0, 3.0] and t.runs == 5
+
+
+def test_time_calls_on_cpu_reports_its_grouping():
+    x = torch.randn(1 << 14)
+    cfg = timing.TimingConfig(warmup_s=0.0, min_runs=40, max_runs=40, budget_s=0.0)
+    t = timing.time_calls(lambda i: torch.relu(x), torch.device("cpu"), cfg)
+    # A call takes microseconds here: as many calls a sample as still leave eight samples.
+    assert t.runs == 40 and t.group == 40 // timing.MIN_SAMPLES
+    assert len(t.samples_ms) == timing.MIN_SAMPLES and t.median_ms > 0
+
+
+def test_the_hold_covers_the_enqueue_time_within_bounds():
+    assert timing.hold_for([]) == timing.HOLD_MIN_US
+    assert timing.hold_for([40e-6] * 10) == 60.0  # 1.5x a 40 us enqueue
+    assert timing.hold_for([1e-6] * 10) == timing.HOLD_MIN_US
+    assert timing.hold_for([0.1] * 10) == timing.HOLD_MAX_US  # a host-bound call is not hidden
+    # The slowest tenth decides: a jittery host gets a longer hold.
+    assert timing.hold_for([40e-6] * 8 + [100e-6] * 2) == 150.0
