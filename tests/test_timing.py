@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
+import time
 
 import torch
 
@@ -38,12 +40,16 @@ def test_samples_follow_call_order_and_drop_a_partial_group():
 
 
 def test_time_calls_on_cpu_reports_its_grouping():
-    x = torch.randn(1 << 14)
     cfg = timing.TimingConfig(warmup_s=0.0, min_runs=40, max_runs=40, budget_s=0.0)
-    t = timing.time_calls(lambda i: torch.relu(x), torch.device("cpu"), cfg)
-    # A call takes microseconds here: as many calls a sample as still leave eight samples.
+    cpu = torch.device("cpu")
+    # A call of microseconds: as many calls a sample as still leave eight samples.
+    t = timing.time_calls(lambda i: None, cpu, cfg)
     assert t.runs == 40 and t.group == 40 // timing.MIN_SAMPLES
-    assert len(t.samples_ms) == timing.MIN_SAMPLES and t.median_ms > 0
+    assert len(t.samples_ms) == timing.MIN_SAMPLES and t.host_ms >= 0
+    # A call of 2 ms already covers a sample on its own.
+    t = timing.time_calls(lambda i: time.sleep(0.002), cpu,
+                          dataclasses.replace(cfg, min_runs=10, max_runs=10))
+    assert t.group == 1 and len(t.samples_ms) == 10 and t.median_ms >= 2.0
 
 
 def test_the_hold_covers_the_enqueue_time_within_bounds():
