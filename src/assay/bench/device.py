@@ -1,8 +1,7 @@
 """The device's two ceilings, measured once and cached: memory bandwidth and peak FLOP rate.
 
 Datasheet numbers are leads; the roofline floor uses what this device actually does: a large
-device-to-device copy (bytes read + written) or a read-only sum, whichever streams faster, and a
-large fp32 matrix product (tf32 off).
+device-to-device copy (bytes read + written) and a large fp32 matrix product (tf32 off).
 """
 
 from __future__ import annotations
@@ -36,13 +35,7 @@ def measure_peaks(device: str) -> dict[str, Any]:
     src = torch.randn(n, device=dev)
     dst = torch.empty_like(src)
     t_copy = time_calls(lambda i: dst.copy_(src), dev, cfg)
-    copy_gbs = 2 * n * 4 / (t_copy.median_ms * 1e-3) / 1e9
-    # A read-only stream beats a copy (no read/write turnarounds): measured on an H200, row
-    # reductions ran at 109% of the copy's rate. The floor must hold for both, so the faster.
-    sink = torch.empty((), device=dev)
-    t_read = time_calls(lambda i: torch.sum(src, dim=0, out=sink), dev, cfg)
-    read_gbs = n * 4 / (t_read.median_ms * 1e-3) / 1e9
-    bandwidth = max(copy_gbs, read_gbs)
+    bandwidth = 2 * n * 4 / (t_copy.median_ms * 1e-3) / 1e9
     m = 8192 if dev.type == "cuda" else 1024
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -51,8 +44,7 @@ def measure_peaks(device: str) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = prev
     flops = 2 * m ** 3 / (t_mm.median_ms * 1e-3) / 1e12
     return {"name": device_name(device), "bandwidth_gbs": bandwidth, "flops_tflops": flops,
-            "copy_gbs": copy_gbs, "read_gbs": read_gbs,
-            "measured_with": {"copy_mb": n * 4 >> 20, "matmul_fp32": m, "version": 2}}
+            "measured_with": {"copy_mb": n * 4 >> 20, "matmul_fp32": m}}
 
 
 def peaks(device: str, refresh: bool = False) -> dict[str, Any]:
@@ -60,9 +52,7 @@ def peaks(device: str, refresh: bool = False) -> dict[str, Any]:
     name = device_name(device)
     path = _cache_file(name)
     if path.exists() and not refresh:
-        data = json.loads(path.read_text())
-        if data.get("measured_with", {}).get("version") == 2:  # older: copy bandwidth only
-            return data
+        return json.loads(path.read_text())
     data = measure_peaks(device)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2))

@@ -1,13 +1,12 @@
 """One timing protocol for candidates, eager and torch.compile alike.
 
 CUDA: a device-wide sync, then per call an L2 flush (a read over a buffer twice the L2) and a
-short spin kernel that holds the stream while the host enqueues the call, device events around
-the call alone (so host launch overhead and host jitter stay out of the device time; the hold
-is sized from the call's own enqueue time, bounded), inputs rotated among several buffers,
-warm-up by time,
-median and IQR over samples that each average enough consecutive calls to cover 0.2 ms of
-device time (each call still flushed and timed on its own). CPU: the same with ``perf_counter`` (CPU ops are synchronous) and a cache flush by a write
-over a buffer larger than the last-level cache.
+short spin kernel that holds the stream while the host enqueues the call (sized from the call's
+own enqueue time, bounded), device events around the call alone (so host launch overhead and
+host jitter stay out of the device time), inputs rotated among several buffers, warm-up by
+time, median and IQR over samples that each average enough consecutive calls to cover 0.2 ms
+(each call still flushed and timed on its own). CPU: the same with ``perf_counter`` (CPU ops are
+synchronous) and a cache flush by a write over a buffer larger than the last-level cache.
 
 The functions here keep references to the clocks taken at import, before any candidate code is
 loaded, so a candidate that patches ``time.perf_counter`` or ``torch.cuda.Event`` later does not
@@ -83,6 +82,8 @@ class Timing:
 # enqueues the call (so neither placement nor launch jitter): the device's own variation, about
 # 1 us, which a mean of four calls halves. Kernels of 0.2 ms and more are one call a sample.
 SAMPLE_MIN_MS = 0.2
+MAX_GROUP = 8
+MIN_SAMPLES = 8
 
 # The hold: 1.5x the slowest tenth of the warm-up's enqueue times, within these bounds. Measured
 # on an H200: enqueueing torch.relu takes ~37 us of Python and driver time, a candidate's
@@ -92,8 +93,6 @@ SAMPLE_MIN_MS = 0.2
 HOLD_MIN_US = 20.0
 HOLD_MAX_US = 500.0
 _SPIN_RATE: dict[int, float] = {}  # device index -> spin cycles per microsecond
-MAX_GROUP = 8
-MIN_SAMPLES = 8
 
 # Measured on an H200: with 0.05 s of warm-up, 64-170 us kernels showed 2-10% IQR in some runs
 # (clocks still ramping); with 0.2 s, 0.5-2%.
@@ -162,8 +161,8 @@ def summarize(calls_ms: Sequence[float], group: int = 1) -> Timing:
     """Median and IQR of samples that each average ``group`` consecutive calls (in call order;
     a last partial group is dropped)."""
     calls = list(calls_ms)
-    group = max(1, group)
-    n = len(calls) // group * group if len(calls) >= group else len(calls)
+    group = max(1, min(group, len(calls)))
+    n = len(calls) // group * group
     samples = sorted(statistics.fmean(calls[i:i + group]) for i in range(0, n, group))
     return Timing(statistics.median(samples), _iqr(samples), len(calls), samples,
                   group=group, call_iqr_ms=_iqr(sorted(calls)))
@@ -234,12 +233,12 @@ def time_calls(fn: Callable[[int], Any], device: torch.device, cfg: TimingConfig
             s = _perf_counter()
             out = fn(call)
             samples.append((_perf_counter() - s) * 1e3)
-            host.append(samples[-1] / 1e3)
         if after_call is not None:
             after_call(call, out)
         call += 1
     t = summarize(samples, group_size(samples))
-    t.host_ms = statistics.median(host) * 1e3 if host else 0.0
+    # On the CPU the host time is the call itself.
+    t.host_ms = statistics.median(host) * 1e3 if host else statistics.median(samples)
     t.hold_us = hold_us
     if whole:
         t.escaped_ms = max(0.0, statistics.median(whole) - sync_ms - t.median_ms)

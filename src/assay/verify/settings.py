@@ -40,7 +40,7 @@ class VerifyConfig:
         "float32": [32.0, 4.0], "float16": [32.0, 4.0], "bfloat16": [32.0, 4.0],
         "float64": [32.0, 4.0], "tf32": [32.0, 4.0]})
     # Reject a runtime under margin x the roofline floor. The floor's bandwidth is a measured
-    # copy (or read) rate, not the chip's ceiling: on an H200 (copy 3.9 TB/s) honest row
+    # copy rate, not the chip's ceiling: on an H200 (copy 3.9 TB/s) honest row
     # reductions ran at 112% and elementwise kernels at 109% of it, and the datasheet's 4.8 TB/s
     # is 123%. 0.8 (125%) rejects only what no memory system could do.
     roofline_margin: float = 0.8

@@ -369,6 +369,20 @@ def _row_passes(plan: Plan, sched: _Schedule, target: str, vec_ok: Callable[[int
     return _RowPasses(passes, list(dict.fromkeys(vec_ptrs)), cached)
 
 
+def _smem_launcher(kernel: str, tparams: str, targs: str, uses: str, block: int,
+                   kparams: str, kargs: str) -> str:
+    """templates.CUDA_SMEM_LAUNCH for ``kernel``, whose template flag ``uses`` turns dynamic
+    shared memory on."""
+    return templates.render(templates.CUDA_SMEM_LAUNCH, kernel=kernel, tparams=tparams,
+                            targs=targs, uses=uses, block=block, kparams=kparams, kargs=kargs)
+
+
+def _common(template: str, knobs: dict[str, Any], summary: str) -> dict[str, Any]:
+    """The values every kernel file's head takes (CUDA_COMMON, CPP_PREAMBLE)."""
+    return {"template": template, "summary": summary.replace("\n", " "),
+            "knob_line": _knob_line(knobs), "helpers": templates.HELPERS.strip("\n")}
+
+
 def _knob_line(knobs: dict[str, Any]) -> str:
     return " ".join(f"{k}={knobs[k]}" for k in sorted(knobs))
 
@@ -404,11 +418,8 @@ def _fused_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
     kinds = [leaf_kind(plan, k) for k in range(len(plan.leaves))]
     sched = _Schedule(plan, kinds)
     params = _params(plan, target)
-    common = {
-        "template": label, "kind": plan.kind, "summary": summary.replace("\n", " "),
-        "knob_line": _knob_line(knobs), "helpers": templates.HELPERS.strip("\n"),
-        "prologue": _prologue(plan, sched),
-    }
+    common = dict(_common(label, knobs, summary), kind=plan.kind,
+                  prologue=_prologue(plan, sched))
     if target == "cpu":
         # threads: 0 = OpenMP's default team, 1 = serial (no parallel region), k = at most k.
         # unroll: the simd length in units of 4 lanes (the SSE width of a plain -O3 build).
@@ -454,7 +465,9 @@ def _fused_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
     warp = bool(knobs["warp_per_row"])
     values.update(passes=rp.passes, row_prologue=_row_prologue(plan, sched),
                   vec_ptrs=rp.vec_ptrs, warp_per_row=warp, cached=rp.cached,
-                  cache_row=bool(knobs["cache_row"]), rows_per_block=block // 32 if warp else 1)
+                  cache_row=bool(knobs["cache_row"]), rows_per_block=block // 32 if warp else 1,
+                  launcher=_smem_launcher("assay_rows", "int VEC, bool CACHE", "VEC, CACHE",
+                                          "CACHE", block, kparams, values["kargs"]))
     return head + templates.render(templates.CUDA_ROW, **values)
 
 
@@ -531,8 +544,7 @@ def gemm_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) ->
     params = _gemm_params(plan, target, fused)
     kparams = ", ".join(f"{p.ctype} {p.name}" for p in params)
     kargs = ", ".join(p.name for p in params)
-    common = {"template": template, "summary": summary.replace("\n", " "),
-              "knob_line": _knob_line(knobs), "helpers": templates.HELPERS.strip("\n")}
+    common = _common(template, knobs, summary)
     bm, bn, bk = int(knobs["tile_m"]), int(knobs["tile_n"]), int(knobs["k_step"])
     values = dict(common, prologue=prologue, epi_body=body, epi_out=out_expr, bm=bm, bn=bn,
                   bk=bk, trans_b=trans_b, kparams=kparams, kargs=kargs)
@@ -606,19 +618,21 @@ def pool_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) ->
                 "dh": pool.dilation[0], "dw": pool.dilation[1]}
     window = templates.render(templates.POOL_WINDOW, op=pool.op, divisor=pool.divisor,
                               count_include_pad=pool.count_include_pad, **geometry)
-    values = dict(template="pool", summary=summary.replace("\n", " "),
-                  knob_line=_knob_line(knobs), helpers=templates.HELPERS.strip("\n"),
-                  prologue=prologue, epi_body=body, epi_out=out_expr, window=window,
-                  kparams=kparams, kargs=", ".join(p.name for p in params), **geometry)
+    kargs = ", ".join(p.name for p in params)
+    values = dict(_common("pool", knobs, summary), prologue=prologue, epi_body=body,
+                  epi_out=out_expr, window=window, kparams=kparams, kargs=kargs, **geometry)
     if target == "cpu":
         threads = int(knobs["threads"])
         return templates.render(templates.CPP_POOL, params=kparams, parallel=threads != 1,
                                 omp_clause=(f" num_threads(assay_threads({threads}))"
                                             if threads > 1 else ""), **values)
     head = templates.render(templates.CUDA_COMMON, **values)
+    block = int(knobs["block"])
+    launcher = _smem_launcher("assay_pool", "bool SMEM, int VEC", "SMEM, VEC", "SMEM", block,
+                              kparams, kargs)
     return head + templates.render(templates.CUDA_POOL, params=kparams + ", void* stream_ptr",
-                                   block=int(knobs["block"]), rows=int(knobs["rows"]),
-                                   smem=bool(knobs["smem"]), **values)
+                                   block=block, rows=int(knobs["rows"]),
+                                   smem=bool(knobs["smem"]), launcher=launcher, **values)
 
 
 def _pool_lines(plan: Plan) -> list[str]:

@@ -95,6 +95,21 @@ static int assay_smem_optin() {
 """
 _ENV.globals["smem_optin"] = CUDA_SMEM_OPTIN
 
+# The launcher of a kernel template whose flag ``uses`` turns dynamic shared memory on (the row
+# cache, the pooling strip): opted in above the default 48 KB, none when the flag is off.
+CUDA_SMEM_LAUNCH = r"""{{ smem_optin }}
+template <{{ tparams }}>
+static int assay_launch(int64_t blocks, size_t smem, cudaStream_t stream, {{ kparams }}) {
+  if ({{ uses }} && smem > 48 * 1024) {  // above the default limit: opt in
+    const cudaError_t e = cudaFuncSetAttribute({{ kernel }}<{{ targs }}>,
+        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return static_cast<int>(e);
+  }
+  {{ kernel }}<{{ targs }}><<<(unsigned)blocks, {{ block }}, {{ uses }} ? smem : 0, stream>>>({{ kargs }});
+  return (int)cudaGetLastError();
+}
+"""
+
 CPP_SOURCE = CPP_PREAMBLE + r"""
 extern "C" int assay_forward({{ params }}) {
 {% for line in prologue %}
@@ -411,18 +426,7 @@ assay_rows({{ kparams }}) {
   }
 }
 
-{{ smem_optin }}
-template <int VEC, bool CACHE>
-static int assay_launch(int64_t blocks, size_t cache_bytes, cudaStream_t stream, {{ kparams }}) {
-  if (CACHE && cache_bytes > 48 * 1024) {  // above the default limit: opt in
-    const cudaError_t e = cudaFuncSetAttribute(assay_rows<VEC, CACHE>,
-        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(cache_bytes));
-    if (e != cudaSuccess) return static_cast<int>(e);
-  }
-  assay_rows<VEC, CACHE><<<(unsigned)blocks, {{ block }}, CACHE ? cache_bytes : 0, stream>>>({{ kargs }});
-  return (int)cudaGetLastError();
-}
-
+{{ launcher }}
 extern "C" int assay_forward({{ params }}) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (rows <= 0 || cols <= 0) return 0;
@@ -589,18 +593,7 @@ assay_pool({{ kparams }}) {
   }
 }
 
-{{ smem_optin }}
-template <bool SMEM, int VEC>
-static int assay_launch(int64_t blocks, size_t smem, cudaStream_t stream, {{ kparams }}) {
-  if (SMEM && smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(assay_pool<SMEM, VEC>,
-        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess) return static_cast<int>(e);
-  }
-  assay_pool<SMEM, VEC><<<(unsigned)blocks, {{ block }}, SMEM ? smem : 0, stream>>>({{ kargs }});
-  return (int)cudaGetLastError();
-}
-
+{{ launcher }}
 extern "C" int assay_forward({{ params }}) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (planes <= 0 || OH <= 0 || OW <= 0) return 0;
