@@ -9,9 +9,12 @@
    kernel"), which keeps host launch jitter out of the device time.
 2. ``convs``: the per-kernel device time (torch.profiler) of eager L2_5 (conv, GroupNorm, tanh)
    and of the conv tasks' convolutions in NCHW against channels_last.
-4. ``ncu``: Nsight Compute sections of the Softmax and LogSoftmax row kernels.
+4. ``ncu``: Nsight Compute sections of chosen synthesizer kernels (``NCU``).
 3. ``rows``: the synthesizer's Softmax / LogSoftmax / GroupNorm-epilogue kernels timed against
    eager (LogSoftmax measured 55% of bandwidth once, Softmax 93%, with the same kernel shape).
+5. ``sweep``: the synthesizer's pooling, norm and convolution-epilogue kernels over chosen knob
+   sets (built in parallel first), each checked against eager and timed beside eager and
+   torch.compile, with the device time per kernel of the defaults.
 
 Writes ``probe.json`` and prints a short table per part.
 """
@@ -233,24 +236,110 @@ def part_rows() -> None:
     RESULTS["rows"] = out
 
 
-def part_ncu() -> None:
-    """Nsight Compute on the Softmax and LogSoftmax row kernels (default knobs)."""
+# task: knob sets (merged over the defaults of the task's first translation)
+SWEEP = {
+    "data/tasks/level1/18_MaxPool2d.py": [{"block": b, "cols": c, "vec": v} for b in (128, 256)
+                                          for c in (1, 2, 4) for v in (0, 1)],
+    "data/tasks/level1/19_AvgPool2d.py": [{"block": b, "cols": c, "vec": v} for b in (128, 256)
+                                          for c in (2, 4) for v in (0, 1)],
+    "data/tasks/level1/12_LayerNorm.py": [{}, {"cache_row": 0}, {"cache_row": 0, "block": 256},
+                                          {"cache_row": 0, "block": 1024}],
+    "data/tasks/level2/5_Conv2d_GroupNorm_Tanh.py": [
+        {"layout": 1, "block": b, "split": s} for b in (256, 512) for s in (4, 8)],
+    "data/tasks/level2/4_Conv2d_ReLU_BiasAdd.py": [{"layout": 0}, {"layout": 1}],
+}
+
+
+def part_sweep() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from assay.bench.baseline import time_reference
+    from assay.bench.build import build
+    from assay.bench.timing import TimingConfig, time_calls
+    from assay.propose.base import TaskContext
+    from assay.propose.offline import OfflineSynthesizer
+    from assay.tasks.instantiate import init_inputs, make_inputs, reference_model
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    cfg = TimingConfig(warmup_s=0.1, min_runs=10, max_runs=200, budget_s=0.4)
+    dev = torch.device("cuda")
+    syn = OfflineSynthesizer("cuda")
+    plan = []  # (task, proposal)
+    for path, sets in SWEEP.items():
+        task = load_task(path)
+        ctx = TaskContext(task, target="cuda")
+        analysis = syn.analyse(ctx)
+        base = syn.defaults(analysis)
+        for knobs in sets:
+            plan.append((task, syn._proposal(ctx, analysis, {**base, **knobs}, "mutate", [],
+                                             0.0)))
+    t0 = time.perf_counter()
+    sources = [candidate_module(p.code, f"sweep_{i}").SOURCE for i, (_, p) in enumerate(plan)]
+    with ThreadPoolExecutor(12) as pool:
+        list(pool.map(lambda src: build(src, lang="cuda"), sources))
+    print(f"sweep: built {len(sources)} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
+    out, refs = [], {}
+    for i, (task, p) in enumerate(plan):
+        mod = task.module()
+        if task.id not in refs:
+            ref = reference_model(mod, 0, "cuda")
+            sets = [make_inputs(mod, 10 + k, "cuda") for k in range(3)]
+            base = time_reference(task, "cuda", cfg)
+            eager, compiled = base["eager_ms"], base["compile_ms"] or float("nan")
+            refs[task.id] = (ref, sets, eager, compiled)
+            print(f"{task.id}: eager {eager:.4f} ms, compile {compiled:.4f} ms "
+                  f"{[(a[:40], round(b, 4)) for a, b in profile_kernels(lambda: ref(*sets[0]))[:4]]}",
+                  flush=True)
+        ref, sets, eager, compiled = refs[task.id]
+        m = candidate_module(p.code, f"sweep_{i}")
+        new = m.ModelNew(*init_inputs(mod)).cuda()
+        new.load_state_dict(ref.state_dict())
+        with torch.no_grad():
+            got, want = new(*sets[1]), ref(*sets[1])
+            err = ((got - want).abs().max() / want.abs().max()).item()
+            ms = time_calls(lambda k: new(*sets[k % 3]), dev, cfg).median_ms
+            kern = profile_kernels(lambda: new(*sets[0]), reps=3)
+        row = {"task": task.id, "knobs": p.knobs, "ms": ms, "eager_ms": eager,
+               "compile_ms": compiled, "rel_err": err, "kernels": kern[:4]}
+        out.append(row)
+        print(f"{task.id} {p.knobs}: {ms:.4f} ms = {eager / ms:.2f}x eager, "
+              f"{compiled / ms:.2f}x compile; err {err:.1e} "
+              f"{[(a[:30], round(b, 4)) for a, b in kern[:3]]}", flush=True)
+    RESULTS["sweep"] = out
+
+
+# task: knobs (over the defaults), for ncu
+NCU = {
+    "data/tasks/level1/18_MaxPool2d.py": {"block": 128, "cols": 2, "vec": 1},
+    "data/tasks/level1/19_AvgPool2d.py": {"block": 128, "cols": 2, "vec": 0},
+    "data/tasks/level1/12_LayerNorm.py": {"cache_row": 0},
+    "data/tasks/level2/5_Conv2d_GroupNorm_Tanh.py": {"layout": 1, "block": 512, "split": 4},
+}
+
+
+def part_ncu(only: str = "") -> None:
+    """Nsight Compute on the synthesizer's kernels (``NCU``; ``only``: a task-id substring)."""
     import subprocess
     from assay.propose.base import TaskContext
     from assay.propose.offline import OfflineSynthesizer
+    syn = OfflineSynthesizer("cuda")
     files = []
-    for path in ("data/tasks/level1/10_Softmax.py", "data/tasks/level1/11_LogSoftmax.py"):
+    for path, knobs in NCU.items():
         task = load_task(path)
-        p = OfflineSynthesizer("cuda").translate(TaskContext(task, target="cuda"), n=1,
-                                                 rng=random.Random(0))[0]
+        if only and only not in task.id:
+            continue
+        ctx = TaskContext(task, target="cuda")
+        analysis = syn.analyse(ctx)
+        p = syn._proposal(ctx, analysis, {**syn.defaults(analysis), **knobs}, "mutate", [], 0.0)
         f = Path("/tmp") / f"ncu_{task.id}.py"
         f.write_text(p.code)
         files.append((str(REPO / path), str(f)))
     for task_path, cand in files:
-        cmd = ["ncu", "--clock-control", "none", "--kernel-name", "regex:assay_rows",
+        cmd = ["ncu", "--clock-control", "none", "--kernel-name", "regex:assay_",
                "--launch-skip", "2", "--launch-count", "1", "--section", "SpeedOfLight",
                "--section", "Occupancy", "--section", "WarpStateStats",
                "--section", "MemoryWorkloadAnalysis", "--section", "LaunchStats",
+               "--section", "MemoryWorkloadAnalysis_Tables",
                sys.executable, __file__, "--ncu-child", task_path, cand]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
                            env={**__import__("os").environ, "PYTHONPATH": str(REPO / "src")})
@@ -258,9 +347,11 @@ def part_ncu() -> None:
                 if any(k in ln for k in ("Duration", "Throughput", "Occupancy", "Stall",
                                          "Registers", "Block Size", "Grid Size", "Waves",
                                          "Shared Memory", "Warp Cycles", "Issued", "L1/TEX Hit",
-                                         "L2 Hit", "Mem Busy", "Max Bandwidth", "assay_rows"))]
+                                         "L2 Hit", "Mem Busy", "Max Bandwidth", "assay_",
+                                         "Mem Pipes", "sectors", "Sectors", "Uncoalesced",
+                                         "excessive", "Eligible"))]
         print(f"--- ncu {Path(cand).name} rc={r.returncode}")
-        print("\n".join(keep[:60]) or r.stderr[-2000:], flush=True)
+        print("\n".join(keep[:70]) or r.stderr[-2000:], flush=True)
         RESULTS.setdefault("ncu", {})[Path(cand).name] = r.stdout[-20000:]
 
 
@@ -294,7 +385,7 @@ def main() -> int:
         t = time.perf_counter()
         try:
             {"noise": part_noise, "convs": part_convs, "rows": part_rows,
-             "ncu": part_ncu}[part]()
+             "ncu": part_ncu, "sweep": part_sweep}[part]()
         except Exception as e:  # noqa: BLE001 - the other parts still run
             import traceback
             traceback.print_exc()

@@ -344,13 +344,21 @@ def test_cuda_candidates_compile(task_dir, tmp_path):
             cand = _import(prop.code, tmp_path / f"cuda_{prop.id}.py")  # import builds nothing
             assert cand.LANG == "cuda" and cand.KNOBS == prop.knobs
             assert "__shfl_xor_sync" in cand.SOURCE or name not in ROW_TASKS
-            assert "cudaGetLastError" in cand.SOURCE
+            # launch errors are returned (row kernels launch through cudaLaunchKernelEx)
+            assert "cudaGetLastError" in cand.SOURCE or "return (int)cudaLaunchKernelEx" in cand.SOURCE
             assert "cuda_stream" in prop.code
             sources.setdefault(cand.SOURCE, (name, tuple(sorted(prop.knobs.items()))))
+        if name in ROW_TASKS:  # a cluster of blocks per row
+            analysis = syn.analyse(ctx)
+            knobs = {**syn.defaults(analysis), "warp_per_row": 0, "split": 4}
+            prop = syn._proposal(ctx, analysis, knobs, "mutate", [], 0.0)
+            sources.setdefault(_import(prop.code, tmp_path / f"cuda_{prop.id}.py").SOURCE,
+                               (name, tuple(sorted(prop.knobs.items()))))
     # Both row layouts (a warp per row, a block per row) and every vector width get built.
     row = [k for k in sources.values() if k[0] in ROW_TASKS]
     assert {dict(k[1])["warp_per_row"] for k in row} == {0, 1}
     assert {dict(k[1])["cache_row"] for k in row} == {0, 1}
+    assert len({dict(k[1])["split"] for k in row}) > 1  # one block per row, and clusters
     assert {dict(k[1])["vec"] for k in sources.values()} >= {1, 4}
     assert {dict(k[1])["persistent"] for k in sources.values()
             if k[0] not in ROW_TASKS} == {0, 1}
@@ -362,7 +370,8 @@ def test_cuda_mutation_changes_the_source(task_dir):
     ctx = _ctx(task_dir, "layernorm", "cuda")
     syn = OfflineSynthesizer("cuda")
     (base,) = syn.translate(ctx, 1, random.Random(0))
-    assert base.knobs == {"block": 256, "vec": 4, "warp_per_row": 0, "cache_row": 1}  # 1030 cols
+    assert base.knobs == {"block": 256, "vec": 4, "warp_per_row": 0, "cache_row": 1,
+                          "split": 1}  # 1030 cols
     small = syn.translate(_ctx(task_dir, "layernorm", "cuda", size="small"), 1,
                           random.Random(0))[0]
     assert small.knobs["warp_per_row"] == 1  # 7 columns: a warp per row
@@ -381,6 +390,12 @@ def test_cuda_candidates_match_reference(task_dir, tmp_path, name):
     props = syn.translate(ctx, n=3, rng=random.Random(0))
     props += syn.mutate(ctx, _parent(props[0]), 2, random.Random(1))
     props += syn.repair(ctx, _parent(props[0]), random.Random(2))  # the safest form
+    if name in ROW_TASKS:  # clusters of 2 and 8 blocks per row, with and without the row cache
+        analysis = syn.analyse(ctx)
+        for split, cache, vec in ((2, 1, 4), (8, 0, 1), (8, 1, 2)):
+            knobs = {**syn.defaults(analysis), "warp_per_row": 0, "split": split,
+                     "cache_row": cache, "vec": vec}
+            props.append(syn._proposal(ctx, analysis, knobs, "mutate", [], 0.0))
     shapes = SHAPES + [(33, 4096), (2, 20000), (1024, 32)]
     for prop in props:
         _check_candidate(prop, ctx, tmp_path, loose=name in LOOSE, device="cuda",
@@ -715,3 +730,34 @@ def test_cuda_gemm_candidates_match_reference(gemm_dir, tmp_path, name):
     props += syn.repair(ctx, _parent(props[0]), random.Random(2))
     for prop in props:
         _check_gemm(prop, ctx, name, tmp_path, device="cuda")
+
+
+def test_broadcast_index_divider_matches_integer_division(tmp_path):
+    """assay_bidx / assay_bmod (multiply-high dividers below 2^31) against plain 64-bit
+    division, on edge and random values, built with g++ from the kernels' own helpers."""
+    import ctypes
+
+    from assay.propose.offline import templates
+
+    source = ("#include <stdint.h>\n#include <math.h>\n#define ASSAY_FN static inline\n"
+              + templates.HELPERS + textwrap.dedent("""
+        extern "C" int64_t check(const int64_t* cases, int64_t n) {
+          int64_t bad = 0;
+          for (int64_t k = 0; k < n; ++k) {
+            const int64_t i = cases[3 * k], inner = cases[3 * k + 1], mid = cases[3 * k + 2];
+            const AssayBcast b = assay_bcast(inner, mid);
+            bad += assay_bidx(i, inner, mid, b) != (i / inner) % mid;
+            bad += assay_bmod(i, mid, b) != i % mid;
+          }
+          return bad;
+        }"""))
+    lib = ctypes.CDLL(str(build(source, lang="cpp")))
+    lib.check.restype = ctypes.c_int64
+    rng = random.Random(0)
+    edges = [1, 2, 3, 7, 64, 4095, 4096, 4097, 65536, 2**30 - 1, 2**30 + 1, 2**31 - 1]
+    cases = [(i, inner, mid) for i in (0, 1, 4095, 4096, 2**31 - 2, 2**31 - 1, 2**31, 2**40)
+             for inner in edges for mid in edges]
+    cases += [(rng.randrange(2**31), rng.choice(edges + [rng.randrange(1, 2**31)]),
+               rng.randrange(1, 5000)) for _ in range(200_000)]
+    flat = (ctypes.c_int64 * (3 * len(cases)))(*[v for c in cases for v in c])
+    assert lib.check(flat, len(cases)) == 0

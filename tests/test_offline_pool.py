@@ -166,7 +166,7 @@ def test_pool_evolution_operators_stay_in_the_space(pool_dir):
     ctx = _ctx(path, "cuda")
     syn = OfflineSynthesizer("cuda")
     base = syn.translate(ctx, 1, random.Random(0))[0]
-    assert base.knobs == {"block": 256, "rows": 8, "smem": 1}
+    assert base.knobs == {"block": 256, "cols": 4, "vec": 1}
     space = KNOB_SPACES[("cuda", "pool")]
     parent = Parent(base.id, base.code, {}, {"knobs": base.knobs})
     kids = syn.mutate(ctx, parent, 4, random.Random(1))
@@ -177,15 +177,15 @@ def test_pool_evolution_operators_stay_in_the_space(pool_dir):
     repaired = syn.repair(ctx, parent, random.Random(3))[0]
     for p in kids + [cross, repaired]:
         assert all(p.knobs[k] in space[k] for k in space), p.knobs
-    assert repaired.knobs == {"block": 128, "rows": 1, "smem": 0}  # defaults -> the safe form
+    assert repaired.knobs == {"block": 128, "cols": 1, "vec": 0}  # defaults -> the safe form
 
 
 def test_cuda_pool_candidates_compile(pool_dir):
     from assay.bench.build import build
     sources = set()
     for name in ("max_ceil_dil", "avg_ceil_nopad", "max_fn_epilogue"):
-        for smem in (0, 1):
-            knobs = {"block": 128, "rows": 4, "smem": smem}
+        for cols, vec in ((1, 0), (4, 1)):
+            knobs = {"block": 128, "cols": cols, "vec": vec}
             ctx = _ctx(pool_dir / f"{name}.py", "cuda")
             syn = OfflineSynthesizer("cuda")
             prop = syn._proposal(ctx, syn.analyse(ctx), knobs, "translate", [], 0.0)
@@ -207,8 +207,8 @@ def test_cuda_pool_candidates_match_torch(pool_dir, tmp_path, name):
     ctx = _ctx(path, "cuda")
     syn = OfflineSynthesizer("cuda")
     analysis = syn.analyse(ctx)
-    shapes = SHAPES + [(2, 130, 260)]  # a plane whose strip is several rows of 260
-    for knobs in ({"block": 256, "rows": 8, "smem": 1}, {"block": 128, "rows": 1, "smem": 0},
-                  {"block": 512, "rows": 16, "smem": 1}):
+    shapes = SHAPES + [(2, 130, 260)]  # a row wider than a block's outputs
+    for knobs in ({"block": 256, "cols": 2, "vec": 1}, {"block": 128, "cols": 1, "vec": 0},
+                  {"block": 512, "cols": 4, "vec": 1}, {"block": 128, "cols": 2, "vec": 0}):
         prop = syn._proposal(ctx, analysis, knobs, "translate", [], 0.0)
         _check(prop.code, path, tmp_path, "cuda", shapes)

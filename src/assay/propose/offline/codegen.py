@@ -131,10 +131,10 @@ def _access(kind: str, k: int) -> str:
     return {
         "full": f"t{k}[i]",
         "scalar": f"t{k}[0]",
-        "mod": f"t{k}[i % mid{k}]",
-        "general": f"t{k}[(i / inner{k}) % mid{k}]",
+        "mod": f"t{k}[assay_bmod(i, mid{k}, bc{k})]",
+        "general": f"t{k}[assay_bidx(i, inner{k}, mid{k}, bc{k})]",
         "col": f"t{k}[c]",
-        "colmod": f"t{k}[c % mid{k}]",
+        "colmod": f"t{k}[assay_bmod(c, mid{k}, bc{k})]",
         # inner is a multiple of cols here, so (base + c) / inner == base / inner.
         "rowconst": f"t{k}[(base / inner{k}) % mid{k}]",
     }[kind]
@@ -256,9 +256,15 @@ def _params(plan: Plan, target: str) -> list[_Param]:
 # Kernel source
 
 
+def _dividers(plan: Plan) -> list[str]:
+    """Per-thread set-up of the broadcast operands' index dividers (see assay_bidx)."""
+    return [f"const AssayBcast bc{k} = assay_bcast(inner{k}, mid{k});"
+            for k, lf in enumerate(plan.leaves) if lf.bcast == "block" and k != plan.head_leaf]
+
+
 def _prologue(plan: Plan, sched: _Schedule) -> list[str]:
     names = _Names(plan, sched)
-    lines = []
+    lines = _dividers(plan)
     if any(n.op == "cols" for n in plan.nodes):
         lines.append("const float fcols = (float)cols;")
     for j, n in enumerate(plan.nodes):
@@ -342,7 +348,7 @@ def _row_passes(plan: Plan, sched: _Schedule, target: str, vec_ok: Callable[[int
                 init.append(f"{op}::T acc{j} = {op}::id();")
                 body.append(f"acc{j} = {op}::op(acc{j}, static_cast<{op}::T>({arg}));")
                 after.append(f"const float v{j} = static_cast<float>("
-                             f"assay_row_reduce<{op}>(acc{j}, smem));")
+                             f"assay_row_reduce<{op}, SPLIT>(acc{j}, smem));")
         if writes:
             body.append(f"o[u] = {names(out)};" if target == "cuda"
                         else f"out[i] = {names(out)};")
@@ -355,9 +361,9 @@ def _row_passes(plan: Plan, sched: _Schedule, target: str, vec_ok: Callable[[int
             at = "c0" if leaf_kind(plan, k) == "col" else "base + c0"
             load = f"assay_load<VEC>(t{k}, {at}, a{k});"
             if k in cached and uses[k][0] == p:
-                load += f" if (CACHE) assay_store<VEC>(cache{k}, c0, a{k});"
+                load += f" if (CACHE) assay_store<VEC>(cache{k}, c0 - c_lo, a{k});"
             elif k in cached:
-                load = f"if (CACHE) assay_load<VEC>(cache{k}, c0, a{k}); else {load}"
+                load = f"if (CACHE) assay_load<VEC>(cache{k}, c0 - c_lo, a{k}); else {load}"
             vec_loads.append(f"float a{k}[VEC]; {load}")
             vec_ptrs.append(f"t{k}")
         if writes and target == "cuda":
@@ -367,14 +373,6 @@ def _row_passes(plan: Plan, sched: _Schedule, target: str, vec_ok: Callable[[int
                        "clause": "".join(f" {c}" for c in clauses), "vec_loads": vec_loads,
                        "stores": writes})
     return _RowPasses(passes, list(dict.fromkeys(vec_ptrs)), cached)
-
-
-def _smem_launcher(kernel: str, tparams: str, targs: str, uses: str, block: int,
-                   kparams: str, kargs: str) -> str:
-    """templates.CUDA_SMEM_LAUNCH for ``kernel``, whose template flag ``uses`` turns dynamic
-    shared memory on."""
-    return templates.render(templates.CUDA_SMEM_LAUNCH, kernel=kernel, tparams=tparams,
-                            targs=targs, uses=uses, block=block, kparams=kparams, kargs=kargs)
 
 
 def _common(template: str, knobs: dict[str, Any], summary: str) -> dict[str, Any]:
@@ -466,8 +464,7 @@ def _fused_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
     values.update(passes=rp.passes, row_prologue=_row_prologue(plan, sched),
                   vec_ptrs=rp.vec_ptrs, warp_per_row=warp, cached=rp.cached,
                   cache_row=bool(knobs["cache_row"]), rows_per_block=block // 32 if warp else 1,
-                  launcher=_smem_launcher("assay_rows", "int VEC, bool CACHE", "VEC, CACHE",
-                                          "CACHE", block, kparams, values["kargs"]))
+                  split=1 if warp else int(knobs.get("split", 1)))
     return head + templates.render(templates.CUDA_ROW, **values)
 
 
@@ -503,8 +500,8 @@ def _epilogue(plan: Plan, wrap: bool) -> tuple[list[str], list[str], str]:
     sched = _Schedule(plan, kinds)
     names = _EpiNames(plan, sched, wrap)
     elems = _elem_closure(plan, sched, [plan.output])
-    prologue = [names.define(j) for j, n in enumerate(plan.nodes)
-                if sched.where(j) == "prologue" and n.op != "cols"]
+    prologue = _dividers(plan) + [names.define(j) for j, n in enumerate(plan.nodes)
+                                  if sched.where(j) == "prologue" and n.op != "cols"]
     return prologue, [names.define(j) for j in elems], names(plan.output)
 
 
@@ -616,8 +613,10 @@ def pool_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) ->
     geometry = {"kh": pool.kernel[0], "kw": pool.kernel[1], "sh": pool.stride[0],
                 "sw": pool.stride[1], "ph": pool.padding[0], "pw": pool.padding[1],
                 "dh": pool.dilation[0], "dw": pool.dilation[1]}
-    window = templates.render(templates.POOL_WINDOW, op=pool.op, divisor=pool.divisor,
-                              count_include_pad=pool.count_include_pad, **geometry)
+    avg_divide = templates.render(templates.POOL_AVG_DIVIDE, divisor=pool.divisor,
+                                  count_include_pad=pool.count_include_pad)
+    window = templates.render(templates.POOL_WINDOW, op=pool.op, avg_divide=avg_divide,
+                              **geometry)
     kargs = ", ".join(p.name for p in params)
     values = dict(_common("pool", knobs, summary), prologue=prologue, epi_body=body,
                   epi_out=out_expr, window=window, kparams=kparams, kargs=kargs, **geometry)
@@ -627,12 +626,14 @@ def pool_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) ->
                                 omp_clause=(f" num_threads(assay_threads({threads}))"
                                             if threads > 1 else ""), **values)
     head = templates.render(templates.CUDA_COMMON, **values)
-    block = int(knobs["block"])
-    launcher = _smem_launcher("assay_pool", "bool SMEM, int VEC", "SMEM, VEC", "SMEM", block,
-                              kparams, kargs)
+    # Vector input loads (knob vec) need the thread's stride chunk to be whole float4s, and
+    # its span of columns few enough to stay in registers.
+    cols, sw, dw = int(knobs["cols"]), pool.stride[1], pool.dilation[1]
+    span = max((cols - 1) * sw + (pool.kernel[1] - 1) * dw + 1, pool.padding[1] + cols * sw)
+    vloads = cols * sw // 4 if knobs["vec"] and cols * sw % 4 == 0 and span <= 32 else 0
     return head + templates.render(templates.CUDA_POOL, params=kparams + ", void* stream_ptr",
-                                   block=block, rows=int(knobs["rows"]),
-                                   smem=bool(knobs["smem"]), launcher=launcher, **values)
+                                   block=int(knobs["block"]), cols=cols, vloads=vloads,
+                                   op=pool.op, avg_divide=avg_divide, **values)
 
 
 def _pool_lines(plan: Plan) -> list[str]:

@@ -49,9 +49,10 @@ KNOB_SPACES: dict[tuple[str, str], dict[str, tuple[int, ...]]] = {
     ("cuda", "elementwise"): {"block": (128, 256, 512, 1024), "vec": (1, 2, 4),
                               "unroll": (1, 2, 4), "persistent": (0, 1)},
     # warp_per_row: 1 = a warp per row (short rows), 0 = a block per row; cache_row: 1 = keep
-    # inputs that several passes read in shared memory (when the row fits).
+    # inputs that several passes read in shared memory (when the row fits); split: blocks per
+    # row (a cluster, sm_90+; with a block per row), each with its slice of the columns.
     ("cuda", "row"): {"block": (128, 256, 512, 1024), "vec": (1, 2, 4),
-                      "warp_per_row": (0, 1), "cache_row": (0, 1)},
+                      "warp_per_row": (0, 1), "cache_row": (0, 1), "split": (1, 2, 4, 8)},
     # tile_m x tile_n: the block's output tile; k_step: the K slab in shared memory;
     # thread_m x thread_n: each thread's register tile; load_vec: 4 = float4 global loads and
     # stores (when K and N allow); stages: 2 = double-buffered slabs (the next one loads while
@@ -60,16 +61,21 @@ KNOB_SPACES: dict[tuple[str, str], dict[str, tuple[int, ...]]] = {
     ("cuda", "gemm"): {"tile_m": (64, 128), "tile_n": (64, 128), "k_step": (8, 16, 32),
                        "thread_m": (4, 8), "thread_n": (4, 8), "load_vec": (1, 4),
                        "stages": (1, 2), "min_blocks": (1, 2)},
-    # 2-D pooling. cpu: threads over (plane, output row). cuda: block threads; rows: output rows
-    # of one plane per block; smem: 1 = stage the input rows a strip reads in shared memory.
+    # 2-D pooling. cpu: threads over (plane, output row). cuda: block threads; cols: consecutive
+    # outputs of a row per thread (their index math shared, one vector store); vec: 1 = input
+    # rows as float4 loads of the thread's stride chunk plus its halo (when whole vectors).
     ("cpu", "pool"): {"threads": (0, 1, 2, 4, 8)},
-    ("cuda", "pool"): {"block": (128, 256, 512), "rows": (1, 2, 4, 8, 16), "smem": (0, 1)},
+    ("cuda", "pool"): {"block": (128, 256, 512), "cols": (1, 2, 4), "vec": (0, 1)},
     # warp_m x warp_n: each warp's share of the tile, in 16 x 16 WMMA fragments; load_vec: 8 =
     # 16-byte cp.async copies (stages 2 pipelines them), 1 = element loads.
     ("cuda", "gemm_tc"): {"tile_m": (64, 128), "tile_n": (64, 128), "k_step": (32, 64),
                           "warp_m": (32, 64), "warp_n": (32, 64), "load_vec": (1, 8),
                           "stages": (1, 2)},
 }
+
+
+# SMs of the product's device (H100 SXM / H200), for defaults that depend on filling it.
+_SMS = 132
 
 
 def knob_space(target: str, template: str) -> dict[str, tuple[int, ...]]:
@@ -146,12 +152,24 @@ def _fused_defaults(target: str, analysis: Analysis, kind: str) -> dict[str, int
         # Measured on H200 (ReLU and GELU over 4096 x 16384): within 1% of eager torch, the
         # best of the 56 variants tried; a persistent grid was ~4% slower.
         return {"block": 256, "vec": 4, "unroll": 2, "persistent": 0}
-    cols = 1
+    cols = rows = 1
     for d in analysis.shape[len(analysis.shape) - plan.k:]:
         cols *= d
+    for d in analysis.shape[:len(analysis.shape) - plan.k]:
+        rows *= d
     if cols <= 1024:  # a block per row would leave most of its threads without work
-        return {"block": 256, "vec": 4, "warp_per_row": 1, "cache_row": 1}
-    return {"block": 256 if cols < 8192 else 512, "vec": 4, "warp_per_row": 0, "cache_row": 1}
+        return {"block": 256, "vec": 4, "warp_per_row": 1, "cache_row": 1, "split": 1}
+    # Few long rows (GroupNorm's 256 rows of 65536): a cluster of blocks per row, so that
+    # every SM has work and each block's slice fits in shared memory (48 KB: several blocks
+    # per SM), as long as a slice still gives every thread a vector; enough rows keep a block
+    # per row.
+    block = 256 if cols < 8192 else 512
+    split = 1
+    if rows < 2 * _SMS:
+        while (split < 8 and cols // (2 * split) >= block * 4
+               and (rows * split < 2 * _SMS or cols * 4 // split > 48 * 1024)):
+            split *= 2
+    return {"block": block, "vec": 4, "warp_per_row": 0, "cache_row": 1, "split": split}
 
 
 def default_knobs(target: str, analysis: Analysis, lib: int | None = None,
@@ -160,9 +178,10 @@ def default_knobs(target: str, analysis: Analysis, lib: int | None = None,
     for a product, those of the template ``lib`` selects (None: the plan's first)."""
     plan = analysis.plan
     if plan.pool is not None:
-        # A strip of 8 output rows stages 17 input rows for a 3x3/2 window: each input row is
-        # read from DRAM 17/16 times; 256 threads cover two 64-wide output rows at a time.
-        return {"threads": 0} if target == "cpu" else {"block": 256, "rows": 8, "smem": 1}
+        # Four outputs per thread, each input row of their windows as two float4 loads and a
+        # halo element. H200, L1_18/L1_19 (3x3/2 windows): 0.041 ms, 1.1x torch.compile; with
+        # scalar loads 0.065-0.09 ms (benchmarks/probe_gpu.py --only sweep).
+        return {"threads": 0} if target == "cpu" else {"block": 256, "cols": 4, "vec": 1}
     if plan.gemm is None:
         return _fused_defaults(target, analysis, plan.kind)
     libs = lib_values(target, analysis, policy)
@@ -190,7 +209,7 @@ def default_knobs(target: str, analysis: Analysis, lib: int | None = None,
 def safe_knobs(target: str, template: str) -> dict[str, int]:
     """The most conservative form: no vector accesses, no unrolling, serial on the host."""
     if template == "pool":
-        return {"threads": 1} if target == "cpu" else {"block": 128, "rows": 1, "smem": 0}
+        return {"threads": 1} if target == "cpu" else {"block": 128, "cols": 1, "vec": 0}
     if target == "cpu":
         if template == "gemm":
             return {"threads": 1, "tile_m": 16, "tile_n": 64, "k_step": 64, "unroll": 1}
@@ -203,7 +222,7 @@ def safe_knobs(target: str, template: str) -> dict[str, int]:
     if template == "gemm_tc":
         return {"tile_m": 64, "tile_n": 64, "k_step": 32, "warp_m": 32, "warp_n": 32,
                 "load_vec": 1, "stages": 1}
-    return {"block": 256, "vec": 1, "warp_per_row": 0, "cache_row": 0}
+    return {"block": 256, "vec": 1, "warp_per_row": 0, "cache_row": 0, "split": 1}
 
 
 def normalize_knobs(knobs: Any, space: dict[str, tuple[int, ...]],
