@@ -20,6 +20,7 @@ import torch
 from assay.bench.build import build
 from assay.propose.base import Parent, TaskContext
 from assay.propose.offline import KNOB_SPACES, OfflineSynthesizer
+from assay.propose.offline import codegen
 from assay.records import Proposal
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
@@ -718,6 +719,43 @@ def test_cuda_gemm_candidates_compile(gemm_dir, tmp_path):
     build_all_cuda(sources)
 
 
+# Corners of the fp32 GEMM space that translate may never draw: 32 threads whose slab rows are
+# wider than the block (NT < COLS / VEC), 1024 threads of 4 x 4, 8 x 4 warp lanes, the old
+# contiguous layout with 16-wide thread tiles, scalar loads, deep slabs, single buffering.
+GEMM_CORNERS = [
+    {"tile_m": 64, "tile_n": 64, "thread_m": 8, "thread_n": 16, "k_step": 32, "load_vec": 1},
+    {"tile_m": 128, "tile_n": 128, "thread_m": 4, "thread_n": 4, "k_step": 32, "load_vec": 4,
+     "min_blocks": 1},
+    {"tile_m": 64, "tile_n": 128, "thread_m": 4, "thread_n": 16, "k_step": 16, "stages": 1,
+     "warp_tile": 0, "load_vec": 1},
+]
+
+
+def _gemm_corner(syn: OfflineSynthesizer, ctx: TaskContext, overrides: dict) -> Proposal:
+    """The own-GEMM candidate with the defaults overridden by ``overrides``."""
+    analysis = syn.analyse(ctx)
+    knobs = syn.normalize(analysis, {**syn.defaults(analysis, {"lib": 0}), **overrides})
+    assert all(knobs[k] == v for k, v in overrides.items()), (overrides, knobs)
+    code = codegen.candidate_file(analysis.plan, "cuda", knobs, analysis.summary,
+                                  ctx.task.source)
+    return Proposal(code=code, knobs=knobs, strategy="tiling")
+
+
+@pytest.mark.skipif(not _HAS_NVCC, reason="nvcc is not installed")
+def test_cuda_gemm_corners_compile(gemm_dir, tmp_path):
+    """The corners of the knob space build (static_asserts on the thread and warp layouts),
+    with B^T (linear) and B (batched matmul) operands."""
+    syn = OfflineSynthesizer("cuda")
+    sources = {}
+    for name in ("linear_relu", "bmm_scale"):
+        ctx = _gctx(gemm_dir, name, "cuda")
+        for overrides in GEMM_CORNERS:
+            prop = _gemm_corner(syn, ctx, overrides)
+            cand = _import(prop.code, tmp_path / f"corner_{prop.id}.py")
+            sources[cand.SOURCE] = (name, tuple(sorted(overrides.items())))
+    build_all_cuda(sources)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", list(GEMM_TASKS) + ["linear3d_gelu_float16",
@@ -728,6 +766,8 @@ def test_cuda_gemm_candidates_match_reference(gemm_dir, tmp_path, name):
     props = syn.translate(ctx, n=4, rng=random.Random(0))
     props += syn.mutate(ctx, _parent(props[0]), 3, random.Random(1))
     props += syn.repair(ctx, _parent(props[0]), random.Random(2))
+    if name in ("linear_relu", "bmm_scale", "linear_softmax"):
+        props += [_gemm_corner(syn, ctx, overrides) for overrides in GEMM_CORNERS]
     for prop in props:
         _check_gemm(prop, ctx, name, tmp_path, device="cuda")
 

@@ -572,7 +572,7 @@ def gemm_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) ->
     smem = stages * bk * (bm + 4 + bn + 4) * 4
     values.update(nt=nt, tm=tm, tn=tn, stages=stages, vec=int(knobs["load_vec"]),
                   store_vec=True, smem_bytes=f"(size_t){smem}",
-                  min_blocks=int(knobs["min_blocks"]))
+                  min_blocks=int(knobs["min_blocks"]), warp_tile=bool(knobs["warp_tile"]))
     values["launcher"] = templates.render(templates.CUDA_GEMM_LAUNCH, **values)
     gemm = templates.render(templates.CUDA_GEMM, **values)
     if fused:

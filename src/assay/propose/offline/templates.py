@@ -896,19 +896,97 @@ extern "C" int assay_gemm({{ params }}) {
 """
 
 CUDA_GEMM = r"""
+// A ROWS x COLS tile of a row-major matrix (rows `ld` floats apart) moved global -> registers
+// -> shared memory by NT threads, VEC consecutive floats per vector along a row, zeros past the
+// matrix's edges. Vector e = tid + p * NT of the tile is thread tid's p-th: every tile puts a
+// thread's vectors at the same places, (r, c) + (drow(p), dcol(p)) with compile-time offsets,
+// and only the tile's origin moves along K, so the 64-bit address math is done once and each
+// tile costs a pointer advance and 32-bit compares.
+// K_IN_ROW: the tile's columns run along K (A, and B^T of a linear layer): shared memory gets
+// it transposed, [COLS][SLD], so that the compute loop reads float4s along M (N); otherwise
+// (B) its rows run along K and it is stored as it is, [ROWS][SLD].
+template <int ROWS, int COLS, int VEC, int NT, bool K_IN_ROW>
+struct assay_gemm_operand {
+  static constexpr int ROW_VECS = COLS / VEC;
+  static constexpr int PER = (ROWS * ROW_VECS + NT - 1) / NT;  // vectors per thread
+  static constexpr int SLD = (K_IN_ROW ? ROWS : COLS) + 4;    // +4: see SMEM below
+  // Both are powers of two: the block's threads span whole rows, or a row spans whole blocks.
+  static_assert(NT % ROW_VECS == 0 || ROW_VECS % NT == 0, "threads and rows must nest");
+  __host__ __device__ static constexpr int drow(int p) {
+    return NT >= ROW_VECS ? p * (NT / ROW_VECS) : p / (ROW_VECS / NT);
+  }
+  __host__ __device__ static constexpr int dcol(int p) {
+    return NT >= ROW_VECS ? 0 : (p % (ROW_VECS / NT)) * NT * VEC;
+  }
+  const int r, c;      // the thread's first vector in the tile
+  const int64_t ld;
+  const float* src;    // its address in the current tile
+  float v[PER][VEC];
+
+  __device__ __forceinline__ assay_gemm_operand(int tid, const float* origin, int64_t ld_)
+      : r(tid / ROW_VECS), c((tid % ROW_VECS) * VEC), ld(ld_), src(origin + r * ld_ + c) {}
+
+  // Loads the current tile (valid: rows < rows_left, columns < cols_left; VEC > 1 only when
+  // cols_left is a multiple of VEC) and moves on to the next one along K.
+  __device__ __forceinline__ void load(int rows_left, int cols_left) {
+    #pragma unroll
+    for (int p = 0; p < PER; ++p) {
+      const int rr = r + drow(p), cc = c + dcol(p);
+      if (rr < ROWS && rr < rows_left && cc < cols_left) {
+        assay_load<VEC>(src, drow(p) * ld + dcol(p), v[p]);
+      } else {
+        #pragma unroll
+        for (int u = 0; u < VEC; ++u) v[p][u] = 0.0f;
+      }
+    }
+    src += K_IN_ROW ? (int64_t)COLS : ROWS * ld;
+  }
+
+  __device__ __forceinline__ void store(float* dst) const {
+    #pragma unroll
+    for (int p = 0; p < PER; ++p) {
+      const int rr = r + drow(p), cc = c + dcol(p);
+      if (rr >= ROWS) continue;
+      #pragma unroll
+      for (int u = 0; u < VEC; ++u) {
+        if (K_IN_ROW) dst[(cc + u) * SLD + rr] = v[p][u];
+        else dst[rr * SLD + cc + u] = v[p][u];
+      }
+    }
+  }
+};
+
 // Tiled fp32 GEMM: a block of {{ nt }} threads computes a {{ bm }} x {{ bn }} tile of the output,
-// each thread a {{ tm }} x {{ tn }} register tile (outer products of a column slice of A and a
-// row slice of B read from shared memory, A stored transposed so both are float4 reads). K
-// advances {{ bk }} at a time{% if stages == 2 %}; the next slab is loaded into registers while
-// the current one is multiplied, into the other half of double-buffered shared memory{% endif %}.
-// Plain fp32 FMAs in K order: no TF32, no split-K.
+// each thread {{ tm }} x {{ tn }} outputs in registers as {{ tm // 4 }} x {{ tn // 4 }} sub-tiles of 4 x 4 (outer
+// products of float4 column slices of A and row slices of B read from shared memory, A stored
+// transposed). {% if warp_tile %}Warp tiling: a warp's lanes form a 4 x 8 or 8 x 4 grid of sub-tiles
+// (LANES_M x LANES_N), repeated over the warp's tile, so each float4 read of the warp touches
+// at most 8 consecutive float4s (128 bytes): broadcasts, no bank conflict.{% else %}A thread's
+// sub-tiles are adjacent (rows tr * TM.., columns tc * TN..): 8-wide tiles read float4s 32
+// bytes apart, bank conflicts.{% endif %} K advances {{ bk }} at a time{% if stages == 2 %}; the next
+// slab is loaded into registers while the current one is multiplied, into the other half of
+// double-buffered shared memory{% endif %}. Plain fp32 FMAs in K order: no TF32, no split-K.
+// SMEM: A^T rows of BM + 4 floats make the transposed stores of 8-deep slabs conflict-free
+// (the two halves of a warp land 16 banks apart); 16- and 32-deep slabs conflict 2- and 4-way
+// there, a few stores per slab against BK x {{ tm // 4 + tn // 4 }} float4 reads.
 template <int VEC>
 __global__ void __launch_bounds__({{ nt }}, {{ min_blocks }})
 assay_matmul_tiles({{ kparams }}) {
   constexpr int BM = {{ bm }}, BN = {{ bn }}, BK = {{ bk }}, TM = {{ tm }}, TN = {{ tn }};
   constexpr int NT = (BM / TM) * (BN / TN);
   constexpr int STAGES = {{ stages }};
-  constexpr int ALD = BM + 4, BLD = BN + 4;  // +4: float4-aligned rows, fewer bank conflicts
+  constexpr int ALD = BM + 4, BLD = BN + 4;
+  constexpr bool WARP_TILE = {{ "true" if warp_tile else "false" }};
+  // Where a thread's outputs are: rows row0 + q * ROW_STEP + (0..3) for q < TM / 4, columns
+  // col0 + q * COL_STEP + (0..3) for q < TN / 4.
+  // A warp's grid of sub-tiles, LANES_M x LANES_N: 4 x 8, or 8 x 4 where that makes the warp's
+  // tile squarer (fewer distinct floats read per FMA; 64 x 64 for 8 x 16 threads: 0.885x
+  // against 0.868x cuBLAS for 32 x 128 on an H200) or a row of 8 would not fit in BN.
+  constexpr int LANES_N = (TN >= 2 * TM || BN / TN < 8) ? 4 : 8, LANES_M = 32 / LANES_N;
+  constexpr int WM = TM * LANES_M, WN = TN * LANES_N;  // a warp's tile (WARP_TILE)
+  static_assert(!WARP_TILE || (BM % WM == 0 && BN % WN == 0 && (BM / WM) * (BN / WN) * 32 == NT),
+                "the warps must tile the block");
+  constexpr int ROW_STEP = WARP_TILE ? 4 * LANES_M : 4, COL_STEP = WARP_TILE ? 4 * LANES_N : 4;
   extern __shared__ float4 assay_gemm_smem[];
   float* As = reinterpret_cast<float*>(assay_gemm_smem);  // [STAGES][BK][ALD]: A^T slabs
   float* Bs = As + STAGES * BK * ALD;                      // [STAGES][BK][BLD]
@@ -916,100 +994,63 @@ assay_matmul_tiles({{ kparams }}) {
   {{ line }}
 {% endfor %}
   const int64_t bz = blockIdx.z;
-  const float* __restrict__ Ab = A + bz * sA;
-  const float* __restrict__ Bb = B + bz * sB;
   const int64_t m0 = (int64_t)blockIdx.y * BM;
   const int64_t n0 = (int64_t)blockIdx.x * BN;
   const int tid = threadIdx.x;
-  const int tr = tid / (BN / TN), tc = tid % (BN / TN);
+  const int warp = tid / 32, lane = tid % 32;
+  const int row0 = WARP_TILE ? (warp / (BN / WN)) * WM + (lane / LANES_N) * 4
+                             : (tid / (BN / TN)) * TM;
+  const int col0 = WARP_TILE ? (warp % (BN / WN)) * WN + (lane % LANES_N) * 4
+                             : (tid % (BN / TN)) * TN;
+  (void)warp; (void)lane;
 
-  constexpr int A_VECS = BM * BK / VEC, B_VECS = BK * BN / VEC;
-  constexpr int A_PER = (A_VECS + NT - 1) / NT, B_PER = (B_VECS + NT - 1) / NT;
-  float ra[A_PER][VEC], rb[B_PER][VEC];
+  // The operands' slabs: A [BM][BK] at row m0, B^T [BN][BK] at row n0 or B [BK][BN] at column
+  // n0; valid rows and columns of this block's tile (at most BM, BN: 32-bit compares).
+  const int m_left = (int)min(M - m0, (int64_t)BM), n_left = (int)min(N - n0, (int64_t)BN);
+  assay_gemm_operand<BM, BK, VEC, NT, true> a_op(tid, A + bz * sA + m0 * K, K);
+{% if trans_b %}
+  assay_gemm_operand<BN, BK, VEC, NT, true> b_op(tid, B + bz * sB + n0 * K, K);
+{% else %}
+  assay_gemm_operand<BK, BN, VEC, NT, false> b_op(tid, B + bz * sB + n0, N);
+{% endif %}
+  // Global -> registers: the slab at k0, zeros past the edges.
+  auto load = [&](int64_t k0) {
+    const int k_left = (int)min(K - k0, (int64_t)BK);
+    a_op.load(m_left, k_left);
+{% if trans_b %}
+    b_op.load(n_left, k_left);
+{% else %}
+    b_op.load(k_left, n_left);
+{% endif %}
+  };
+  // Registers -> shared memory stage s.
+  auto store = [&](int s) {
+    a_op.store(As + s * BK * ALD);
+    b_op.store(Bs + s * BK * BLD);
+  };
+
   float acc[TM][TN];
   #pragma unroll
   for (int ii = 0; ii < TM; ++ii) {
     #pragma unroll
     for (int jj = 0; jj < TN; ++jj) acc[ii][jj] = 0.0f;
   }
-
-  // Global -> registers: VEC consecutive floats along K (A, B^T) or N (B), zero past the edges.
-  auto load = [&](int64_t k0) {
-    #pragma unroll
-    for (int p = 0; p < A_PER; ++p) {
-      const int e = tid + p * NT;
-      const int m = e / (BK / VEC), kk = (e % (BK / VEC)) * VEC;
-      const int64_t gm = m0 + m, gk = k0 + kk;
-      if (e < A_VECS && gm < M && gk < K) {
-        assay_load<VEC>(Ab, gm * K + gk, ra[p]);
-      } else {
-        #pragma unroll
-        for (int u = 0; u < VEC; ++u) ra[p][u] = 0.0f;
-      }
-    }
-    #pragma unroll
-    for (int p = 0; p < B_PER; ++p) {
-      const int e = tid + p * NT;
-{% if trans_b %}
-      const int n = e / (BK / VEC), kk = (e % (BK / VEC)) * VEC;
-      const int64_t gn = n0 + n, gk = k0 + kk;
-      if (e < B_VECS && gn < N && gk < K) {
-        assay_load<VEC>(Bb, gn * K + gk, rb[p]);
-{% else %}
-      const int kk = e / (BN / VEC), n = (e % (BN / VEC)) * VEC;
-      const int64_t gk = k0 + kk, gn = n0 + n;
-      if (e < B_VECS && gk < K && gn < N) {
-        assay_load<VEC>(Bb, gk * N + gn, rb[p]);
-{% endif %}
-      } else {
-        #pragma unroll
-        for (int u = 0; u < VEC; ++u) rb[p][u] = 0.0f;
-      }
-    }
-  };
-  // Registers -> shared memory stage s.
-  auto store = [&](int s) {
-    float* as = As + s * BK * ALD;
-    float* bs = Bs + s * BK * BLD;
-    #pragma unroll
-    for (int p = 0; p < A_PER; ++p) {
-      const int e = tid + p * NT;
-      if (e < A_VECS) {
-        const int m = e / (BK / VEC), kk = (e % (BK / VEC)) * VEC;
-        #pragma unroll
-        for (int u = 0; u < VEC; ++u) as[(kk + u) * ALD + m] = ra[p][u];
-      }
-    }
-    #pragma unroll
-    for (int p = 0; p < B_PER; ++p) {
-      const int e = tid + p * NT;
-      if (e < B_VECS) {
-{% if trans_b %}
-        const int n = e / (BK / VEC), kk = (e % (BK / VEC)) * VEC;
-        #pragma unroll
-        for (int u = 0; u < VEC; ++u) bs[(kk + u) * BLD + n] = rb[p][u];
-{% else %}
-        const int kk = e / (BN / VEC), n = (e % (BN / VEC)) * VEC;
-        #pragma unroll
-        for (int u = 0; u < VEC; ++u) bs[kk * BLD + n + u] = rb[p][u];
-{% endif %}
-      }
-    }
-  };
+  // One slab: outer products of A's and B's float4 fragments. (Reading the next row's
+  // fragments before this row's FMAs in the source left ptxas's schedule unchanged.)
   auto compute = [&](int s) {
-    const float* as = As + s * BK * ALD + tr * TM;
-    const float* bs = Bs + s * BK * BLD + tc * TN;
+    const float* as = As + s * BK * ALD + row0;
+    const float* bs = Bs + s * BK * BLD + col0;
     #pragma unroll
     for (int kk = 0; kk < BK; ++kk) {
       float a[TM], b[TN];
       #pragma unroll
       for (int q = 0; q < TM / 4; ++q) {
-        const float4 t = *reinterpret_cast<const float4*>(as + kk * ALD + 4 * q);
+        const float4 t = *reinterpret_cast<const float4*>(as + kk * ALD + q * ROW_STEP);
         a[4 * q] = t.x; a[4 * q + 1] = t.y; a[4 * q + 2] = t.z; a[4 * q + 3] = t.w;
       }
       #pragma unroll
       for (int q = 0; q < TN / 4; ++q) {
-        const float4 t = *reinterpret_cast<const float4*>(bs + kk * BLD + 4 * q);
+        const float4 t = *reinterpret_cast<const float4*>(bs + kk * BLD + q * COL_STEP);
         b[4 * q] = t.x; b[4 * q + 1] = t.y; b[4 * q + 2] = t.z; b[4 * q + 3] = t.w;
       }
       #pragma unroll
@@ -1043,40 +1084,40 @@ assay_matmul_tiles({{ kparams }}) {
     }
   }
 
-  // Epilogue: the fused formula per element; float4 stores when N % 4 == 0 (VEC == 4).
+  // Epilogue: the fused formula per element, stored a 4-wide sub-tile row at a time: float4
+  // stores when N % 4 == 0 (VEC == 4: a sub-tile row is then wholly in or out).
   #pragma unroll
   for (int ii = 0; ii < TM; ++ii) {
-    const int64_t row = m0 + tr * TM + ii;
-    if (row >= M) continue;
-    float o[TN];
+    const int tile_r = row0 + (ii / 4) * ROW_STEP + ii % 4;
+    if (tile_r >= m_left) continue;
+    const int64_t row = m0 + tile_r;
     #pragma unroll
-    for (int jj = 0; jj < TN; ++jj) {
-      const int64_t col = n0 + tc * TN + jj;
-      float res = 0.0f;
-      if (col < N) {
-        const int64_t i = bz * sC + row * N + col;
-        (void)i;
-        const float acc_v = acc[ii][jj];
+    for (int q = 0; q < TN / 4; ++q) {
+      const int tile_c = col0 + q * COL_STEP;
+      float o[4];
+      #pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t col = n0 + tile_c + u;
+        float res = 0.0f;
+        if (tile_c + u < n_left) {
+          const int64_t i = bz * sC + row * N + col;
+          (void)i;
+          const float acc_v = acc[ii][4 * q + u];
 {% for line in epi_body %}
-        {{ line }}
+          {{ line }}
 {% endfor %}
-        res = {{ epi_out }};
-      }
-      o[jj] = res;
-    }
-    const int64_t base = bz * sC + row * N + n0 + tc * TN;
-    if (VEC == 4) {
-      #pragma unroll
-      for (int q = 0; q < TN / 4; ++q) {
-        if (n0 + tc * TN + 4 * q < N) {
-          __stwb(reinterpret_cast<float4*>(out + base + 4 * q),
-                 make_float4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]));
+          res = {{ epi_out }};
         }
+        o[u] = res;
       }
-    } else {
-      #pragma unroll
-      for (int jj = 0; jj < TN; ++jj) {
-        if (n0 + tc * TN + jj < N) out[base + jj] = o[jj];
+      const int64_t base = bz * sC + row * N + n0 + tile_c;
+      if (VEC == 4) {
+        if (tile_c < n_left) __stwb(reinterpret_cast<float4*>(out + base), make_float4(o[0], o[1], o[2], o[3]));
+      } else {
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if (tile_c + u < n_left) out[base + u] = o[u];
+        }
       }
     }
   }
