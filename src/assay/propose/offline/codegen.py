@@ -180,11 +180,43 @@ class _Schedule:
         return self.avail[j] - 1
 
 
-class _Names:
-    """C names of node values in a given emission context."""
+# Broadcast leaves whose index a vectorized CUDA kernel computes once per vector (``q{k}``,
+# set up by _vector_index), and how one lane's index follows from it.
+_HOISTED = {"general": "q{k}", "mod": "q{k} + u", "colmod": "q{k} + u"}
 
-    def __init__(self, plan: Plan, sched: _Schedule, vector: set[int] | None = None):
+
+def _vector_index(plan: Plan, kinds: list[str], leaves: list[int], first: str) -> list[str]:
+    """Per-vector index lines for the broadcast ``leaves`` of a pass: when the vector's VEC
+    elements (``first`` is the flat index, ``c0`` the column, of the first, a multiple of VEC)
+    cannot cross a block of the broadcast (bv{k}, set in the prologue), one division serves
+    them all."""
+    lines = []
+    for k in leaves:
+        if kinds[k] == "general":
+            at = f"assay_bidx({first}, inner{k}, mid{k}, bc{k})"
+        elif kinds[k] in ("mod", "colmod"):
+            at = f"assay_bmod({'c0' if kinds[k] == 'colmod' else first}, mid{k}, bc{k})"
+        else:
+            continue
+        lines.append(f"const int64_t q{k} = bv{k} ? {at} : 0;")
+    return lines
+
+
+def _vector_flags(plan: Plan, kinds: list[str]) -> list[str]:
+    """Kernel-prologue flags: whether a vector of VEC elements stays within one block of each
+    broadcast leaf (its index then changes by 0 (general) or 1 (mod) per element)."""
+    return [f"const bool bv{k} = {'inner' if kinds[k] == 'general' else 'mid'}{k} % VEC == 0;"
+            for k in range(len(plan.leaves)) if kinds[k] in _HOISTED]
+
+
+class _Names:
+    """C names of node values in a given emission context; ``hoisted``: a vectorized CUDA
+    kernel's per-vector broadcast indices are available (see _vector_index)."""
+
+    def __init__(self, plan: Plan, sched: _Schedule, vector: set[int] | None = None,
+                 hoisted: bool = False):
         self.plan, self.sched, self.vector = plan, sched, vector or set()
+        self.hoisted = hoisted
 
     def __call__(self, j: int) -> str:
         n = self.plan.nodes[j]
@@ -201,7 +233,12 @@ class _Names:
             k = n.attr("leaf")
             if k in self.vector:
                 return f"const float v{j} = a{k}[u];"
-            return f"const float v{j} = {_access(self.sched.kinds[k], k)};"
+            kind = self.sched.kinds[k]
+            if self.hoisted and kind in _HOISTED:
+                lane = _HOISTED[kind].format(k=k)
+                return (f"const float v{j} = bv{k} ? t{k}[{lane}] : "
+                        f"{_access(kind, k)};")
+            return f"const float v{j} = {_access(kind, k)};"
         formula = FORMULAS[n.op]([self(a) for a in n.args], dict(n.attrs))
         return f"const float v{j} = {formula};"
 
@@ -322,7 +359,7 @@ def _row_passes(plan: Plan, sched: _Schedule, target: str, vec_ok: Callable[[int
         reds, elems = reds_of[p], elems_of[p]
         writes = p == sched.passes  # the output pass of an elementwise-output row plan
         vector = {k for k in _leaves_of(plan, elems) if vec_ok(k)} if target == "cuda" else set()
-        names = _Names(plan, sched, vector)
+        names = _Names(plan, sched, vector, hoisted=target == "cuda")
         body = [names.define(j) for j in elems]
         init, after, clauses = [], [], []
         for j in reds:
@@ -356,7 +393,8 @@ def _row_passes(plan: Plan, sched: _Schedule, target: str, vec_ok: Callable[[int
         if plan.out_is_row and p == sched.passes - 1:
             after.append(f"if (leader) out[r] = {names(out)};" if target == "cuda"
                          else f"out[r] = {names(out)};")
-        vec_loads = []
+        vec_loads = (_vector_index(plan, sched.kinds, _leaves_of(plan, elems), "base + c0")
+                     if target == "cuda" else [])
         for k in sorted(vector):
             at = "c0" if leaf_kind(plan, k) == "col" else "base + c0"
             load = f"assay_load<VEC>(t{k}, {at}, a{k});"
@@ -447,12 +485,13 @@ def _fused_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
     if plan.kind == "elementwise":
         elems = _elem_closure(plan, sched, [plan.output])
         vector = {k for k in _leaves_of(plan, elems) if kinds[k] == "full"}
-        vnames = _Names(plan, sched, vector)
+        vnames = _Names(plan, sched, vector, hoisted=True)
         snames = _Names(plan, sched)
         values.update(
             unroll=int(knobs["unroll"]), persistent=bool(knobs["persistent"]),
-            vec_loads=[f"float a{k}[VEC]; assay_load<VEC>(t{k}, i0, a{k});"
-                       for k in sorted(vector)],
+            prologue=values["prologue"] + _vector_flags(plan, kinds),
+            vec_loads=_vector_index(plan, kinds, _leaves_of(plan, elems), "i0")
+            + [f"float a{k}[VEC]; assay_load<VEC>(t{k}, i0, a{k});" for k in sorted(vector)],
             vec_body=[vnames.define(j) for j in elems] + [f"o[u] = {vnames(plan.output)};"],
             scalar_body=[snames.define(j) for j in elems]
             + [f"out[i] = {snames(plan.output)};"],
@@ -462,6 +501,7 @@ def _fused_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
     rp = _row_passes(plan, sched, "cuda", lambda k: kinds[k] in ("full", "col"))
     warp = bool(knobs["warp_per_row"])
     values.update(passes=rp.passes, row_prologue=_row_prologue(plan, sched),
+                  prologue=values["prologue"] + _vector_flags(plan, kinds),
                   vec_ptrs=rp.vec_ptrs, warp_per_row=warp, cached=rp.cached,
                   cache_row=bool(knobs["cache_row"]), rows_per_block=block // 32 if warp else 1,
                   split=1 if warp else int(knobs.get("split", 1)))
@@ -728,7 +768,8 @@ def _gemm_lines(plan: Plan, target: str, template: str, layout: int = 0) -> list
     """The product's operands and sizes (lA, lB, M, N, K, batch, sA, sB, sC, gshape); in the
     epilogue template also the library call, whose result is leaf ``l<gemm_leaf>``.
     ``layout`` 1: the convolution runs on channels_last copies of its operands (its result,
-    channels_last too, becomes contiguous NCHW again for the epilogue kernel)."""
+    channels_last too, becomes contiguous NCHW again for the epilogue kernel: on cuda through
+    the file's own transpose, assay_to_nchw)."""
     g = plan.gemm
     assert g is not None
     lines = [f"lA = {_operand(g.a)}", f"lB = {_operand(g.b)}"]
@@ -750,7 +791,18 @@ def _gemm_lines(plan: Plan, target: str, template: str, layout: int = 0) -> list
             lines += ["with _ieee_fp32():", f"    {call}"]
         else:
             lines.append(call)
-        lines += [f"l{gk} = _tensor(g, 'the conv2d result')", "gshape = tuple(g.shape)"]
+        if layout and target == "cuda":
+            lines += ["if g.dtype == DTYPE and g.dim() == 4 and not g.is_contiguous() and "
+                      "g.is_contiguous(memory_format=cl) and g.shape[0] <= 65535:",
+                      f"    l{gk} = torch.empty(g.shape, dtype=DTYPE, device=g.device)",
+                      f"    _check(_lib().assay_to_nchw(g.data_ptr(), l{gk}.data_ptr(), "
+                      "g.shape[0], g.shape[1], g.shape[2] * g.shape[3], "
+                      "torch.cuda.current_stream(g.device).cuda_stream))",
+                      "else:",
+                      f"    l{gk} = _tensor(g, 'the conv2d result')"]
+        else:
+            lines.append(f"l{gk} = _tensor(g, 'the conv2d result')")
+        lines.append("gshape = tuple(g.shape)")
         return lines
     if g.op == "mm":
         lines += [f"_expect(lA.dim() == {g.a_ndim} and lB.dim() == 2 and lA.shape[-1] == "
@@ -774,6 +826,11 @@ def _gemm_lines(plan: Plan, target: str, template: str, layout: int = 0) -> list
     if template == "epilogue":
         lines.append(f"l{gk} = {lib}")
     return lines
+
+
+def _to_nchw(plan: Plan, target: str, layout: int) -> bool:
+    """Whether the file carries assay_to_nchw: a library convolution run channels_last."""
+    return bool(layout) and target == "cuda" and plan.gemm is not None and plan.gemm.op == "conv2d"
 
 
 def _forward_lines(plan: Plan, target: str, template: str, layout: int = 0
@@ -850,6 +907,10 @@ def _forward_lines(plan: Plan, target: str, template: str, layout: int = 0
         lines.append(f"_check(_lib().assay_gemm({', '.join([p.py for p in gp] + stream)}))")
         if not fused:
             lines.append(f"l{gk} = g")
+    if _to_nchw(plan, target, layout):
+        ptr, i64 = "ctypes.c_void_p", "ctypes.c_int64"
+        entries.append(("assay_to_nchw", [_Param("", "src", "", ptr), _Param("", "dst", "", ptr)]
+                        + [_Param("", v, "", i64) for v in ("N", "C", "HW")]))
     if not fused:
         params = _pool_params(plan, target) if pooled else _params(plan, target)
         entries.append(("assay_forward", params))
@@ -862,8 +923,11 @@ def candidate_file(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
                    task_source: str) -> str:
     """The full candidate module: the task's constructor, SOURCE, and ModelNew."""
     template = template_of(plan, knobs)
+    layout = int(knobs.get("layout", 0))
     source = kernel_source(plan, target, knobs, summary)
-    forward, entries = _forward_lines(plan, target, template, int(knobs.get("layout", 0)))
+    if _to_nchw(plan, target, layout):
+        source += templates.CUDA_TO_NCHW
+    forward, entries = _forward_lines(plan, target, template, layout)
     extra = ["ctypes.c_void_p"] if target == "cuda" else []
     code, future = task_prelude(task_source)
     if '"""' in source:  # never: the kernel has no triple quotes, but SOURCE is r"""..."""
