@@ -467,9 +467,14 @@ GEMM_SIZES = {
     "matmul_sigmoid_sum": [{}, {"m": 9, "k": 300, "n": 5}],
     "matvec": [{}, {"m": 4, "k": 1000}],
     "conv_relu_bias": [{}, {"b": 1, "cin": 2, "cout": 4, "h": 3, "w": 11}],
-    "conv_gn_tanh": [{}, {"b": 3, "cin": 4, "cout": 6, "h": 4, "w": 4}],
+    "conv_gn_tanh": [{}, {"b": 3, "cin": 4, "cout": 6, "h": 4, "w": 4},
+                     {"b": 2, "cin": 3, "cout": 16, "h": 12, "w": 20}],  # vectors: 240 pixels
 }
 LIBRARY_ONLY = {"conv_relu_bias", "conv_gn_tanh"}  # convolutions: the library form only
+# Row-kernel forms after a channels_last convolution (knob layout 1, the result transposed by
+# the candidate's own kernel): clusters of 4 and 2 blocks, no row cache, a warp per row.
+CHANNELS_LAST_VARIANTS = ({"split": 4, "block": 128}, {"split": 2, "vec": 1}, {"cache_row": 0},
+                          {"warp_per_row": 1})
 NO_PRODUCT = {"matvec"}  # a matrix-vector product is a row reduction: no GEMM, no library
 
 
@@ -713,6 +718,11 @@ def test_cuda_gemm_candidates_compile(gemm_dir, tmp_path):
             if prop.strategy == "tensor_cores":
                 assert "wmma::mma_sync" in cand.SOURCE
             sources.setdefault(cand.SOURCE, (name, tuple(sorted(prop.knobs.items()))))
+    ctx = _gctx(gemm_dir, "conv_gn_tanh", "cuda")
+    for overrides in CHANNELS_LAST_VARIANTS:  # the transpose before each row layout
+        prop = _gemm_corner(syn, ctx, {"lib": 1, "layout": 1, **overrides}, "epilogue")
+        sources.setdefault(_import(prop.code, tmp_path / f"cuda_{prop.id}.py").SOURCE,
+                           ("conv_gn_tanh", tuple(sorted(prop.knobs.items()))))
     gemm = [dict(k[1]) for k in sources.values() if dict(k[1]).get("lib") == 0]
     assert {k["load_vec"] for k in gemm} >= {1, 4, 8} and {k["stages"] for k in gemm} == {1, 2}
 
@@ -731,14 +741,17 @@ GEMM_CORNERS = [
 ]
 
 
-def _gemm_corner(syn: OfflineSynthesizer, ctx: TaskContext, overrides: dict) -> Proposal:
-    """The own-GEMM candidate with the defaults overridden by ``overrides``."""
+def _gemm_corner(syn: OfflineSynthesizer, ctx: TaskContext, overrides: dict,
+                 strategy: str = "tiling") -> Proposal:
+    """The candidate of the defaults (own GEMM unless ``lib`` says) overridden by
+    ``overrides``."""
     analysis = syn.analyse(ctx)
-    knobs = syn.normalize(analysis, {**syn.defaults(analysis, {"lib": 0}), **overrides})
+    lib = {"lib": overrides.get("lib", 0)}
+    knobs = syn.normalize(analysis, {**syn.defaults(analysis, lib), **overrides})
     assert all(knobs[k] == v for k, v in overrides.items()), (overrides, knobs)
     code = codegen.candidate_file(analysis.plan, "cuda", knobs, analysis.summary,
                                   ctx.task.source)
-    return Proposal(code=code, knobs=knobs, strategy="tiling")
+    return Proposal(code=code, knobs=knobs, strategy=strategy)
 
 
 @pytest.mark.skipif(not _HAS_NVCC, reason="nvcc is not installed")
@@ -768,6 +781,9 @@ def test_cuda_gemm_candidates_match_reference(gemm_dir, tmp_path, name):
     props += syn.repair(ctx, _parent(props[0]), random.Random(2))
     if name in ("linear_relu", "bmm_scale", "linear_softmax"):
         props += [_gemm_corner(syn, ctx, overrides) for overrides in GEMM_CORNERS]
+    if name == "conv_gn_tanh":  # the channels_last result transposed, then each row layout
+        props += [_gemm_corner(syn, ctx, {"lib": 1, "layout": 1, **overrides}, "epilogue")
+                  for overrides in CHANNELS_LAST_VARIANTS]
     for prop in props:
         _check_gemm(prop, ctx, name, tmp_path, device="cuda")
 

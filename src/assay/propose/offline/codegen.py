@@ -181,8 +181,9 @@ class _Schedule:
 
 
 # Broadcast leaves whose index a vectorized CUDA kernel computes once per vector (``q{k}``,
-# set up by _vector_index), and how one lane's index follows from it.
-_HOISTED = {"general": "q{k}", "mod": "q{k} + u", "colmod": "q{k} + u"}
+# set up by _vector_index), and how one lane's value follows from it: a general leaf has one
+# value for the whole vector (``h{k}``, loaded once), a mod leaf consecutive ones.
+_HOISTED = {"general": "h{k}", "mod": "t{k}[q{k} + u]", "colmod": "t{k}[q{k} + u]"}
 
 
 def _vector_index(plan: Plan, kinds: list[str], leaves: list[int], first: str) -> list[str]:
@@ -199,6 +200,8 @@ def _vector_index(plan: Plan, kinds: list[str], leaves: list[int], first: str) -
         else:
             continue
         lines.append(f"const int64_t q{k} = bv{k} ? {at} : 0;")
+        if kinds[k] == "general":
+            lines.append(f"const float h{k} = bv{k} ? t{k}[q{k}] : 0.0f;")
     return lines
 
 
@@ -236,8 +239,7 @@ class _Names:
             kind = self.sched.kinds[k]
             if self.hoisted and kind in _HOISTED:
                 lane = _HOISTED[kind].format(k=k)
-                return (f"const float v{j} = bv{k} ? t{k}[{lane}] : "
-                        f"{_access(kind, k)};")
+                return f"const float v{j} = bv{k} ? {lane} : {_access(kind, k)};"
             return f"const float v{j} = {_access(kind, k)};"
         formula = FORMULAS[n.op]([self(a) for a in n.args], dict(n.attrs))
         return f"const float v{j} = {formula};"
