@@ -306,15 +306,14 @@ def part_sweep() -> None:
 
 # task: knobs (over the defaults), for ncu
 NCU = {
-    "data/tasks/level1/18_MaxPool2d.py": {"block": 128, "cols": 2, "vec": 1},
-    "data/tasks/level1/19_AvgPool2d.py": {"block": 128, "cols": 2, "vec": 0},
-    "data/tasks/level1/12_LayerNorm.py": {"cache_row": 0},
-    "data/tasks/level2/5_Conv2d_GroupNorm_Tanh.py": {"layout": 1, "block": 512, "split": 4},
+    "data/tasks/level2/5_Conv2d_GroupNorm_Tanh.py": {"layout": 1},
+    "data/tasks/level1/12_LayerNorm.py": {},
+    "data/tasks/level1/13_RMSNorm.py": {},
 }
 
 
-def part_ncu(only: str = "") -> None:
-    """Nsight Compute on the synthesizer's kernels (``NCU``; ``only``: a task-id substring)."""
+def part_ncu() -> None:
+    """Nsight Compute on the synthesizer's kernels (``NCU``)."""
     import subprocess
     from assay.propose.base import TaskContext
     from assay.propose.offline import OfflineSynthesizer
@@ -322,8 +321,6 @@ def part_ncu(only: str = "") -> None:
     files = []
     for path, knobs in NCU.items():
         task = load_task(path)
-        if only and only not in task.id:
-            continue
         ctx = TaskContext(task, target="cuda")
         analysis = syn.analyse(ctx)
         p = syn._proposal(ctx, analysis, {**syn.defaults(analysis), **knobs}, "mutate", [], 0.0)
@@ -331,7 +328,7 @@ def part_ncu(only: str = "") -> None:
         f.write_text(p.code)
         files.append((str(REPO / path), str(f)))
     for task_path, cand in files:
-        cmd = ["ncu", "--clock-control", "none", "--kernel-name", "regex:assay_",
+        cmd = ["ncu", "--clock-control", "none", "--kernel-name", "regex:assay_(rows|pool)",
                "--launch-skip", "2", "--launch-count", "1", "--section", "SpeedOfLight",
                "--section", "Occupancy", "--section", "WarpStateStats",
                "--section", "MemoryWorkloadAnalysis", "--section", "LaunchStats",
