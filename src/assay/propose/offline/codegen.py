@@ -186,7 +186,7 @@ class _Schedule:
 _HOISTED = {"general": "h{k}", "mod": "t{k}[q{k} + u]", "colmod": "t{k}[q{k} + u]"}
 
 
-def _vector_index(plan: Plan, kinds: list[str], leaves: list[int], first: str) -> list[str]:
+def _vector_index(kinds: list[str], leaves: list[int], first: str) -> list[str]:
     """Per-vector index lines for the broadcast ``leaves`` of a pass: when the vector's VEC
     elements (``first`` is the flat index, ``c0`` the column, of the first, a multiple of VEC)
     cannot cross a block of the broadcast (bv{k}, set in the prologue), one division serves
@@ -395,7 +395,7 @@ def _row_passes(plan: Plan, sched: _Schedule, target: str, vec_ok: Callable[[int
         if plan.out_is_row and p == sched.passes - 1:
             after.append(f"if (leader) out[r] = {names(out)};" if target == "cuda"
                          else f"out[r] = {names(out)};")
-        vec_loads = (_vector_index(plan, sched.kinds, _leaves_of(plan, elems), "base + c0")
+        vec_loads = (_vector_index(sched.kinds, _leaves_of(plan, elems), "base + c0")
                      if target == "cuda" else [])
         for k in sorted(vector):
             at = "c0" if leaf_kind(plan, k) == "col" else "base + c0"
@@ -492,7 +492,7 @@ def _fused_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
         values.update(
             unroll=int(knobs["unroll"]), persistent=bool(knobs["persistent"]),
             prologue=values["prologue"] + _vector_flags(plan, kinds),
-            vec_loads=_vector_index(plan, kinds, _leaves_of(plan, elems), "i0")
+            vec_loads=_vector_index(kinds, _leaves_of(plan, elems), "i0")
             + [f"float a{k}[VEC]; assay_load<VEC>(t{k}, i0, a{k});" for k in sorted(vector)],
             vec_body=[vnames.define(j) for j in elems] + [f"o[u] = {vnames(plan.output)};"],
             scalar_body=[snames.define(j) for j in elems]
