@@ -264,11 +264,7 @@ def part_sweep() -> None:
     for path, sets in SWEEP.items():
         task = load_task(path)
         ctx = TaskContext(task, target="cuda")
-        analysis = syn.analyse(ctx)
-        base = syn.defaults(analysis)
-        for knobs in sets:
-            plan.append((task, syn._proposal(ctx, analysis, {**base, **knobs}, "mutate", [],
-                                             0.0)))
+        plan += [(task, syn.with_knobs(ctx, knobs)) for knobs in sets]
     t0 = time.perf_counter()
     sources = [candidate_module(p.code, f"sweep_{i}").SOURCE for i, (_, p) in enumerate(plan)]
     with ThreadPoolExecutor(12) as pool:
@@ -321,9 +317,7 @@ def part_ncu() -> None:
     files = []
     for path, knobs in NCU.items():
         task = load_task(path)
-        ctx = TaskContext(task, target="cuda")
-        analysis = syn.analyse(ctx)
-        p = syn._proposal(ctx, analysis, {**syn.defaults(analysis), **knobs}, "mutate", [], 0.0)
+        p = syn.with_knobs(TaskContext(task, target="cuda"), knobs)
         f = Path("/tmp") / f"ncu_{task.id}.py"
         f.write_text(p.code)
         files.append((str(REPO / path), str(f)))

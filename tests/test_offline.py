@@ -20,7 +20,6 @@ import torch
 from assay.bench.build import build
 from assay.propose.base import Parent, TaskContext
 from assay.propose.offline import KNOB_SPACES, OfflineSynthesizer
-from assay.propose.offline import codegen
 from assay.records import Proposal
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
@@ -350,9 +349,7 @@ def test_cuda_candidates_compile(task_dir, tmp_path):
             assert "cuda_stream" in prop.code
             sources.setdefault(cand.SOURCE, (name, tuple(sorted(prop.knobs.items()))))
         if name in ROW_TASKS:  # a cluster of blocks per row
-            analysis = syn.analyse(ctx)
-            knobs = {**syn.defaults(analysis), "warp_per_row": 0, "split": 4}
-            prop = syn._proposal(ctx, analysis, knobs, "mutate", [], 0.0)
+            prop = syn.with_knobs(ctx, {"warp_per_row": 0, "split": 4})
             sources.setdefault(_import(prop.code, tmp_path / f"cuda_{prop.id}.py").SOURCE,
                                (name, tuple(sorted(prop.knobs.items()))))
     # Both row layouts (a warp per row, a block per row) and every vector width get built.
@@ -365,6 +362,16 @@ def test_cuda_candidates_compile(task_dir, tmp_path):
             if k[0] not in ROW_TASKS} == {0, 1}
 
     build_all_cuda(sources)
+
+
+def test_with_knobs_refuses_knobs_outside_the_space(task_dir):
+    syn = OfflineSynthesizer("cuda")
+    ctx = _ctx(task_dir, "layernorm", "cuda")
+    assert syn.with_knobs(ctx, {"split": 2}).knobs["split"] == 2
+    with pytest.raises(ValueError, match="split=3"):
+        syn.with_knobs(ctx, {"split": 3})
+    with pytest.raises(ValueError, match="tile_m=64"):  # a GEMM knob on a row task
+        syn.with_knobs(ctx, {"tile_m": 64})
 
 
 def test_cuda_mutation_changes_the_source(task_dir):
@@ -392,11 +399,9 @@ def test_cuda_candidates_match_reference(task_dir, tmp_path, name):
     props += syn.mutate(ctx, _parent(props[0]), 2, random.Random(1))
     props += syn.repair(ctx, _parent(props[0]), random.Random(2))  # the safest form
     if name in ROW_TASKS:  # clusters of 2 and 8 blocks per row, with and without the row cache
-        analysis = syn.analyse(ctx)
         for split, cache, vec in ((2, 1, 4), (8, 0, 1), (8, 1, 2)):
-            knobs = {**syn.defaults(analysis), "warp_per_row": 0, "split": split,
-                     "cache_row": cache, "vec": vec}
-            props.append(syn._proposal(ctx, analysis, knobs, "mutate", [], 0.0))
+            props.append(syn.with_knobs(ctx, {"warp_per_row": 0, "split": split,
+                                              "cache_row": cache, "vec": vec}))
     shapes = SHAPES + [(33, 4096), (2, 20000), (1024, 32)]
     for prop in props:
         _check_candidate(prop, ctx, tmp_path, loose=name in LOOSE, device="cuda",
@@ -720,7 +725,7 @@ def test_cuda_gemm_candidates_compile(gemm_dir, tmp_path):
             sources.setdefault(cand.SOURCE, (name, tuple(sorted(prop.knobs.items()))))
     ctx = _gctx(gemm_dir, "conv_gn_tanh", "cuda")
     for overrides in CHANNELS_LAST_VARIANTS:  # the transpose before each row layout
-        prop = _gemm_corner(syn, ctx, {"lib": 1, "layout": 1, **overrides}, "epilogue")
+        prop = _gemm_corner(syn, ctx, {"lib": 1, "layout": 1, **overrides})
         sources.setdefault(_import(prop.code, tmp_path / f"cuda_{prop.id}.py").SOURCE,
                            ("conv_gn_tanh", tuple(sorted(prop.knobs.items()))))
     gemm = [dict(k[1]) for k in sources.values() if dict(k[1]).get("lib") == 0]
@@ -741,17 +746,10 @@ GEMM_CORNERS = [
 ]
 
 
-def _gemm_corner(syn: OfflineSynthesizer, ctx: TaskContext, overrides: dict,
-                 strategy: str = "tiling") -> Proposal:
+def _gemm_corner(syn: OfflineSynthesizer, ctx: TaskContext, overrides: dict) -> Proposal:
     """The candidate of the defaults (own GEMM unless ``lib`` says) overridden by
     ``overrides``."""
-    analysis = syn.analyse(ctx)
-    lib = {"lib": overrides.get("lib", 0)}
-    knobs = syn.normalize(analysis, {**syn.defaults(analysis, lib), **overrides})
-    assert all(knobs[k] == v for k, v in overrides.items()), (overrides, knobs)
-    code = codegen.candidate_file(analysis.plan, "cuda", knobs, analysis.summary,
-                                  ctx.task.source)
-    return Proposal(code=code, knobs=knobs, strategy=strategy)
+    return syn.with_knobs(ctx, {"lib": 0, **overrides})
 
 
 @pytest.mark.skipif(not _HAS_NVCC, reason="nvcc is not installed")
@@ -782,7 +780,7 @@ def test_cuda_gemm_candidates_match_reference(gemm_dir, tmp_path, name):
     if name in ("linear_relu", "bmm_scale", "linear_softmax"):
         props += [_gemm_corner(syn, ctx, overrides) for overrides in GEMM_CORNERS]
     if name == "conv_gn_tanh":  # the channels_last result transposed, then each row layout
-        props += [_gemm_corner(syn, ctx, {"lib": 1, "layout": 1, **overrides}, "epilogue")
+        props += [_gemm_corner(syn, ctx, {"lib": 1, "layout": 1, **overrides})
                   for overrides in CHANNELS_LAST_VARIANTS]
     for prop in props:
         _check_gemm(prop, ctx, name, tmp_path, device="cuda")

@@ -187,8 +187,7 @@ def test_cuda_pool_candidates_compile(pool_dir):
         for cols, vec in ((1, 0), (4, 1)):
             knobs = {"block": 128, "cols": cols, "vec": vec}
             ctx = _ctx(pool_dir / f"{name}.py", "cuda")
-            syn = OfflineSynthesizer("cuda")
-            prop = syn._proposal(ctx, syn.analyse(ctx), knobs, "translate", [], 0.0)
+            prop = OfflineSynthesizer("cuda").with_knobs(ctx, knobs)
             sources.add(_kernel_source(prop.code))
     assert len(sources) == 6
     for src in sources:
@@ -210,5 +209,5 @@ def test_cuda_pool_candidates_match_torch(pool_dir, tmp_path, name):
     shapes = SHAPES + [(2, 130, 260)]  # a row wider than a block's outputs
     for knobs in ({"block": 256, "cols": 2, "vec": 1}, {"block": 128, "cols": 1, "vec": 0},
                   {"block": 512, "cols": 4, "vec": 1}, {"block": 128, "cols": 2, "vec": 0}):
-        prop = syn._proposal(ctx, analysis, knobs, "translate", [], 0.0)
+        prop = syn.with_knobs(ctx, knobs)
         _check(prop.code, path, tmp_path, "cuda", shapes)

@@ -350,6 +350,18 @@ class OfflineSynthesizer:
         """A complete, valid knob set of the template ``knobs`` selects."""
         return normalize_knobs(knobs, self.space(analysis, knobs), self.defaults(analysis, knobs))
 
+    def with_knobs(self, ctx: TaskContext, knobs: dict[str, int]) -> Proposal:
+        """The candidate of ``knobs`` over the task's defaults, for sweeps and tests that pick
+        the knobs themselves; a knob outside its template's space is an error, not replaced."""
+        analysis = self.analyse(ctx)
+        space = self.space(analysis, knobs)
+        bad = sorted(k for k, v in knobs.items() if v not in space.get(k, ()))
+        if bad:
+            raise ValueError(f"{ctx.task.id}: knobs outside the space of their template: "
+                             + ", ".join(f"{k}={knobs[k]}" for k in bad))
+        chosen = {**self.defaults(analysis, knobs), **knobs}
+        return self._proposal(ctx, analysis, chosen, "translate", [], time.perf_counter())
+
     def _proposal(self, ctx: TaskContext, analysis: Analysis, knobs: dict[str, int],
                   operator: str, parents: list[str], started: float) -> Proposal:
         code = codegen.candidate_file(analysis.plan, self.target, knobs, analysis.summary,
