@@ -9,12 +9,11 @@
    kernel"), which keeps host launch jitter out of the device time.
 2. ``convs``: the per-kernel device time (torch.profiler) of eager L2_5 (conv, GroupNorm, tanh)
    and of the conv tasks' convolutions in NCHW against channels_last.
+3. ``sweep``: synthesizer kernels over chosen knob sets (``SWEEPS[--sweep]``: ``synth``, the
+   pooling, norm and convolution-epilogue kernels; ``gemm``, the fp32 SIMT GEMM of L1_14/L1_15
+   against cuBLAS), built in parallel first, each checked against the reference and timed with
+   the verifier's protocol beside eager and torch.compile, with its device time per kernel.
 4. ``ncu``: Nsight Compute sections of chosen synthesizer kernels (``NCU``).
-3. ``rows``: the synthesizer's Softmax / LogSoftmax / GroupNorm-epilogue kernels timed against
-   eager (LogSoftmax measured 55% of bandwidth once, Softmax 93%, with the same kernel shape).
-5. ``sweep``: the synthesizer's pooling, norm and convolution-epilogue kernels over chosen knob
-   sets (built in parallel first), each checked against eager and timed beside eager and
-   torch.compile, with the device time per kernel of the defaults.
 
 Writes ``probe.json`` and prints a short table per part.
 """
@@ -22,9 +21,7 @@ Writes ``probe.json`` and prints a short table per part.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import random
 import statistics
 import sys
 import time
@@ -186,92 +183,70 @@ def part_convs() -> None:
     RESULTS["convs"] = out
 
 
-def candidate_module(code: str, name: str):
+def candidate_file(code: str, name: str) -> Path:
     path = Path("/tmp") / f"{name}.py"
     path.write_text(code)
-    spec = importlib.util.spec_from_file_location(name, path)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
+    return path
 
 
-def part_rows() -> None:
-    from assay.bench.timing import TimingConfig, time_calls
-    from assay.propose.base import TaskContext
-    from assay.propose.offline import OfflineSynthesizer
-    from assay.tasks.instantiate import init_inputs, make_inputs, reference_model
-    cfg = TimingConfig(warmup_s=0.2, min_runs=10, max_runs=200, budget_s=0.5)
-    dev = torch.device("cuda")
-    out = []
-    for path in ("data/tasks/level1/10_Softmax.py", "data/tasks/level1/11_LogSoftmax.py",
-                 "data/tasks/level1/12_LayerNorm.py",
-                 "data/tasks/level2/5_Conv2d_GroupNorm_Tanh.py"):
-        task = load_task(path)
-        mod = task.module()
-        ref = reference_model(mod, 0, "cuda")
-        sets = [make_inputs(mod, 10 + i, "cuda") for i in range(3)]
-        syn = OfflineSynthesizer("cuda")
-        props = syn.translate(TaskContext(task, target="cuda"), n=4, rng=random.Random(0))
-        with torch.no_grad():
-            e1 = time_calls(lambda i: ref(*sets[i % 3]), dev, cfg)
-            e2 = time_calls(lambda i: ref(*sets[i % 3]), dev, cfg)
-            row = {"task": task.id, "eager_ms": [e1.median_ms, e2.median_ms], "cands": []}
-            for j, p in enumerate(props):
-                if p.code is None:
-                    continue
-                m = candidate_module(p.code, f"cand_{task.id}_{j}")
-                new = m.ModelNew(*init_inputs(mod)).cuda()
-                new.load_state_dict(ref.state_dict())
-                got, want = new(*sets[0]), ref(*sets[0])
-                err = (got - want).abs().max().item()
-                t1 = time_calls(lambda i: new(*sets[i % 3]), dev, cfg)
-                t2 = time_calls(lambda i: new(*sets[i % 3]), dev, cfg)
-                kern = profile_kernels(lambda: new(*sets[0]))
-                row["cands"].append({"knobs": p.knobs, "ms": [t1.median_ms, t2.median_ms],
-                                     "max_abs_err": err, "kernels": kern[:4]})
-                print(f"{task.id} {p.knobs}: {t1.median_ms:.4f}/{t2.median_ms:.4f} ms "
-                      f"(eager {e1.median_ms:.4f}/{e2.median_ms:.4f}) err {err:.2e} "
-                      f"{[(a[:30], round(b, 4)) for a, b in kern[:3]]}", flush=True)
-        out.append(row)
-    RESULTS["rows"] = out
+def load_model(path: Path, mod, ref):
+    """The candidate's ModelNew on the device with the reference's state (the verifier's
+    loader)."""
+    from assay.tasks.instantiate import init_inputs
+    from assay.verify.worker import load_candidate
+    new = load_candidate(path).ModelNew(*init_inputs(mod)).cuda()
+    new.load_state_dict(ref.state_dict())
+    return new
 
 
-# task: knob sets (merged over the defaults of the task's first translation)
-SWEEP = {
-    "data/tasks/level1/18_MaxPool2d.py": [{}],
-    "data/tasks/level1/19_AvgPool2d.py": [{}],
-    "data/tasks/level1/12_LayerNorm.py": [{}, {"cache_row": 0}],
-    "data/tasks/level2/5_Conv2d_GroupNorm_Tanh.py": [{"layout": 1}, {"layout": 1, "split": 4}],
-    "data/tasks/level2/4_Conv2d_ReLU_BiasAdd.py": [{"layout": 0}],
+# Sweeps: task -> knob sets (over the synthesizer's defaults for the task).
+SWEEPS = {
+    "synth": {
+        "data/tasks/level1/18_MaxPool2d.py": [{}],
+        "data/tasks/level1/19_AvgPool2d.py": [{}],
+        "data/tasks/level1/12_LayerNorm.py": [{}, {"cache_row": 0}],
+        "data/tasks/level2/5_Conv2d_GroupNorm_Tanh.py": [{"layout": 1},
+                                                         {"layout": 1, "split": 4}],
+        "data/tasks/level2/4_Conv2d_ReLU_BiasAdd.py": [{"layout": 0}],
+    },
+    # the own GEMM (lib 0): the pre-warp-tiling default, the default, variations around it
+    "gemm": {task: [{"lib": 0, **k} for k in (
+        {"thread_n": 8, "warp_tile": 0}, {"thread_n": 8}, {}, {"warp_tile": 0}, {"k_step": 16},
+        {"min_blocks": 1}, {"stages": 1}, {"tile_n": 64})]
+        for task in ("data/tasks/level1/14_Square_Matmul.py",
+                     "data/tasks/level1/15_Batched_Matmul.py")},
 }
 
 
-def part_sweep() -> None:
+def part_sweep(name: str) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
+    from synth_suite import build_candidate  # benchmarks/, beside this file
+
     from assay.bench.baseline import time_reference
-    from assay.bench.build import build
     from assay.bench.timing import TimingConfig, time_calls
     from assay.propose.base import TaskContext
     from assay.propose.offline import OfflineSynthesizer
-    from assay.tasks.instantiate import init_inputs, make_inputs, reference_model
+    from assay.tasks.instantiate import make_inputs, reference_model
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     cfg = TimingConfig(warmup_s=0.1, min_runs=10, max_runs=200, budget_s=0.4)
     dev = torch.device("cuda")
     syn = OfflineSynthesizer("cuda")
-    plan = []  # (task, proposal)
-    for path, sets in SWEEP.items():
+    plan = []  # (task, proposal, candidate file)
+    for path, sets in SWEEPS[name].items():
         task = load_task(path)
         ctx = TaskContext(task, target="cuda")
-        plan += [(task, syn.with_knobs(ctx, knobs)) for knobs in sets]
+        for knobs in sets:
+            p = syn.with_knobs(ctx, knobs)
+            plan.append((task, p, candidate_file(p.code, f"sweep_{len(plan)}")))
     t0 = time.perf_counter()
-    sources = [candidate_module(p.code, f"sweep_{i}").SOURCE for i, (_, p) in enumerate(plan)]
     with ThreadPoolExecutor(12) as pool:
-        list(pool.map(lambda src: build(src, lang="cuda"), sources))
-    print(f"sweep: built {len(sources)} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
+        builds = list(pool.map(build_candidate, [str(f) for _, _, f in plan]))
+    print(f"sweep {name}: built {sum(b['ok'] for b in builds)}/{len(plan)} kernels in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
     out, refs = [], {}
-    for i, (task, p) in enumerate(plan):
+    for (task, p, path), built in zip(plan, builds):
         mod = task.module()
         if task.id not in refs:
             ref = reference_model(mod, 0, "cuda")
@@ -283,9 +258,11 @@ def part_sweep() -> None:
                   f"{[(a[:40], round(b, 4)) for a, b in profile_kernels(lambda: ref(*sets[0]))[:4]]}",
                   flush=True)
         ref, sets, eager, compiled = refs[task.id]
-        m = candidate_module(p.code, f"sweep_{i}")
-        new = m.ModelNew(*init_inputs(mod)).cuda()
-        new.load_state_dict(ref.state_dict())
+        if not built["ok"]:
+            out.append({"task": task.id, "knobs": p.knobs, "error": built["error"]})
+            print(f"{task.id} {p.knobs}: build failed: {built['error'][:300]}", flush=True)
+            continue
+        new = load_model(path, mod, ref)
         with torch.no_grad():
             got, want = new(*sets[1]), ref(*sets[1])
             err = ((got - want).abs().max() / want.abs().max()).item()
@@ -297,7 +274,7 @@ def part_sweep() -> None:
         print(f"{task.id} {p.knobs}: {ms:.4f} ms = {eager / ms:.2f}x eager, "
               f"{compiled / ms:.2f}x compile; err {err:.1e} "
               f"{[(a[:30], round(b, 4)) for a, b in kern[:3]]}", flush=True)
-    RESULTS["sweep"] = out
+    RESULTS[f"sweep_{name}"] = out
 
 
 # task: knobs (over the defaults), for ncu
@@ -318,9 +295,7 @@ def part_ncu() -> None:
     for path, knobs in NCU.items():
         task = load_task(path)
         p = syn.with_knobs(TaskContext(task, target="cuda"), knobs)
-        f = Path("/tmp") / f"ncu_{task.id}.py"
-        f.write_text(p.code)
-        files.append((str(REPO / path), str(f)))
+        files.append((str(REPO / path), str(candidate_file(p.code, f"ncu_{task.id}"))))
     for task_path, cand in files:
         cmd = ["ncu", "--clock-control", "none", "--kernel-name", "regex:assay_(rows|pool)",
                "--launch-skip", "2", "--launch-count", "1", "--section", "SpeedOfLight",
@@ -343,15 +318,13 @@ def part_ncu() -> None:
 
 
 def ncu_child(task_path: str, cand: str) -> None:
-    from assay.tasks.instantiate import init_inputs, make_inputs, reference_model
+    from assay.tasks.instantiate import make_inputs, reference_model
     from assay.tasks.model import Task
     task = Task.from_file(task_path, size="large")
     mod = task.module()
     ref = reference_model(mod, 0, "cuda")
     xs = make_inputs(mod, 1, "cuda")
-    m = candidate_module(Path(cand).read_text(), Path(cand).stem)
-    new = m.ModelNew(*init_inputs(mod)).cuda()
-    new.load_state_dict(ref.state_dict())
+    new = load_model(Path(cand), mod, ref)
     with torch.no_grad():
         for _ in range(4):
             new(*xs)
@@ -364,15 +337,18 @@ def main() -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--only", default="noise,convs,rows")
+    ap.add_argument("--only", default="noise,convs,sweep",
+                    help="comma-separated parts: noise, convs, sweep, ncu")
+    ap.add_argument("--sweep", default="synth", choices=sorted(SWEEPS),
+                    help="the knob sets of part sweep")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     RESULTS["device"] = torch.cuda.get_device_name(0)
     for part in args.only.split(","):
         t = time.perf_counter()
         try:
-            {"noise": part_noise, "convs": part_convs, "rows": part_rows,
-             "ncu": part_ncu, "sweep": part_sweep}[part]()
+            {"noise": part_noise, "convs": part_convs, "ncu": part_ncu,
+             "sweep": lambda: part_sweep(args.sweep)}[part]()
         except Exception as e:  # noqa: BLE001 - the other parts still run
             import traceback
             traceback.print_exc()

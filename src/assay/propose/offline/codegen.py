@@ -274,21 +274,35 @@ class _Param:
     ctypes_type: str
 
 
-def _params(plan: Plan, target: str) -> list[_Param]:
+def _leaf_params(plan: Plan, target: str, skip: int = -1, elt: str = "float"
+                 ) -> tuple[list[_Param], list[_Param]]:
+    """The leaves' pointers (``t<k>``) and the block-broadcast leaves' geometry (``inner<k>``,
+    ``mid<k>``), leaf ``skip`` left out (a head op's result that the kernel gets otherwise)."""
     restrict = "__restrict__" if target == "cuda" else "__restrict"
-    ps = [_Param(f"const float* {restrict}", f"t{k}", f"l{k}.data_ptr()", "ctypes.c_void_p")
-          for k in range(len(plan.leaves))]
-    ps.append(_Param(f"float* {restrict}", "out", "out.data_ptr()", "ctypes.c_void_p"))
-    if plan.kind == "row":
-        ps += [_Param("int64_t", "rows", "rows", "ctypes.c_int64"),
-               _Param("int64_t", "cols", "cols", "ctypes.c_int64")]
-    else:
-        ps.append(_Param("int64_t", "n", "n", "ctypes.c_int64"))
+    ptrs = [_Param(f"const {elt}* {restrict}", f"t{k}", f"l{k}.data_ptr()", "ctypes.c_void_p")
+            for k in range(len(plan.leaves)) if k != skip]
+    geometry = []
     for k, lf in enumerate(plan.leaves):
-        if lf.bcast == "block":
-            ps += [_Param("int64_t", f"inner{k}", f"inner{k}", "ctypes.c_int64"),
-                   _Param("int64_t", f"mid{k}", f"mid{k}", "ctypes.c_int64")]
-    return ps
+        if lf.bcast == "block" and k != skip:
+            geometry += [_Param("int64_t", f"inner{k}", f"inner{k}", "ctypes.c_int64"),
+                         _Param("int64_t", f"mid{k}", f"mid{k}", "ctypes.c_int64")]
+    return ptrs, geometry
+
+
+def _sizes(*names: str) -> list[_Param]:
+    return [_Param("int64_t", v, v, "ctypes.c_int64") for v in names]
+
+
+def _out_param(target: str, py: str = "out.data_ptr()", elt: str = "float") -> _Param:
+    restrict = "__restrict__" if target == "cuda" else "__restrict"
+    return _Param(f"{elt}* {restrict}", "out", py, "ctypes.c_void_p")
+
+
+def _params(plan: Plan, target: str) -> list[_Param]:
+    """assay_forward's parameters for an elementwise or row plan."""
+    ptrs, geometry = _leaf_params(plan, target)
+    sizes = _sizes("rows", "cols") if plan.kind == "row" else _sizes("n")
+    return ptrs + [_out_param(target)] + sizes + geometry
 
 
 # ----------------------------------------------------------------------------------------------
@@ -506,7 +520,7 @@ def _fused_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
                   prologue=values["prologue"] + _vector_flags(plan, kinds),
                   vec_ptrs=rp.vec_ptrs, warp_per_row=warp, cached=rp.cached,
                   cache_row=bool(knobs["cache_row"]), rows_per_block=block // 32 if warp else 1,
-                  split=1 if warp else int(knobs.get("split", 1)))
+                  split=1 if warp else int(knobs["split"]))
     return head + templates.render(templates.CUDA_ROW, **values)
 
 
@@ -552,22 +566,11 @@ def _gemm_params(plan: Plan, target: str, fused: bool) -> list[_Param]:
     product itself, ``g``, when a row kernel follows), sizes, batch strides, leaf geometry."""
     restrict = "__restrict__" if target == "cuda" else "__restrict"
     elt = "float" if plan.dtype == "float32" else "assay_elt"
-    ptr = "ctypes.c_void_p"
-    ps = [_Param(f"const {elt}* {restrict}", "A", "lA.data_ptr()", ptr),
-          _Param(f"const {elt}* {restrict}", "B", "lB.data_ptr()", ptr)]
-    if fused:
-        ps += [_Param(f"const {elt}* {restrict}", f"t{k}", f"l{k}.data_ptr()", ptr)
-               for k in range(len(plan.leaves)) if k != plan.gemm_leaf]
-    ps.append(_Param(f"{elt}* {restrict}", "out", "out.data_ptr()" if fused else "g.data_ptr()",
-                     ptr))
-    ps += [_Param("int64_t", v, v, "ctypes.c_int64")
-           for v in ("M", "N", "K", "batch", "sA", "sB", "sC")]
-    if fused:
-        for k, lf in enumerate(plan.leaves):
-            if lf.bcast == "block" and k != plan.gemm_leaf:
-                ps += [_Param("int64_t", f"inner{k}", f"inner{k}", "ctypes.c_int64"),
-                       _Param("int64_t", f"mid{k}", f"mid{k}", "ctypes.c_int64")]
-    return ps
+    ps = [_Param(f"const {elt}* {restrict}", name, f"l{name}.data_ptr()", "ctypes.c_void_p")
+          for name in ("A", "B")]
+    ptrs, geometry = _leaf_params(plan, target, plan.gemm_leaf, elt) if fused else ([], [])
+    out = _out_param(target, "out.data_ptr()" if fused else "g.data_ptr()", elt)
+    return ps + ptrs + [out] + _sizes("M", "N", "K", "batch", "sA", "sB", "sC") + geometry
 
 
 def gemm_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
@@ -631,18 +634,9 @@ def _pool_params(plan: Plan, target: str) -> list[_Param]:
     leaves, the output, the geometry (planes = N*C, input H x W, output OH x OW), leaf
     geometry."""
     restrict = "__restrict__" if target == "cuda" else "__restrict"
-    ptr = "ctypes.c_void_p"
-    pk = plan.pool_leaf
-    ps = [_Param(f"const float* {restrict}", "x", "lx.data_ptr()", ptr)]
-    ps += [_Param(f"const float* {restrict}", f"t{k}", f"l{k}.data_ptr()", ptr)
-           for k in range(len(plan.leaves)) if k != pk]
-    ps.append(_Param(f"float* {restrict}", "out", "out.data_ptr()", ptr))
-    ps += [_Param("int64_t", v, v, "ctypes.c_int64") for v in ("planes", "H", "W", "OH", "OW")]
-    for k, lf in enumerate(plan.leaves):
-        if lf.bcast == "block" and k != pk:
-            ps += [_Param("int64_t", f"inner{k}", f"inner{k}", "ctypes.c_int64"),
-                   _Param("int64_t", f"mid{k}", f"mid{k}", "ctypes.c_int64")]
-    return ps
+    x = _Param(f"const float* {restrict}", "x", "lx.data_ptr()", "ctypes.c_void_p")
+    ptrs, geometry = _leaf_params(plan, target, plan.pool_leaf)
+    return [x] + ptrs + [_out_param(target)] + _sizes("planes", "H", "W", "OH", "OW") + geometry
 
 
 def pool_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
@@ -683,10 +677,7 @@ def _pool_lines(plan: Plan) -> list[str]:
     included); ``gshape`` is the output's shape."""
     pool = plan.pool
     assert pool is not None
-    x = pool.x
-    src = (f"_tensor({x.name}, {x.name!r})" if x.source == "input"
-           else f"_tensor(_attr(self, {x.name!r}), {'self.' + x.name!r})")
-    lines = [f"lx = {src}",
+    lines = [f"lx = {_operand(pool.x)}",
              "_expect(lx.dim() in (3, 4), 'the pooled input is not CHW or NCHW')",
              "H, W = lx.shape[-2], lx.shape[-1]"]
     for out, size, k, s_, p, d in (("OH", "H", pool.kernel[0], pool.stride[0],

@@ -204,9 +204,10 @@ def default_knobs(target: str, analysis: Analysis, lib: int | None = None,
     else:
         # Register-blocked SGEMM: 128 x 128 tiles, 8 x 16 per thread (128 threads, 215
         # registers, 2 blocks per SM), warp tiles of 64 x 64, K slabs of 8, float4 loads,
-        # double buffering. Measured on an H200 (benchmarks/gemm_probe.py), against cuBLAS
-        # without TF32: 0.89x at 4096^3 and 0.89x batched (L1_15), where 8 x 8 per thread
-        # reached 0.80-0.82x with warp tiling and 0.76-0.79x without (2026-11-23).
+        # double buffering. Measured on an H200 against cuBLAS without TF32 (evidence of
+        # 2026-11-23; now `probe_gpu.py --sweep gemm`): 0.89x at 4096^3 and 0.89x batched
+        # (L1_15), where 8 x 8 per thread reached 0.80-0.82x with warp tiling, 0.76-0.79x
+        # without.
         knobs = {"lib": 0, "tile_m": 128, "tile_n": 128, "k_step": 8, "thread_m": 8,
                  "thread_n": 16, "load_vec": 4, "stages": 2, "min_blocks": 2, "warp_tile": 1}
     if plan.kind == "row":

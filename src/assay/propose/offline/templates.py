@@ -120,22 +120,6 @@ static inline int assay_threads(int wanted) {
 
 # The largest dynamic shared memory a block may opt in to, per device (cached); one definition
 # per source, whichever kernels (row kernel, GEMM) the source holds.
-CUDA_SMEM_OPTIN = r"""#ifndef ASSAY_SMEM_OPTIN
-#define ASSAY_SMEM_OPTIN
-static int assay_smem_optin() {
-  static int cache[64] = {0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 48 * 1024;
-  if (cache[dev] == 0) {
-    int v = 0;
-    cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    cache[dev] = v > 0 ? v : 48 * 1024;
-  }
-  return cache[dev];
-}
-#endif
-"""
-_ENV.globals["smem_optin"] = CUDA_SMEM_OPTIN
 
 CPP_SOURCE = CPP_PREAMBLE + r"""
 extern "C" int assay_forward({{ params }}) {
@@ -250,17 +234,30 @@ static inline bool assay_aligned(const void* p, int bytes) {
   return (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes)) == 0;
 }
 
-static int assay_sm_count() {
-  // Cached per device: cudaDeviceGetAttribute is cheap but not free on every launch.
+// A device attribute, cached per device: cudaDeviceGetAttribute is cheap but not free on
+// every launch. ``fallback`` when the device or the attribute cannot be read.
+template <cudaDeviceAttr ATTR>
+static inline int assay_device_attr(int fallback) {
   static int cache[64] = {0};
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return fallback;
   if (cache[dev] == 0) {
     int v = 0;
-    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    cache[dev] = v > 0 ? v : 132;
+    cudaDeviceGetAttribute(&v, ATTR, dev);
+    cache[dev] = v > 0 ? v : fallback;
   }
   return cache[dev];
+}
+static inline int assay_sm_count() {
+  return assay_device_attr<cudaDevAttrMultiProcessorCount>(132);
+}
+// Dynamic shared memory a block may opt in to (above the default 48 KB).
+static inline int assay_smem_optin() {
+  return assay_device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(48 * 1024);
+}
+// Thread-block clusters: sm_90 and later.
+static inline bool assay_has_clusters() {
+  return assay_device_attr<cudaDevAttrComputeCapabilityMajor>(1) >= 9;
 }
 
 extern "C" const char* assay_error_string(int code) {
@@ -486,7 +483,6 @@ assay_rows({{ kparams }}) {
   }
 }
 
-{{ smem_optin }}
 template <int VEC, bool CACHE, int SPLIT>
 static int assay_launch(int64_t blocks, size_t smem, cudaStream_t stream, {{ kparams }}) {
   if (CACHE && smem > 48 * 1024) {  // above the default limit: opt in
@@ -528,14 +524,6 @@ static int assay_launch_split(bool cache_row, cudaStream_t stream, {{ kparams }}
                : assay_launch<VEC, false, SPLIT>(blocks, cache_bytes, stream, {{ kargs }});
 }
 
-{% if split > 1 %}
-static bool assay_has_clusters() {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  return major >= 9;
-}
-{% endif %}
 
 extern "C" int assay_forward({{ params }}) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
@@ -1160,7 +1148,6 @@ assay_matmul_tiles({{ kparams }}) {
 # The host side shared by both CUDA GEMMs: grid, dynamic shared memory (opted in above 48 KB),
 # the vector instantiation when sizes and pointers allow it.
 CUDA_GEMM_LAUNCH = r"""
-{{ smem_optin }}
 template <int VEC>
 static int assay_gemm_launch(dim3 grid, size_t smem, cudaStream_t stream, {{ kparams }}) {
   if (smem > (size_t)assay_smem_optin()) return (int)cudaErrorInvalidConfiguration;
