@@ -84,21 +84,10 @@ def time_loop(fn, bufs: int, mode: str, runs: int = 300, hold_us: float = 0.0,
     return out
 
 
-def sleep_rate() -> float:
-    """Cycles of torch.cuda._sleep per microsecond on this device."""
-    torch.cuda._sleep(1_000_000)
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    torch.cuda._sleep(2_000_000)
-    b.record()
-    torch.cuda.synchronize()
-    return 2_000_000 / (a.elapsed_time(b) * 1000)
-
-
 def part_noise() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
-    cpu = sleep_rate()
+    from assay.bench.timing import spin_rate
+    cpu = spin_rate(torch.device("cuda"))
     RESULTS["sleep_cycles_per_us"] = cpu
     print(f"_sleep: {cpu:.0f} cycles/us")
     rows = []

@@ -195,7 +195,7 @@ def time_calls(fn: Callable[[int], Any], device: torch.device, cfg: TimingConfig
     hold_us, spin_cycles = 0.0, 0
     if cuda and flush is not None and _cuda_spin is not None:
         hold_us = hold_for(enqueue)
-        spin_cycles = int(hold_us * _spin_rate(device))
+        spin_cycles = int(hold_us * spin_rate(device))
     samples: list[float] = []
     host: list[float] = []
     whole: list[float] = []  # start -> after a device-wide sync (cuda)
@@ -255,7 +255,7 @@ def hold_for(enqueue_s: Sequence[float]) -> float:
     return min(HOLD_MAX_US, max(HOLD_MIN_US, 1.5 * p90))
 
 
-def _spin_rate(device: torch.device) -> float:
+def spin_rate(device: torch.device) -> float:
     """Spin cycles per microsecond on ``device`` (the spin counts SM clock cycles), measured
     once per process."""
     index = device.index if device.index is not None else torch.cuda.current_device()
