@@ -10,8 +10,9 @@
 2. ``convs``: the per-kernel device time (torch.profiler) of eager L2_5 (conv, GroupNorm, tanh)
    and of the conv tasks' convolutions in NCHW against channels_last.
 3. ``sweep``: synthesizer kernels over chosen knob sets (``SWEEPS[--sweep]``: ``synth``, the
-   pooling, norm and convolution-epilogue kernels; ``gemm``, the fp32 SIMT GEMM of L1_14/L1_15
-   against cuBLAS), built in parallel first, each checked against the reference and timed with
+   row kernels (norms, softmax, reductions, matrix-vector, the GroupNorm after L2_5's
+   convolution); ``gemm``, the fp32 SIMT GEMM of L1_14/L1_15 against cuBLAS), built in parallel
+   first, each checked against the reference and timed with
    the verifier's protocol beside eager and torch.compile, with its device time per kernel.
 4. ``ncu``: Nsight Compute sections of chosen synthesizer kernels (``NCU``).
 
@@ -190,13 +191,17 @@ def load_model(path: Path, mod, ref):
 
 # Sweeps: task -> knob sets (over the synthesizer's defaults for the task).
 SWEEPS = {
+    # the row kernels: strided loops against rows in registers (knob regs); the GroupNorm
+    # after L2_5's convolution (it keeps x + bias for its later passes) and the softmax and
+    # LayerNorm after a library GEMM (a column operand: the bias)
     "synth": {
-        "data/tasks/level1/18_MaxPool2d.py": [{}],
-        "data/tasks/level1/19_AvgPool2d.py": [{}],
-        "data/tasks/level1/12_LayerNorm.py": [{}, {"cache_row": 0}],
-        "data/tasks/level2/5_Conv2d_GroupNorm_Tanh.py": [{"layout": 1},
-                                                         {"layout": 1, "split": 4}],
-        "data/tasks/level2/4_Conv2d_ReLU_BiasAdd.py": [{"layout": 0}],
+        "data/tasks/level1/12_LayerNorm.py": [{}, {"regs": 0}],
+        "data/tasks/level1/10_Softmax.py": [{}],
+        "data/tasks/level2/5_Conv2d_GroupNorm_Tanh.py": [
+            {"layout": 1}, {"layout": 1, "block": 512}, {"layout": 1, "cache_row": 0},
+            {"layout": 1, "regs": 4, "block": 512}, {"layout": 1, "split": 4}],
+        "data/tasks/level2/6_Linear_Softmax.py": [{"lib": 1}, {"lib": 1, "regs": 0}],
+        "data/tasks/level2/7_Linear_Residual_LayerNorm.py": [{"lib": 1}, {"lib": 1, "regs": 0}],
     },
     # the own GEMM (lib 0): the pre-warp-tiling default, the default, variations around it
     "gemm": {task: [{"lib": 0, **k} for k in (
@@ -207,7 +212,7 @@ SWEEPS = {
 }
 
 
-def part_sweep(name: str) -> None:
+def part_sweep(name: str, compile_: bool = True) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from synth_suite import build_candidate  # benchmarks/, beside this file
@@ -240,7 +245,7 @@ def part_sweep(name: str) -> None:
         if task.id not in refs:
             ref = reference_model(mod, 0, "cuda")
             sets = [make_inputs(mod, 10 + k, "cuda") for k in range(3)]
-            base = time_reference(task, "cuda", cfg)
+            base = time_reference(task, "cuda", cfg, compile_=compile_)
             eager, compiled = base["eager_ms"], base["compile_ms"] or float("nan")
             refs[task.id] = (ref, sets, eager, compiled)
             print(f"{task.id}: eager {eager:.4f} ms, compile {compiled:.4f} ms "
@@ -268,9 +273,8 @@ def part_sweep(name: str) -> None:
 
 # task: knobs (over the defaults), for ncu
 NCU = {
-    "data/tasks/level2/5_Conv2d_GroupNorm_Tanh.py": {"layout": 1},
-    "data/tasks/level1/12_LayerNorm.py": {},
-    "data/tasks/level1/13_RMSNorm.py": {},
+    "data/tasks/level2/5_Conv2d_GroupNorm_Tanh.py": {"layout": 1, "regs": 8},
+    "data/tasks/level1/12_LayerNorm.py": {"regs": 8},
 }
 
 
@@ -330,6 +334,8 @@ def main() -> int:
                     help="comma-separated parts: noise, convs, sweep, ncu")
     ap.add_argument("--sweep", default="synth", choices=sorted(SWEEPS),
                     help="the knob sets of part sweep")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="part sweep: time eager only (torch.compile takes ~20 s a task)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     RESULTS["device"] = torch.cuda.get_device_name(0)
@@ -337,7 +343,7 @@ def main() -> int:
         t = time.perf_counter()
         try:
             {"noise": part_noise, "convs": part_convs, "ncu": part_ncu,
-             "sweep": lambda: part_sweep(args.sweep)}[part]()
+             "sweep": lambda: part_sweep(args.sweep, not args.no_compile)}[part]()
         except Exception as e:  # noqa: BLE001 - the other parts still run
             import traceback
             traceback.print_exc()

@@ -348,15 +348,17 @@ def test_cuda_candidates_compile(task_dir, tmp_path):
             assert "cudaGetLastError" in cand.SOURCE or "return (int)cudaLaunchKernelEx" in cand.SOURCE
             assert "cuda_stream" in prop.code
             sources.setdefault(cand.SOURCE, (name, tuple(sorted(prop.knobs.items()))))
-        if name in ROW_TASKS:  # a cluster of blocks per row
-            prop = syn.with_knobs(ctx, {"warp_per_row": 0, "split": 4})
-            sources.setdefault(_import(prop.code, tmp_path / f"cuda_{prop.id}.py").SOURCE,
-                               (name, tuple(sorted(prop.knobs.items()))))
+        if name in ROW_TASKS:  # a cluster of blocks per row; rows in registers
+            for knobs in ({"warp_per_row": 0, "split": 4}, {"warp_per_row": 0, "regs": 4}):
+                prop = syn.with_knobs(ctx, knobs)
+                sources.setdefault(_import(prop.code, tmp_path / f"cuda_{prop.id}.py").SOURCE,
+                                   (name, tuple(sorted(prop.knobs.items()))))
     # Both row layouts (a warp per row, a block per row) and every vector width get built.
     row = [k for k in sources.values() if k[0] in ROW_TASKS]
     assert {dict(k[1])["warp_per_row"] for k in row} == {0, 1}
     assert {dict(k[1])["cache_row"] for k in row} == {0, 1}
     assert len({dict(k[1])["split"] for k in row}) > 1  # one block per row, and clusters
+    assert len({dict(k[1])["regs"] for k in row}) > 1  # strided loops, and rows in registers
     assert {dict(k[1])["vec"] for k in sources.values()} >= {1, 4}
     assert {dict(k[1])["persistent"] for k in sources.values()
             if k[0] not in ROW_TASKS} == {0, 1}
@@ -379,7 +381,7 @@ def test_cuda_mutation_changes_the_source(task_dir):
     syn = OfflineSynthesizer("cuda")
     (base,) = syn.translate(ctx, 1, random.Random(0))
     assert base.knobs == {"block": 256, "vec": 4, "warp_per_row": 0, "cache_row": 1,
-                          "split": 1}  # 1030 cols
+                          "split": 1, "regs": 8}  # 1030 cols, a weight over the row
     small = syn.translate(_ctx(task_dir, "layernorm", "cuda", size="small"), 1,
                           random.Random(0))[0]
     assert small.knobs["warp_per_row"] == 1  # 7 columns: a warp per row
@@ -402,6 +404,12 @@ def test_cuda_candidates_match_reference(task_dir, tmp_path, name):
         for split, cache, vec in ((2, 1, 4), (8, 0, 1), (8, 1, 2)):
             props.append(syn.with_knobs(ctx, {"warp_per_row": 0, "split": split,
                                               "cache_row": cache, "vec": vec}))
+        # Rows in registers: 33 x 4096 fits 4 vectors of 256 threads, 2 x 20000 does not (the
+        # strided form runs); a warp per row of 16 vectors; clusters, scalar vectors.
+        for knobs in ({"warp_per_row": 0, "regs": 4, "block": 256, "vec": 4},
+                      {"warp_per_row": 1, "regs": 16, "vec": 4},
+                      {"warp_per_row": 0, "regs": 8, "split": 2, "vec": 1}):
+            props.append(syn.with_knobs(ctx, knobs))
     shapes = SHAPES + [(33, 4096), (2, 20000), (1024, 32)]
     for prop in props:
         _check_candidate(prop, ctx, tmp_path, loose=name in LOOSE, device="cuda",
@@ -477,9 +485,10 @@ GEMM_SIZES = {
 }
 LIBRARY_ONLY = {"conv_relu_bias", "conv_gn_tanh"}  # convolutions: the library form only
 # Row-kernel forms after a channels_last convolution (knob layout 1, the result transposed by
-# the candidate's own kernel): clusters of 4 and 2 blocks, no row cache, a warp per row.
+# the candidate's own kernel): clusters of 4 and 2 blocks, no row cache, a warp per row, the
+# rows in registers.
 CHANNELS_LAST_VARIANTS = ({"split": 4, "block": 128}, {"split": 2, "vec": 1}, {"cache_row": 0},
-                          {"warp_per_row": 1})
+                          {"warp_per_row": 1}, {"regs": 8})
 NO_PRODUCT = {"matvec"}  # a matrix-vector product is a row reduction: no GEMM, no library
 
 
@@ -782,6 +791,8 @@ def test_cuda_gemm_candidates_match_reference(gemm_dir, tmp_path, name):
     if name == "conv_gn_tanh":  # the channels_last result transposed, then each row layout
         props += [_gemm_corner(syn, ctx, {"lib": 1, "layout": 1, **overrides})
                   for overrides in CHANNELS_LAST_VARIANTS]
+    if name == "matvec":  # rows in registers: 77 columns fit a warp's 4 vectors, 1000 do not
+        props.append(syn.with_knobs(ctx, {"regs": 4}))
     for prop in props:
         _check_gemm(prop, ctx, name, tmp_path, device="cuda")
 

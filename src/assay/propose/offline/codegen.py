@@ -205,11 +205,18 @@ def _vector_index(kinds: list[str], leaves: list[int], first: str) -> list[str]:
     return lines
 
 
-def _vector_flags(plan: Plan, kinds: list[str]) -> list[str]:
-    """Kernel-prologue flags: whether a vector of VEC elements stays within one block of each
-    broadcast leaf (its index then changes by 0 (general) or 1 (mod) per element)."""
-    return [f"const bool bv{k} = {'inner' if kinds[k] == 'general' else 'mid'}{k} % VEC == 0;"
-            for k in range(len(plan.leaves)) if kinds[k] in _HOISTED]
+def _vector_conditions(plan: Plan, kinds: list[str]) -> dict[int, str]:
+    """Per broadcast leaf: whether a vector of VEC elements stays within one of its blocks (its
+    index then changes by 0 (general) or 1 (mod) per element)."""
+    return {k: f"{'inner' if kinds[k] == 'general' else 'mid'}{k} % VEC == 0"
+            for k in range(len(plan.leaves)) if kinds[k] in _HOISTED}
+
+
+def _vector_flags(plan: Plan, kinds: list[str], known: str = "") -> list[str]:
+    """Kernel-prologue flags ``bv{k}`` (see _vector_conditions); ``known``: a compile-time
+    condition under which the host has checked them all (the per-element paths then vanish)."""
+    return [f"const bool bv{k} = {known + ' || ' if known else ''}{cond};"
+            for k, cond in _vector_conditions(plan, kinds).items()]
 
 
 class _Names:
@@ -245,8 +252,10 @@ class _Names:
         return f"const float v{j} = {formula};"
 
 
-def _elem_closure(plan: Plan, sched: _Schedule, targets: list[int]) -> list[int]:
-    """The per-element nodes needed for ``targets``, in topological (index) order."""
+def _elem_closure(plan: Plan, sched: _Schedule, targets: list[int],
+                  stops: frozenset[int] = frozenset()) -> list[int]:
+    """The per-element nodes needed for ``targets``, in topological (index) order; the
+    arguments of ``stops`` (values that are at hand otherwise) are not followed."""
     need: set[int] = set()
     stack = list(targets)
     while stack:
@@ -254,7 +263,8 @@ def _elem_closure(plan: Plan, sched: _Schedule, targets: list[int]) -> list[int]
         if j in need or sched.where(j) != "elem":
             continue
         need.add(j)
-        stack.extend(plan.nodes[j].args)
+        if j not in stops:
+            stack.extend(plan.nodes[j].args)
     return sorted(need)
 
 
@@ -347,12 +357,43 @@ _OP_CUDA = {"sum": "AssaySum", "max": "AssayMax", "min": "AssayMin"}
 class _RowPasses:
     passes: list[dict[str, Any]]  # per pass: init, loads, body, after, ... (see the templates)
     vec_ptrs: list[str]  # pointers that a vectorized kernel accesses by vector
-    cached: list[int]  # CUDA: full leaves read by several passes, kept in shared memory
+    cached: list[int]  # CUDA: per-element values that several passes use, kept for later passes
+
+
+def _kept_values(plan: Plan, sched: _Schedule, elems_of: list[list[int]],
+                 targets_of: list[list[int]]) -> dict[int, int]:
+    """Per-element values that a later pass needs again, and the pass that first computes
+    them: those that depend on no reduction and on the row's own data (a full leaf), at the
+    edge of what a later pass needs from before its reductions. LayerNorm keeps x itself;
+    GroupNorm after a convolution keeps x + bias, so later passes skip the bias's index and
+    load."""
+    early = {j for j in range(len(plan.nodes))
+             if sched.where(j) == "elem" and sched.avail[j] == 0}
+    row_data: set[int] = set()
+    for j, n in enumerate(plan.nodes):  # topological order
+        if j in early and ((n.op == "load" and leaf_kind(plan, n.attr("leaf")) == "full")
+                           or any(a in row_data for a in n.args)):
+            row_data.add(j)
+    first: dict[int, int] = {}
+    for p, elems in enumerate(elems_of):
+        for j in elems:
+            first.setdefault(j, p)
+    kept: dict[int, int] = {}
+    for p in range(1, len(elems_of)):
+        late = [j for j in elems_of[p] if j not in early]
+        edge = {a for j in late for a in plan.nodes[j].args} | set(targets_of[p])
+        for j in edge & row_data:
+            if first[j] < p:
+                kept[j] = first[j]
+    return kept
 
 
 def _row_passes(plan: Plan, sched: _Schedule, target: str, vec_ok: Callable[[int], bool]
                 ) -> _RowPasses:
-    """The passes over each row: the reductions of each level, then the output."""
+    """The passes over each row: the reductions of each level, then the output. On cuda each
+    pass comes in two forms: ``plain`` (every value from global memory) and ``cached`` (values
+    that several passes use kept by the first, in shared memory or registers, see the row
+    template's CACHE and REGS)."""
     passes = []
     vec_ptrs: list[str] = []
     out = plan.output
@@ -360,24 +401,43 @@ def _row_passes(plan: Plan, sched: _Schedule, target: str, vec_ok: Callable[[int
     reds_of = [[j for j, n in enumerate(plan.nodes)
                 if n.op.startswith("reduce_") and sched.reduce_pass(j) == p]
                for p in range(npasses)]
-    elems_of = [_elem_closure(plan, sched, [plan.nodes[j].args[0] for j in reds_of[p]]
-                              + ([out] if p == sched.passes else []))
-                for p in range(npasses)]
-    # A full leaf read by several passes is read from global memory once when the cache_row
-    # knob is on: the first pass keeps it in shared memory. Each thread reads back only the
-    # elements it stored itself (same lane -> column mapping in every pass), so no barrier.
-    uses: dict[int, list[int]] = {}
-    for p, elems in enumerate(elems_of):
-        for k in _leaves_of(plan, elems):
-            uses.setdefault(k, []).append(p)
-    cached = [k for k in sorted(uses) if len(uses[k]) > 1 and leaf_kind(plan, k) == "full"]
-    for p in range(npasses):
-        reds, elems = reds_of[p], elems_of[p]
-        writes = p == sched.passes  # the output pass of an elementwise-output row plan
-        vector = {k for k in _leaves_of(plan, elems) if vec_ok(k)} if target == "cuda" else set()
+    targets_of = [[plan.nodes[j].args[0] for j in reds_of[p]] + ([out] if p == sched.passes
+                                                                  else [])
+                  for p in range(npasses)]
+    elems_of = [_elem_closure(plan, sched, targets_of[p]) for p in range(npasses)]
+    # Each thread reads back only the values it kept itself (the same lane -> column mapping in
+    # every pass), so no barrier.
+    kept = _kept_values(plan, sched, elems_of, targets_of) if target == "cuda" else {}
+
+    def vector_step(p: int, elems: list[int], from_cache: set[int], keep: list[int]
+                    ) -> dict[str, list[str]]:
+        """One vector's loads and per-element lines of pass ``p`` without its reductions."""
+        computed = [j for j in elems if j not in from_cache]
+        vector = {k for k in _leaves_of(plan, computed) if vec_ok(k)} if target == "cuda" \
+            else set()
         names = _Names(plan, sched, vector, hoisted=target == "cuda")
-        body = [names.define(j) for j in elems]
-        init, after, clauses = [], [], []
+        loads = (_vector_index(sched.kinds, _leaves_of(plan, computed), "base + c0")
+                 if target == "cuda" else [])
+        for k in sorted(vector):
+            at = "c0" if leaf_kind(plan, k) == "col" else "base + c0"
+            loads.append(f"float a{k}[VEC]; assay_load<VEC>(t{k}, {at}, a{k});")
+            vec_ptrs.append(f"t{k}")
+        for j in sorted(from_cache):
+            loads.append(f"float kv{j}[VEC]; if constexpr (REGS > 0) assay_copy<VEC>(kv{j}, r{j}[k]);"
+                         f" else assay_load<VEC>(cache{j}, c0 - c_lo, kv{j});")
+        body = [f"const float v{j} = kv{j}[u];" if j in from_cache else names.define(j)
+                for j in elems] + [f"w{j}[u] = v{j};" for j in keep]
+        return {"vec_loads": loads, "vec_init": [f"float w{j}[VEC];" for j in keep],
+                "body": body,
+                "vec_after": [f"if constexpr (REGS > 0) assay_copy<VEC>(r{j}[k], w{j});"
+                              f" else assay_store<VEC>(cache{j}, c0 - c_lo, w{j});"
+                              for j in keep]}
+
+    for p in range(npasses):
+        reds = reds_of[p]
+        writes = p == sched.passes  # the output pass of an elementwise-output row plan
+        names = _Names(plan, sched)
+        init, after, clauses, red_init, red_body, red_after = [], [], [], [], [], []
         for j in reds:
             kind = plan.nodes[j].op.removeprefix("reduce_")
             arg = names(plan.nodes[j].args[0])
@@ -386,47 +446,49 @@ def _row_passes(plan: Plan, sched: _Schedule, target: str, vec_ok: Callable[[int
                     # double accumulators: torch sums pairwise; a float running sum over a long
                     # row would drift past 1e-5.
                     init.append(f"double acc{j} = 0.0;")
-                    body.append(f"acc{j} += (double){arg};")
+                    red_body.append(f"acc{j} += (double){arg};")
                     clauses.append(f"reduction(+:acc{j})")
                     after.append(f"const float v{j} = (float)acc{j};")
                 else:
                     cmp = ">" if kind == "max" else "<"
                     init.append(f"float acc{j} = {_IDENT_CPP[kind]}; int nan{j} = 0;")
-                    body.append(f"acc{j} = {arg} {cmp} acc{j} ? {arg} : acc{j}; "
-                                f"nan{j} |= ({arg} != {arg});")
+                    red_body.append(f"acc{j} = {arg} {cmp} acc{j} ? {arg} : acc{j}; "
+                                    f"nan{j} |= ({arg} != {arg});")
                     clauses.append(f"reduction({kind}:acc{j}) reduction(|:nan{j})")
                     after.append(f"const float v{j} = nan{j} ? NAN : acc{j};")
             else:
                 op = _OP_CUDA[kind]
                 init.append(f"{op}::T acc{j} = {op}::id();")
-                body.append(f"acc{j} = {op}::op(acc{j}, static_cast<{op}::T>({arg}));")
+                if kind == "sum":  # a vector's terms in float, then one double addition
+                    red_init.append(f"float part{j} = 0.0f;")
+                    red_body.append(f"part{j} += {arg};")
+                    red_after.append(f"acc{j} += static_cast<AssaySum::T>(part{j});")
+                else:
+                    red_body.append(f"acc{j} = {op}::op(acc{j}, static_cast<{op}::T>({arg}));")
                 after.append(f"const float v{j} = static_cast<float>("
                              f"assay_row_reduce<{op}, SPLIT>(acc{j}, smem));")
         if writes:
-            body.append(f"o[u] = {names(out)};" if target == "cuda"
-                        else f"out[i] = {names(out)};")
+            red_body.append(f"o[u] = {names(out)};" if target == "cuda"
+                            else f"out[i] = {names(out)};")
+            if target == "cuda":
+                vec_ptrs.append("out")
         after += _after(plan, sched, p)
         if plan.out_is_row and p == sched.passes - 1:
             after.append(f"if (leader) out[r] = {names(out)};" if target == "cuda"
                          else f"out[r] = {names(out)};")
-        vec_loads = (_vector_index(sched.kinds, _leaves_of(plan, elems), "base + c0")
-                     if target == "cuda" else [])
-        for k in sorted(vector):
-            at = "c0" if leaf_kind(plan, k) == "col" else "base + c0"
-            load = f"assay_load<VEC>(t{k}, {at}, a{k});"
-            if k in cached and uses[k][0] == p:
-                load += f" if (CACHE) assay_store<VEC>(cache{k}, c0 - c_lo, a{k});"
-            elif k in cached:
-                load = f"if (CACHE) assay_load<VEC>(cache{k}, c0 - c_lo, a{k}); else {load}"
-            vec_loads.append(f"float a{k}[VEC]; {load}")
-            vec_ptrs.append(f"t{k}")
-        if writes and target == "cuda":
-            vec_ptrs.append("out")
+        keep = sorted(j for j, q in kept.items() if q == p)
+        stops = frozenset(j for j, q in kept.items() if q < p)
+        cached_elems = _elem_closure(plan, sched, targets_of[p] + keep, stops)
+        forms = {"plain": vector_step(p, elems_of[p], set(), []),
+                 "cached": vector_step(p, cached_elems, set(cached_elems) & stops, keep)}
+        for form in forms.values():
+            form.update(vec_init=form["vec_init"] + red_init, body=form["body"] + red_body,
+                        vec_after=red_after + form["vec_after"], stores=writes)
         comment = ", ".join(plan.nodes[j].op for j in reds) or "write the output"
-        passes.append({"comment": comment, "init": init, "body": body, "after": after,
-                       "clause": "".join(f" {c}" for c in clauses), "vec_loads": vec_loads,
-                       "stores": writes})
-    return _RowPasses(passes, list(dict.fromkeys(vec_ptrs)), cached)
+        passes.append({"comment": comment, "init": init, "after": after,
+                       "clause": "".join(f" {c}" for c in clauses), "stores": writes,
+                       **forms["plain"], "cached": forms["cached"]})
+    return _RowPasses(passes, list(dict.fromkeys(vec_ptrs)), sorted(kept))
 
 
 def _common(template: str, knobs: dict[str, Any], summary: str) -> dict[str, Any]:
@@ -517,10 +579,12 @@ def _fused_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
     rp = _row_passes(plan, sched, "cuda", lambda k: kinds[k] in ("full", "col"))
     warp = bool(knobs["warp_per_row"])
     values.update(passes=rp.passes, row_prologue=_row_prologue(plan, sched),
-                  prologue=values["prologue"] + _vector_flags(plan, kinds),
+                  prologue=values["prologue"] + _vector_flags(plan, kinds, "REGS > 0"),
+                  vectors_whole=" && ".join(_vector_conditions(plan, kinds).values()) or "true",
                   vec_ptrs=rp.vec_ptrs, warp_per_row=warp, cached=rp.cached,
                   cache_row=bool(knobs["cache_row"]), rows_per_block=block // 32 if warp else 1,
-                  split=1 if warp else int(knobs["split"]))
+                  split=1 if warp else int(knobs["split"]), regs=int(knobs["regs"]),
+                  group=32 if warp else block)
     return head + templates.render(templates.CUDA_ROW, **values)
 
 

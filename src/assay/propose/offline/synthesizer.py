@@ -50,9 +50,13 @@ KNOB_SPACES: dict[tuple[str, str], dict[str, tuple[int, ...]]] = {
                               "unroll": (1, 2, 4), "persistent": (0, 1)},
     # warp_per_row: 1 = a warp per row (short rows), 0 = a block per row; cache_row: 1 = keep
     # inputs that several passes read in shared memory (when the row fits); split: blocks per
-    # row (a cluster, sm_90+; with a block per row), each with its slice of the columns.
+    # row (a cluster, sm_90+; with a block per row), each with its slice of the columns;
+    # regs: when a thread's share of the slice is at most this many vectors, each pass is an
+    # unrolled loop (its loads all in flight) and the cached inputs stay in registers (0 = a
+    # strided loop over the row).
     ("cuda", "row"): {"block": (128, 256, 512, 1024), "vec": (1, 2, 4),
-                      "warp_per_row": (0, 1), "cache_row": (0, 1), "split": (1, 2, 4, 8)},
+                      "warp_per_row": (0, 1), "cache_row": (0, 1), "split": (1, 2, 4, 8),
+                      "regs": (0, 4, 8, 16)},
     # tile_m x tile_n: the block's output tile; k_step: the K slab in shared memory;
     # thread_m x thread_n: each thread's register tile, in 4 x 4 sub-tiles; load_vec: 4 =
     # float4 global loads and stores (when K and N allow); stages: 2 = double-buffered slabs
@@ -161,7 +165,7 @@ def _fused_defaults(target: str, analysis: Analysis, kind: str) -> dict[str, int
     for d in analysis.shape[:len(analysis.shape) - plan.k]:
         rows *= d
     if cols <= 1024:  # a block per row would leave most of its threads without work
-        return {"block": 256, "vec": 4, "warp_per_row": 1, "cache_row": 1, "split": 1}
+        return {"block": 256, "vec": 4, "warp_per_row": 1, "cache_row": 1, "split": 1, "regs": 0}
     # Few long rows (GroupNorm's 256 rows of 65536): a cluster of blocks per row, so that
     # every SM has work and each block's slice fits in shared memory (48 KB: several blocks
     # per SM), as long as a slice still gives every thread a vector; enough rows keep a block
@@ -174,7 +178,16 @@ def _fused_defaults(target: str, analysis: Analysis, kind: str) -> dict[str, int
             split *= 2
     if split > 1:  # H200, L2_5's 256 rows of 65536: 256 threads a block measured 3-4% faster
         block = 256
-    return {"block": block, "vec": 4, "warp_per_row": 0, "cache_row": 1, "split": split}
+    # Rows in registers (8 vectors a thread) where the row has a column operand (a weight over
+    # the row, the vector of a matrix-vector product): the unrolled passes put those L2 reads in
+    # flight together. H200, 4096 x 16384 (probe_gpu.py --only sweep, 2026-11-24): LayerNorm
+    # 0.147 -> 0.134 ms, RMSNorm 0.133 -> 0.131, matrix-vector 0.136 -> 0.123; but softmax
+    # 0.137 -> 0.183 and max 0.061 -> 0.068 (62 registers: a third fewer blocks per SM), and
+    # the GroupNorm clusters 0.107 -> 0.154 (98 registers).
+    column_operand = any(codegen.leaf_kind(plan, k) == "col" for k in range(len(plan.leaves)))
+    regs = 8 if split == 1 and column_operand and cols <= block * 4 * 8 else 0
+    return {"block": block, "vec": 4, "warp_per_row": 0, "cache_row": 1, "split": split,
+            "regs": regs}
 
 
 def default_knobs(target: str, analysis: Analysis, lib: int | None = None,
@@ -231,7 +244,7 @@ def safe_knobs(target: str, template: str) -> dict[str, int]:
     if template == "gemm_tc":
         return {"tile_m": 64, "tile_n": 64, "k_step": 32, "warp_m": 32, "warp_n": 32,
                 "load_vec": 1, "stages": 1}
-    return {"block": 256, "vec": 1, "warp_per_row": 0, "cache_row": 0, "split": 1}
+    return {"block": 256, "vec": 1, "warp_per_row": 0, "cache_row": 0, "split": 1, "regs": 0}
 
 
 def normalize_knobs(knobs: Any, space: dict[str, tuple[int, ...]],

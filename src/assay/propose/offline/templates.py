@@ -215,6 +215,12 @@ __device__ __forceinline__ void assay_store(float* __restrict__ p, int64_t i, co
   }
 }
 
+template <int VEC>
+__device__ __forceinline__ void assay_copy(float (&d)[VEC], const float (&s)[VEC]) {
+  #pragma unroll
+  for (int u = 0; u < VEC; ++u) d[u] = s[u];
+}
+
 // Stores to global memory (the output) go through the intrinsic: a plain float4 assignment was
 // split by nvcc 13 into four scalar stores in unrolled loops, and scattered 4-byte writes cost
 // an H200 a read-modify-write per sector (ncu: L2 throughput 95%, DRAM 44% for a LogSoftmax row
@@ -338,7 +344,8 @@ namespace cg = cooperative_groups;
 
 // Sums accumulate in double: each thread adds cols / threads values in sequence, and a float
 // running sum over a long row drifts past 1e-5 of torch's (pairwise) result when values cancel.
-// The reduction stays memory-bound, so the doubles cost nothing measurable.
+// A vector's VEC terms are added in float first, so that a double conversion and addition is
+// paid once per vector rather than per element (the GroupNorm row kernel is not memory-bound).
 struct AssaySum {
   using T = double;
   __device__ static T id() { return 0.0; }
@@ -404,15 +411,44 @@ __device__ __forceinline__ typename Op::T assay_row_reduce(typename Op::T v, dou
 }
 {% endif %}
 
-// CACHE: full inputs read by several passes are kept in dynamic shared memory after the first
-// pass reads them ({{ cached|length }} such input(s) here), so later passes do not re-read global
-// memory. SPLIT: blocks per row (a thread block cluster), each caching only its slice, so that
-// a few long rows (GroupNorm's) spread over every SM and fit in shared memory.
+// CACHE: per-element values that several passes use (the row's input, or what depends on it
+// alone: {{ cached|length }} here) are kept in dynamic shared memory by the first pass, so later
+// passes neither re-read global memory nor recompute them. REGS > 0: every thread's share of
+// the row slice is at most REGS vectors, so each pass is an unrolled loop of REGS guarded steps
+// (all of a pass's loads in flight at once) and those values stay in registers instead. SPLIT: blocks per row (a thread block cluster), each with
+// only its slice, so that a few long rows (GroupNorm's) spread over every SM.
 // Clusters: at least 1024 resident threads per SM (64 registers), as ptxas left to itself
-// spilled those variants at 40 registers; 0 = no minimum (an explicit 1 let ptxas take 80
-// registers for the block-per-row LayerNorm, against 50 without).
-template <int VEC, bool CACHE, int SPLIT>
-__global__ void __launch_bounds__({{ block }}, SPLIT > 1 ? {{ [1, 1024 // block]|max }} : 0)
+// spilled those variants at 40 registers, or 512 with the row in registers (64 spilled them);
+// 0 = no minimum (an explicit 1 let ptxas take 80 registers for the block-per-row LayerNorm,
+// against 50 without).
+{% macro vector_step(p) %}
+{% for line in p.vec_loads %}
+{{ line }}
+{% endfor %}
+{% for line in p.vec_init %}
+{{ line }}
+{% endfor %}
+{% if p.stores %}
+float o[VEC];
+{% endif %}
+#pragma unroll
+for (int u = 0; u < VEC; ++u) {
+  const int64_t c = c0 + u;
+  const int64_t i = base + c;
+  (void)c; (void)i;
+{% for line in p.body %}
+  {{ line }}
+{% endfor %}
+}
+{% for line in p.vec_after %}
+{{ line }}
+{% endfor %}
+{% if p.stores %}
+assay_store_out<VEC>(out, base + c0, o);
+{% endif %}
+{% endmacro %}
+template <int VEC, bool CACHE, int SPLIT, int REGS>
+__global__ void __launch_bounds__({{ block }}, SPLIT > 1 ? (REGS > 0 ? {{ [1, 512 // block]|max }} : {{ [1, 1024 // block]|max }}) : 0)
 assay_rows({{ kparams }}) {
   __shared__ double smem[32];
   extern __shared__ float4 assay_dyn_smem[];
@@ -444,6 +480,7 @@ assay_rows({{ kparams }}) {
 {% endif %}
 {% for k in cached %}
   float* cache{{ k }} = reinterpret_cast<float*>(assay_dyn_smem) + (slot * {{ cached|length }} + {{ loop.index0 }}) * (c_hi - c_lo);
+  float r{{ k }}[REGS > 0 ? REGS : 1][VEC];  // REGS > 0: this thread's vectors of the row
 {% endfor %}
   (void)slot;
   for (int64_t r = first; r < rows; r += step) {
@@ -456,25 +493,24 @@ assay_rows({{ kparams }}) {
 {% for line in p.init %}
     {{ line }}
 {% endfor %}
-    for (int64_t c0 = c_lo + (int64_t)lane * VEC; c0 < c_hi; c0 += (int64_t)group * VEC) {
-{% for line in p.vec_loads %}
-      {{ line }}
-{% endfor %}
-{% if p.stores %}
-      float o[VEC];
-{% endif %}
+    if constexpr (REGS > 0) {
       #pragma unroll
-      for (int u = 0; u < VEC; ++u) {
-        const int64_t c = c0 + u;
-        const int64_t i = base + c;
-        (void)c; (void)i;
-{% for line in p.body %}
-        {{ line }}
-{% endfor %}
+      for (int k = 0; k < (REGS > 0 ? REGS : 1); ++k) {
+        const int64_t c0 = c_lo + ((int64_t)lane + (int64_t)k * group) * VEC;
+        if (c0 < c_hi) {
+          {{ vector_step(p.cached)|indent(10) }}
+        }
       }
-{% if p.stores %}
-      assay_store_out<VEC>(out, base + c0, o);
-{% endif %}
+    } else if constexpr (CACHE) {
+      for (int64_t c0 = c_lo + (int64_t)lane * VEC; c0 < c_hi; c0 += (int64_t)group * VEC) {
+        constexpr int k = 0;
+        (void)k;
+        {{ vector_step(p.cached)|indent(8) }}
+      }
+    } else {
+      for (int64_t c0 = c_lo + (int64_t)lane * VEC; c0 < c_hi; c0 += (int64_t)group * VEC) {
+        {{ vector_step(p)|indent(8) }}
+      }
     }
 {% for line in p.after %}
     {{ line }}
@@ -483,10 +519,10 @@ assay_rows({{ kparams }}) {
   }
 }
 
-template <int VEC, bool CACHE, int SPLIT>
+template <int VEC, bool CACHE, int SPLIT, int REGS>
 static int assay_launch(int64_t blocks, size_t smem, cudaStream_t stream, {{ kparams }}) {
   if (CACHE && smem > 48 * 1024) {  // above the default limit: opt in
-    const cudaError_t e = cudaFuncSetAttribute(assay_rows<VEC, CACHE, SPLIT>,
+    const cudaError_t e = cudaFuncSetAttribute(assay_rows<VEC, CACHE, SPLIT, REGS>,
         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return static_cast<int>(e);
   }
@@ -502,7 +538,7 @@ static int assay_launch(int64_t blocks, size_t smem, cudaStream_t stream, {{ kpa
   cluster[0].val.clusterDim.z = 1;
   config.attrs = cluster;
   config.numAttrs = SPLIT > 1 ? 1 : 0;
-  return (int)cudaLaunchKernelEx(&config, assay_rows<VEC, CACHE, SPLIT>, {{ kargs }});
+  return (int)cudaLaunchKernelEx(&config, assay_rows<VEC, CACHE, SPLIT, REGS>, {{ kargs }});
 }
 
 template <int VEC, int SPLIT>
@@ -520,8 +556,17 @@ static int assay_launch_split(bool cache_row, cudaStream_t stream, {{ kparams }}
   // The row loop is grid-strided, so a capped grid (whole clusters) still covers every row.
   const int64_t cap = (int64_t)assay_sm_count() * {{ 2048 // block * 8 }} / SPLIT * SPLIT;
   if (blocks > cap) blocks = cap;
-  return cache ? assay_launch<VEC, true, SPLIT>(blocks, cache_bytes, stream, {{ kargs }})
-               : assay_launch<VEC, false, SPLIT>(blocks, cache_bytes, stream, {{ kargs }});
+{% if regs %}
+  // A thread's share of the slice in at most {{ regs }} vectors: registers, no shared memory.
+  // Only where every broadcast operand is constant over a vector (or steps by one): the
+  // unrolled kernel has no per-element index paths (their code, {{ regs }} times over, made it
+  // several times larger).
+  if ((span + {{ group }} * VEC - 1) / ({{ group }} * VEC) <= {{ regs }} && ({{ vectors_whole }})) {
+    return assay_launch<VEC, false, SPLIT, {{ regs }}>(blocks, 0, stream, {{ kargs }});
+  }
+{% endif %}
+  return cache ? assay_launch<VEC, true, SPLIT, 0>(blocks, cache_bytes, stream, {{ kargs }})
+               : assay_launch<VEC, false, SPLIT, 0>(blocks, cache_bytes, stream, {{ kargs }});
 }
 
 
