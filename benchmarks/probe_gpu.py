@@ -11,9 +11,10 @@
    and of the conv tasks' convolutions in NCHW against channels_last.
 3. ``sweep``: synthesizer kernels over chosen knob sets (``SWEEPS[--sweep]``: ``synth``, the
    row kernels (norms, softmax, reductions, matrix-vector, the GroupNorm after L2_5's
-   convolution); ``gemm``, the fp32 SIMT GEMM of L1_14/L1_15 against cuBLAS), built in parallel
-   first, each checked against the reference and timed with
-   the verifier's protocol beside eager and torch.compile, with its device time per kernel.
+   convolution); ``gemm``, the fp32 SIMT GEMM of L1_14/L1_15 against cuBLAS; ``gemm_pipeline``,
+   its cp.async and 256 x 128 forms), built in parallel first, each checked against the
+   reference and timed with the verifier's protocol beside eager and torch.compile, with its
+   device time per kernel.
 4. ``ncu``: Nsight Compute sections of chosen synthesizer kernels (``NCU``).
 
 Writes ``probe.json`` and prints a short table per part.
@@ -207,6 +208,15 @@ SWEEPS = {
     "gemm": {task: [{"lib": 0, **k} for k in (
         {"thread_n": 8, "warp_tile": 0}, {"thread_n": 8}, {}, {"warp_tile": 0}, {"k_step": 16},
         {"min_blocks": 1}, {"stages": 1}, {"tile_n": 64})]
+        for task in ("data/tasks/level1/14_Square_Matmul.py",
+                     "data/tasks/level1/15_Batched_Matmul.py")},
+    # the own GEMM's pipelines against the default: cp.async rings (3, 4 slabs; 2 as cp.async
+    # double buffering) and cuBLAS's 256 x 128 tile (ncu: 3 stages, 87% issue against our 78%)
+    "gemm_pipeline": {task: [{"lib": 0, **k} for k in (
+        {}, {"stages": 3}, {"stages": 3, "k_step": 16}, {"cp_async": 1},
+        {"tile_m": 256, "min_blocks": 1}, {"tile_m": 256, "min_blocks": 1, "stages": 3},
+        {"tile_m": 256, "min_blocks": 1, "stages": 3, "k_step": 16},
+        {"tile_m": 256, "min_blocks": 1, "stages": 4})]
         for task in ("data/tasks/level1/14_Square_Matmul.py",
                      "data/tasks/level1/15_Batched_Matmul.py")},
 }

@@ -745,13 +745,22 @@ def test_cuda_gemm_candidates_compile(gemm_dir, tmp_path):
 
 # Corners of the fp32 GEMM space that translate may never draw: 32 threads whose slab rows are
 # wider than the block (NT < COLS / VEC), 1024 threads of 4 x 4, 8 x 4 warp lanes, the old
-# contiguous layout with 16-wide thread tiles, scalar loads, deep slabs, single buffering.
+# contiguous layout with 16-wide thread tiles, scalar loads, deep slabs, single buffering;
+# 256-row tiles (256 threads of 8 x 16; of 4 x 4 threads, 8 x 4 instead of 2048 threads);
+# cp.async rings of 3 and 4 slabs (fewer vectors than threads, so some copy none; 4-byte
+# copies into deep slabs) and cp.async double buffering.
 GEMM_CORNERS = [
     {"tile_m": 64, "tile_n": 64, "thread_m": 8, "thread_n": 16, "k_step": 32, "load_vec": 1},
     {"tile_m": 128, "tile_n": 128, "thread_m": 4, "thread_n": 4, "k_step": 32, "load_vec": 4,
      "min_blocks": 1},
     {"tile_m": 64, "tile_n": 128, "thread_m": 4, "thread_n": 16, "k_step": 16, "stages": 1,
      "warp_tile": 0, "load_vec": 1},
+    {"tile_m": 256, "min_blocks": 1},
+    {"tile_m": 256, "thread_m": 4, "thread_n": 4, "stages": 3, "min_blocks": 1},
+    {"tile_m": 256, "k_step": 16, "stages": 3, "min_blocks": 1},
+    {"tile_m": 64, "tile_n": 64, "thread_m": 8, "thread_n": 16, "k_step": 32, "load_vec": 1,
+     "stages": 4, "warp_tile": 0},
+    {"cp_async": 1, "stages": 1, "thread_n": 8},
 ]
 
 

@@ -678,10 +678,27 @@ def gemm_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) ->
         return head + templates.render(templates.CUDA_GEMM_TC, **values)
     tm, tn, stages = int(knobs["thread_m"]), int(knobs["thread_n"]), int(knobs["stages"])
     nt = (bm // tm) * (bn // tn)
-    smem = stages * bk * (bm + 4 + bn + 4) * 4
+    while nt > 1024:  # 256 x 128 tiles of 4 x 4 threads: 8 x 4 instead (a block's limit)
+        tm *= 2
+        nt //= 2
+    # cp.async (knob cp_async, or stages >= 3: register staging holds one slab ahead at most):
+    # a ring of at least 2 slabs, A (and B^T) K-contiguous in rows padded every 4 rows.
+    use_async = bool(knobs.get("cp_async", 0)) or stages >= 3
+    if use_async:
+        stages = max(stages, 2)
+        b_tile = bn * (bk + 1) if trans_b else bk * (bn + 4)
+        smem = stages * (bm * (bk + 1) + b_tile) * 4
+    else:
+        smem = stages * bk * (bm + 4 + bn + 4) * 4
+    # min_blocks 2 where two blocks' threads would leave too few of the SM's 64K registers for
+    # the accumulators plus ~64 others (256 threads of 8 x 16: 128 registers, 2300 bytes of
+    # spills): 1, the knob's only other value, instead. The measured forms keep theirs.
+    min_blocks = int(knobs["min_blocks"])
+    if min_blocks > 1 and 65536 // (nt * min_blocks) < tm * tn + 64:
+        min_blocks = 1
     values.update(nt=nt, tm=tm, tn=tn, stages=stages, vec=int(knobs["load_vec"]),
-                  store_vec=True, smem_bytes=f"(size_t){smem}",
-                  min_blocks=int(knobs["min_blocks"]), warp_tile=bool(knobs["warp_tile"]))
+                  store_vec=True, smem_bytes=f"(size_t){smem}", cp_async=use_async,
+                  min_blocks=min_blocks, warp_tile=bool(knobs["warp_tile"]))
     values["launcher"] = templates.render(templates.CUDA_GEMM_LAUNCH, **values)
     gemm = templates.render(templates.CUDA_GEMM, **values)
     if fused:

@@ -57,17 +57,23 @@ KNOB_SPACES: dict[tuple[str, str], dict[str, tuple[int, ...]]] = {
     ("cuda", "row"): {"block": (128, 256, 512, 1024), "vec": (1, 2, 4),
                       "warp_per_row": (0, 1), "cache_row": (0, 1), "split": (1, 2, 4, 8),
                       "regs": (0, 4, 8, 16)},
-    # tile_m x tile_n: the block's output tile; k_step: the K slab in shared memory;
+    # tile_m x tile_n: the block's output tile (256 x 128 of 4 x 4 threads would be 2048
+    # threads: 8 x 4 per thread instead); k_step: the K slab in shared memory;
     # thread_m x thread_n: each thread's register tile, in 4 x 4 sub-tiles; load_vec: 4 =
-    # float4 global loads and stores (when K and N allow); stages: 2 = double-buffered slabs
-    # (the next one loads while the current one is multiplied), 1 = load, sync, multiply.
-    # min_blocks: blocks per SM the register budget must allow (__launch_bounds__).
+    # float4 global loads and stores, 16-byte cp.async copies (when K and N allow); stages:
+    # 2 = double-buffered slabs (the next one loads while the current one is multiplied),
+    # 1 = load, sync, multiply; 3, 4 = a ring of that many slabs filled by cp.async (sm_80+).
+    # cp_async: 1 = global -> shared copies by cp.async (A, and B^T, stored K-contiguous) into a
+    # ring of max(stages, 2) slabs; 0 = through registers (stages 3, 4 use cp.async anyway).
+    # min_blocks: blocks per SM the register budget must allow (__launch_bounds__; 1 where 2
+    # would leave too few registers for the thread's tile, e.g. 256 threads of 8 x 16).
     # warp_tile: 1 = a warp's lanes own a 4 x 8 (or 8 x 4) grid of sub-tiles repeated over the
     # warp's tile (conflict-free float4 reads of shared memory), 0 = each thread's sub-tiles
     # adjacent (bank conflicts for 8- and 16-wide thread tiles).
-    ("cuda", "gemm"): {"tile_m": (64, 128), "tile_n": (64, 128), "k_step": (8, 16, 32),
+    ("cuda", "gemm"): {"tile_m": (64, 128, 256), "tile_n": (64, 128), "k_step": (8, 16, 32),
                        "thread_m": (4, 8), "thread_n": (4, 8, 16), "load_vec": (1, 4),
-                       "stages": (1, 2), "min_blocks": (1, 2), "warp_tile": (0, 1)},
+                       "stages": (1, 2, 3, 4), "cp_async": (0, 1), "min_blocks": (1, 2),
+                       "warp_tile": (0, 1)},
     # 2-D pooling. cpu: threads over (plane, output row). cuda: block threads; cols: consecutive
     # outputs of a row per thread (their index math shared, one vector store); vec: 1 = input
     # rows as float4 loads of the thread's stride chunk plus its halo (when whole vectors).
@@ -222,7 +228,8 @@ def default_knobs(target: str, analysis: Analysis, lib: int | None = None,
         # (L1_15), where 8 x 8 per thread reached 0.80-0.82x with warp tiling, 0.76-0.79x
         # without.
         knobs = {"lib": 0, "tile_m": 128, "tile_n": 128, "k_step": 8, "thread_m": 8,
-                 "thread_n": 16, "load_vec": 4, "stages": 2, "min_blocks": 2, "warp_tile": 1}
+                 "thread_n": 16, "load_vec": 4, "stages": 2, "cp_async": 0, "min_blocks": 2,
+                 "warp_tile": 1}
     if plan.kind == "row":
         knobs.update(_fused_defaults(target, analysis, "row"))
     return knobs
@@ -240,7 +247,7 @@ def safe_knobs(target: str, template: str) -> dict[str, int]:
         return {"block": 256, "vec": 1, "unroll": 1, "persistent": 1}
     if template == "gemm":
         return {"tile_m": 64, "tile_n": 64, "k_step": 8, "thread_m": 4, "thread_n": 4,
-                "load_vec": 1, "stages": 1, "min_blocks": 1, "warp_tile": 0}
+                "load_vec": 1, "stages": 1, "cp_async": 0, "min_blocks": 1, "warp_tile": 0}
     if template == "gemm_tc":
         return {"tile_m": 64, "tile_n": 64, "k_step": 32, "warp_m": 32, "warp_n": 32,
                 "load_vec": 1, "stages": 1}

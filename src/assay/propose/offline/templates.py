@@ -962,6 +962,27 @@ extern "C" int assay_gemm({{ params }}) {
 """
 
 CUDA_GEMM = r"""
+{% if cp_async %}
+// Copies of VEC floats global -> shared memory that bypass registers (sm_80+), zero-filled
+// (src-size 0: nothing is read) past the matrix's edges: 16 bytes with .cg (L2 only: a block
+// reads each slab once), 4 bytes with .ca (.cg takes only 16). The "memory" clobbers keep the
+// compiler from moving shared-memory accesses across them. dst: a shared-space address
+// (converted once per kernel, not per copy).
+template <int VEC>
+__device__ __forceinline__ void assay_cp_async(unsigned dst, const float* gmem, bool full) {
+  static_assert(VEC == 1 || VEC == 4, "4- or 16-byte copies");
+  const int bytes = full ? 4 * VEC : 0;
+  if constexpr (VEC == 4) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(gmem), "r"(bytes) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(dst), "l"(gmem), "r"(bytes) : "memory");
+  }
+}
+__device__ __forceinline__ void assay_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void assay_cp_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
+
+{% endif %}
 // A ROWS x COLS tile of a row-major matrix (rows `ld` floats apart) moved global -> registers
 // -> shared memory by NT threads, VEC consecutive floats per vector along a row, zeros past the
 // matrix's edges. Vector e = tid + p * NT of the tile is thread tid's p-th: every tile puts a
@@ -1020,21 +1041,59 @@ struct assay_gemm_operand {
       }
     }
   }
+{% if cp_async %}
+
+  // The cp.async form: the tile goes straight to shared memory, K_IN_ROW tiles untransposed
+  // (the compute loop reads float4s along K), row rr at rr * COLS + 4 * (rr / 4): a float4 of
+  // padding after every 4 rows (why: the kernel's SMEM comment); B as store() puts it.
+  __host__ __device__ static constexpr int at(int rr, int cc) {
+    return K_IN_ROW ? rr * COLS + 4 * (rr / 4) + cc : rr * SLD + cc;
+  }
+
+  // Copies the current tile to shared-space address dst (valid as for load) and moves on to
+  // the next one along K. (rr < ROWS holds by construction where the threads' vectors cover
+  // the tile exactly: no test then.)
+  __device__ __forceinline__ void copy(unsigned dst, int rows_left, int cols_left) {
+    #pragma unroll
+    for (int p = 0; p < PER; ++p) {
+      const int rr = r + drow(p), cc = c + dcol(p);
+      if (ROWS * ROW_VECS % NT != 0 && rr >= ROWS) continue;
+      const bool ok = rr < rows_left && cc < cols_left;
+      assay_cp_async<VEC>(dst + 4 * at(rr, cc), ok ? src + drow(p) * ld + dcol(p) : src, ok);
+    }
+    src += K_IN_ROW ? (int64_t)COLS : ROWS * ld;
+  }
+{% endif %}
 };
 
 // Tiled fp32 GEMM: a block of {{ nt }} threads computes a {{ bm }} x {{ bn }} tile of the output,
 // each thread {{ tm }} x {{ tn }} outputs in registers as {{ tm // 4 }} x {{ tn // 4 }} sub-tiles of 4 x 4 (outer
-// products of float4 column slices of A and row slices of B read from shared memory, A stored
-// transposed). {% if warp_tile %}Warp tiling: a warp's lanes form a 4 x 8 or 8 x 4 grid of sub-tiles
+// products of float4 column slices of A and row slices of B read from shared memory, {% if cp_async %}A
+// stored as it is, K-contiguous rows read as float4s along K: 4 k-steps a read{% else %}A stored
+// transposed{% endif %}). {% if warp_tile %}Warp tiling: a warp's lanes form a 4 x 8 or 8 x 4 grid of sub-tiles
 // (LANES_M x LANES_N), repeated over the warp's tile, so each float4 read of the warp touches
 // at most 8 consecutive float4s (128 bytes): broadcasts, no bank conflict.{% else %}A thread's
 // sub-tiles are adjacent (rows tr * TM.., columns tc * TN..): 8-wide tiles read float4s 32
-// bytes apart, bank conflicts.{% endif %} K advances {{ bk }} at a time{% if stages == 2 %}; the next
+// bytes apart, bank conflicts.{% endif %} K advances {{ bk }} at a time{% if cp_async %}; slabs are copied
+// global -> shared memory with cp.async into a ring of {{ stages }}, {{ stages - 1 }} in flight while one is
+// multiplied (no registers, no shared stores in the instruction stream: cuBLAS's form, 3
+// stages at 256 x 128){% elif stages == 2 %}; the next
 // slab is loaded into registers while the current one is multiplied, into the other half of
 // double-buffered shared memory{% endif %}. Plain fp32 FMAs in K order: no TF32, no split-K.
+{% if cp_async %}
+// SMEM: A{{ " and B^T" if trans_b else "" }} in rows of BK floats along K with a float4 of padding after every 4 rows.
+// A warp's fragment read touches one row in each of 8 (or 4) consecutive groups of 4 rows (its
+// lanes' 4 x 4 sub-tiles), and group g starts g * (BK + 1) float4s in: BK + 1 is odd, so the
+// groups fall on distinct float4 bank groups, conflict-free; padded rows could not do it, as
+// rows 4 apart would be a multiple of 4 float4s apart (4-way conflicts).
+{% if not trans_b %}
+// B as it is, [BK][BN + 4].
+{% endif %}
+{% else %}
 // SMEM: A^T rows of BM + 4 floats make the transposed stores of 8-deep slabs conflict-free
 // (the two halves of a warp land 16 banks apart); 16- and 32-deep slabs conflict 2- and 4-way
 // there, a few stores per slab against BK x {{ tm // 4 + tn // 4 }} float4 reads.
+{% endif %}
 template <int VEC>
 __global__ void __launch_bounds__({{ nt }}, {{ min_blocks }})
 assay_matmul_tiles({{ kparams }}) {
@@ -1054,8 +1113,15 @@ assay_matmul_tiles({{ kparams }}) {
                 "the warps must tile the block");
   constexpr int ROW_STEP = WARP_TILE ? 4 * LANES_M : 4, COL_STEP = WARP_TILE ? 4 * LANES_N : 4;
   extern __shared__ float4 assay_gemm_smem[];
+{% if cp_async %}
+  // A slab of BM rows (B^T: BN rows) along K, as assay_gemm_operand::at places them.
+  constexpr int A_TILE = BM * (BK + 1), B_TILE = {{ "BN * (BK + 1)" if trans_b else "BK * BLD" }};
+  float* As = reinterpret_cast<float*>(assay_gemm_smem);  // [STAGES][A_TILE]
+  float* Bs = As + STAGES * A_TILE;                        // [STAGES][B_TILE]
+{% else %}
   float* As = reinterpret_cast<float*>(assay_gemm_smem);  // [STAGES][BK][ALD]: A^T slabs
   float* Bs = As + STAGES * BK * ALD;                      // [STAGES][BK][BLD]
+{% endif %}
 {% for line in prologue %}
   {{ line }}
 {% endfor %}
@@ -1079,6 +1145,20 @@ assay_matmul_tiles({{ kparams }}) {
 {% else %}
   assay_gemm_operand<BK, BN, VEC, NT, false> b_op(tid, B + bz * sB + n0, N);
 {% endif %}
+{% if cp_async %}
+  // Global -> shared memory stage s: the slab at k0, zeros past the edges.
+  const unsigned as_addr = static_cast<unsigned>(__cvta_generic_to_shared(As));
+  const unsigned bs_addr = static_cast<unsigned>(__cvta_generic_to_shared(Bs));
+  auto copy = [&](int s, int64_t k0) {
+    const int k_left = (int)min(K - k0, (int64_t)BK);
+    a_op.copy(as_addr + 4 * s * A_TILE, m_left, k_left);
+{% if trans_b %}
+    b_op.copy(bs_addr + 4 * s * B_TILE, n_left, k_left);
+{% else %}
+    b_op.copy(bs_addr + 4 * s * B_TILE, k_left, n_left);
+{% endif %}
+  };
+{% else %}
   // Global -> registers: the slab at k0, zeros past the edges.
   auto load = [&](int64_t k0) {
     const int k_left = (int)min(K - k0, (int64_t)BK);
@@ -1094,6 +1174,7 @@ assay_matmul_tiles({{ kparams }}) {
     a_op.store(As + s * BK * ALD);
     b_op.store(Bs + s * BK * BLD);
   };
+{% endif %}
 
   float acc[TM][TN];
   #pragma unroll
@@ -1101,6 +1182,57 @@ assay_matmul_tiles({{ kparams }}) {
     #pragma unroll
     for (int jj = 0; jj < TN; ++jj) acc[ii][jj] = 0.0f;
   }
+{% if cp_async %}
+  // One slab, 4 k-steps at a time: a float4 along K of each of the thread's rows of A, then
+  // {% if trans_b %}per column of B^T a float4 along K, 4 FMAs into each of the column's
+  // accumulators{% else %}per k-step B's float4 row fragments and their outer product{% endif %}. Each accumulator still
+  // takes its FMAs in K order. (A row's base: rows are 4-aligned, so row0 + 4-steps keep the
+  // padding of at() a compile-time offset.)
+  auto compute = [&](int s) {
+    const float* as = As + s * A_TILE + row0 * (BK + 1);
+{% if trans_b %}
+    const float* bs = Bs + s * B_TILE + col0 * (BK + 1);
+{% else %}
+    const float* bs = Bs + s * B_TILE + col0;
+{% endif %}
+    #pragma unroll
+    for (int kq = 0; kq < BK; kq += 4) {
+      float a[TM][4];
+      #pragma unroll
+      for (int ii = 0; ii < TM; ++ii) {
+        const float4 t = *reinterpret_cast<const float4*>(as + (ii / 4) * ROW_STEP * (BK + 1) + (ii % 4) * BK + kq);
+        a[ii][0] = t.x; a[ii][1] = t.y; a[ii][2] = t.z; a[ii][3] = t.w;
+      }
+{% if trans_b %}
+      #pragma unroll
+      for (int jj = 0; jj < TN; ++jj) {
+        const float4 t = *reinterpret_cast<const float4*>(bs + (jj / 4) * COL_STEP * (BK + 1) + (jj % 4) * BK + kq);
+        const float b[4] = {t.x, t.y, t.z, t.w};
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          #pragma unroll
+          for (int ii = 0; ii < TM; ++ii) acc[ii][jj] = fmaf(a[ii][u], b[u], acc[ii][jj]);
+        }
+      }
+{% else %}
+      #pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        float b[TN];
+        #pragma unroll
+        for (int q = 0; q < TN / 4; ++q) {
+          const float4 t = *reinterpret_cast<const float4*>(bs + (kq + u) * BLD + q * COL_STEP);
+          b[4 * q] = t.x; b[4 * q + 1] = t.y; b[4 * q + 2] = t.z; b[4 * q + 3] = t.w;
+        }
+        #pragma unroll
+        for (int ii = 0; ii < TM; ++ii) {
+          #pragma unroll
+          for (int jj = 0; jj < TN; ++jj) acc[ii][jj] = fmaf(a[ii][u], b[jj], acc[ii][jj]);
+        }
+      }
+{% endif %}
+    }
+  };
+{% else %}
   // One slab: outer products of A's and B's float4 fragments. (Reading the next row's
   // fragments before this row's FMAs in the source left ptxas's schedule unchanged.)
   auto compute = [&](int s) {
@@ -1126,8 +1258,30 @@ assay_matmul_tiles({{ kparams }}) {
       }
     }
   };
+{% endif %}
 
   const int64_t ntiles = (K + BK - 1) / BK;
+{% if cp_async %}
+  // Slab t's copies are commit group t (an empty group once none are left, so the count stays
+  // exact). Waiting until at most STAGES - 2 groups are pending lands this thread's copies of
+  // slab t; the barrier makes every thread's visible, and tells that every thread is done
+  // with slab t - 1, whose stage the copy of slab t + STAGES - 1 then reuses: one barrier a slab.
+  #pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ntiles) copy(s, (int64_t)s * BK);
+    assay_cp_commit();
+  }
+  int s_read = 0, s_write = STAGES - 1;
+  for (int64_t t = 0; t < ntiles; ++t) {
+    assay_cp_wait<STAGES - 2>();
+    __syncthreads();
+    if (t + STAGES - 1 < ntiles) copy(s_write, (t + STAGES - 1) * BK);  // in flight meanwhile
+    assay_cp_commit();
+    compute(s_read);
+    s_read = s_read + 1 == STAGES ? 0 : s_read + 1;
+    s_write = s_write + 1 == STAGES ? 0 : s_write + 1;
+  }
+{% else %}
   if (ntiles > 0) {
     load(0);
     store(0);
@@ -1149,6 +1303,7 @@ assay_matmul_tiles({{ kparams }}) {
       __syncthreads();
     }
   }
+{% endif %}
 
   // Epilogue: the fused formula per element, stored a 4-wide sub-tile row at a time: float4
   // stores when N % 4 == 0 (VEC == 4: a sub-tile row is then wholly in or out).
