@@ -381,7 +381,7 @@ def test_cuda_mutation_changes_the_source(task_dir):
     syn = OfflineSynthesizer("cuda")
     (base,) = syn.translate(ctx, 1, random.Random(0))
     assert base.knobs == {"block": 256, "vec": 4, "warp_per_row": 0, "cache_row": 1,
-                          "split": 1, "regs": 8}  # 1030 cols, a weight over the row
+                          "split": 1, "regs": 0}  # 1030 cols: 2 vectors a thread
     small = syn.translate(_ctx(task_dir, "layernorm", "cuda", size="small"), 1,
                           random.Random(0))[0]
     assert small.knobs["warp_per_row"] == 1  # 7 columns: a warp per row
@@ -565,6 +565,18 @@ def test_gemm_cpu_candidates_match_reference(gemm_dir, tmp_path, name):
         policy = "permissive" if prop.strategy == "epilogue" else "strict"
         assert f"POLICY = {policy!r}".replace("'", '"') in prop.code
         _check_gemm(prop, ctx, name, tmp_path)
+
+
+def test_group_norm_defaults_count_its_rows(tmp_path):
+    """GroupNorm's rows are (sample, group) pairs: with 2 groups over 8 x 10 x 25 the defaults
+    see rows of 1000 columns (a warp per row), not rows of 2000 (a block per row)."""
+    source = _gemm_source("conv_gn_tanh").replace("h = 6\n", "h = 10\n").replace("w = 5\n",
+                                                                                  "w = 25\n")
+    (tmp_path / "gn.py").write_text(source)
+    syn = OfflineSynthesizer("cuda")
+    analysis = syn.analyse(TaskContext(Task.from_file(tmp_path / "gn.py"), target="cuda"))
+    assert analysis.row_groups == 2 and analysis.shape[1:] == (8, 10, 25)
+    assert syn.defaults(analysis, {"lib": 1})["warp_per_row"] == 1
 
 
 def test_gemm_knobs_evolve_across_templates(gemm_dir, tmp_path):

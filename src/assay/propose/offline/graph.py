@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import math
 import operator
 from dataclasses import dataclass, field
@@ -185,6 +186,7 @@ class Analysis:
     shape: tuple[int, ...]  # S at the analysed size (for default knobs only, never in code)
     ops: tuple[str, ...]  # the task's ops as recognized, for descriptions
     summary: str
+    row_groups: int = 1  # rows per row of S (plan.groups) at the analysed size, likewise
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1280,7 +1282,19 @@ def analyze_module(mod: Any, real: bool = False) -> Analysis:
     summary = describe(plan)
     if len(summary) > 160:  # composite ops expand into long formulas: name them instead
         summary = f"{plan.kind} kernel fusing {', '.join(ops)}"
-    return Analysis(plan, s, ops, summary)
+    return Analysis(plan, s, ops, summary, _row_groups(plan, model))
+
+
+def _row_groups(plan: Plan, model: Any) -> int:
+    """How many rows each row of the output's shape makes (GroupNorm's groups), or 1."""
+    if not plan.groups:
+        return 1
+    if plan.groups[0] == "const":
+        return int(plan.groups[1])
+    try:
+        return int(functools.reduce(getattr, plan.groups[1].split("."), model).num_groups)
+    except (AttributeError, TypeError, ValueError):
+        return 1  # defaults only: the kernel reads the groups at run time
 
 
 def analyze_task(task: Task) -> Analysis:

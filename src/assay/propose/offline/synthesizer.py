@@ -170,28 +170,33 @@ def _fused_defaults(target: str, analysis: Analysis, kind: str) -> dict[str, int
         cols *= d
     for d in analysis.shape[:len(analysis.shape) - plan.k]:
         rows *= d
+    rows, cols = rows * analysis.row_groups, cols // analysis.row_groups
     if cols <= 1024:  # a block per row would leave most of its threads without work
         return {"block": 256, "vec": 4, "warp_per_row": 1, "cache_row": 1, "split": 1, "regs": 0}
     # Few long rows (GroupNorm's 256 rows of 65536): a cluster of blocks per row, so that
-    # every SM has work and each block's slice fits in shared memory (48 KB: several blocks
-    # per SM), as long as a slice still gives every thread a vector; enough rows keep a block
-    # per row.
+    # every SM has work and each block's slice fits in shared memory (64 KB: three blocks of
+    # the slice per SM), as long as a slice still gives every thread a vector; enough rows keep
+    # a block per row. H200, L2_5 (its row kernel keeping x + bias): 4 blocks of 256 a row
+    # 0.084 ms, 8 blocks 0.091, 8 of 512 threads 0.121.
     block = 256 if cols < 8192 else 512
     split = 1
     if rows < 2 * _SMS:
         while (split < 8 and cols // (2 * split) >= block * 4
-               and (rows * split < 2 * _SMS or cols * 4 // split > 48 * 1024)):
+               and (rows * split < 2 * _SMS or cols * 4 // split > 64 * 1024)):
             split *= 2
-    if split > 1:  # H200, L2_5's 256 rows of 65536: 256 threads a block measured 3-4% faster
+    if split > 1:
         block = 256
-    # Rows in registers (8 vectors a thread) where the row has a column operand (a weight over
-    # the row, the vector of a matrix-vector product): the unrolled passes put those L2 reads in
-    # flight together. H200, 4096 x 16384 (probe_gpu.py --only sweep, 2026-11-24): LayerNorm
-    # 0.147 -> 0.134 ms, RMSNorm 0.133 -> 0.131, matrix-vector 0.136 -> 0.123; but softmax
-    # 0.137 -> 0.183 and max 0.061 -> 0.068 (62 registers: a third fewer blocks per SM), and
-    # the GroupNorm clusters 0.107 -> 0.154 (98 registers).
+    # Rows in registers where the row has a column operand (a weight over the row, the vector
+    # of a matrix-vector product) and fills 8 vectors a thread: the unrolled passes put those L2
+    # reads in flight together. H200, 4096 x 16384 (probe_gpu.py --only sweep, 2026-11-24):
+    # LayerNorm 0.147 -> 0.134 ms, RMSNorm 0.133 -> 0.131, matrix-vector 0.136 -> 0.123. Not
+    # elsewhere: softmax 0.137 -> 0.183 and max 0.061 -> 0.068 (62 registers: a third fewer
+    # blocks per SM), the GroupNorm clusters 0.107 -> 0.154 (98 registers), and rows of 4
+    # vectors a thread after a GEMM (L2_7's LayerNorm 0.054 -> 0.070, L2_6's softmax 0.080 ->
+    # 0.095 ms with 8).
     column_operand = any(codegen.leaf_kind(plan, k) == "col" for k in range(len(plan.leaves)))
-    regs = 8 if split == 1 and column_operand and cols <= block * 4 * 8 else 0
+    vectors = -(-cols // (block * 4))  # per thread
+    regs = 8 if split == 1 and column_operand and 4 < vectors <= 8 else 0
     return {"block": block, "vec": 4, "warp_per_row": 0, "cache_row": 1, "split": split,
             "regs": regs}
 

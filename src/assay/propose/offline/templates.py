@@ -448,7 +448,7 @@ assay_store_out<VEC>(out, base + c0, o);
 {% endif %}
 {% endmacro %}
 template <int VEC, bool CACHE, int SPLIT, int REGS>
-__global__ void __launch_bounds__({{ block }}, SPLIT > 1 ? (REGS > 0 ? {{ [1, 512 // block]|max }} : {{ [1, 1024 // block]|max }}) : 0)
+__global__ void __launch_bounds__({{ block }}, SPLIT > 1 ? REGS > 0 ? {{ [1, 512 // block]|max }} : {{ [1, 1024 // block]|max }} : 0)
 assay_rows({{ kparams }}) {
   __shared__ double smem[32];
   extern __shared__ float4 assay_dyn_smem[];
