@@ -1,4 +1,5 @@
-"""The timing protocol's statistics (assay.bench.timing): samples that average short calls."""
+"""The timing protocol's statistics (assay.bench.timing): samples that average short calls;
+baselines timed again while noisy (assay.bench.baseline.steady)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import time
 import torch
 
 from assay.bench import timing
+from assay.bench.baseline import RETRIES, steady
+from assay.bench.timing import Timing
 
 
 def test_short_calls_are_averaged_into_samples_of_at_least_the_minimum():
@@ -59,3 +62,26 @@ def test_the_hold_covers_the_enqueue_time_within_bounds():
     assert timing.hold_for([0.1] * 10) == timing.HOLD_MAX_US  # a host-bound call is not hidden
     # The slowest tenth decides: a jittery host gets a longer hold.
     assert timing.hold_for([40e-6] * 8 + [100e-6] * 2) == 150.0
+
+
+def _timing(median: float, iqr: float) -> Timing:
+    return Timing(median_ms=median, iqr_ms=iqr, runs=10)
+
+
+def test_a_noisy_baseline_is_timed_again_and_the_steadiest_kept():
+    runs = iter([_timing(0.181, 0.136), _timing(0.127, 0.001), _timing(9.0, 0.0)])
+    best, taken = steady(lambda: next(runs))
+    assert (best.median_ms, taken) == (0.127, 2)  # stops at the first steady run
+
+
+def test_a_steady_baseline_is_timed_once_and_retries_are_bounded():
+    calls = []
+
+    def once() -> Timing:
+        calls.append(1)
+        return _timing(1.0, 0.05)
+
+    assert steady(once) == (_timing(1.0, 0.05), 1)
+    noisy = iter([_timing(1.0, 0.5), _timing(2.0, 0.6), _timing(1.0, 0.4), _timing(1.0, 0.0)])
+    best, taken = steady(lambda: next(noisy))
+    assert taken == 1 + RETRIES and best.iqr_ms == 0.6  # 0.6 / 2.0 is steadier than 0.5 / 1.0

@@ -6,13 +6,32 @@ candidate can touch the baseline's clock, memory or settings.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from assay.bench.timing import TimingConfig, time_calls
+from assay.bench.timing import Timing, TimingConfig, time_calls
 from assay.tasks.instantiate import make_inputs, reference_model
 from assay.tasks.model import Task
+
+# A baseline is the denominator of every speedup against it, so a noisy one is timed again:
+# an IQR over this fraction of the median (an H200 timed torch.compile's GELU at 0.181 ms, IQR
+# 0.136 ms, where its other runs gave 0.127 ms, IQR under 1%) earns up to RETRIES more runs,
+# and the steadiest (smallest relative IQR) is kept.
+NOISY_IQR = 0.1
+RETRIES = 2
+
+
+def steady(time_once: Callable[[], Timing]) -> tuple[Timing, int]:
+    """The steadiest of up to 1 + RETRIES timings, stopping at the first that is not noisy;
+    and how many were taken."""
+    best, taken = time_once(), 1
+    while best.iqr_ms > NOISY_IQR * best.median_ms and taken <= RETRIES:
+        again = time_once()
+        taken += 1
+        if again.iqr_ms * best.median_ms < best.iqr_ms * again.median_ms:
+            best = again
+    return best, taken
 
 
 def time_reference(task: Task, device: str, cfg: TimingConfig, compile_: bool = True,
@@ -25,7 +44,8 @@ def time_reference(task: Task, device: str, cfg: TimingConfig, compile_: bool = 
     sets = [make_inputs(module, 100 + i, device) for i in range(rotating)]
     out: dict[str, Any] = {"task": task.id, "device": device, "size": task.size}
     with torch.no_grad():
-        eager = time_calls(lambda i: model(*sets[i % rotating]), dev, cfg)
+        eager, out["eager_timings"] = steady(
+            lambda: time_calls(lambda i: model(*sets[i % rotating]), dev, cfg))
         out["eager_ms"], out["eager_iqr_ms"] = eager.median_ms, eager.iqr_ms
         # The same code timed twice: the spread is what counts as "no difference".
         again = time_calls(lambda i: model(*sets[i % rotating]), dev, cfg)
@@ -37,7 +57,8 @@ def time_reference(task: Task, device: str, cfg: TimingConfig, compile_: bool = 
                 compiled = torch.compile(model, mode=compile_mode)
                 for s in sets:
                     compiled(*s)
-                t = time_calls(lambda i: compiled(*sets[i % rotating]), dev, cfg)
+                t, out["compile_timings"] = steady(
+                    lambda: time_calls(lambda i: compiled(*sets[i % rotating]), dev, cfg))
                 out["compile_ms"], out["compile_iqr_ms"] = t.median_ms, t.iqr_ms
             except Exception as e:  # noqa: BLE001 - inductor failures are recorded, not fatal
                 out["compile_error"] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
