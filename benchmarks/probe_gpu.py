@@ -192,17 +192,12 @@ def load_model(path: Path, mod, ref):
 
 # Sweeps: task -> knob sets (over the synthesizer's defaults for the task).
 SWEEPS = {
-    # the row kernels: strided loops against rows in registers (knob regs); the GroupNorm
-    # after L2_5's convolution (it keeps x + bias for its later passes) and the softmax and
-    # LayerNorm after a library GEMM (a column operand: the bias)
+    # the single-pass row reductions: strided loop (default) against rows in registers
     "synth": {
-        "data/tasks/level1/12_LayerNorm.py": [{}, {"regs": 0}],
-        "data/tasks/level1/10_Softmax.py": [{}],
-        "data/tasks/level2/5_Conv2d_GroupNorm_Tanh.py": [
-            {"layout": 1}, {"layout": 1, "block": 512}, {"layout": 1, "cache_row": 0},
-            {"layout": 1, "regs": 4, "block": 512}, {"layout": 1, "split": 4}],
-        "data/tasks/level2/6_Linear_Softmax.py": [{"lib": 1}, {"lib": 1, "regs": 0}],
-        "data/tasks/level2/7_Linear_Residual_LayerNorm.py": [{"lib": 1}, {"lib": 1, "regs": 0}],
+        "data/tasks/level1/7_Sum_Dim.py": [{}, {"regs": 8}],
+        "data/tasks/level1/8_Mean_Dim.py": [{}, {"regs": 8}, {"regs": 4, "block": 1024}],
+        "data/tasks/level1/9_Max_Dim.py": [{}, {"regs": 8}],
+        "data/tasks/level1/13_RMSNorm.py": [{}, {"regs": 4, "block": 1024}],
     },
     # the own GEMM (lib 0): the pre-warp-tiling default, the default, variations around it
     "gemm": {task: [{"lib": 0, **k} for k in (
@@ -283,8 +278,9 @@ def part_sweep(name: str, compile_: bool = True) -> None:
 
 # task: knobs (over the defaults), for ncu
 NCU = {
-    "data/tasks/level2/5_Conv2d_GroupNorm_Tanh.py": {"layout": 1, "regs": 8},
-    "data/tasks/level1/12_LayerNorm.py": {"regs": 8},
+    "data/tasks/level1/8_Mean_Dim.py": {},
+    "data/tasks/level1/7_Sum_Dim.py": {},
+    "data/tasks/level1/13_RMSNorm.py": {},
 }
 
 

@@ -186,17 +186,17 @@ def _fused_defaults(target: str, analysis: Analysis, kind: str) -> dict[str, int
             split *= 2
     if split > 1:
         block = 256
-    # Rows in registers where the row has a column operand (a weight over the row, the vector
-    # of a matrix-vector product) and fills 8 vectors a thread: the unrolled passes put those L2
-    # reads in flight together. H200, 4096 x 16384 (probe_gpu.py --only sweep, 2026-11-24):
-    # LayerNorm 0.147 -> 0.134 ms, RMSNorm 0.133 -> 0.131, matrix-vector 0.136 -> 0.123. Not
-    # elsewhere: softmax 0.137 -> 0.183 and max 0.061 -> 0.068 (62 registers: a third fewer
-    # blocks per SM), the GroupNorm clusters 0.107 -> 0.154 (98 registers), and rows of 4
-    # vectors a thread after a GEMM (L2_7's LayerNorm 0.054 -> 0.070, L2_6's softmax 0.080 ->
-    # 0.095 ms with 8).
-    column_operand = any(codegen.leaf_kind(plan, k) == "col" for k in range(len(plan.leaves)))
+    # Rows in registers where every reduction is a sum and the row fills 5 to 8 vectors a
+    # thread: each pass an unrolled loop with all its loads in flight. H200, 4096 x 16384
+    # (probe_gpu.py --only sweep, 2026-11-24), ms: LayerNorm 0.147 -> 0.134, RMSNorm 0.133 ->
+    # 0.130, matrix-vector 0.136 -> 0.123, mean 0.069 -> 0.062 (ptxas scheduled its strided
+    # loop with fewer loads ahead than the sum's), sum 0.0627 -> 0.0624. Not elsewhere: with a
+    # max reduction softmax 0.137 -> 0.183 and max 0.063 -> 0.068; the GroupNorm clusters 0.107
+    # -> 0.154 (98 registers); rows of 4 vectors a thread after a GEMM (L2_7's LayerNorm 0.054
+    # -> 0.070 ms).
+    sums_only = all(n.op == "reduce_sum" for n in plan.nodes if n.op.startswith("reduce_"))
     vectors = -(-cols // (block * 4))  # per thread
-    regs = 8 if split == 1 and column_operand and 4 < vectors <= 8 else 0
+    regs = 8 if split == 1 and sums_only and 4 < vectors <= 8 else 0
     return {"block": block, "vec": 4, "warp_per_row": 0, "cache_row": 1, "split": split,
             "regs": regs}
 
