@@ -750,7 +750,7 @@ def test_cuda_gemm_candidates_compile(gemm_dir, tmp_path):
         sources.setdefault(_import(prop.code, tmp_path / f"cuda_{prop.id}.py").SOURCE,
                            ("conv_gn_tanh", tuple(sorted(prop.knobs.items()))))
     gemm = [dict(k[1]) for k in sources.values() if dict(k[1]).get("lib") == 0]
-    assert {k["load_vec"] for k in gemm} >= {1, 4, 8} and {k["stages"] for k in gemm} == {1, 2}
+    assert {k["load_vec"] for k in gemm} >= {1, 4, 8} and {k["stages"] for k in gemm} >= {1, 2}
 
     build_all_cuda(sources)
 
