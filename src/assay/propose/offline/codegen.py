@@ -423,8 +423,9 @@ def _row_passes(plan: Plan, sched: _Schedule, target: str, vec_ok: Callable[[int
             loads.append(f"float a{k}[VEC]; assay_load<VEC>(t{k}, {at}, a{k});")
             vec_ptrs.append(f"t{k}")
         for j in sorted(from_cache):
-            loads.append(f"float kv{j}[VEC]; if constexpr (REGS > 0) assay_copy<VEC>(kv{j}, r{j}[k]);"
-                         f" else assay_load<VEC>(cache{j}, c0 - c_lo, kv{j});")
+            loads.append(f"float kv{j}[VEC]; if constexpr (REGS > 0) "
+                         f"assay_copy<VEC>(kv{j}, r{j}[k]); "
+                         f"else assay_load<VEC>(cache{j}, c0 - c_lo, kv{j});")
         body = [f"const float v{j} = kv{j}[u];" if j in from_cache else names.define(j)
                 for j in elems] + [f"w{j}[u] = v{j};" for j in keep]
         return {"vec_loads": loads, "vec_init": [f"float w{j}[VEC];" for j in keep],

@@ -415,8 +415,9 @@ __device__ __forceinline__ typename Op::T assay_row_reduce(typename Op::T v, dou
 // alone: {{ cached|length }} here) are kept in dynamic shared memory by the first pass, so later
 // passes neither re-read global memory nor recompute them. REGS > 0: every thread's share of
 // the row slice is at most REGS vectors, so each pass is an unrolled loop of REGS guarded steps
-// (all of a pass's loads in flight at once) and those values stay in registers instead. SPLIT: blocks per row (a thread block cluster), each with
-// only its slice, so that a few long rows (GroupNorm's) spread over every SM.
+// (all of a pass's loads in flight at once) and those values stay in registers instead.
+// SPLIT: blocks per row (a thread block cluster), each with only its slice, so that a few long
+// rows (GroupNorm's) spread over every SM.
 // Clusters: at least 1024 resident threads per SM (64 registers), as ptxas left to itself
 // spilled those variants at 40 registers, or 512 with the row in registers (64 spilled them);
 // 0 = no minimum (an explicit 1 let ptxas take 80 registers for the block-per-row LayerNorm,
@@ -501,15 +502,15 @@ assay_rows({{ kparams }}) {
           {{ vector_step(p.cached)|indent(10) }}
         }
       }
-    } else if constexpr (CACHE) {
-      for (int64_t c0 = c_lo + (int64_t)lane * VEC; c0 < c_hi; c0 += (int64_t)group * VEC) {
-        constexpr int k = 0;
-        (void)k;
-        {{ vector_step(p.cached)|indent(8) }}
-      }
     } else {
       for (int64_t c0 = c_lo + (int64_t)lane * VEC; c0 < c_hi; c0 += (int64_t)group * VEC) {
-        {{ vector_step(p)|indent(8) }}
+        if constexpr (CACHE) {
+          constexpr int k = 0;
+          (void)k;
+          {{ vector_step(p.cached)|indent(10) }}
+        } else {
+          {{ vector_step(p)|indent(10) }}
+        }
       }
     }
 {% for line in p.after %}
