@@ -151,10 +151,16 @@ def test_eight_processes_one_sqlite_db(tmp_path: Path) -> None:
     assert len(task_ids) == tasks
     uri = f"sqlite:///{tmp_path}/db/mlflow.db"  # fresh: the schema is created under the race
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(tasks, initializer=importlib.import_module,
-                  initargs=("mlflow.tracking",)) as pool:
+    pool = ctx.Pool(tasks, initializer=importlib.import_module, initargs=("mlflow.tracking",))
+    try:
         results = pool.starmap(log_task, [(uri, c, "offline", t, PARAMS) for t in task_ids],
                                chunksize=1)
+    finally:
+        # close + join, not the context manager's terminate(): terminating idle workers can
+        # kill one while it holds the task queue's lock, and the join then waits forever for
+        # another blocked on that lock (seen once in CI, 2026-11-24).
+        pool.close()
+        pool.join()
 
     assert len({r["experiment_id"] for r in results}) == 1
     assert len({r["parent_run_id"] for r in results}) == 1
