@@ -49,11 +49,11 @@ KNOB_SPACES: dict[tuple[str, str], dict[str, tuple[int, ...]]] = {
     ("cuda", "elementwise"): {"block": (128, 256, 512, 1024), "vec": (1, 2, 4),
                               "unroll": (1, 2, 4), "persistent": (0, 1)},
     # warp_per_row: 1 = a warp per row (short rows), 0 = a block per row; cache_row: 1 = keep
-    # inputs that several passes read in shared memory (when the row fits); split: blocks per
-    # row (a cluster, sm_90+; with a block per row), each with its slice of the columns;
-    # regs: when a thread's share of the slice is at most this many vectors, each pass is an
-    # unrolled loop (its loads all in flight) and the cached inputs stay in registers (0 = a
-    # strided loop over the row).
+    # the values that several passes use (x, or x + bias) in shared memory (when the row
+    # fits); split: blocks per row (a cluster, sm_90+; with a block per row), each with its
+    # slice of the columns; regs: when a thread's share of the slice is at most this many
+    # vectors, each pass is an unrolled loop (its loads all in flight) and those values stay
+    # in registers (0 = a strided loop over the row).
     ("cuda", "row"): {"block": (128, 256, 512, 1024), "vec": (1, 2, 4),
                       "warp_per_row": (0, 1), "cache_row": (0, 1), "split": (1, 2, 4, 8),
                       "regs": (0, 4, 8, 16)},
