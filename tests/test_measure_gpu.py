@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import sys
 
 import pytest
 
+from assay.bench.build import nvcc_path
 from conftest import REPO
 
 
@@ -58,7 +58,7 @@ def test_candidates_are_distinct(mg):
     assert {c.family for c in cands} == {"relu", "softmax", "matmul"}
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.skipif(nvcc_path() is None, reason="needs nvcc")
 def test_generated_cuda_sources_compile(mg, env):
     from assay.bench.build import build
 

@@ -7,9 +7,7 @@ GPU needed). Every build goes to a temporary kernel cache.
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from assay.bench.build import build
+from assay.bench.build import build, nvcc_path
 from assay.propose.base import Parent, TaskContext
 from assay.propose.offline import KNOB_SPACES, OfflineSynthesizer
 from assay.records import Proposal
@@ -324,7 +322,7 @@ def test_target_is_validated():
 # ---------------------------------------------------------------------------------------------
 # cuda target: generated for the same tasks and compiled with nvcc (nothing runs here)
 
-_HAS_NVCC = bool(os.environ.get("NVCC") or shutil.which("nvcc"))
+_HAS_NVCC = nvcc_path() is not None
 
 
 @pytest.mark.skipif(not _HAS_NVCC, reason="nvcc is not installed")

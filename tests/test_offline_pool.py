@@ -7,14 +7,13 @@ device by the tests marked ``gpu``.
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from assay.bench.build import nvcc_path
 from assay.propose.base import Parent, TaskContext
 from assay.propose.offline import KNOB_SPACES, OfflineSynthesizer
 from assay.propose.offline.graph import Unsupported, analyze_task
@@ -174,8 +173,7 @@ def test_pool_evolution_operators_stay_in_the_space(pool_dir):
     assert repaired.knobs == {"block": 128, "cols": 1, "vec": 0}  # defaults -> the safe form
 
 
-@pytest.mark.skipif(not (os.environ.get("NVCC") or shutil.which("nvcc")),
-                    reason="nvcc is not installed")
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 def test_cuda_pool_candidates_compile(pool_dir, tmp_path):
     from assay.bench.build import build
     sources = set()

@@ -10,14 +10,13 @@ pointers and a stream, called through ctypes on ``torch.cuda.current_stream()``.
 from __future__ import annotations
 
 import ast
-import os
 import re
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from assay.bench.build import nvcc_path
 from assay.tasks.model import Task
 from assay.verify import harness, policy
 from test_zoo import read_meta
@@ -70,11 +69,7 @@ def test_cuda_zoo_files():
         Task.from_file(path)  # parses and defines Model, get_inputs, get_init_inputs
 
 
-def _nvcc() -> str | None:
-    return os.environ.get("NVCC") or shutil.which("nvcc")
-
-
-@pytest.mark.skipif(_nvcc() is None, reason="needs nvcc")
+@pytest.mark.skipif(nvcc_path() is None, reason="needs nvcc")
 def test_cuda_zoo_sources_compile():
     """Every kernel of the cuda zoo builds (for ASSAY_CUDA_ARCH, else the GPU's, else sm_90),
     two at a time, into the shared kernel cache, where the GPU run then finds them."""

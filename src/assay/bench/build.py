@@ -54,6 +54,11 @@ def cuda_arch() -> str:
     return "sm_90"  # H100/H200: the product's device
 
 
+def nvcc_path() -> str | None:
+    """The CUDA compiler builds use: $NVCC, else nvcc on PATH; None where there is none."""
+    return os.environ.get("NVCC") or shutil.which("nvcc")
+
+
 @dataclass(frozen=True)
 class BuildSpec:
     source: str
@@ -66,7 +71,7 @@ class BuildSpec:
             return [cxx, "-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", *self.flags,
                     str(src), "-o", str(out)]
         if self.lang == "cuda":
-            nvcc = os.environ.get("NVCC") or shutil.which("nvcc") or "nvcc"
+            nvcc = nvcc_path() or "nvcc"
             return [nvcc, "-O3", "-std=c++17", f"-arch={cuda_arch()}", "--shared",
                     "-Xcompiler", "-fPIC", *self.flags, str(src), "-o", str(out)]
         raise BuildError(f"unknown kernel language {self.lang!r} (choose from {LANGS})")
