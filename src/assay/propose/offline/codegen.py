@@ -284,12 +284,18 @@ class _Param:
     ctypes_type: str
 
 
+def _pointer(target: str, name: str, py: str, elt: str = "float", const: bool = True
+             ) -> _Param:
+    """A non-aliasing pointer parameter of the kernel entry point, ``py`` its Python value."""
+    restrict = "__restrict__" if target == "cuda" else "__restrict"
+    return _Param(f"{'const ' if const else ''}{elt}* {restrict}", name, py, "ctypes.c_void_p")
+
+
 def _leaf_params(plan: Plan, target: str, skip: int = -1, elt: str = "float"
                  ) -> tuple[list[_Param], list[_Param]]:
     """The leaves' pointers (``t<k>``) and the block-broadcast leaves' geometry (``inner<k>``,
     ``mid<k>``), leaf ``skip`` left out (a head op's result that the kernel gets otherwise)."""
-    restrict = "__restrict__" if target == "cuda" else "__restrict"
-    ptrs = [_Param(f"const {elt}* {restrict}", f"t{k}", f"l{k}.data_ptr()", "ctypes.c_void_p")
+    ptrs = [_pointer(target, f"t{k}", f"l{k}.data_ptr()", elt)
             for k in range(len(plan.leaves)) if k != skip]
     geometry = []
     for k, lf in enumerate(plan.leaves):
@@ -304,8 +310,7 @@ def _sizes(*names: str) -> list[_Param]:
 
 
 def _out_param(target: str, py: str = "out.data_ptr()", elt: str = "float") -> _Param:
-    restrict = "__restrict__" if target == "cuda" else "__restrict"
-    return _Param(f"{elt}* {restrict}", "out", py, "ctypes.c_void_p")
+    return _pointer(target, "out", py, elt, const=False)
 
 
 def _params(plan: Plan, target: str) -> list[_Param]:
@@ -409,9 +414,10 @@ def _row_passes(plan: Plan, sched: _Schedule, target: str, vec_ok: Callable[[int
     # every pass), so no barrier.
     kept = _kept_values(plan, sched, elems_of, targets_of) if target == "cuda" else {}
 
-    def vector_step(p: int, elems: list[int], from_cache: set[int], keep: list[int]
+    def vector_step(elems: list[int], from_cache: set[int], keep: list[int]
                     ) -> dict[str, list[str]]:
-        """One vector's loads and per-element lines of pass ``p`` without its reductions."""
+        """One vector's loads and per-element lines of a pass, its reductions left out:
+        ``elems`` computed or (``from_cache``) read back, ``keep`` stored for later passes."""
         computed = [j for j in elems if j not in from_cache]
         vector = {k for k in _leaves_of(plan, computed) if vec_ok(k)} if target == "cuda" \
             else set()
@@ -480,8 +486,8 @@ def _row_passes(plan: Plan, sched: _Schedule, target: str, vec_ok: Callable[[int
         keep = sorted(j for j, q in kept.items() if q == p)
         stops = frozenset(j for j, q in kept.items() if q < p)
         cached_elems = _elem_closure(plan, sched, targets_of[p] + keep, stops)
-        forms = {"plain": vector_step(p, elems_of[p], set(), []),
-                 "cached": vector_step(p, cached_elems, set(cached_elems) & stops, keep)}
+        forms = {"plain": vector_step(elems_of[p], set(), []),
+                 "cached": vector_step(cached_elems, set(cached_elems) & stops, keep)}
         for form in forms.values():
             form.update(vec_init=form["vec_init"] + red_init, body=form["body"] + red_body,
                         vec_after=red_after + form["vec_after"], stores=writes)
@@ -629,10 +635,8 @@ def _epilogue(plan: Plan, wrap: bool) -> tuple[list[str], list[str], str]:
 def _gemm_params(plan: Plan, target: str, fused: bool) -> list[_Param]:
     """assay_gemm's parameters: operands, the epilogue's leaves (when fused), the output (the
     product itself, ``g``, when a row kernel follows), sizes, batch strides, leaf geometry."""
-    restrict = "__restrict__" if target == "cuda" else "__restrict"
     elt = "float" if plan.dtype == "float32" else "assay_elt"
-    ps = [_Param(f"const {elt}* {restrict}", name, f"l{name}.data_ptr()", "ctypes.c_void_p")
-          for name in ("A", "B")]
+    ps = [_pointer(target, name, f"l{name}.data_ptr()", elt) for name in ("A", "B")]
     ptrs, geometry = _leaf_params(plan, target, plan.gemm_leaf, elt) if fused else ([], [])
     out = _out_param(target, "out.data_ptr()" if fused else "g.data_ptr()", elt)
     return ps + ptrs + [out] + _sizes("M", "N", "K", "batch", "sA", "sB", "sC") + geometry
@@ -715,8 +719,7 @@ def _pool_params(plan: Plan, target: str) -> list[_Param]:
     """assay_forward's parameters for a pooling plan: the pooled input, the epilogue's other
     leaves, the output, the geometry (planes = N*C, input H x W, output OH x OW), leaf
     geometry."""
-    restrict = "__restrict__" if target == "cuda" else "__restrict"
-    x = _Param(f"const float* {restrict}", "x", "lx.data_ptr()", "ctypes.c_void_p")
+    x = _pointer(target, "x", "lx.data_ptr()")
     ptrs, geometry = _leaf_params(plan, target, plan.pool_leaf)
     return [x] + ptrs + [_out_param(target)] + _sizes("planes", "H", "W", "OH", "OW") + geometry
 
@@ -866,7 +869,7 @@ def _gemm_lines(plan: Plan, target: str, template: str, layout: int = 0) -> list
             lines += ["with _ieee_fp32():", f"    {call}"]
         else:
             lines.append(call)
-        if layout and target == "cuda":
+        if _to_nchw(plan, target, layout):
             lines += ["if g.dtype == DTYPE and g.dim() == 4 and not g.is_contiguous() and "
                       "g.is_contiguous(memory_format=cl) and g.shape[0] <= 65535:",
                       f"    l{gk} = torch.empty(g.shape, dtype=DTYPE, device=g.device)",

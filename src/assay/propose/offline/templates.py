@@ -118,9 +118,6 @@ static inline int assay_threads(int wanted) {
 }
 """
 
-# The largest dynamic shared memory a block may opt in to, per device (cached); one definition
-# per source, whichever kernels (row kernel, GEMM) the source holds.
-
 CPP_SOURCE = CPP_PREAMBLE + r"""
 extern "C" int assay_forward({{ params }}) {
 {% for line in prologue %}
