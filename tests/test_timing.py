@@ -81,7 +81,7 @@ def test_a_steady_baseline_is_timed_once_and_retries_are_bounded():
         calls.append(1)
         return _timing(1.0, 0.05)
 
-    assert steady(once) == (_timing(1.0, 0.05), 1)
+    assert steady(once) == (_timing(1.0, 0.05), 1) and len(calls) == 1
     noisy = iter([_timing(1.0, 0.5), _timing(2.0, 0.6), _timing(1.0, 0.4), _timing(1.0, 0.0)])
     best, taken = steady(lambda: next(noisy))
     assert taken == 1 + RETRIES and best.iqr_ms == 0.6  # 0.6 / 2.0 is steadier than 0.5 / 1.0
