@@ -191,30 +191,53 @@ def load_model(path: Path, mod, ref):
 
 
 # Sweeps: task -> knob sets (over the synthesizer's defaults for the task).
+_GEMM_TASKS = ("data/tasks/level1/14_Square_Matmul.py", "data/tasks/level1/15_Batched_Matmul.py")
+
+
+def _own_gemm(*sets: dict) -> dict:
+    """The knob sets on L1_14 and L1_15 with the synthesizer's own GEMM (lib 0)."""
+    return {task: [{"lib": 0, **k} for k in sets] for task in _GEMM_TASKS}
+
+
+_L2_5 = "data/tasks/level2/5_Conv2d_GroupNorm_Tanh.py"
 SWEEPS = {
-    # the single-pass row reductions: strided loop (default) against rows in registers
+    # the row kernels, strided loop (regs 0) against rows in registers, and the GroupNorm
+    # after L2_5's channels_last convolution: the sets behind the tables of
+    # docs/evidence/2026-11-24-h200-synthesizer-rows-in-registers.md, sections 1 and 2
     "synth": {
-        "data/tasks/level1/7_Sum_Dim.py": [{}, {"regs": 8}],
-        "data/tasks/level1/8_Mean_Dim.py": [{}, {"regs": 8}, {"regs": 4, "block": 1024}],
+        "data/tasks/level1/12_LayerNorm.py": [
+            {"regs": 0}, {"regs": 8}, {"regs": 16, "block": 256}, {"regs": 4, "block": 1024},
+            {"regs": 0, "cache_row": 0}],
+        "data/tasks/level1/13_RMSNorm.py": [
+            {"regs": 0}, {"regs": 8}, {"regs": 16, "block": 256}, {"regs": 4, "block": 1024}],
+        "data/tasks/level1/16_Matrix_Vector.py": [
+            {"regs": 0}, {"regs": 8}, {"regs": 16, "block": 256}],
+        "data/tasks/level1/10_Softmax.py": [{}, {"regs": 8}],
+        "data/tasks/level1/11_LogSoftmax.py": [{}, {"regs": 8}],
+        "data/tasks/level1/7_Sum_Dim.py": [{"regs": 0}, {"regs": 8}],
+        "data/tasks/level1/8_Mean_Dim.py": [{"regs": 0}, {"regs": 8}, {"regs": 4, "block": 1024}],
         "data/tasks/level1/9_Max_Dim.py": [{}, {"regs": 8}],
-        "data/tasks/level1/13_RMSNorm.py": [{}, {"regs": 4, "block": 1024}],
+        _L2_5: [{"layout": 1, **k} for k in (
+            {}, {"split": 8}, {"split": 8, "block": 512}, {"split": 8, "cache_row": 0},
+            {"split": 8, "regs": 8}, {"split": 8, "regs": 4, "block": 512},
+            {"split": 4, "regs": 16})],
+        "data/tasks/level2/6_Linear_Softmax.py": [{"lib": 1}, {"lib": 1, "regs": 8}],
+        "data/tasks/level2/7_Linear_Residual_LayerNorm.py": [{"lib": 1}, {"lib": 1, "regs": 8}],
     },
-    # the own GEMM (lib 0): the pre-warp-tiling default, the default, variations around it
-    "gemm": {task: [{"lib": 0, **k} for k in (
-        {"thread_n": 8, "warp_tile": 0}, {"thread_n": 8}, {}, {"warp_tile": 0}, {"k_step": 16},
-        {"min_blocks": 1}, {"stages": 1}, {"tile_n": 64})]
-        for task in ("data/tasks/level1/14_Square_Matmul.py",
-                     "data/tasks/level1/15_Batched_Matmul.py")},
-    # the own GEMM's pipelines against the default: cp.async rings (3, 4 slabs; 2 as cp.async
-    # double buffering) and cuBLAS's 256 x 128 tile (ncu: 3 stages, 87% issue against our 78%)
-    "gemm_pipeline": {task: [{"lib": 0, **k} for k in (
+    # the own GEMM: the pre-warp-tiling default, the default, variations around it
+    "gemm": _own_gemm({"thread_n": 8, "warp_tile": 0}, {"thread_n": 8}, {}, {"warp_tile": 0},
+                      {"k_step": 16}, {"min_blocks": 1}, {"stages": 1}, {"tile_n": 64}),
+    # its pipelines against the default: cp.async rings (3, 4 slabs; 2 as cp.async double
+    # buffering) and cuBLAS's 256 x 128 tile (ncu: 3 stages, 87% issue against our 78%)
+    "gemm_pipeline": _own_gemm(
         {}, {"stages": 3}, {"stages": 3, "k_step": 16}, {"cp_async": 1},
         {"tile_m": 256, "min_blocks": 1}, {"tile_m": 256, "min_blocks": 1, "stages": 3},
         {"tile_m": 256, "min_blocks": 1, "stages": 3, "k_step": 16},
-        {"tile_m": 256, "min_blocks": 1, "stages": 4})]
-        for task in ("data/tasks/level1/14_Square_Matmul.py",
-                     "data/tasks/level1/15_Batched_Matmul.py")},
+        {"tile_m": 256, "min_blocks": 1, "stages": 4}),
 }
+# A sweep's kernel whose result is off by more than this (relative to the output's largest
+# magnitude) is reported as a mismatch: its time says nothing.
+SWEEP_TOLERANCE = 1e-4
 
 
 def part_sweep(name: str, compile_: bool = True) -> None:
@@ -253,9 +276,9 @@ def part_sweep(name: str, compile_: bool = True) -> None:
             base = time_reference(task, "cuda", cfg, compile_=compile_)
             eager, compiled = base["eager_ms"], base["compile_ms"] or float("nan")
             refs[task.id] = (ref, sets, eager, compiled)
+            kern = profile_kernels(lambda: ref(*sets[0]))
             print(f"{task.id}: eager {eager:.4f} ms, compile {compiled:.4f} ms "
-                  f"{[(a[:40], round(b, 4)) for a, b in profile_kernels(lambda: ref(*sets[0]))[:4]]}",
-                  flush=True)
+                  f"{[(a[:40], round(b, 4)) for a, b in kern[:4]]}", flush=True)
         ref, sets, eager, compiled = refs[task.id]
         if not built["ok"]:
             out.append({"task": task.id, "knobs": p.knobs, "error": built["error"]})
@@ -267,11 +290,13 @@ def part_sweep(name: str, compile_: bool = True) -> None:
             err = ((got - want).abs().max() / want.abs().max()).item()
             ms = time_calls(lambda k: new(*sets[k % 3]), dev, cfg).median_ms
             kern = profile_kernels(lambda: new(*sets[0]), reps=3)
+        correct = err <= SWEEP_TOLERANCE  # NaN is not
         row = {"task": task.id, "knobs": p.knobs, "ms": ms, "eager_ms": eager,
-               "compile_ms": compiled, "rel_err": err, "kernels": kern[:4]}
+               "compile_ms": compiled, "rel_err": err, "correct": correct,
+               "kernels": kern[:4]}
         out.append(row)
         print(f"{task.id} {p.knobs}: {ms:.4f} ms = {eager / ms:.2f}x eager, "
-              f"{compiled / ms:.2f}x compile; err {err:.1e} "
+              f"{compiled / ms:.2f}x compile; err {err:.1e}{'' if correct else ' MISMATCH'} "
               f"{[(a[:30], round(b, 4)) for a, b in kern[:3]]}", flush=True)
     RESULTS[f"sweep_{name}"] = out
 

@@ -343,7 +343,8 @@ def test_cuda_candidates_compile(task_dir, tmp_path):
             assert cand.LANG == "cuda" and cand.KNOBS == prop.knobs
             assert "__shfl_xor_sync" in cand.SOURCE or name not in ROW_TASKS
             # launch errors are returned (row kernels launch through cudaLaunchKernelEx)
-            assert "cudaGetLastError" in cand.SOURCE or "return (int)cudaLaunchKernelEx" in cand.SOURCE
+            assert ("cudaGetLastError" in cand.SOURCE
+                    or "return (int)cudaLaunchKernelEx" in cand.SOURCE)
             assert "cuda_stream" in prop.code
             sources.setdefault(cand.SOURCE, (name, tuple(sorted(prop.knobs.items()))))
         if name in ROW_TASKS:  # a cluster of blocks per row; rows in registers
@@ -372,6 +373,22 @@ def test_with_knobs_refuses_knobs_outside_the_space(task_dir):
         syn.with_knobs(ctx, {"split": 3})
     with pytest.raises(ValueError, match="tile_m=64"):  # a GEMM knob on a row task
         syn.with_knobs(ctx, {"tile_m": 64})
+
+
+def test_probe_sweeps_name_knobs_inside_the_space():
+    """benchmarks/probe_gpu.py's sweep and ncu knob sets are all in their templates' spaces:
+    checked here, not found out on the GPU lease."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("probe_gpu", REPO / "benchmarks" / "probe_gpu.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    syn = OfflineSynthesizer("cuda")
+    sets = [(path, k) for sweep in probe.SWEEPS.values() for path, ks in sweep.items()
+            for k in ks] + list(probe.NCU.items())
+    for path, knobs in sets:
+        ctx = TaskContext(Task.from_file(REPO / path, size="large"), target="cuda")
+        assert syn.with_knobs(ctx, knobs).code is not None, (path, knobs)
+    assert len(sets) > 60
 
 
 def test_cuda_mutation_changes_the_source(task_dir):
