@@ -385,8 +385,12 @@ class OfflineSynthesizer:
         space = self.space(analysis, knobs)
         bad = sorted(k for k, v in knobs.items() if v not in space.get(k, ()))
         if bad:
+            def allowed(k: str) -> str:
+                return (", ".join(map(str, space[k])) if k in space
+                        else "none, not a knob of this template")
             raise ValueError(f"{ctx.task.id}: knobs outside the space of their template: "
-                             + ", ".join(f"{k}={knobs[k]}" for k in bad))
+                             + "; ".join(f"{k}={knobs[k]} (allowed: {allowed(k)})"
+                                         for k in bad))
         chosen = {**self.defaults(analysis, knobs), **knobs}
         return self._proposal(ctx, analysis, chosen, "translate", [], time.perf_counter())
 
