@@ -120,3 +120,15 @@ def test_registry_fields():
         assert set(c.targets) <= set(checks.TARGETS) and c.targets, name
         assert set(c.policies) <= set(checks.POLICIES) and c.policies, name
     assert [n for n, c in checks.REGISTRY.items() if c.informational] == ["sandbox"]
+
+
+def test_the_zoos_expect_only_registered_checks():
+    """Every reason a zoo case (cpu and cuda) expects or allows is a registered check."""
+    for zoo in ("zoo", "zoo_cuda"):
+        for path in sorted((REPO / "tests" / zoo / "candidates").glob("*.py")):
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                        and isinstance(node.targets[0], ast.Name) \
+                        and node.targets[0].id in ("EXPECT", "ALSO"):
+                    names = set(ast.literal_eval(node.value))
+                    assert names <= set(checks.REGISTRY), (path.name, names - set(checks.REGISTRY))
