@@ -132,7 +132,9 @@ def snakemake_cmd(workdir: Path, source: Path) -> list[str]:
     # Generation 0 only: every stage of the DAG runs for every task (22 x 5 jobs) in about
     # three minutes on two cores; evolution itself is test_pipeline's business.
     overrides = (f"overrides=[campaign=bad,tasks=kernelbench,tasks.source={source},"
-                 f"tasks.size=large,evolve=ci,evolve.generations=0,baselines.compile=false]")
+                 f"tasks.size=large,evolve=ci,evolve.generations=0,baselines.compile=false,"
+                 # the sleeping task costs this, not 10 minutes
+                 f"tasks.extract_timeout_s=45]")
     return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
             "--directory", str(workdir), "--cores", "2", "--config", overrides]
 
@@ -145,7 +147,6 @@ def test_campaign_over_bad_and_good_tasks_finishes_the_good_ones(tmp_path):
         (source / name).write_text(text.lstrip())
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
-    env["ASSAY_EXTRACT_TIMEOUT_S"] = "45"  # the sleeping task costs this, not 10 minutes
     work = tmp_path / "run"
     r = subprocess.run(snakemake_cmd(work, source), capture_output=True, text=True, env=env,
                        timeout=900)
