@@ -18,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from helpers import REPO  # noqa: E402
 from llm_server import ScriptedLLMServer  # noqa: E402
 
 from assay.propose import prompts as P  # noqa: E402
@@ -27,7 +28,6 @@ from assay.propose.extract import (NoCodeError, extract_candidate,  # noqa: E402
 from assay.propose.llm import LiteLLMProposer, LLMError, cache_key  # noqa: E402
 from assay.tasks.model import Task  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 KEY_ENV = "ASSAY_TEST_LLM_KEY"
 
 TASK_SOURCE = '''"""ReLU."""

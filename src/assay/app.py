@@ -12,6 +12,7 @@ import functools
 import hashlib
 import logging
 import random
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -120,16 +121,20 @@ def config_error_line(e: Exception) -> str:
     cause = e.__cause__ if e.__cause__ is not None else e
     lines = [ln.strip() for ln in str(cause).splitlines() if ln.strip()]
     key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), "")
-    msg = lines[0] if lines else type(cause).__name__
+    details = ("full_key:", "reference_type=", "object_type=")
+    said = [ln for ln in lines if not ln.startswith(details) and not ln.endswith(":")]
+    msg = said[0] if said else (lines[0] if lines else type(cause).__name__)
+    where = re.match(r"In '([^']+)': \w+ raised while composing", lines[0]) if lines else None
+    if where:  # a value in one of the config's files
+        msg += f" (in {where.group(1)}.yaml)"
     for i, ln in enumerate(lines):  # "Available options in 'llm':" and one option a line
         if ln.startswith("Available options"):
             opts = [o for o in lines[i + 1:i + 100] if ":" not in o and o != "schema"]
             msg += f" ({ln.rstrip(':')}: {', '.join(opts)})"
             break
-    if key:
-        return f"config {config_dir()}: {key}: {msg}"
-    outer = str(e).splitlines()[0] if cause is not e and str(e) else ""
-    return f"config {config_dir()}: " + (f"{outer}: {msg}" if outer and outer != msg else msg)
+    if not key and cause is not e and str(e) and str(e).splitlines()[0] not in msg:
+        msg = f"{str(e).splitlines()[0]}: {msg}"
+    return f"config {config_dir()}: " + (f"{key}: {msg}" if key else msg)
 
 
 def compose(overrides: list[str] | None = None) -> DictConfig:
