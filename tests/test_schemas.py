@@ -150,3 +150,14 @@ def test_every_assay_variable_read_under_src_is_documented():
     assert declared - used == set(), "no longer read anywhere: drop them from assay/env.py"
     readme = (REPO / "README.md").read_text()
     assert assay_env.markdown_table() in readme, "README's table: assay.env.markdown_table()"
+
+
+def test_compose_works_inside_a_running_step(tmp_path):
+    """The export step composes a policy's settings while Hydra runs the step itself."""
+    code = ("from assay import app\n"
+            "def fn(cfg):\n"
+            "    print(app.compose(['verify=permissive']).verify.policy, cfg.verify.policy)\n"
+            "app.step(fn)()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(),
+                       cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["permissive", "strict"], r.stderr[-2000:]

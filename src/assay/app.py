@@ -142,14 +142,20 @@ def compose(overrides: list[str] | None = None) -> DictConfig:
     ConfigError (one line) when it does not compose or breaks its schema."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir())):
+    def run() -> DictConfig:
         try:
             return hydra_compose(config_name="config", overrides=list(overrides or []))
         except (HydraException, OmegaConfBaseException) as e:
             raise ConfigError(config_error_line(e)) from e
+
+    if GlobalHydra.instance().is_initialized():  # inside a step: Hydra knows the config folder
+        return run()
+    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir())):
+        return run()
 
 
 def campaign(cfg: DictConfig) -> Campaign:
