@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from assay.schemas import TasksConfig
 from assay.tasks.model import TaskError, one_line
 
 log = logging.getLogger("assay.extract")
@@ -52,11 +51,11 @@ def extract(cfg) -> dict:
     return record
 
 
-def analyze_file(path: str | Path, level: int, size: str, target: str,
-                 timeout_s: float = TasksConfig.extract_timeout_s,
-                 max_bytes: int | None = TasksConfig.max_task_bytes) -> dict[str, Any]:
+def analyze_file(path: str | Path, level: int, size: str, target: str, *, timeout_s: float,
+                 max_bytes: int | None = None) -> dict[str, Any]:
     """The task's record fields, computed in a child process; ``error`` is None or one line
-    naming the file and the problem. ``max_bytes`` None: see ``max_task_bytes``."""
+    naming the file and the problem. ``timeout_s`` and ``max_bytes`` are the config's
+    ``tasks.extract_timeout_s`` and ``tasks.max_task_bytes`` (None: see ``max_task_bytes``)."""
     from assay.layout import stop_cleanly_on_signals
 
     stop_cleanly_on_signals()  # a SIGTERM to the step kills the child too
