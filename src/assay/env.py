@@ -7,8 +7,8 @@ cache, the GPU lock folder, and the markers one Assay process sets for the proce
 starts. README ("Environment variables") lists the same table; a test keeps the two and the
 names read under src/ in step.
 
-Read them through ``VAR.get()`` rather than ``os.environ`` so each has one name and one
-default.
+New code reads them through ``VAR.get()`` rather than ``os.environ`` so each has one name and
+one default (the readers in bench/, gpu.py, verify/ and report/ predate this module).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ BUILD_ONLY = EnvVar(
 SANDBOX_NETWORK = EnvVar(
     "ASSAY_SANDBOX_NETWORK",
     "the worker's network isolation as the launcher applied it, for the verdict",
-    default="isolated", internal=True)
+    internal=True)
 
 ALL: tuple[EnvVar, ...] = (CONFIG_DIR, KERNEL_CACHE, CUDA_ARCH, GPU_LOCK_DIR, SANDBOX_UID,
                            SANDBOX_DISABLE, SANDBOX_PRIVATE_CACHE, MLFLOW_UI, SLURM_PARTITION,
