@@ -43,7 +43,8 @@ def archive(workdir: Path):
 def test_ten_sigkills_at_random_points_leave_the_same_archive(tmp_path):
     calm, killed = tmp_path / "calm", tmp_path / "killed"
     t0 = time.monotonic()
-    r = subprocess.run(snakemake(calm, overrides=OVERRIDES), capture_output=True, text=True, env=env(), timeout=900)
+    r = subprocess.run(snakemake(calm, overrides=OVERRIDES), capture_output=True, text=True,
+                       env=env(), timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
     span = time.monotonic() - t0
 
@@ -66,7 +67,8 @@ def test_ten_sigkills_at_random_points_leave_the_same_archive(tmp_path):
         assert proc.returncode == 0, "an attempt failed instead of resuming"
         break  # it finished before this kill point: the campaign is done
     assert kills == KILLS, f"the campaign finished after {kills} kills"
-    r = subprocess.run(snakemake(killed, overrides=OVERRIDES), capture_output=True, text=True, env=env(), timeout=900)
+    r = subprocess.run(snakemake(killed, overrides=OVERRIDES), capture_output=True, text=True,
+                       env=env(), timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
 
     want, n_want = archive(calm)
