@@ -21,9 +21,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from assay import schemas
-from assay.schemas import LLMKind
 from assay.layout import Campaign, DiskFullError
 from assay.resources import config_dir, resolve_data
+from assay.schemas import LLMKind
 from assay.tasks.model import Task, TaskError
 from assay.tasks.suite import TaskRef, discover
 
