@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from assay import layout
-from conftest import REPO
+from helpers import REPO
 
 ROOT = os.geteuid() == 0
 

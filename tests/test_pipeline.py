@@ -11,29 +11,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from helpers import env, snakemake  # noqa: F401 - shared by the DAG tests
 
 pytestmark = pytest.mark.slow
-OVERRIDES = "overrides=[campaign=ci,tasks=ci,evolve=ci]"
 STAGES = ("extract", "baseline", "translate", "evolve", "verify", "profile", "track", "export",
           "report")
-
-
-def snakemake(workdir: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-            "--directory", str(workdir), "--cores", "2", "--config", OVERRIDES, *args]
-
-
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PATH"] = f"{Path(sys.executable).parent}:{e['PATH']}"  # the rules call `python -m`
-    return e
 
 
 def test_dry_run_lists_every_stage(tmp_path):
@@ -48,7 +35,7 @@ def test_lists_inside_the_overrides_list(tmp_path):
     """`--config overrides='[...,tasks.include=[L1_1_ReLU]]'`: Snakemake cannot parse the inner
     list; the Snakefile splits the text at its top-level commas."""
     cmd = snakemake(tmp_path, "-n")
-    cmd[cmd.index(OVERRIDES)] = ("overrides=[campaign=ci,tasks=ci,llms=[offline],"
+    cmd[-1] = ("overrides=[campaign=ci,tasks=ci,llms=[offline],"
                                  "tasks.include=[L1_1_ReLU]]")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env())
     assert r.returncode == 0, r.stderr[-3000:]

@@ -132,7 +132,12 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    cmd = ["snakemake", "--cores", str(args.cores)]
+    from assay.resources import snakefile
+
+    # This interpreter runs Snakemake (and through it every step) on the Snakefile inside the
+    # package, so `assay run` works from any folder; results land in the current one.
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile()),
+           "--cores", str(args.cores)]
     if args.overrides:
         cmd += ["--config", "overrides=[" + ",".join(args.overrides) + "]"]
     return subprocess.call(cmd)

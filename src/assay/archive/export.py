@@ -26,6 +26,7 @@ from typing import Any
 
 import polars as pl
 import yaml
+from omegaconf import OmegaConf
 
 from assay.collect import collect, device_info, task_ids, task_info
 from assay.layout import Campaign, write_atomic
@@ -227,18 +228,16 @@ def _verify_settings(campaign: Campaign, policy: str | None,
         if isinstance(cfg, dict) and isinstance(cfg.get("verify"), dict):
             return cfg["verify"], f"the campaign's `{path.name}`"
     if policy:
-        config_dir = Path(os.environ.get("ASSAY_CONFIG_DIR")
-                          or Path(__file__).resolve().parents[3] / "config")
-        default = config_dir / "verify" / f"{policy}.yaml"
-        if default.exists():
-            try:
-                d = yaml.safe_load(default.read_text()) or {}
-            except yaml.YAMLError:
-                d = {}
-            if isinstance(d, dict):
-                d.pop("defaults", None)
-                return d, (f"`config/verify/{policy}.yaml`, the policy's defaults; the "
-                           "campaign's own overrides are not recorded in its folder")
+        from assay.app import ConfigError, compose
+
+        try:  # composed, so the policy's file gets what it inherits and the schema's defaults
+            d = OmegaConf.to_container(compose([f"verify={policy}"]).verify, resolve=True,
+                                       enum_to_str=True)
+        except ConfigError:
+            d = None
+        if isinstance(d, dict):
+            return d, (f"`config/verify/{policy}.yaml`, the policy's defaults; the "
+                       "campaign's own overrides are not recorded in its folder")
     return {}, ""
 
 
