@@ -1,8 +1,13 @@
+# Also reads, outside the DAG: the LLM answer cache (results/.llm-cache), the budget's spend
+# (the backend's other proposals.json) and the stepping stones of earlier campaigns.
 rule translate:
     input:
-        f"{C}/tasks/{{task}}.json",
+        record=f"{C}/tasks/{{task}}.json",
+        device=f"{C}/device.json",
     output:
         f"{C}/{{llm}}/{{task}}/gen_0/proposals.json",
+    params:
+        overrides=OVR,
     conda:
         ENV
     log:
