@@ -81,9 +81,10 @@ def acquire_cpu(timeout_s: float = 24 * 3600, poll_s: float = 0.5) -> float:
     on the same cores the others would use: two at once on 2 cores made one kernel's speedup
     0.97x in one run and 0.41x in the next. Snakemake's ``cpu_timing`` resource keeps them apart
     under the default profile; this lease keeps them apart whatever the command line says, and
-    across campaigns run side by side on one machine.
+    across campaigns run side by side on one machine. Under SLURM the job's own CPUs are its
+    lease, as for GPUs.
     """
-    if _cpu_held:
+    if _cpu_held or os.environ.get("SLURM_JOB_ID"):
         return 0.0
     fd = os.open(lock_dir() / "cpu.lock", os.O_RDWR | os.O_CREAT, 0o666)
     start = time.monotonic()

@@ -4,6 +4,7 @@
 rule verify:
     input:
         proposals=f"{C}/{{llm}}/{{task}}/gen_{{gen}}/proposals.json",
+        candidates=f"{C}/{{llm}}/{{task}}/gen_{{gen}}/candidates",
         baseline=f"{C}/baselines/{{task}}.json",
         record=f"{C}/tasks/{{task}}.json",
         device=f"{C}/device.json",
