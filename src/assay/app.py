@@ -31,10 +31,13 @@ log = logging.getLogger("assay")
 schemas.register()
 
 
-def step(fn: Callable[[DictConfig], Any], gpu: bool = False) -> Callable[[], Any]:
+def step(fn: Callable[[DictConfig], Any], gpu: bool = False,
+         timing: bool = False) -> Callable[[], Any]:
     """Make ``fn(cfg)`` a Hydra app on the project's config; bad input exits 2 with one line.
 
     ``gpu``: the step runs on the device, so on the cuda target it first takes a GPU lease.
+    ``timing``: the step times code, so on the cpu target it first takes the CPU lease (it
+    holds the cores alone among timing steps; see :func:`assay.gpu.acquire_cpu`).
     """
     import hydra
 
@@ -42,12 +45,8 @@ def step(fn: Callable[[DictConfig], Any], gpu: bool = False) -> Callable[[], Any
     def run(cfg: DictConfig) -> Any:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                             force=True)
-        if gpu and cfg.target.name != "cpu":
-            from assay import gpu as lease
-
-            dev = lease.acquire()
-            if dev is not None:
-                log.info("GPU lease: device %s (CUDA_VISIBLE_DEVICES=%s)", dev, dev)
+        if gpu or timing:
+            take_lease(cfg, gpu, timing)
         try:
             return fn(cfg)
         except (TaskError, UserError) as e:
@@ -79,6 +78,25 @@ def step(fn: Callable[[DictConfig], Any], gpu: bool = False) -> Callable[[], Any
         return hydra_main()
 
     return main
+
+
+def take_lease(cfg: DictConfig, gpu: bool, timing: bool) -> None:
+    """The GPU lease for a device step on the cuda target, the CPU lease for a timing step on
+    the cpu target."""
+    from assay import gpu as lease
+
+    try:
+        tgt = target(cfg)
+    except UserError:
+        return  # the step itself reports the bad target.name
+    if tgt == "cpu":
+        if timing:
+            waited = lease.acquire_cpu()
+            log.info("CPU lease taken%s", f" after {waited:.0f} s" if waited >= 1 else "")
+    elif gpu:
+        dev = lease.acquire()
+        if dev is not None:
+            log.info("GPU lease: device %s (CUDA_VISIBLE_DEVICES=%s)", dev, dev)
 
 
 def split_overrides(text: str) -> list[str]:

@@ -4,7 +4,8 @@
       exit 0 accepted, 1 rejected, 2 bad usage or unreadable input
   assay compare [CAMPAIGN ...] [--results results]
   assay export CAMPAIGN ... / assay report CAMPAIGN ... [--mlflow-ui URL] [--compare-with C ...]
-  assay run [HYDRA_OVERRIDE ...] [--cores N]     the campaign DAG through Snakemake
+  assay run [HYDRA_OVERRIDE|TARGET ...] [--cores N] [--dry-run] [--rerun TASK]
+      the campaign DAG through Snakemake (`assay run --help`)
 
 argparse keeps `assay verify` light: it runs on the GPU machine with torch and small wheels.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -131,18 +133,75 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def snakemake_command(words: list[str], cores: int, dry_run: bool = False,
+                      forcerun: list[str] = (), extra: list[str] = (),
+                      snakefile: Path | None = None) -> list[str]:
+    """The Snakemake command line of ``assay run``: ``words`` holding ``=`` are Hydra overrides,
+    the others targets. Targets come first because ``--forcerun`` and ``--config`` take every
+    word after them; with no override, workflow.yaml's defaults apply, as for a bare
+    ``snakemake``."""
+    overrides = [w for w in words if "=" in w]
+    targets = [w for w in words if "=" not in w]
+    cmd = [sys.executable, "-m", "snakemake", "--cores", str(cores)]
+    if snakefile is not None:
+        cmd += ["--snakefile", str(snakefile)]
+    if dry_run:
+        cmd.append("--dry-run")
+    cmd += targets
+    if forcerun:
+        cmd += ["--forcerun", *forcerun]
+    if overrides:
+        cmd += ["--config", "overrides=[" + ",".join(overrides) + "]"]
+    return cmd + list(extra)
+
+
+def rerun_files(overrides: list[str], tasks: list[str]) -> list[str]:
+    """The first file of each task's DAG, one per LLM backend (translation's proposals):
+    forcing it redoes every stage of the task, verification included, then the campaign's
+    MLflow runs, archive and report."""
+    from assay.app import UserError, campaign, compose, task_refs
+
+    cfg = compose(overrides)
+    known = {r.id for r in task_refs(cfg)[0]}
+    for t in tasks:
+        if t not in known:
+            raise UserError(f"--rerun {t}: not a task of campaign {cfg.campaign} "
+                            f"(tasks.source={cfg.tasks.source}, with its filters)")
+    c = campaign(cfg)
+    return [str(c.proposals(str(llm), t, 0)) for t in tasks for llm in cfg.llms]
+
+
 def _run(args: argparse.Namespace) -> int:
+    from assay.app import UserError
     from assay.resources import snakefile
 
+    overrides = [w for w in args.words if "=" in w]
+    try:
+        forced = rerun_files(overrides, args.rerun) if args.rerun else []
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     # This interpreter runs Snakemake (and through it every step) on the Snakefile inside the
     # package, so `assay run` works from any folder; results land in the current one.
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile()),
-           "--cores", str(args.cores)]
-    if args.overrides:
-        cmd += ["--config", "overrides=[" + ",".join(args.overrides) + "]"]
+    cmd = snakemake_command(args.words, args.cores, args.dry_run, forced, args.snakemake_args,
+                            snakefile())
+    print("assay: " + " ".join(shlex.quote(w) for w in cmd[1:]), file=sys.stderr, flush=True)
     return subprocess.call(cmd)
 
 
+RUN_HELP = """\
+Run the campaign DAG with Snakemake in this folder (results/ lands here).
+
+  assay run                                   the default campaign
+  assay run campaign=ci tasks=ci evolve=ci    the CI campaign (Hydra overrides)
+  assay run --rerun L1_1_ReLU                 every stage of one task again, verdicts included
+  assay run --dry-run                         the jobs a run would do, doing none
+  assay run campaign=ci -- --keep-incomplete  words after -- go to Snakemake as they are
+
+Words holding '=' are Hydra overrides, the others Snakemake targets (files under results/).
+The command it runs is printed first. To start a task from scratch, delete
+results/<campaign>/<llm>/<task>/ and run again. `make run`, `make dry-run` and
+`make rerun TASK=...` call this."""
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="assay", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -173,17 +232,33 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--compare-with", nargs="+", metavar="CAMPAIGN",
                            help="also compare with these campaigns (in the same results folder)")
 
-    r = sub.add_parser("run", help="run the campaign DAG with Snakemake")
-    r.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. campaign=ci tasks=ci")
-    r.add_argument("--cores", type=int, default=2)
-    r.set_defaults(fn=_run)
+    r = sub.add_parser("run", help="run the campaign DAG with Snakemake", description=RUN_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       usage="assay run [OVERRIDE|TARGET ...] [--cores N] [--dry-run] "
+                             "[--rerun TASK] [-- SNAKEMAKE_ARG ...]")
+    r.add_argument("words", nargs="*", metavar="OVERRIDE|TARGET",
+                   help="Hydra overrides (key=value, e.g. campaign=ci tasks=ci) and targets")
+    r.add_argument("--cores", type=int, default=2, help="CPU cores Snakemake may use (default 2)")
+    r.add_argument("-n", "--dry-run", action="store_true", help="list the jobs, run none")
+    r.add_argument("--rerun", action="append", default=[], metavar="TASK",
+                   help="redo every stage of this task (translation to profile, verdicts "
+                        "judged again), then the campaign's tracking, archive and report; "
+                        "repeat it for several tasks")
+    r.set_defaults(fn=_run, snakemake_args=[])
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if argv[:1] == ["run"] and "--" in argv:  # `assay run ... -- SNAKEMAKE_ARG ...`
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
     try:
         args = p.parse_args(argv)
+        if extra:
+            args.snakemake_args = extra
     except SystemExit as e:  # argparse exits 2 on bad usage: the contract's code too
         return int(e.code or 0)
     return args.fn(args)

@@ -53,7 +53,7 @@ def profile(cfg: DictConfig) -> dict:
     return out
 
 
-main = app.step(profile, gpu=True)
+main = app.step(profile, gpu=True, timing=True)
 
 if __name__ == "__main__":
     main()
