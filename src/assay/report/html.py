@@ -27,8 +27,9 @@ from markupsafe import Markup
 from assay.collect import (COLLECT_SCHEMA, SPEND_SCHEMA, best_accepted, collect, device_info,
                            spend, task_ids, task_info, tracked_runs)
 from assay.layout import Campaign, write_atomic
-from assay.report.charts import (OPERATOR_COLORS, PALETTE, svg_bar_chart, svg_line_chart,
-                                 svg_lineage, svg_roofline)
+from assay.verify.policy import ALLOWED_OPS
+from assay.report.charts import (OPERATOR_COLORS, PALETTE, svg_bandwidth, svg_bar_chart,
+                                 svg_line_chart, svg_lineage, svg_roofline)
 from assay.report.compare import compare_frame, per_task
 from assay.report.highlight import css as highlight_css
 from assay.report.highlight import highlight_code
@@ -106,6 +107,35 @@ def _reason_list(row: dict[str, Any]) -> list[str]:
     return ["error"] if row["error"] else ["unspecified"]
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _speed_class(speedup: float | None) -> str:
+    """The badge of a speedup over eager: green only for a real gain (>= 1.0x)."""
+    if speedup is None:
+        return "unknown-tag"
+    return "faster-tag" if speedup >= 1.0 else "slower-tag"
+
+
+def _on_cpu(row: dict[str, Any]) -> bool:
+    target = row.get("target")
+    if target:
+        return target == "cpu"
+    return not str(row.get("device") or "").startswith("cuda")
+
+
+def _launched(row: dict[str, Any]) -> dict[str, Any]:
+    """What the profiler saw the kernel run, as the card shows it. On cuda: the device kernels.
+    On cpu the profiler sees ATen ops only (the candidate's own C++ code is invisible to it), and
+    allocations, views and copies (aten::empty...) are no one's kernels: only ATen compute ops
+    are named, and their absence is said."""
+    names = list(row.get("kernels_launched") or [])
+    if not _on_cpu(row):
+        return {"cpu": False, "names": names}
+    return {"cpu": True, "names": [n for n in names if n not in ALLOWED_OPS]}
+
+
 def _roofline_pct(row: dict[str, Any] | None) -> float | None:
     if row is None or row["roofline_ms"] is None or not row["runtime_ms"]:
         return None
@@ -132,7 +162,7 @@ def _leaderboard(campaign: Campaign, df: pl.DataFrame, spent: pl.DataFrame,
         elif rows.is_empty():
             sp = spent.filter(pl.col("task") == t)
             n_declined = int(sp["declined"].sum()) if sp.height else 0
-            verdict = (f"no candidate; {n_declined} proposal(s) declined"
+            verdict = (f"no candidate: the LLM declined {_count(n_declined, 'proposal')}"
                        if n_declined and not int(sp["proposed"].sum()) else "not verified yet")
         else:
             reasons = Counter(r for row in rows.iter_rows(named=True) for r in _reason_list(row))
@@ -215,30 +245,49 @@ def _fast_curve(df: pl.DataFrame, spent: pl.DataFrame, ps: list[float]) -> list[
 
 
 def _roofline(df: pl.DataFrame, llms: list[str], device: dict[str, Any],
-              best_ids: set[tuple[str, str, str]]) -> tuple[Markup, int, int]:
-    """The roofline scatter of every accepted, timed kernel of a task with known FLOPs and
-    bytes; returns the chart, the number of points and the number left out."""
+              best_ids: set[tuple[str, str, str]]) -> dict[str, Any]:
+    """Every accepted, timed kernel on one of two charts: the roofline (tasks that count FLOPs:
+    intensity against GFLOP/s) or the bandwidth roof (tasks with bytes but no FLOPs, whose
+    intensity is 0: traffic against GB/s). Kernels of tasks with neither count are left out,
+    and counted."""
     acc = df.filter(pl.col("accepted") & pl.col("runtime_ms").is_not_null()
                     & (pl.col("runtime_ms") > 0))
-    points, left_out = [], 0
+    compute, memory, left_out = [], [], 0
     for r in acc.iter_rows(named=True):
-        if not r["flops"] or not r["min_bytes"] or r["flops"] <= 0 or r["min_bytes"] <= 0:
+        flops, nbytes = r["flops"] or 0.0, r["min_bytes"] or 0.0
+        if nbytes <= 0 or flops < 0:
             left_out += 1
             continue
-        ai = r["flops"] / r["min_bytes"]
-        gflops = r["flops"] / (r["runtime_ms"] * 1e-3) / 1e9
+        seconds = r["runtime_ms"] * 1e-3
+        gbs = nbytes / seconds / 1e9
         pct = _roofline_pct(r)
         is_best = (r["llm"], r["task"], r["candidate"]) in best_ids
-        points.append({
-            "ai": ai, "gflops": gflops, "series": r["llm"], "best": is_best,
-            "href": f"#kernel-{_slug(r['task'])}" if is_best else None,
-            "title": (f"{r['task']}: {r['candidate']} ({r['llm']}, generation "
-                      f"{r['generation']})\n{ai:.3g} FLOP/byte, {gflops:.3g} GFLOP/s, "
-                      f"{_x(r['speedup_eager'])} over eager"
-                      + (f", {pct:.1f}% of roofline" if pct is not None else ""))})
-    chart = svg_roofline(points, llms, bandwidth_gbs=device.get("bandwidth_gbs"),
-                         flops_tflops=device.get("flops_tflops"))
-    return chart, len(points), left_out
+        head = f"{r['task']}: {r['candidate']} ({r['llm']}, generation {r['generation']})"
+        tail = (f", {_x(r['speedup_eager'])} over eager"
+                + (f", {pct:.1f}% of roofline" if pct is not None else ""))
+        point = {"series": r["llm"], "best": is_best,
+                 "href": f"#kernel-{_slug(r['task'])}" if is_best else None}
+        if flops > 0:
+            ai, gflops = flops / nbytes, flops / seconds / 1e9
+            compute.append({**point, "ai": ai, "gflops": gflops,
+                            "title": f"{head}\n{ai:.3g} FLOP/byte, {gflops:.3g} GFLOP/s{tail}"})
+        else:
+            memory.append({**point, "bytes": nbytes, "gbs": gbs,
+                           "title": f"{head}\n{_si_bytes(nbytes)} moved at least, "
+                                    f"{gbs:.3g} GB/s{tail}"})
+    return {
+        "chart": svg_roofline(compute, llms, bandwidth_gbs=device.get("bandwidth_gbs"),
+                              flops_tflops=device.get("flops_tflops")) if compute else None,
+        "bandwidth_chart": svg_bandwidth(memory, llms, bandwidth_gbs=device.get("bandwidth_gbs"))
+        if memory else None,
+        "n_compute": len(compute), "n_memory": len(memory), "left_out": left_out}
+
+
+def _si_bytes(v: float) -> str:
+    for div, suffix in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if v >= div:
+            return f"{v / div:.3g} {suffix}"
+    return f"{v:.0f} B"
 
 
 def _node_lines(row: dict[str, Any] | None, cid: str, gen: int) -> tuple[list[str], str]:
@@ -313,6 +362,8 @@ def _lineage(df: pl.DataFrame, best: dict[str, Any], links: dict[tuple[str, str]
                         for p in parents],
             "tag": (_x(row["speedup_eager"]) if status == "accepted"
                     else ", ".join(_reason_list(row))),
+            "tag_class": (_speed_class(row["speedup_eager"]) if status == "accepted"
+                          else f"{status}-tag"),
             "diff_from": parents[0] if first is not None else None,
             "diff": highlight_code(_diff(first["code"], row["code"], parents[0], cid), "diff")
             if first is not None else None,
@@ -386,12 +437,13 @@ def report_context(campaign: Campaign, *, mlflow_ui: str | None = None,
                 continue
             lineage = _lineage(df, b, links)
             kernels.append({**row, "src_anchor": _src_id(b["llm"], b["task"], b["candidate"]),
-                            "lineage": lineage,
+                            "lineage": lineage, "launched": _launched(b),
+                            "tag_class": _speed_class(b["speedup_eager"]),
                             "best_source": next(m["source"] for m in lineage["members"]
                                                 if m["is_best"]),
                             "task_source": highlight_code(b["task_source"])})
     best_ids = {(k["best"]["llm"], k["task"], k["best"]["candidate"]) for k in kernels}
-    roofline, n_roof, roof_left_out = _roofline(df, llms, device, best_ids)
+    roofline = _roofline(df, llms, device, best_ids)
     others = [c for c in compare_with if c.root.resolve() != campaign.root.resolve()]
     return {
         "campaign": campaign.name,
@@ -413,9 +465,7 @@ def report_context(campaign: Campaign, *, mlflow_ui: str | None = None,
         "fast_chart": fast_chart,
         "fast_ps": FAST_P_TABLE,
         "fast_rows": fast_rows,
-        "roofline_chart": roofline,
-        "n_roofline": n_roof,
-        "roofline_left_out": roof_left_out,
+        "roofline": roofline,
         "rejections": rejections,
         "rejection_chart": rejection_chart,
         "costs": _costs(df, spent, llms),
@@ -537,7 +587,8 @@ svg a:hover rect, svg a:hover circle { filter: brightness(0.92); }
 .note { color: #5a6672; font-size: 13px; }
 .tag { display: inline-block; border-radius: 4px; padding: 0 6px; font-size: 12px;
        color: #fff; }
-.accepted-tag { background: #1a7f37; } .rejected-tag { background: #b42318; }
+.accepted-tag, .faster-tag { background: #1a7f37; } .rejected-tag { background: #b42318; }
+.slower-tag { background: #9a6700; }
 .unknown-tag { background: #8c959f; }
 </style>
 </head>
@@ -631,7 +682,8 @@ name; tasks by id.</p>
 <td class="n">{% if c.speedup is not none %}{{ c.speedup | x }}
 {%- elif c.tried %}&#10007;{% else %}-{% endif %}</td>
 {% endfor %}
-<td class="v">{{ r.verdict }} ({{ r.n_accepted }}/{{ r.n_candidates }})</td>
+<td class="v">{{ r.verdict }}{% if r.n_candidates %} ({{ r.n_accepted }}/{{ r.n_candidates }}
+accepted){% endif %}</td>
 <td>{{ run(r.link) }}</td></tr>
 {% endfor %}
 </table>
@@ -661,13 +713,28 @@ tracked yet){% endif %}.</p>
 </table>
 
 <h2 id="roofline">Roofline</h2>
-<p class="note">Every accepted, timed kernel ({{ n_roofline }}): the task's FLOPs over its
-minimum memory traffic against the FLOPs per second the kernel attained; the line is the
-device's measured roof{% if not device.bandwidth_gbs or not device.flops_tflops %} (unknown:
-no <code>device.json</code> peaks){% endif %}. Large outlined points are the tasks' best
-kernels.{% if roofline_left_out %} {{ roofline_left_out }} kernel(s) of tasks without FLOP or
-byte counts are not drawn.{% endif %}</p>
-{{ roofline_chart }}
+<p class="note">Every accepted, timed kernel, on the chart its task's counts allow. The line is
+the device's measured roof{% if not device.bandwidth_gbs or not device.flops_tflops %} (unknown:
+no <code>device.json</code> peaks){% endif %}; large outlined points are the tasks' best
+kernels.{% if roofline.left_out %} {{ roofline.left_out }} kernel(s) of tasks without a byte
+count are not drawn.{% endif %}</p>
+{% if roofline.chart %}
+<h3>Compute: tasks that count FLOPs ({{ roofline.n_compute }})</h3>
+<p class="note">The task's FLOPs over its minimum memory traffic (arithmetic intensity) against
+the FLOPs per second the kernel attained.</p>
+{{ roofline.chart }}
+{% endif %}
+{% if roofline.bandwidth_chart %}
+<h3 id="bandwidth">Memory-bound: tasks that count no FLOPs ({{ roofline.n_memory }})</h3>
+<p class="note">Their arithmetic intensity is 0 (nothing on the roofline's log axis), so they
+are measured against the bandwidth roof alone: the task's minimum memory traffic against the
+bytes per second the kernel attained moving it (minimum traffic / runtime; real traffic can only
+be larger).</p>
+{{ roofline.bandwidth_chart }}
+{% endif %}
+{% if not roofline.chart and not roofline.bandwidth_chart %}
+<p>No accepted, timed kernel to draw.</p>
+{% endif %}
 
 <h2 id="rejections">Rejected candidates by reason</h2>
 {% if rejections %}
@@ -726,7 +793,7 @@ candidates (several per task possible); solved tasks: tasks with at least one.</
 {% set b = k.best %}
 <section class="kernel" id="kernel-{{ k.anchor }}">
 <h3><code>{{ k.task }}</code>: <code>{{ b.candidate }}</code>
-<span class="tag accepted-tag">{{ b.speedup_eager | x }} over eager</span></h3>
+<span class="tag {{ k.tag_class }}">{{ b.speedup_eager | x }} over eager</span></h3>
 <table>
 <tr><th>llm</th><th>model</th><th>generation</th><th>operator</th><th>strategy</th>
 <th>runtime</th><th>vs eager</th><th>vs compile</th><th>% of roofline</th><th>max abs err</th>
@@ -739,8 +806,13 @@ candidates (several per task possible); solved tasks: tasks with at least one.</
 <td class="n">{{ b.cost_usd | usd }}</td>
 <td>{{ run(k.link) }}</td></tr>
 </table>
-{% if b.kernels_launched %}<p class="note">Kernels launched:
-{% for n in b.kernels_launched %}<code>{{ n }}</code>{{ ", " if not loop.last }}{% endfor %}.</p>
+{% if k.launched.cpu %}<p class="note">{% if k.launched.names %}Ops it ran:
+{% for n in k.launched.names %}<code>{{ n }}</code>{{ ", " if not loop.last }}{% endfor %}.
+{% else %}No compute op ran: the work was its own compiled code.{% endif %} (On the cpu target
+the profiler sees ATen ops, not the candidate's C++ functions; allocations, views and copies
+are not listed.)</p>
+{% elif k.launched.names %}<p class="note">Kernels launched:
+{% for n in k.launched.names %}<code>{{ n }}</code>{{ ", " if not loop.last }}{% endfor %}.</p>
 {% endif %}
 <p class="note">Lineage: {{ k.lineage.n_nodes }} candidate(s); arrows run from parent to child,
 coloured by how the child was made; the outlined box is the best kernel. Click a box for its
@@ -756,7 +828,7 @@ kernel <code>{{ b.candidate }}</code></summary>
 {% for m in k.lineage.members if not m.is_best %}
 <details id="{{ m.anchor }}"><summary>ancestor <code>{{ m.row.candidate }}</code>:
 generation {{ m.row.generation }}, {{ m.row.operator or "?" }}
-<span class="tag {{ m.status }}-tag">{{ m.tag }}</span></summary>
+<span class="tag {{ m.tag_class }}">{{ m.tag }}</span></summary>
 {% if m.diff %}<p class="note">Changes from its parent <code>{{ m.diff_from }}</code>:</p>
 <pre class="hl"><code>{{ m.diff }}</code></pre>
 {% else %}<pre class="hl"><code>{{ m.source }}</code></pre>{% endif %}
