@@ -353,3 +353,31 @@ def test_report_step(tmp_path: Path) -> None:
     bad = subprocess.run(cmd + ["report.compare_with=[nope]"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "no such campaign folder" in bad.stderr
+
+
+def test_report_links_compare_backends_in_mlflow(tmp_path: Path, monkeypatch) -> None:
+    """Two tracked backends: each task's row links to MLflow's run comparison of both
+    backends' runs of that task, and the summary to the comparison of their parent runs."""
+    from urllib.parse import parse_qs, unquote, urlsplit
+    import html as htmlmod
+    import json
+
+    monkeypatch.delenv("ASSAY_MLFLOW_UI", raising=False)
+    c = make_fake_campaign(tmp_path, tasks=2, gens=1, tracked=True)
+    html = write_report(c).read_text()
+    assert_self_contained(html)
+    urls = [htmlmod.unescape(u) for u in
+            re.findall(r'<a href="([^"]*#/compare-runs[^"]*)"', html)]
+    assert len(urls) == 1 + 2  # the backends, then one per task
+    for url, key, task in [(urls[0], "parent_run_id", "L1_1_ReLU"),
+                           (urls[1], "run_id", "L1_1_ReLU"),
+                           (urls[2], "run_id", "L2_1_Conv2d_ReLU_BiasAdd")]:
+        assert url.startswith(f"{DEFAULT_MLFLOW_UI}/#/compare-runs?")
+        query = parse_qs(urlsplit(unquote(url.split("#", 1)[1])).query)
+        want = [read_json(c.tracked(lm, task))[key] for lm in ("fakellm", "offline")]
+        assert sorted(json.loads(query["runs"][0])) == sorted(want)
+        assert json.loads(query["experiments"][0]) == ["7"]
+    # one backend: nothing to compare
+    one = make_fake_campaign(tmp_path, name="one", tasks=1, gens=1, llms=("offline",),
+                             tracked=True)
+    assert "compare-runs" not in write_report(one).read_text()

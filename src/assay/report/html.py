@@ -11,6 +11,7 @@ sources, syntax-highlighted. Rows link to their MLflow runs (``<llm>/<task>/trac
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 import re
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import polars as pl
 from jinja2 import DictLoader, Environment
@@ -34,7 +36,7 @@ from assay.report.compare import compare_frame, per_task
 from assay.report.highlight import css as highlight_css
 from assay.report.highlight import highlight_code
 
-__all__ = ["DEFAULT_MLFLOW_UI", "mlflow_run_url", "render_report", "report_context",
+__all__ = ["DEFAULT_MLFLOW_UI", "mlflow_compare_url", "mlflow_run_url", "render_report", "report_context",
            "svg_bar_chart", "svg_line_chart", "write_report", "PALETTE", "OPERATOR_COLORS"]
 
 FAST_P_GRID = [round(0.01 * i, 2) for i in range(301)]  # p in 0..3
@@ -53,14 +55,37 @@ def mlflow_ui_base(explicit: str | None = None) -> str:
     return (explicit or os.environ.get("ASSAY_MLFLOW_UI") or DEFAULT_MLFLOW_UI).rstrip("/")
 
 
+def _ui_of(tracked: dict[str, Any], base: str) -> str:
+    """A tracking server is its own UI; a database's runs are shown by the UI at ``base``."""
+    uri = str(tracked.get("tracking_uri") or "")
+    if re.match(r"https?://", uri) and "***" not in uri:
+        return uri.rstrip("/")
+    return base
+
+
 def mlflow_run_url(tracked: dict[str, Any] | None, base: str) -> str | None:
     """The MLflow UI page of a run recorded in a ``tracked.json`` (None without ids)."""
     if not tracked or not tracked.get("experiment_id") or not tracked.get("run_id"):
         return None
-    uri = str(tracked.get("tracking_uri") or "")
-    if re.match(r"https?://", uri) and "***" not in uri:
-        base = uri.rstrip("/")
-    return f"{base}/#/experiments/{tracked['experiment_id']}/runs/{tracked['run_id']}"
+    return (f"{_ui_of(tracked, base)}/#/experiments/{tracked['experiment_id']}/runs/"
+            f"{tracked['run_id']}")
+
+
+def mlflow_compare_url(tracked: Sequence[dict[str, Any]], base: str, key: str = "run_id"
+                       ) -> str | None:
+    """The MLflow UI's run comparison (``#/compare-runs``) of the runs ``key`` names in several
+    ``tracked.json`` (``run_id``: the tasks' child runs; ``parent_run_id``: the backends' parent
+    runs). None unless at least two distinct runs of one UI are known."""
+    usable = [t for t in tracked if t.get(key) and t.get("experiment_id")]
+    runs = list(dict.fromkeys(str(t[key]) for t in usable))
+    uis = {_ui_of(t, base) for t in usable}
+    if len(runs) < 2 or len(uis) != 1:
+        return None
+    exps = list(dict.fromkeys(str(t["experiment_id"]) for t in usable))
+    query = urlencode({"runs": json.dumps(runs, separators=(",", ":")),
+                       "experiments": json.dumps(exps, separators=(",", ":"))},
+                      quote_via=quote)
+    return f"{uis.pop()}/#/compare-runs?{query}"
 
 
 def _slug(*parts: str) -> str:
@@ -143,7 +168,8 @@ def _roofline_pct(row: dict[str, Any] | None) -> float | None:
 
 
 def _leaderboard(campaign: Campaign, df: pl.DataFrame, spent: pl.DataFrame,
-                 llms: list[str], links: dict[tuple[str, str], str]) -> list[dict[str, Any]]:
+                 llms: list[str], links: dict[tuple[str, str], str],
+                 compare: dict[str, str]) -> list[dict[str, Any]]:
     tasks = sorted(set(task_ids(campaign)) | set(df["task"].unique().to_list())
                    | set(spent["task"].unique().to_list()))
     infos = {t: task_info(campaign, t) for t in tasks}
@@ -176,7 +202,7 @@ def _leaderboard(campaign: Campaign, df: pl.DataFrame, spent: pl.DataFrame,
             "task": t, "anchor": _slug(t), "name": info["name"], "best": b,
             "roofline_pct": _roofline_pct(b), "verdict": verdict, "n_candidates": rows.height,
             "n_accepted": int(rows["accepted"].sum()) if rows.height else 0,
-            "link": link,
+            "link": link, "compare": compare.get(t),
             "per_llm": [{"speedup": per_llm[(lm, t)]["speedup_eager"]
                          if (lm, t) in per_llm else None,
                          "tried": lm in tried, "link": links.get((lm, t))} for lm in llms],
@@ -412,8 +438,15 @@ def report_context(campaign: Campaign, *, mlflow_ui: str | None = None,
     device = {"name": None, "bandwidth_gbs": None, "flops_tflops": None,
               **device_info(campaign)}
     base = mlflow_ui_base(mlflow_ui)
-    links = {k: url for k, v in tracked_runs(campaign).items()
+    tracked = tracked_runs(campaign)
+    links = {k: url for k, v in tracked.items()
              if (url := mlflow_run_url(v, base)) is not None}
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for (_, t), v in sorted(tracked.items()):
+        by_task.setdefault(t, []).append(v)
+    compare = {t: url for t, vs in by_task.items()
+               if (url := mlflow_compare_url(vs, base)) is not None}
+    compare_llms = mlflow_compare_url(list(tracked.values()), base, key="parent_run_id")
 
     def of(frame: pl.DataFrame, lm: str) -> pl.DataFrame:
         return frame.filter(pl.col("llm") == lm)
@@ -428,7 +461,7 @@ def report_context(campaign: Campaign, *, mlflow_ui: str | None = None,
     fast_rows = [{"llm": lm, "values": _fast_curve(of(df, lm), of(spent, lm), list(FAST_P_TABLE))}
                  for lm in llms]
     rejections, rejection_chart = _rejections(df, llms, links)
-    leaderboard = _leaderboard(campaign, df, spent, llms, links)
+    leaderboard = _leaderboard(campaign, df, spent, llms, links, compare)
     kernels = []
     for lvl in leaderboard:
         for row in lvl["rows"]:
@@ -458,6 +491,7 @@ def report_context(campaign: Campaign, *, mlflow_ui: str | None = None,
         "colors": {lm: PALETTE[i % len(PALETTE)] for i, lm in enumerate(llms)},
         "mlflow_ui": base,
         "n_links": len(links),
+        "compare_llms": compare_llms,
         "summary": compare_frame(df, spent).to_dicts(),
         "leaderboard": leaderboard,
         "hist_chart": hist,
@@ -593,8 +627,9 @@ svg a:hover rect, svg a:hover circle { filter: brightness(0.92); }
 </style>
 </head>
 <body><main>
-{% macro run(link) %}{% if link %}<a href="{{ link }}" target="_blank" rel="noopener">run</a>
-{%- else %}-{% endif %}{% endmacro %}
+{% macro ext(link, text) %}<a href="{{ link }}" target="_blank" rel="noopener">{{ text }}</a>
+{%- endmacro %}
+{% macro run(link) %}{% if link %}{{ ext(link, "run") }}{% else %}-{% endif %}{% endmacro %}
 <h1>Assay report: <code>{{ campaign }}</code></h1>
 <p class="meta">{{ n_candidates }} verified candidates, {{ n_accepted }} accepted;
 LLM backends: {{ llms | join(", ") or "none" }};
@@ -626,6 +661,8 @@ target: {{ targets | join(", ") or "-" }}; generated {{ generated }}.</p>
 </table>
 <p class="note">fast_1: fraction of tried tasks whose best accepted kernel beats eager PyTorch
 (speedup &gt; 1). The geometric mean is over tasks with an accepted kernel only.</p>
+{% if compare_llms %}<p>{{ ext(compare_llms, "compare the backends in MLflow") }} (their parent runs side by side; each task's <b>compare</b> link in the
+leaderboard does the same for that task's runs).</p>{% endif %}
 {% else %}
 <p>No verified candidates yet.</p>
 {% endif %}
@@ -684,7 +721,7 @@ name; tasks by id.</p>
 {% endfor %}
 <td class="v">{{ r.verdict }}{% if r.n_candidates %} ({{ r.n_accepted }}/{{ r.n_candidates }}
 accepted){% endif %}</td>
-<td>{{ run(r.link) }}</td></tr>
+<td>{{ run(r.link) }}{% if r.compare %} {{ ext(r.compare, "compare") }}{% endif %}</td></tr>
 {% endfor %}
 </table>
 {% else %}
@@ -693,7 +730,7 @@ accepted){% endif %}</td>
 <p class="note">Per-LLM columns: that backend's best accepted speedup over eager
 (&#10007;: tried, nothing accepted). % of roofline = roofline time / measured time.
 The verdict column counts accepted / verified candidates. MLflow: the task's child run of the
-best kernel's backend{% if n_links %} in the MLflow UI at <code>{{ mlflow_ui }}</code>
+best kernel's backend, and (compare) all its backends' runs side by side{% if n_links %} in the MLflow UI at <code>{{ mlflow_ui }}</code>
 (<code>mlflow ui --backend-store-uri sqlite:///results/mlflow.db</code>){% else %} (none
 tracked yet){% endif %}.</p>
 
