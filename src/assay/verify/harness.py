@@ -38,6 +38,7 @@ from assay.records import Verdict
 from assay.tasks.instantiate import as_outputs, init_inputs, make_inputs, reference_model
 from assay.tasks.model import Task
 from assay.verify import policy as policy_mod
+from assay.verify.quiet import no_kineto_markers
 from assay.verify.sandbox import run_sandboxed
 from assay.verify.settings import VerifyConfig
 from assay.verify.worker import cuda_ipc_export, plan_slots
@@ -535,7 +536,8 @@ def _fill(buf: torch.Tensor, prep: Prepared, descs: dict[str, Any]) -> None:
 
 def _profile_ops(model, inputs: list) -> list[str]:
     try:  # the autograd profiler's front end: torch.profiler.profile imports dynamo (seconds)
-        with torch.no_grad(), torch.autograd.profiler.profile(use_kineto=True) as prof:
+        with no_kineto_markers(), torch.no_grad(), \
+                torch.autograd.profiler.profile(use_kineto=True) as prof:
             model(*inputs)
         rows = [{"name": e.key} for e in prof.key_averages()]
         return sorted(policy_mod.compute_ops(rows))
