@@ -19,6 +19,7 @@ from assay.tasks.model import Task
 from assay.verify import policy as policy_mod
 from assay.verify.arenas import FileArena, Layout, describe_inputs, fill_inputs
 from assay.verify.compare import compare_tensor, is_inexact, reference_stats, wide_dtype
+from assay.verify.quiet import no_kineto_markers
 from assay.verify.settings import VerifyConfig
 
 
@@ -141,7 +142,8 @@ class Prepared:
 
 def _profile_ops(model, inputs: list) -> list[str]:
     try:  # the autograd profiler's front end: torch.profiler.profile imports dynamo (seconds)
-        with torch.no_grad(), torch.autograd.profiler.profile(use_kineto=True) as prof:
+        with no_kineto_markers(), torch.no_grad(), \
+                torch.autograd.profiler.profile(use_kineto=True) as prof:
             model(*inputs)
         rows = [{"name": e.key} for e in prof.key_averages()]
         return sorted(policy_mod.compute_ops(rows))

@@ -60,6 +60,7 @@ import torch  # noqa: E402
 from assay.bench import timing  # noqa: E402  (captures the original clocks at import)
 from assay.tasks import instantiate  # noqa: E402
 from assay.tasks.instantiate import as_outputs, seeded  # noqa: E402
+from assay.verify.quiet import no_kineto_markers  # noqa: E402
 
 _T_TORCH = _CLOCK()
 # The worker's own checks use these, captured before any candidate code: patching torch.equal
@@ -385,7 +386,7 @@ def profiled(fn, device: torch.device):
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
                                          else [])
         prof = profile(activities=acts)
-    with torch.no_grad(), prof:
+    with no_kineto_markers(), torch.no_grad(), prof:  # kineto's USDT lines: quiet.py
         fn()
         timing.sync(device)
     return prof
