@@ -1006,6 +1006,8 @@ def _judge_report(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -
                 f"{v.roofline_ms:.4g} ms: impossible, so something was skipped or faked"
                 if v.runtime_ms < floor else "")
 
+    if "audit" in result:  # the audit covered every timed call (assay.verify.worker.CallAudit)
+        v.check("audit_consistency", *policy_mod.audit_consistency(result["audit"], prep.device))
     if "kernels" in result:
         rows = result["kernels"]
         audit = policy_mod.audit(rows, prep.device, cfg.policy, cfg.max_library_time_frac)
