@@ -213,14 +213,16 @@ CHECK_DESCRIPTIONS = {
     "stream_ordered": "no device work escapes the caller's stream",
     "harness_integrity": "clocks and sync functions are the originals",
     "global_state": "process-wide settings (TF32, cuDNN flags, threads, dtype) unchanged",
-    "kernel_audit": "strict: no ATen compute op or library kernel in the profiled call; on cuda "
-                    "at least one kernel launched",
+    "kernel_audit": "strict: no ATen compute op or library kernel in the timed calls (every "
+                    "one is profiled); on cuda at least one kernel launched",
+    "audit_consistency": "every call is in the audit's trace and the timed calls all ran the "
+                         "same ops and kernels (no implementation chosen per call)",
     "roofline": "runtime not below max(bytes / bandwidth, FLOPs / peak) of the device",
     "task_not_degenerate": "the task's output depends on its inputs",
 }
 POLICIES = {
     "strict": "only the candidate's own kernels count: any ATen compute op or library kernel "
-              "(cuBLAS, cuDNN, ATen's) in the profiled call rejects it",
+              "(cuBLAS, cuDNN, ATen's) in the timed calls rejects it",
     "permissive": "library calls are allowed and their share of the time is reported "
                   "(`library_time_frac`), up to `max_library_time_frac`",
 }

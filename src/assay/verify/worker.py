@@ -484,7 +484,9 @@ def attribute_calls(events: list[dict[str, Any]], cuda: bool) -> list[list[dict[
         for e in events:
             if e["cpu"]:
                 continue
-            t = launch.get(e["corr"], linked.get(e["linked"]))
+            t = launch.get(e["corr"])
+            if t is None and e["linked"]:
+                t = linked.get(e["linked"])
             i = call_of(t) if t is not None else -1
             if i >= 0:
                 add(i, e["name"], "kernel", (e["end"] - e["start"]) / 1e3, 0.0)
