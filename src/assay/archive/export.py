@@ -199,7 +199,7 @@ def _check_names(df: pl.DataFrame) -> list[str]:
 
 POLICIES = {
     "strict": "only the candidate's own kernels count: any ATen compute op or library kernel "
-              "(cuBLAS, cuDNN, ATen's) in the profiled call rejects it",
+              "(cuBLAS, cuDNN, ATen's) in the timed calls rejects it",
     "permissive": "library calls are allowed and their share of the time is reported "
                   "(`library_time_frac`), up to `max_library_time_frac`",
 }

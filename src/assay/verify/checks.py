@@ -67,10 +67,17 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           "thread counts, default dtype)"),
     Check("roofline", "a runtime below `max(bytes / bandwidth, FLOPs / peak)` of the measured "
           "device", when="the task has FLOPs/bytes and the device has measured peaks"),
+    Check("audit_consistency", "a candidate that runs another implementation when it thinks "
+          "it is audited (asks torch whether a profiler runs, reads its caller's stack, counts "
+          "calls, times the gaps between them): timed calls that ran different ATen ops or "
+          "kernels, a trace that lost calls (the profiler stopped), on cuda verified timed "
+          "calls whose device time differs from the others' by over 2x",
+          when="`verify.audit` is on"),
     Check("kernel_audit", "under `strict`, any ATen compute op or library kernel (cuBLAS, "
-          "cuDNN, ATen's) in the profiled call, from Python or from C++; under `permissive`, "
-          "library time above `max_library_time_frac`; on cuda, a call that runs no kernel of "
-          "its own", when="`verify.audit` is on"),
+          "cuDNN, ATen's) in the timed calls, from Python, from C++ or from a thread of its "
+          "own; under `permissive`, library time above `max_library_time_frac`; on cuda, a "
+          "call that runs no kernel of its own. The profiler runs over every call from before "
+          "the candidate loads, so what is audited is what is timed", when="`verify.audit` is on"),
     Check("reference_fallback", "a candidate that runs the reference's own ops (a try/except "
           "fallback, or the task's module called again)", when="`verify.audit` and "
           "`verify.reject_reference_ops` are on"),

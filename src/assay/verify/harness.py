@@ -310,6 +310,9 @@ def _judge_report(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -
     _check_timing(v, result, found.unsettled)
     _check_integrity(v, result, w.tampered_inputs)
     _check_speed(v, cfg)
+    if "audit" in result:  # the audit covered every timed call (assay.verify.worker.CallAudit)
+        checks.record(v, "audit_consistency",
+                      *policy_mod.audit_consistency(result["audit"], prep.device))
     if "kernels" in result:
         _check_kernels(v, result["kernels"], prep, cfg)
 
