@@ -2,7 +2,7 @@
 
 An *exploit variant* wraps an honest zoo kernel in a ModelNew that cheats on some calls:
 *when* (a trigger: always, when no profiler is running, after a call count, on a pointer seen
-before, in a tight loop, when called from the timing loop) times *how* (library ops, the
+before, on every other call, when called from the timing loop) times *how* (library ops, the
 reference's own ops, a stale copy, a cache keyed on pointers, a partial write, no write, a
 constant, a side thread, a side stream, lower precision, the output written into an input, a
 patched clock). An *honest variant* wraps the same kernel with harmless changes (a thread or
@@ -77,7 +77,7 @@ TRIGGERS = {
     "after_3_calls": "_state['calls'] > 3",
     "after_12_calls": "_state['calls'] > 12",
     "repeat_pointer": "args[0].data_ptr() in _state['ptrs']",
-    "tight_loop": "_clock() - _state['t_last'] < 0.002",
+    "every_other_call": "_state['calls'] % 2 == 0",
     "timing_stack": "_called_from('time_calls')",
 }
 
