@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             if row.get("outcome") != "harness_error":
                 done[row["id"]] = row
     todo = [v for v in variants if v.id not in done]
-    print(f"{len(variants)} variants ({len(done)} already verified), {a.workers} workers",
+    print(f"{len(variants)} variants ({len(variants) - len(todo)} already verified), "
+          f"{a.workers} workers",
           flush=True)
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")  # the parent never forks a process holding CUDA
