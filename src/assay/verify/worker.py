@@ -50,6 +50,7 @@ import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 import types  # noqa: E402
@@ -153,11 +154,13 @@ _MISSING = object()
 
 def _watched() -> dict[str, Any]:
     """Namespaces whose functions the worker (or a naive harness) relies on: clocks, sync,
-    comparison, tensor methods, and the worker's and timing module's own functions."""
+    comparison, statistics, tensor methods, and the worker's and timing module's own functions."""
     return {"builtins": builtins, "time": _time, "torch": torch, "torch.Tensor": torch.Tensor,
             "torch._C.TensorBase": torch._C.TensorBase, "torch.cuda": torch.cuda,
             "torch.cuda.Event": torch.cuda.Event, "torch.cuda.Stream": torch.cuda.Stream,
             "torch.testing": torch.testing, "assay.bench.timing": timing,
+            # what the timing module summarizes samples with (a patched median halves a time)
+            "statistics": statistics, "math": math,
             "assay.tasks.instantiate": instantiate, "assay.verify.worker": sys.modules[__name__]}
 
 
