@@ -21,6 +21,7 @@ import ctypes
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -38,6 +39,8 @@ from assay.records import Verdict
 from assay.tasks.instantiate import as_outputs, init_inputs, make_inputs, reference_model
 from assay.tasks.model import Task
 from assay.verify import policy as policy_mod
+from assay.verify.memory import Plan, TooLarge, plan_task
+from assay.verify.preflight import preflight
 from assay.verify.sandbox import run_sandboxed
 from assay.verify.settings import VerifyConfig
 from assay.verify.worker import cuda_ipc_export, plan_slots
@@ -579,12 +582,16 @@ def _degenerate(refs: list[list[torch.Tensor]], refs64: list, stats: list, dists
             f"so an input-ignoring constant would pass")
 
 
-def prepare(task: Task, device: str, cfg: VerifyConfig) -> Prepared:
+def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None) -> Prepared:
     """Draw secret seeds, build the reference and compute the expected outputs (task dtype and
-    float64), all on ``device``."""
+    float64), all on ``device``. Raises :class:`TooLarge` (before allocating anything of the
+    task's size) when the memory plan says this machine cannot hold the verification."""
     t0 = time.perf_counter()
     set_reference_numerics(cfg.allow_tf32)
     device = resolve_device(device)
+    plan = plan or plan_task(task, device, cfg)
+    if plan is not None and not plan.fits:
+        raise TooLarge(plan)
     module = task.module()
     init_seed = secrets.randbits(31)
     model = reference_model(module, init_seed, device)
@@ -728,7 +735,10 @@ class WorkerRun:
     def run(self) -> None:
         prep, cfg, times = self.prep, self.cfg, self.times
         t = time.perf_counter()
-        cand_copy = self.scratch / "candidate.py"
+        # The user's file name, so the worker's tracebacks and messages name their file.
+        name = self.candidate.name
+        cand_copy = self.scratch / (name if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.py", name)
+                                    else "candidate.py")
         shutil.copyfile(self.candidate, cand_copy)
         job = _job_base(prep, cand_copy, cfg)
         slots = plan_slots(prep.check_sets, prep.timing_sets, prep.swap_sets, cfg.min_runs)
@@ -804,9 +814,10 @@ def run_worker(prep: Prepared, candidate: Path, cfg: VerifyConfig) -> tuple[dict
 def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig | None = None,
            baseline: dict[str, Any] | None = None, record: dict[str, Any] | None = None,
            peaks: dict[str, Any] | None = None, prepared: Prepared | None = None,
-           times: dict[str, Any] | None = None) -> Verdict:
+           times: dict[str, Any] | None = None, plan: Plan | None = None) -> Verdict:
     """Judge one candidate file against one task. Never raises for anything the candidate does.
-    ``times`` (optional) receives where the time went (prepare, transfer, worker, compare)."""
+    ``times`` (optional) receives where the time went (prepare, transfer, worker, compare);
+    ``plan``: the memory plan when the caller made one (else :func:`prepare` makes it)."""
     cfg = cfg or VerifyConfig()
     times = times if times is not None else {}
     device = resolve_device(device)
@@ -816,6 +827,12 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
         v.baseline_eager_ms = baseline.get("eager_ms")
         v.baseline_compile_ms = baseline.get("compile_ms")
     v.roofline_ms = roofline_ms(record, peaks)
+    why = preflight(Path(candidate))
+    if why:  # no worker, no preparation: the file cannot be what a worker would load
+        v.check("compiles", False, why)
+        v.error = why
+        v.verify_s = time.perf_counter() - t0
+        return v.finish()
 
     degenerate = bool(record and record.get("degeneracy", {}).get("degenerate"))
     if degenerate:
@@ -826,7 +843,13 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
             return v.finish()
 
     t = time.perf_counter()
-    prep = prepared or prepare(task, device, cfg)
+    try:
+        prep = prepared or prepare(task, device, cfg, plan)
+    except TooLarge as e:
+        v.check("too_large", False, str(e))
+        v.error = f"task {task.id} is too large for this machine: {e}"
+        v.verify_s = time.perf_counter() - t0
+        return v.finish()
     times["prepare_s"] = time.perf_counter() - t if prepared is None else 0.0
     if prep.degenerate and not degenerate:
         if not v.check("task_not_degenerate", cfg.on_degenerate != "reject", prep.degenerate):

@@ -77,29 +77,27 @@ def _tensors(values) -> list:
 
 
 class _PeakTracker:
-    """A dispatch mode that tracks the bytes of live op results (views and in-place results
-    excluded): the forward's peak of intermediates, at the task's dtype and in float64."""
+    """A torch-function mode that tracks the bytes of live op results (views and in-place
+    results excluded): the forward's peak of intermediates, at the task's dtype and in float64.
+    A function mode, not a dispatch mode: a dispatch mode imports dynamo (seconds)."""
 
     def __init__(self):
         self.live = [0, 0]
         self.peak = [0, 0]
 
     def mode(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_leaves
-
         import torch
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._pytree import tree_leaves
 
         tracker = self
 
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
-                schema = getattr(func, "_schema", None)
-                if getattr(func, "is_view", False) or (schema is not None and schema.is_mutable):
-                    return out
+                seen = {id(a) for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)}
                 for t in tree_leaves(out):
-                    if isinstance(t, torch.Tensor):
+                    if isinstance(t, torch.Tensor) and id(t) not in seen and t._base is None:
                         tracker._add(t)
                 return out
 
@@ -213,6 +211,14 @@ class Plan:
         return {**asdict(self), "fits": self.fits}
 
 
+class TooLarge(Exception):
+    """The task cannot be verified in this machine's memory; the message says by how much."""
+
+    def __init__(self, plan: Plan):
+        super().__init__(plan.too_large_detail())
+        self.plan = plan
+
+
 def _usable(free: int | None) -> int | None:
     return None if free is None else int(free * (1 - HEADROOM))
 
@@ -289,3 +295,13 @@ def free_memory(device: str) -> tuple[int | None, int | None]:
         free, _total = torch.cuda.mem_get_info()
         dev = int(free)
     return dev, host
+
+
+def plan_task(task, device: str, cfg) -> Plan | None:
+    """The plan of verifying ``task`` on ``device`` now (its free memory), or None when the
+    task's shapes cannot be found without running it (verification then goes ahead unplanned)."""
+    shapes, _why = shapes_or_none(task.module())
+    if shapes is None:
+        return None
+    dev_free, host_free = free_memory(device)
+    return plan(shapes, Protocol.of(cfg), device.split(":")[0], dev_free, host_free)
