@@ -128,3 +128,75 @@ def test_kernelbench_tasks_that_ran_out_of_memory(stem, in_b, out_b):
     h100 = plan(s, PROTO, "cuda", 79 * GiB, 120 * GiB)
     # today's protocol cannot hold them on an 80 GB H100 box: a verdict says so with numbers
     assert not h100.fits and "GiB" in h100.too_large_detail()
+
+
+# --------------------------------------------------------------------------------------------
+# Chunked comparison: the same answers a chunk at a time as in one piece.
+
+def _cases():
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    ref64 = torch.randn(10_000, generator=g, dtype=torch.float64) * 3
+    ref = ref64.float()
+    honest = (ref64 + 1e-7 * torch.randn(10_000, generator=g, dtype=torch.float64)).float()
+    wrong = honest.clone()
+    wrong[[17, 5000, 9999]] += 1.0
+    nan_ref, nan_ok = ref.clone(), honest.clone()
+    nan_ref[[3, 4000]] = float("nan")
+    nan_ok[[3, 4000]] = float("nan")
+    nan_missing = honest.clone()
+    nan_missing[4000] = float("nan")
+    inf_ref, inf_ok = ref.clone(), honest.clone()
+    inf_ref[7000] = inf_ok[7000] = float("inf")
+    ints = torch.arange(10_000)
+    return [(honest, ref, ref64), (wrong, ref, ref64), (nan_ok, nan_ref, ref64),
+            (nan_missing, nan_ref, ref64), (nan_missing, ref, ref64), (inf_ok, inf_ref, ref64),
+            (-inf_ok, inf_ref, ref64), (honest.half(), ref.half(), ref64),
+            (honest, ref, None), (ints, ints, None), (ints + (ints == 77), ints, None)]
+
+
+@pytest.mark.parametrize("i", range(11))
+def test_chunked_comparison_matches_one_piece(i):
+    import math
+
+    from assay.verify.compare import compare_tensor, reference_stats
+
+    val, ref, ref64 = _cases()[i]
+    cfg = VerifyConfig()
+    whole = reference_stats(ref, ref64, chunk=1 << 30)
+    parts = reference_stats(ref, ref64, chunk=999)
+    assert whole.keys() == parts.keys()
+    for k in whole:
+        assert math.isclose(whole[k], parts[k], rel_tol=1e-9, abs_tol=1e-300), k
+    a = compare_tensor(val, ref, ref64, whole, cfg, 64, chunk=1 << 30)
+    b = compare_tensor(val, ref, ref64, whole, cfg, 64, chunk=999)
+    assert (a.ok, a.precision_ok, a.detail) == (b.ok, b.precision_ok, b.detail)
+    assert math.isclose(a.max_abs, b.max_abs) and math.isclose(a.rel, b.rel, rel_tol=1e-9)
+    assert math.isclose(a.precision_ratio, b.precision_ratio, rel_tol=1e-9)
+    expect_ok = i in (0, 2, 5, 7, 8, 9)
+    assert a.ok == expect_ok, a.detail
+    if i == 1:  # the first wrong element by its index in the whole output, each one counted
+        assert a.detail.startswith("3/10000 elements off") and "index 17" in a.detail
+
+
+def test_too_large_is_a_verdict_before_anything_is_prepared(tmp_path):
+    from assay.verify.harness import verify
+    from assay.verify.memory import TooLarge, plan_task
+    from assay.verify.reference import prepare
+
+    task = _task(tmp_path)  # 16 GiB per tensor: more than this machine (or a test) may use
+    cand = tmp_path / "cand.py"
+    cand.write_text("import torch\nclass ModelNew(torch.nn.Module):\n    pass\n")
+    cfg = VerifyConfig()
+    plan = plan_task(task, "cpu", cfg)
+    assert plan is not None and plan.host_need_b > 16 * 8 * GiB
+    if plan.fits:
+        pytest.skip("a machine with this much memory")
+    before = _rss_b()
+    with pytest.raises(TooLarge, match="of host memory where"):
+        prepare(task, "cpu", cfg)
+    v = verify(task, cand, "cpu", cfg)
+    assert not v.accepted and v.reasons == ["too_large"]
+    assert "GiB of host memory where" in v.checks["too_large"]["detail"]
+    assert _rss_b() - before < GiB

@@ -17,8 +17,10 @@ from typing import Any
 
 import torch
 
-from assay.verify.harness import Prepared, VerifyConfig, _worker_job
+from assay.verify.harness import worker_job
+from assay.verify.reference import Prepared
 from assay.verify.sandbox import run_sandboxed
+from assay.verify.settings import VerifyConfig
 
 _SOURCE_BLOCK = re.compile(r"r?(\"\"\"|''')(.*?)\1", re.S)
 
@@ -43,7 +45,7 @@ def torch_profile_table(kernels: list[dict[str, Any]], device: str) -> str:
 def _job_dir(prep: Prepared, candidate: Path, cfg: VerifyConfig) -> Path:
     scratch = Path(tempfile.mkdtemp(prefix="assay-profile-"))
     shutil.copyfile(candidate, scratch / "candidate.py")
-    job = _worker_job(prep, scratch / "candidate.py", cfg)
+    job = worker_job(prep, scratch / "candidate.py", cfg)
     job["timing"].update(min_runs=3, max_runs=3, warmup_s=0.0)
     torch.save(job, scratch / "job.pt")
     return scratch

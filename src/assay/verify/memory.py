@@ -31,7 +31,8 @@ HEADROOM = 0.10
 FLUSH_B = {"cuda": 2 * (64 << 20), "cpu": 64 << 20}
 # Elements per chunk when references live on the host and are compared on the device.
 COMPARE_CHUNK = 1 << 26
-# Float64 temporaries of one comparison: the value, reference, difference, bound (and masks).
+# Wide temporaries of one chunk's comparison: value, reference, float64 reference, difference,
+# bound (and masks).
 COMPARE_TEMPS = 5
 
 
@@ -239,9 +240,10 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     fwd = s.forward_peak_b
     fwd64 = s.params64_b + s.inputs64_b + s.forward64_peak_b
     refs = proto.sets * (s.inputs_b + s.outputs_b + s.outputs64_b)
-    chunk_b = min(s.outputs_numel, COMPARE_CHUNK) * 8 if placement == "host" else s.outputs64_b
+    chunk_b = min(s.outputs_numel, COMPARE_CHUNK) * 16  # complex128 at most
+    # device placement: the landing output is copied to the device whole, then compared
     compare = COMPARE_TEMPS * chunk_b + (s.outputs_b if placement == "device" else 0)
-    prepare = fwd64 + s.inputs_b + fwd + 2 * s.outputs64_b  # one set, both precisions, stats
+    prepare = s.inputs_b + fwd + fwd64 + 2 * chunk_b  # one set, both precisions, its stats
 
     worker_sets = proto.sets * s.inputs_b
     worker_call = s.params_b + (proto.check_sets + 1) * s.inputs_b + fwd + s.outputs_b
