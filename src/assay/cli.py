@@ -13,6 +13,7 @@ argparse keeps `assay verify` light: it runs on the GPU machine with torch and s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -30,11 +31,17 @@ def _verify(args: argparse.Namespace) -> int:
     if not cand.is_file():
         print(f"error: {cand}: candidate file not found", file=sys.stderr)
         return 2
+    from assay.verify.preflight import preflight
+
+    # Parsed, never run: a candidate that cannot parse, lacks ModelNew or imports what is not
+    # installed is rejected before anything is timed.
+    refused = preflight(cand)
     device = _device(args.device)
     if device is None:
         print("error: --device cuda: no CUDA device is visible on this machine "
               "(use --device cpu or auto)", file=sys.stderr)
         return 2
+    child = None if args.no_baseline or refused else _Child()
     try:
         cand.read_text()
         task = Task.from_file(args.task, size=resolve_size(args.size, device))
@@ -51,13 +58,10 @@ def _verify(args: argparse.Namespace) -> int:
     from assay.verify.config import from_cfg
     from assay.verify.harness import verify
     from assay.verify.memory import plan_task
-    from assay.verify.preflight import preflight
 
     cfg = from_cfg(compose([f"verify={args.policy}"]).verify)
-    # What needs no baseline is decided first: a candidate that cannot parse, lacks ModelNew
-    # or imports what is not installed, and a task too large for this machine's memory.
+    # A task too large for this machine's memory is decided before any baseline too.
     t = time.perf_counter()
-    refused = preflight(cand)
     plan = None if refused else plan_task(task, device, cfg)
     times["plan_s"] = time.perf_counter() - t
     baseline = record = peaks = None
@@ -71,13 +75,18 @@ def _verify(args: argparse.Namespace) -> int:
         record = {**cost(task), "degeneracy": degeneracy(task, device)}
         peaks = device_peaks(device)
         times["record_s"] = time.perf_counter() - t
-        if not args.no_baseline:
-            # Timed in a child process that never loads the candidate.
+        if child is not None:
             t = time.perf_counter()
-            baseline = _in_child(time_reference, task, device,
-                                 TimingConfig(cfg.warmup_s, cfg.min_runs, cfg.max_runs,
-                                              cfg.budget_s), not args.no_compile)
+            try:
+                baseline = child.run(time_reference, task, device,
+                                     TimingConfig(cfg.warmup_s, cfg.min_runs, cfg.max_runs,
+                                                  cfg.budget_s), not args.no_compile)
+            except RuntimeError as e:  # judged all the same, without a speedup
+                print(f"warning: baseline timing failed: {e}", file=sys.stderr)
+                times["baseline_error"] = str(e)[:300]
             times["baseline_s"] = time.perf_counter() - t
+    if child is not None:
+        child.close()
     verdict = verify(task, cand, device, cfg, baseline, record, peaks, times=times,
                      plan=plan)
     out = {**verdict.to_dict(), "times": times}
@@ -104,25 +113,49 @@ def _device(name: str) -> str | None:
     return name
 
 
-def _child(conn, fn, args) -> None:
+def _child(conn) -> None:
+    import torch  # noqa: F401 - imported while the parent loads and plans, not after
+
+    job = conn.recv()
+    if job is None:
+        return
+    fn, args = job
     try:
         conn.send(("ok", fn(*args)))
     except BaseException as e:  # noqa: BLE001
         conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
-def _in_child(fn, *args):
-    import multiprocessing as mp
+class _Child:
+    """A spawned process that imports torch at once and runs one function when asked: the
+    baseline is timed in a process that never loads the candidate, and its imports overlap
+    the parent's loading and planning."""
 
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_child, args=(child, fn, args))
-    proc.start()
-    status, value = parent.recv()
-    proc.join()
-    if status != "ok":
-        raise RuntimeError(f"baseline timing failed: {value}")
-    return value
+    def __init__(self):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_child, args=(child,), daemon=True)
+        self.proc.start()
+
+    def run(self, fn, *args):
+        self.conn.send((fn, args))
+        try:
+            status, value = self.conn.recv()
+        except EOFError:
+            self.proc.join()
+            status, value = "error", f"the process died (exit status {self.proc.exitcode})"
+        self.proc.join()
+        if status != "ok":
+            raise RuntimeError(value)
+        return value
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            with contextlib.suppress(OSError, BrokenPipeError):
+                self.conn.send(None)
+            self.proc.join()
 
 
 def _campaigns(args: argparse.Namespace):
