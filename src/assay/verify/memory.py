@@ -25,6 +25,8 @@ from typing import Any
 
 # Device memory no tensor gets: the CUDA context and cuBLAS/cuDNN workspaces of one process.
 CUDA_CONTEXT_B = 768 << 20
+# Host memory of one process with torch imported (the harness and the worker: two of them).
+PROCESS_B = 512 << 20
 # The caching allocator rounds and fragments; plans keep this share of free memory unused.
 HEADROOM = 0.10
 # The worker's L2 flush buffer on cuda (2 x the L2; H100/H200: 50 MB L2) and on cpu.
@@ -263,12 +265,13 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
         device_need = max(held_dev + prepare,
                           held_dev + ipc + worker + CUDA_CONTEXT_B,
                           held_dev + compare) + CUDA_CONTEXT_B
-        host_need = (s.params_b + (refs if placement == "host" else 0)
+        host_need = (2 * PROCESS_B + s.params_b + (refs if placement == "host" else 0)
                      + (0 if proto.transfer == "cuda_ipc" else in_arena + landing))
         return Plan(placement, device, device_need, host_need, _usable(device_free_b),
                     _usable(host_free_b), parts)
     # cpu: one memory holds the harness, both arenas and the worker's private copies.
-    host_need = s.params_b + refs + in_arena + landing + max(prepare, worker, compare)
+    host_need = (2 * PROCESS_B + s.params_b + refs + in_arena + landing
+                 + max(prepare, worker, compare))
     return Plan("host", device, host_need, host_need, None, _usable(host_free_b), parts)
 
 
