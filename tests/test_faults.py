@@ -87,7 +87,8 @@ def test_sigterm_to_a_verifying_step_kills_the_worker_and_removes_its_scratch(tm
     """))
     cand = tmp_path / "cand.py"
     cand.write_text(f"import ctypes, time\nctypes.CDLL(None).prctl(15, b'{name}', 0, 0, 0)\n"
-                    f"print('candidate running', flush=True)\ntime.sleep(10**6)\n")
+                    f"print('candidate running', flush=True)\ntime.sleep(10**6)\n"
+                    f"class ModelNew: ...\n")
     verdict = tmp_path / "verdicts" / "c.json"
     proc = python(f"""
         from pathlib import Path

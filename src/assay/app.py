@@ -193,10 +193,10 @@ def target(cfg: DictConfig) -> str:
 
 
 def task_size(cfg: DictConfig, tgt: str | None = None) -> str:
+    from assay.tasks.model import resolve_size
+
     size = cfg.tasks.size
-    if size == "auto":
-        return "large" if (tgt or target(cfg)) == "cuda" else "small"
-    return str(size)
+    return resolve_size(str(size), tgt or target(cfg))
 
 
 def task_refs(cfg: DictConfig) -> tuple[list[TaskRef], list[str]]:

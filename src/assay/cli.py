@@ -1,4 +1,5 @@
-"""The `assay` command.
+"""assay: judge kernels against PyTorch tasks, run campaigns of LLM-written kernels, and
+compare and report them.
 
   assay verify --task T.py --candidate C.py [--device cuda|cpu] [--json out.json]
       exit 0 accepted, 1 rejected, 2 bad usage or unreadable input
@@ -13,6 +14,7 @@ argparse keeps `assay verify` light: it runs on the GPU machine with torch and s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import subprocess
@@ -21,15 +23,30 @@ from pathlib import Path
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from assay.tasks.model import Task, TaskError
+    import time
 
+    from assay.tasks.model import Task, TaskError, resolve_size
+
+    times: dict[str, float | str] = {}
+    t = time.perf_counter()
     cand = Path(args.candidate)
     if not cand.is_file():
         print(f"error: {cand}: candidate file not found", file=sys.stderr)
         return 2
+    from assay.verify.preflight import preflight
+
+    # Parsed, never run: a candidate that cannot parse, lacks ModelNew or imports what is not
+    # installed is rejected before anything is timed.
+    refused = preflight(cand)
+    device = _device(args.device)
+    if device is None:
+        print("error: --device cuda: no CUDA device is visible on this machine "
+              "(use --device cpu or auto)", file=sys.stderr)
+        return 2
+    child = None if args.no_baseline or refused else _Child()
     try:
         cand.read_text()
-        task = Task.from_file(args.task, size=args.size)
+        task = Task.from_file(args.task, size=resolve_size(args.size, device))
         task.module()
     except TaskError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -37,56 +54,110 @@ def _verify(args: argparse.Namespace) -> int:
     except (OSError, UnicodeDecodeError) as e:
         print(f"error: {cand}: cannot read candidate: {e}", file=sys.stderr)
         return 2
+    times["load_task_s"] = time.perf_counter() - t
 
     from assay.app import compose
-    from assay.bench.baseline import time_reference
-    from assay.bench.device import peaks
-    from assay.bench.timing import TimingConfig
-    from assay.tasks.analyze import cost, degeneracy
     from assay.verify.config import from_cfg
     from assay.verify.harness import verify
-    from assay.verify.reference import resolve_device
+    from assay.verify.memory import plan_task
 
     cfg = from_cfg(compose([f"verify={args.policy}"]).verify)
-    device = resolve_device(args.device)
-    record = {**cost(task), "degeneracy": degeneracy(task, device)}
-    baseline = None
-    if not args.no_baseline:
-        # Timed in a child process that never loads the candidate.
-        baseline = _in_child(time_reference, task, device,
-                             TimingConfig(cfg.warmup_s, cfg.min_runs, cfg.max_runs, cfg.budget_s),
-                             not args.no_compile)
-    verdict = verify(task, cand, device, cfg, baseline, record, peaks(device))
-    text = json.dumps(verdict.to_dict(), indent=2, default=str)
+    # A task too large for this machine's memory is decided before any baseline too.
+    t = time.perf_counter()
+    plan = None if refused else plan_task(task, device, cfg)
+    times["plan_s"] = time.perf_counter() - t
+    baseline = record = peaks = None
+    if not refused and (plan is None or plan.fits):
+        from assay.bench.baseline import time_reference
+        from assay.bench.device import peaks as device_peaks
+        from assay.bench.timing import TimingConfig
+        from assay.tasks.analyze import cost, degeneracy
+
+        t = time.perf_counter()
+        record = {**cost(task), "degeneracy": degeneracy(task, device)}
+        peaks = device_peaks(device)
+        times["record_s"] = time.perf_counter() - t
+        if child is not None:
+            t = time.perf_counter()
+            try:
+                baseline = child.run(time_reference, task, device,
+                                     TimingConfig(cfg.warmup_s, cfg.min_runs, cfg.max_runs,
+                                                  cfg.budget_s), not args.no_compile)
+            except RuntimeError as e:  # judged all the same, without a speedup
+                print(f"warning: baseline timing failed: {e}", file=sys.stderr)
+                times["baseline_error"] = str(e)[:300]
+            times["baseline_s"] = time.perf_counter() - t
+    if child is not None:
+        child.close()
+    verdict = verify(task, cand, device, cfg, baseline, record, peaks, times=times,
+                     plan=plan)
+    out = {**verdict.to_dict(), "times": times}
     if args.json:
-        Path(args.json).write_text(text + "\n")
+        Path(args.json).write_text(json.dumps(out, indent=2, default=str) + "\n")
     summary = "ACCEPTED" if verdict.accepted else "REJECTED: " + ", ".join(verdict.reasons)
-    speed = (f" speedup {verdict.speedup_eager:.2f}x eager" if verdict.speedup_eager else "")
-    print(f"{cand.name} on {task.id} ({device}, {cfg.policy}): {summary}{speed}")
+    speed = (f" speedup {verdict.speedup_eager:.2f}x eager"
+             if verdict.accepted and verdict.speedup_eager else "")
+    print(f"{cand.name} on {task.id} ({device}, {task.size} size, {cfg.policy}): "
+          f"{summary}{speed}")
     for name in verdict.reasons:
         print(f"  {name}: {verdict.checks[name]['detail'][:400]}")
     return 0 if verdict.accepted else 1
 
 
-def _child(conn, fn, args) -> None:
+def _device(name: str) -> str | None:
+    """cpu, cuda, or None for cuda asked on a machine that shows none."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        return None
+    return name
+
+
+def _child(conn) -> None:
+    import torch  # noqa: F401 - imported while the parent loads and plans, not after
+
+    job = conn.recv()
+    if job is None:
+        return
+    fn, args = job
     try:
         conn.send(("ok", fn(*args)))
     except BaseException as e:  # noqa: BLE001
         conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
-def _in_child(fn, *args):
-    import multiprocessing as mp
+class _Child:
+    """A spawned process that imports torch at once and runs one function when asked: the
+    baseline is timed in a process that never loads the candidate, and its imports overlap
+    the parent's loading and planning."""
 
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_child, args=(child, fn, args))
-    proc.start()
-    status, value = parent.recv()
-    proc.join()
-    if status != "ok":
-        raise RuntimeError(f"baseline timing failed: {value}")
-    return value
+    def __init__(self):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_child, args=(child,), daemon=True)
+        self.proc.start()
+
+    def run(self, fn, *args):
+        self.conn.send((fn, args))
+        try:
+            status, value = self.conn.recv()
+        except EOFError:
+            self.proc.join()
+            status, value = "error", f"the process died (exit status {self.proc.exitcode})"
+        self.proc.join()
+        if status != "ok":
+            raise RuntimeError(value)
+        return value
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            with contextlib.suppress(OSError, BrokenPipeError):
+                self.conn.send(None)
+            self.proc.join()
 
 
 def _campaigns(args: argparse.Namespace):
@@ -206,14 +277,25 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="assay", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    v = sub.add_parser("verify", help="judge one candidate against one task")
+    v = sub.add_parser(
+        "verify", help="judge one candidate against one task",
+        description="Judge one candidate (a file defining class ModelNew) against one task (a "
+                    "KernelBench-format file): correctness on secret inputs against float64, "
+                    "the anti-cheating checks, and its speed against eager and torch.compile.",
+        epilog="exit status: 0 accepted, 1 rejected (the reasons are printed, one per line), "
+               "2 bad usage, an unreadable file, or a device that is not there")
     v.add_argument("--task", required=True, help="task file (KernelBench format)")
     v.add_argument("--candidate", required=True, help="candidate file defining class ModelNew")
-    v.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
-    v.add_argument("--json", help="write the verdict JSON here")
-    v.add_argument("--policy", default="strict", choices=["strict", "permissive"])
-    v.add_argument("--size", default="large", choices=["large", "small"],
-                   help="task size (bundled tasks have a small variant)")
+    v.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
+                   help="where the candidate runs (auto: cuda if a GPU is visible, else cpu)")
+    v.add_argument("--json", metavar="FILE",
+                   help="write the verdict JSON here, with seconds per phase under 'times'")
+    v.add_argument("--policy", default="strict", choices=["strict", "permissive"],
+                   help="strict: custom kernels only, any library or ATen compute op "
+                        "rejects; permissive: library calls allowed and reported")
+    v.add_argument("--size", default="auto", choices=["auto", "large", "small"],
+                   help="task size (auto: the task's own on cuda, its small variant on cpu "
+                        "where it has one)")
     v.add_argument("--no-baseline", action="store_true", help="skip eager/compile timing")
     v.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     v.set_defaults(fn=_verify)

@@ -52,6 +52,7 @@ def verify_generation(cfg: DictConfig) -> dict:
         from assay.bench.compile_service import CompileService, pin_cuda_arch
         from assay.verify.config import from_cfg
         from assay.verify.harness import prepare, verify
+        from assay.verify.memory import TooLarge
 
         vcfg = from_cfg(cfg.verify)
         device = "cuda" if tgt == "cuda" else "cpu"
@@ -61,7 +62,10 @@ def verify_generation(cfg: DictConfig) -> dict:
         peaks = read_json(c.device()) if c.device().exists() else None
         prepared = None
         if not record.get("degeneracy", {}).get("degenerate"):
-            prepared = prepare(task, device, vcfg)
+            try:
+                prepared = prepare(task, device, vcfg)
+            except TooLarge as e:  # each verdict says too_large, with the numbers
+                log.warning("%s: too large for this machine: %s", task_id, e)
         paths = {cid: c.candidate(llm, task_id, gen, cid) for cid in todo}
         # On cuda, kernels build on the CPU cores while the GPU verifies. On the cpu target the
         # builds would share the cores being timed, so each worker builds its own, untimed.

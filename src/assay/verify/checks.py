@@ -43,6 +43,10 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
     Check("crash", "a worker that dies (segfault, illegal address, out of memory) or leaves an "
           "unreadable or malformed report"),
     Check("timeout", "a worker that outlives `verify.timeout_s`"),
+    Check("too_large", "not the candidate: the task at this size does not fit in this "
+          "machine's memory (input sets, references in the task's dtype and float64, the "
+          "worker's buffers, planned from the shapes before anything is allocated); the detail "
+          "names the bytes needed and free", when="the memory plan exceeds what is free"),
     Check("parameters", "a ModelNew whose parameters cannot take the reference's weights"),
     Check("output_layout", "wrong shape (also one that would broadcast), dtype or strides"),
     Check("lazy_output", "an output that is not a plain tensor with its values in memory (a "

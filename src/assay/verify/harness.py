@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -34,6 +35,8 @@ from assay.records import Verdict
 from assay.tasks.model import Task
 from assay.verify import checks
 from assay.verify import policy as policy_mod
+from assay.verify.memory import Plan, TooLarge
+from assay.verify.preflight import preflight
 from assay.verify.arenas import (ALIGN, DeviceArena, FileArena, Layout, arena_view,
                                  describe_inputs, fill_inputs, shm_dir, tensor_nbytes)
 from assay.verify.compare import compare_tensor
@@ -138,7 +141,10 @@ class WorkerRun:
     def run(self) -> None:
         prep, cfg, times = self.prep, self.cfg, self.times
         t = time.perf_counter()
-        cand_copy = self.scratch / "candidate.py"
+        # The user's file name, so the worker's tracebacks and messages name their file.
+        name = self.candidate.name
+        cand_copy = self.scratch / (name if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.py", name)
+                                    else "candidate.py")
         shutil.copyfile(self.candidate, cand_copy)
         job = _job_base(prep, cand_copy, cfg)
         slots = plan_slots(prep.check_sets, prep.timing_sets, prep.swap_sets, cfg.min_runs)
@@ -208,9 +214,10 @@ class WorkerRun:
 def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig | None = None,
            baseline: dict[str, Any] | None = None, record: dict[str, Any] | None = None,
            peaks: dict[str, Any] | None = None, prepared: Prepared | None = None,
-           times: dict[str, Any] | None = None) -> Verdict:
+           times: dict[str, Any] | None = None, plan: Plan | None = None) -> Verdict:
     """Judge one candidate file against one task. Never raises for anything the candidate does.
-    ``times`` (optional) receives where the time went (prepare, transfer, worker, compare)."""
+    ``times`` (optional) receives where the time went (prepare, transfer, worker, compare);
+    ``plan``: the memory plan when the caller made one (else :func:`prepare` makes it)."""
     cfg = cfg or VerifyConfig()
     times = times if times is not None else {}
     device = resolve_device(device)
@@ -220,6 +227,12 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
         v.baseline_eager_ms = baseline.get("eager_ms")
         v.baseline_compile_ms = baseline.get("compile_ms")
     v.roofline_ms = roofline_ms(record, peaks)
+    why = preflight(Path(candidate))
+    if why:  # no worker, no preparation: the file cannot be what a worker would load
+        checks.record(v, "compiles", False, why)
+        v.error = why
+        v.verify_s = time.perf_counter() - t0
+        return v.finish()
 
     degenerate = bool(record and record.get("degeneracy", {}).get("degenerate"))
     if degenerate:
@@ -230,7 +243,13 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
             return v.finish()
 
     t = time.perf_counter()
-    prep = prepared or prepare(task, device, cfg)
+    try:
+        prep = prepared or prepare(task, device, cfg, plan)
+    except TooLarge as e:
+        checks.record(v, "too_large", False, str(e))
+        v.error = f"task {task.id} is too large for this machine: {e}"
+        v.verify_s = time.perf_counter() - t0
+        return v.finish()
     times["prepare_s"] = time.perf_counter() - t if prepared is None else 0.0
     if prep.degenerate and not degenerate:
         if not checks.record(v, "task_not_degenerate", cfg.on_degenerate != "reject",
@@ -401,7 +420,8 @@ def _compare_outputs(prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -> _Output
                 problems.append(f"{tag}: not returned")
                 continue
             val = w.landing[slot][j].to(r.device)
-            c = compare_tensor(val, r, prep.refs64[s][j], prep.stats[s][j], cfg, prep.reduction)
+            c = compare_tensor(val, r, prep.refs64[s][j], prep.stats[s][j], cfg, prep.reduction,
+                               device=prep.device)
             if phase == "check":
                 found.max_abs, found.rel = max(found.max_abs, c.max_abs), max(found.rel, c.rel)
                 if not c.precision_ok:

@@ -20,6 +20,7 @@ from assay.verify import policy as policy_mod
 from assay.verify.arenas import FileArena, Layout, describe_inputs, fill_inputs
 from assay.verify.compare import compare_tensor, is_inexact, reference_stats, wide_dtype
 from assay.verify.quiet import no_kineto_markers
+from assay.verify.memory import Plan, TooLarge, plan_task
 from assay.verify.settings import VerifyConfig
 
 
@@ -100,12 +101,12 @@ class Prepared:
     init_inputs: list
     init_seed: int
     state_dict: dict
-    sets: list[list]                 # every input set, on the device
+    sets: list[list]                 # every input set, on ``placement``
     distributions: list[str]         # the distribution each set was drawn from
     check_sets: list[int]            # correctness sets (cfg.input_distributions)
     timing_sets: list[int]
     swap_sets: list[int]
-    refs: list[list[torch.Tensor]]   # task-dtype reference outputs per set, on the device
+    refs: list[list[torch.Tensor]]   # task-dtype reference outputs per set, on ``placement``
     refs64: list[list[torch.Tensor | None]]  # float64 references (None where not computable)
     stats: list[list[dict[str, float]]]
     reference_ops: list[str]         # ATen compute ops of the reference's forward
@@ -114,6 +115,7 @@ class Prepared:
     degenerate: str                  # why the outputs barely depend on the inputs ("" if not)
     poison_bytes: int
     prepare_s: float = 0.0
+    placement: str = ""              # where sets and references live: the device, or "cpu"
     _inputs: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
@@ -168,7 +170,7 @@ def _overlaps(outs: list[torch.Tensor], inputs: list) -> bool:
 
 
 def _degenerate(refs: list[list[torch.Tensor]], refs64: list, stats: list, dists: list[str],
-                check: list[int], cfg: VerifyConfig) -> str:
+                check: list[int], cfg: VerifyConfig, device: str) -> str:
     """The harness's own degeneracy test, on what it computed anyway: if the expected outputs
     of every correctness set (different inputs, different distributions) pass the comparison
     against one another, a candidate that ignores its inputs would pass too."""
@@ -180,19 +182,30 @@ def _degenerate(refs: list[list[torch.Tensor]], refs64: list, stats: list, dists
         for j, (ra, rb) in enumerate(zip(refs[a], refs[b])):
             if ra.shape != rb.shape:
                 return ""
-            if not compare_tensor(rb, ra, refs64[a][j], stats[a][j], cfg).ok:
+            if not compare_tensor(rb, ra, refs64[a][j], stats[a][j], cfg, device=device).ok:
                 return ""
     return (f"the expected outputs of {len(check)} input sets ({', '.join(dists[i] for i in check)}) "
             f"match one another within the tolerances: the output barely depends on the inputs, "
             f"so an input-ignoring constant would pass")
 
 
-def prepare(task: Task, device: str, cfg: VerifyConfig) -> Prepared:
+def _to(values: list, device: str) -> list:
+    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None) -> Prepared:
     """Draw secret seeds, build the reference and compute the expected outputs (task dtype and
-    float64), all on ``device``."""
+    float64) on ``device``, one input set at a time. The memory plan (made here unless given)
+    says where the sets and references are kept: on the device, or on the host when the device
+    cannot hold them (compared on the device a chunk at a time). Raises :class:`TooLarge`,
+    before anything of the task's size is allocated, when neither fits."""
     t0 = time.perf_counter()
     set_reference_numerics(cfg.allow_tf32)
     device = resolve_device(device)
+    plan = plan or plan_task(task, device, cfg)
+    if plan is not None and not plan.fits:
+        raise TooLarge(plan)
+    keep = "cpu" if plan is not None and plan.placement == "host" else device
     module = task.module()
     init_seed = secrets.randbits(31)
     model = reference_model(module, init_seed, device)
@@ -203,7 +216,6 @@ def prepare(task: Task, device: str, cfg: VerifyConfig) -> Prepared:
             return make_inputs(module, secrets.randbits(31), device, distribution)
 
     dists = list(cfg.input_distributions) + ["native"] * (cfg.timing_sets + cfg.swap_sets)
-    sets = [draw(d) for d in dists]
     n = len(cfg.input_distributions)
     check = list(range(n))
     timing_ids = list(range(n, n + cfg.timing_sets))
@@ -213,10 +225,6 @@ def prepare(task: Task, device: str, cfg: VerifyConfig) -> Prepared:
         with torch.no_grad():
             return [o.detach().clone() for o in as_outputs(model(*inputs))]
 
-    first, reduction = reduction_length(model, sets[0])
-    refs = [first] + [run_ref(xs) for xs in sets[1:]]
-    with torch.no_grad():
-        ref_alias = _overlaps(as_outputs(model(*sets[0])), sets[0])
     try:
         model64 = copy.deepcopy(model).to(torch.float64)
     except Exception:  # noqa: BLE001
@@ -237,15 +245,30 @@ def prepare(task: Task, device: str, cfg: VerifyConfig) -> Prepared:
         return [o.detach().to(wide_dtype(w.dtype)) if is_inexact(w) and o.shape == w.shape else None
                 for o, w in zip(outs, want)]
 
-    refs64 = [run_ref64(xs, r) for xs, r in zip(sets, refs)]
+    # One set at a time: its inputs, outputs and float64 outputs are made on the device, their
+    # statistics taken there, and then they go where the plan keeps them.
+    sets, refs, refs64, stats = [], [], [], []
+    for i, dist in enumerate(dists):
+        xs = draw(dist)
+        if i == 0:
+            r, reduction = reduction_length(model, xs)
+            with torch.no_grad():
+                ref_alias = _overlaps(as_outputs(model(*xs)), xs)
+            ops = _profile_ops(model, xs)
+        else:
+            r = run_ref(xs)
+        r64 = run_ref64(xs, r)
+        stats.append([reference_stats(a, b) for a, b in zip(r, r64)])
+        sets.append(_to(xs, keep))
+        refs.append(_to(r, keep))
+        refs64.append(_to(r64, keep))
+        del xs, r, r64
     del model64
-    stats = [[reference_stats(r, r64) for r, r64 in zip(rs, r64s)]
-             for rs, r64s in zip(refs, refs64)]
-    ops = _profile_ops(model, sets[0])
     out_bytes = sum(o.numel() * o.element_size() for o in refs[0])
     prep = Prepared(task, device, init_inputs(module), init_seed, sd, sets, dists, check,
                     timing_ids, swap_ids, refs, refs64, stats, ops, ref_alias, reduction,
-                    _degenerate(refs, refs64, stats, dists, check, cfg), max(out_bytes, 1 << 20))
+                    _degenerate(refs, refs64, stats, dists, check, cfg, device),
+                    max(out_bytes, 1 << 20), placement=keep)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     prep.prepare_s = time.perf_counter() - t0
