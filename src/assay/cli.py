@@ -4,6 +4,8 @@
       exit 0 accepted, 1 rejected, 2 bad usage or unreadable input
   assay compare [CAMPAIGN ...] [--results results]
   assay export CAMPAIGN ... / assay report CAMPAIGN ... [--mlflow-ui URL] [--compare-with C ...]
+  assay selfcheck --tasks PATH... [--device D] [--jsonl OUT]
+      each task's own Model as the candidate; exit 0 all accepted or degenerate, 1 not
   assay run [HYDRA_OVERRIDE ...] [--cores N]     the campaign DAG through Snakemake
 
 argparse keeps `assay verify` light: it runs on the GPU machine with torch and small wheels.
@@ -152,6 +154,10 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--no-baseline", action="store_true", help="skip eager/compile timing")
     v.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     v.set_defaults(fn=_verify)
+
+    from assay.verify import selfcheck
+
+    selfcheck.add_parser(sub)
 
     for name, fn, text in (("compare", _compare, "LLM backends side by side"),
                            ("export", _export, "write the parquet archive"),
