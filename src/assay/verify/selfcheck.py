@@ -200,6 +200,11 @@ def latest(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def _pool_init(env: dict[str, str]) -> None:
     os.environ.update(env)
+    if sys.platform.startswith("linux"):  # die with the run: no orphan holding device memory
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def run_selfcheck(paths: list[Path], device: str, size: str = "large",
