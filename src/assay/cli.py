@@ -51,10 +51,15 @@ def _verify(args: argparse.Namespace) -> int:
     record = {**cost(task), "degeneracy": degeneracy(task, device)}
     baseline = None
     if not args.no_baseline:
-        # Timed in a child process that never loads the candidate.
-        baseline = _in_child(time_reference, task, device,
-                             TimingConfig(cfg.warmup_s, cfg.min_runs, cfg.max_runs, cfg.budget_s),
-                             not args.no_compile)
+        # Timed in a child process that never loads the candidate; cached per (task, device,
+        # torch version, timing config): a second candidate of the task reuses it.
+        from assay.bench.baseline_cache import cached_baseline
+
+        tcfg = TimingConfig(cfg.warmup_s, cfg.min_runs, cfg.max_runs, cfg.budget_s)
+        baseline, _ = cached_baseline(
+            task, device, tcfg, not args.no_compile,
+            lambda: _in_child(time_reference, task, device, tcfg, not args.no_compile),
+            refresh=args.retime_baseline)
     verdict = verify(task, cand, device, cfg, baseline, record, peaks(device))
     text = json.dumps(verdict.to_dict(), indent=2, default=str)
     if args.json:
@@ -153,6 +158,9 @@ def parser() -> argparse.ArgumentParser:
                    help="task size (bundled tasks have a small variant)")
     v.add_argument("--no-baseline", action="store_true", help="skip eager/compile timing")
     v.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    v.add_argument("--retime-baseline", action="store_true",
+                   help="time the baselines again instead of reusing the cached ones "
+                        "(~/.cache/assay/baselines, or $ASSAY_BASELINE_CACHE)")
     v.set_defaults(fn=_verify)
 
     from assay.verify import selfcheck
