@@ -2,6 +2,8 @@
 
   assay verify --task T.py --candidate C.py [--device cuda|cpu] [--json out.json]
       exit 0 accepted, 1 rejected, 2 bad usage or unreadable input
+  assay verify --task DIR|T.py --candidate DIR [--jsonl out.jsonl]   a folder of candidates
+      exit 0 all accepted, 1 any not, 2 bad usage
   assay compare [CAMPAIGN ...] [--results results]
   assay export CAMPAIGN ... / assay report CAMPAIGN ... [--mlflow-ui URL] [--compare-with C ...]
   assay selfcheck --tasks PATH... [--device D] [--jsonl OUT]
@@ -23,6 +25,12 @@ from pathlib import Path
 def _verify(args: argparse.Namespace) -> int:
     from assay.tasks.model import Task, TaskError
 
+    if Path(args.candidate).is_dir() or Path(args.task).is_dir():
+        from assay.app import compose
+        from assay.verify.batch import cli as batch
+        from assay.verify.config import from_cfg
+
+        return batch(args, from_cfg(compose([f"verify={args.policy}"]).verify))
     cand = Path(args.candidate)
     if not cand.is_file():
         print(f"error: {cand}: candidate file not found", file=sys.stderr)
@@ -53,12 +61,12 @@ def _verify(args: argparse.Namespace) -> int:
     if not args.no_baseline:
         # Timed in a child process that never loads the candidate; cached per (task, device,
         # torch version, timing config): a second candidate of the task reuses it.
-        from assay.bench.baseline_cache import cached_baseline
+        from assay.bench.baseline_cache import cached_baseline, in_child
 
         tcfg = TimingConfig(cfg.warmup_s, cfg.min_runs, cfg.max_runs, cfg.budget_s)
         baseline, _ = cached_baseline(
             task, device, tcfg, not args.no_compile,
-            lambda: _in_child(time_reference, task, device, tcfg, not args.no_compile),
+            lambda: in_child(time_reference, task, device, tcfg, not args.no_compile),
             refresh=args.retime_baseline)
     verdict = verify(task, cand, device, cfg, baseline, record, peaks(device))
     text = json.dumps(verdict.to_dict(), indent=2, default=str)
@@ -70,27 +78,6 @@ def _verify(args: argparse.Namespace) -> int:
     for name in verdict.reasons:
         print(f"  {name}: {verdict.checks[name]['detail'][:400]}")
     return 0 if verdict.accepted else 1
-
-
-def _child(conn, fn, args) -> None:
-    try:
-        conn.send(("ok", fn(*args)))
-    except BaseException as e:  # noqa: BLE001
-        conn.send(("error", f"{type(e).__name__}: {e}"))
-
-
-def _in_child(fn, *args):
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_child, args=(child, fn, args))
-    proc.start()
-    status, value = parent.recv()
-    proc.join()
-    if status != "ok":
-        raise RuntimeError(f"baseline timing failed: {value}")
-    return value
 
 
 def _campaigns(args: argparse.Namespace):
@@ -148,9 +135,13 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="assay", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    v = sub.add_parser("verify", help="judge one candidate against one task")
-    v.add_argument("--task", required=True, help="task file (KernelBench format)")
-    v.add_argument("--candidate", required=True, help="candidate file defining class ModelNew")
+    v = sub.add_parser("verify", help="judge one candidate against one task, or a folder of "
+                                      "candidates against their tasks")
+    v.add_argument("--task", required=True,
+                   help="task file (KernelBench format), or a folder of them (a KernelBench root)")
+    v.add_argument("--candidate", required=True,
+                   help="candidate file defining class ModelNew, or a folder of candidates "
+                        "(KernelBench runs layout, <task stem>/*.py, or files named after tasks)")
     v.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     v.add_argument("--json", help="write the verdict JSON here")
     v.add_argument("--policy", default="strict", choices=["strict", "permissive"])
@@ -161,6 +152,11 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--retime-baseline", action="store_true",
                    help="time the baselines again instead of reusing the cached ones "
                         "(~/.cache/assay/baselines, or $ASSAY_BASELINE_CACHE)")
+    v.add_argument("--jsonl", help="with folders: one JSON line per candidate; a rerun skips "
+                                   "candidates already in it")
+    v.add_argument("--build-workers", type=int, default=4,
+                   help="with folders: sandboxed builds on the CPU cores at once (0: build in "
+                        "each worker)")
     v.set_defaults(fn=_verify)
 
     from assay.verify import selfcheck

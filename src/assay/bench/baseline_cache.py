@@ -70,3 +70,26 @@ def cached_baseline(task: Task, device: str, cfg: TimingConfig, compile_: bool,
         tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
         os.replace(tmp, path)
     return data, False
+
+
+def _child(conn, fn, args) -> None:
+    try:
+        conn.send(("ok", fn(*args)))
+    except BaseException as e:  # noqa: BLE001
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def in_child(fn, *args):
+    """``fn(*args)`` in a fresh (spawned) process: baselines are timed in a process that never
+    loads a candidate."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_child, args=(child, fn, args))
+    proc.start()
+    status, value = parent.recv()
+    proc.join()
+    if status != "ok":
+        raise RuntimeError(f"baseline timing failed: {value}")
+    return value
