@@ -99,9 +99,10 @@ def candidate_key(pair: Pair, device: str, policy: str, size: str) -> str:
 
 def run_batch(pairs: list[Pair], device: str, cfg, size: str = "auto", jsonl: Path | None = None,
               baselines: bool = True, compile_: bool = True, build_workers: int = 4,
-              build_timeout_s: float = 600.0,
+              build_timeout_s: float = 600.0, budget_s: float | None = None,
               progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Verify every pair; returns the rows of this run's pairs (from the JSONL when resumed)."""
+    """Verify every pair; returns the rows of this run's pairs (from the JSONL when resumed).
+    ``budget_s``: start no candidate once the time left is under 1.5x the slowest so far."""
     from assay.bench.compile_service import CompileService, pin_cuda_arch
     from assay.verify.harness import resolve_device
 
@@ -124,14 +125,26 @@ def run_batch(pairs: list[Pair], device: str, cfg, size: str = "auto", jsonl: Pa
         for p in todo:
             builds.submit(p.candidate)
     t0 = time.perf_counter()
-    n = 0
+    n, slowest = 0, 0.0
+
+    def out_of_time() -> bool:
+        return budget_s is not None and \
+            budget_s - (time.perf_counter() - t0) < max(1.5 * slowest, 5.0)
+
     try:
         for task_path in dict.fromkeys(p.task for p in todo):
+            if out_of_time():
+                break
             group = [p for p in todo if p.task == task_path]
             ctx = _TaskContext.open(task_path, size, device, cfg, baselines, compile_, say)
             try:
                 for p in group:
+                    if out_of_time():
+                        say(f"verify: time budget reached; {len(todo) - n} candidates left")
+                        break
+                    t_row = time.perf_counter()
                     row = ctx.verify(p, builds)
+                    slowest = max(slowest, time.perf_counter() - t_row)
                     row["key"] = keys[p]
                     append_row(jsonl, row)
                     done[keys[p]] = row
