@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -29,6 +30,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+# The sandboxed workers are separate interpreters: they import this checkout's assay too.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO / "src")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -40,6 +40,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+# The sandboxed workers are separate interpreters: they import this checkout's assay too.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO / "src")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 # KernelBench level-1 task number -> (per-element CUDA expression of float v and parameter p,
 # the parameter's default when the task's constructor gets none).

@@ -115,3 +115,24 @@ def test_bad_usage_exits_2(tmp_path):
     assert main(["selfcheck", "--tasks", str(tmp_path / "nope.py")]) == 2
     (tmp_path / "empty").mkdir()
     assert main(["selfcheck", "--tasks", str(tmp_path / "empty")]) == 2
+
+
+def test_kb_selfcheck_benchmark_resumes_and_refuses_to_overwrite(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kb_selfcheck",
+                                                  REPO / "benchmarks" / "kb_selfcheck.py")
+    kb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kb)
+    out = tmp_path / "kb"
+    argv = ["--source", str(ZOO), "--levels", "2", "--limit", "1", "--out", str(out),
+            "--device", "cpu", "--size", "small", "--jobs", "1"]
+    assert kb.main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["decided"] == 1 and summary["counts"]["accepted"] == 1
+    assert "L2_1_gemm_bias_relu" in (out / "summary.md").read_text()
+    assert kb.main(argv) == 2  # the JSONL exists: --resume or another folder
+    lines = (out / "selfcheck.jsonl").read_text()
+    assert kb.main(argv + ["--resume"]) == 0
+    assert (out / "selfcheck.jsonl").read_text() == lines  # nothing redone
+    assert kb.main(["--source", str(ZOO), "--levels", "7", "--out", str(tmp_path / "x")]) == 2

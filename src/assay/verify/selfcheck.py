@@ -151,7 +151,8 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
         "harness_degenerate": harness_degenerate,
         "times": {k: round(x, 3) if isinstance(x, float) else x for k, x in times.items()},
     }
-    if "too_large" in v.reasons or "too_large" in d["checks"]:
+    # helper `mem`'s memory plan: a task that cannot fit gets a `too_large` check or verdict
+    if "too_large" in [*v.reasons, *d["checks"], str(d.get("verdict")), str(d.get("status"))]:
         row["status"] = "too_large"
         row["detail"] = str(d["checks"].get("too_large", {}).get("detail", v.error or ""))
     elif deg["degenerate"] or harness_degenerate:
