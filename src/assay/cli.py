@@ -3,8 +3,12 @@ compare and report them.
 
   assay verify --task T.py --candidate C.py [--device cuda|cpu] [--json out.json]
       exit 0 accepted, 1 rejected, 2 bad usage or unreadable input
+  assay verify --task DIR|T.py --candidate DIR [--jsonl out.jsonl]   a folder of candidates
+      exit 0 all accepted, 1 any not, 2 bad usage
   assay compare [CAMPAIGN ...] [--results results]
   assay export CAMPAIGN ... / assay report CAMPAIGN ... [--mlflow-ui URL] [--compare-with C ...]
+  assay selfcheck --tasks PATH... [--device D] [--jsonl OUT]
+      each task's own Model as the candidate; exit 0 all accepted or degenerate, 1 not
   assay run [HYDRA_OVERRIDE|TARGET ...] [--cores N] [--dry-run] [--rerun TASK]
       the campaign DAG through Snakemake (`assay run --help`)
 
@@ -25,6 +29,8 @@ from pathlib import Path
 def _verify(args: argparse.Namespace) -> int:
     import time
 
+    if Path(args.candidate).is_dir() or Path(args.task).is_dir():
+        return _verify_folder(args)
     from assay.tasks.model import Task, TaskError, resolve_size
 
     times: dict[str, float | str] = {}
@@ -69,6 +75,7 @@ def _verify(args: argparse.Namespace) -> int:
     baseline = record = peaks = None
     if not refused and (plan is None or plan.fits):
         from assay.bench.baseline import time_reference
+        from assay.bench.baseline_cache import cached_baseline
         from assay.bench.device import peaks as device_peaks
         from assay.bench.timing import TimingConfig
         from assay.tasks.analyze import cost, degeneracy
@@ -79,10 +86,15 @@ def _verify(args: argparse.Namespace) -> int:
         times["record_s"] = time.perf_counter() - t
         if child is not None:
             t = time.perf_counter()
+            tcfg = TimingConfig(cfg.warmup_s, cfg.min_runs, cfg.max_runs, cfg.budget_s)
             try:
-                baseline = child.run(time_reference, task, device,
-                                     TimingConfig(cfg.warmup_s, cfg.min_runs, cfg.max_runs,
-                                                  cfg.budget_s), not args.no_compile)
+                # Cached per (task, device, torch version, timing config): a second candidate
+                # of the task reuses it (assay.bench.baseline_cache).
+                baseline, hit = cached_baseline(
+                    task, device, tcfg, not args.no_compile,
+                    lambda: child.run(time_reference, task, device, tcfg, not args.no_compile),
+                    refresh=args.retime_baseline)
+                times["baseline_cached"] = "yes" if hit else "no"
             except RuntimeError as e:  # judged all the same, without a speedup
                 print(f"warning: baseline timing failed: {e}", file=sys.stderr)
                 times["baseline_error"] = str(e)[:300]
@@ -102,6 +114,23 @@ def _verify(args: argparse.Namespace) -> int:
     for name in verdict.reasons:
         print(f"  {name}: {verdict.checks[name]['detail'][:400]}")
     return 0 if verdict.accepted else 1
+
+
+def _verify_folder(args: argparse.Namespace) -> int:
+    """``assay verify`` with a folder for the task or the candidate: a batch, one JSON line per
+    candidate (assay.verify.batch)."""
+    from assay.app import compose
+    from assay.tasks.model import resolve_size
+    from assay.verify.batch import cli as batch
+    from assay.verify.config import from_cfg
+
+    device = _device(args.device)
+    if device is None:
+        print("error: --device cuda: no CUDA device is visible on this machine "
+              "(use --device cpu or auto)", file=sys.stderr)
+        return 2
+    args.device, args.size = device, resolve_size(args.size, device)
+    return batch(args, from_cfg(compose([f"verify={args.policy}"]).verify))
 
 
 def _device(name: str) -> str | None:
@@ -278,14 +307,17 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     v = sub.add_parser(
-        "verify", help="judge one candidate against one task",
+        "verify", help="judge one candidate against one task, or a folder of candidates",
         description="Judge one candidate (a file defining class ModelNew) against one task (a "
                     "KernelBench-format file): correctness on secret inputs against float64, "
                     "the anti-cheating checks, and its speed against eager and torch.compile.",
         epilog="exit status: 0 accepted, 1 rejected (the reasons are printed, one per line), "
                "2 bad usage, an unreadable file, or a device that is not there")
-    v.add_argument("--task", required=True, help="task file (KernelBench format)")
-    v.add_argument("--candidate", required=True, help="candidate file defining class ModelNew")
+    v.add_argument("--task", required=True,
+                   help="task file (KernelBench format), or a folder of them (a KernelBench root)")
+    v.add_argument("--candidate", required=True,
+                   help="candidate file defining class ModelNew, or a folder of candidates "
+                        "(KernelBench runs layout, <task stem>/*.py, or files named after tasks)")
     v.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
                    help="where the candidate runs (auto: cuda if a GPU is visible, else cpu)")
     v.add_argument("--json", metavar="FILE",
@@ -298,7 +330,19 @@ def parser() -> argparse.ArgumentParser:
                         "where it has one)")
     v.add_argument("--no-baseline", action="store_true", help="skip eager/compile timing")
     v.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    v.add_argument("--retime-baseline", action="store_true",
+                   help="time the baselines again instead of reusing the cached ones "
+                        "(~/.cache/assay/baselines, or $ASSAY_BASELINE_CACHE)")
+    v.add_argument("--jsonl", help="with folders: one JSON line per candidate; a rerun skips "
+                                   "candidates already in it")
+    v.add_argument("--build-workers", type=int, default=4,
+                   help="with folders: sandboxed builds on the CPU cores at once (0: build in "
+                        "each worker)")
     v.set_defaults(fn=_verify)
+
+    from assay.verify import selfcheck
+
+    selfcheck.add_parser(sub)
 
     for name, fn, text in (("compare", _compare, "LLM backends side by side"),
                            ("export", _export, "write the parquet archive"),

@@ -14,6 +14,9 @@ import sys
 
 def main(argv: list[str]) -> int:
     os.environ["ASSAY_BUILD_ONLY"] = "1"
+    from assay.bench import inline
+
+    inline.install()  # load_inline candidates fill the content-hash cache too
     spec = importlib.util.spec_from_file_location("assay_prebuild_candidate", argv[0])
     mod = importlib.util.module_from_spec(spec)
     try:

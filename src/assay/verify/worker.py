@@ -59,6 +59,7 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
+from assay.bench import inline as inline_builds  # noqa: E402
 from assay.bench import timing  # noqa: E402  (captures the original clocks at import)
 from assay.tasks import instantiate  # noqa: E402
 from assay.tasks.instantiate import as_outputs, seeded  # noqa: E402
@@ -633,6 +634,7 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
 
     result["stage"] = "load"
     t = clock()
+    inline_builds.install()  # load_inline through the content-hash cache (assay.bench.inline)
     mod = load_candidate(Path(job["candidate"]))
     result["load_s"] = times["load_s"] = clock() - t
 

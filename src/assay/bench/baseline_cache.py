@@ -1,0 +1,95 @@
+"""Baselines cached per (task, device, torch version), so verifying a second candidate of a task
+does not time eager and torch.compile again.
+
+The key covers everything a baseline depends on: the task file's content hash and size, the
+device's name, the torch version, the timing protocol and the compile switches. A cached
+baseline is a JSON file ``<root>/<task id>-<key>.json`` under ``ASSAY_BASELINE_CACHE`` (default
+``~/.cache/assay/baselines``, beside the kernel cache but not inside it: the sandbox never
+mounts it writable, so no candidate can plant a baseline). Delete the folder to re-time
+everything; ``refresh=True`` re-times one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from assay.bench.timing import TimingConfig
+from assay.tasks.model import Task
+
+
+def cache_root() -> Path:
+    root = os.environ.get("ASSAY_BASELINE_CACHE") or Path.home() / ".cache" / "assay" / "baselines"
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def baseline_key(task: Task, device_name: str, torch_version: str, cfg: TimingConfig,
+                 compile_: bool, compile_mode: str = "default") -> str:
+    """A pure function of what the baseline depends on."""
+    parts = {"task": task.source_hash, "size": task.size, "device": device_name,
+             "torch": torch_version, "timing": dataclasses.asdict(cfg), "compile": compile_,
+             "compile_mode": compile_mode}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def cached_baseline(task: Task, device: str, cfg: TimingConfig, compile_: bool,
+                    time_it: Callable[[], dict[str, Any]], compile_mode: str = "default",
+                    refresh: bool = False) -> tuple[dict[str, Any], bool]:
+    """The baseline from the cache, else ``time_it()`` (stored for next time); and whether it
+    came from the cache. A lock per key: two verifications of one task time it once."""
+    import torch
+
+    from assay.bench.device import device_name
+
+    key = baseline_key(task, device_name(device), torch.__version__, cfg, compile_, compile_mode)
+    root = cache_root()
+    path = root / f"{task.id}-{key}.json"
+    if path.exists() and not refresh:
+        try:
+            return json.loads(path.read_text()), True
+        except ValueError:
+            pass  # a damaged file: timed again below
+    with FileLock(str(root / f"{task.id}-{key}.lock")):
+        if path.exists() and not refresh:
+            try:
+                return json.loads(path.read_text()), True
+            except ValueError:
+                pass
+        data = time_it()
+        data = {**data, "cache_key": key}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
+    return data, False
+
+
+def _child(conn, fn, args) -> None:
+    try:
+        conn.send(("ok", fn(*args)))
+    except BaseException as e:  # noqa: BLE001
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def in_child(fn, *args):
+    """``fn(*args)`` in a fresh (spawned) process: baselines are timed in a process that never
+    loads a candidate."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_child, args=(child, fn, args))
+    proc.start()
+    status, value = parent.recv()
+    proc.join()
+    if status != "ok":
+        raise RuntimeError(f"baseline timing failed: {value}")
+    return value

@@ -1,0 +1,148 @@
+"""Fast builds for ``torch.utils.cpp_extension.load_inline`` candidates (the format LLMs and
+KernelBench write): the same sources never build twice, and a cold build compiles less.
+
+torch keys its JIT builds on the extension's *name* in a per-process versioner and a build
+folder under ``TORCH_EXTENSIONS_DIR``; the sandbox gives every run a fresh one, so each
+verification (and the compile service's prebuild before it) rebuilt everything (~45 s on an
+H100 host). :func:`install` replaces ``load_inline`` in the worker and the prebuild process
+with :func:`cached_load_inline`, which
+
+- keys the build by content: the sources, the bindings, every flag, the extension name (the
+  module's init symbol), the torch and Python versions, the compilers and the architecture;
+- keeps the built module as one file ``inline-<key>.so`` in the shared kernel cache
+  (``assay.bench.build.cache_dir``, the folder the sandbox already shares, freezes and
+  documents), so a second build of the same content is an import (milliseconds) in any worker;
+- builds for the device's architecture only (``TORCH_CUDA_ARCH_LIST`` from
+  ``assay.bench.build.cuda_arch``: the prebuild sees no GPU, and torch would otherwise build for
+  every architecture it knows), with ninja running the C++ and CUDA compiles in parallel;
+- turns a failed build into :class:`assay.bench.build.BuildError` whose ``log`` is the whole
+  compiler output, so the verdict's ``compiles`` check and the repair prompt get the log even
+  when torch's message is longer than the worker's error line.
+
+Builds happen in a private folder under ``TMPDIR`` (the sandbox's scratch); only the finished
+library is copied into the cache, under a lock per key, and renamed into place atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from assay.bench.build import BuildError, cache_dir, cuda_arch, nvcc_path
+
+# Arguments that change what is built; the rest (verbosity, where intermediates go) do not.
+_NOT_CONTENT = ("build_directory", "verbose", "keep_intermediates")
+_ORIGINAL: list[Any] = []
+
+
+def arch_list(arch: str | None = None) -> str:
+    """``sm_90`` -> ``9.0``, ``sm_90a`` -> ``9.0a``: TORCH_CUDA_ARCH_LIST's spelling."""
+    a = (arch or cuda_arch()).removeprefix("sm_")
+    digits = "".join(ch for ch in a if ch.isdigit())
+    suffix = a[len(digits):]
+    return f"{digits[:-1]}.{digits[-1]}{suffix}" if len(digits) >= 2 else a
+
+
+def pin_arch_env() -> None:
+    """Build for the verifying device's architecture only (unless the user chose a list)."""
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", arch_list())
+
+
+def _compiler_id() -> list[str]:
+    return [os.environ.get("CXX", "c++"), nvcc_path() or "", os.environ.get("CUDA_HOME", "")]
+
+
+def content_key(bound: dict[str, Any]) -> str:
+    """The cache key of one load_inline call (its bound arguments) on this machine."""
+    import torch
+
+    content = {k: v for k, v in bound.items() if k not in _NOT_CONTENT}
+    h = hashlib.sha256()
+    h.update(json.dumps(content, sort_keys=True, default=repr).encode())
+    h.update(json.dumps([torch.__version__, sys.version, os.environ.get("TORCH_CUDA_ARCH_LIST"),
+                         *_compiler_id()]).encode())
+    return h.hexdigest()[:24]
+
+
+def cached_path(key: str) -> Path:
+    return cache_dir() / f"inline-{key}.so"
+
+
+def _import(name: str, path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _ninja_log(message: str) -> str:
+    """torch puts the compiler output after 'Error building extension ...: '."""
+    return message.split(": ", 1)[1] if message.startswith("Error building extension") \
+        and ": " in message else message
+
+
+def cached_load_inline(*args, **kwargs):
+    """``load_inline`` with the content-hash cache (same signature, same return value)."""
+    original = _ORIGINAL[0] if _ORIGINAL else _torch_load_inline()
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = dict(bound.arguments)
+    if not a.get("is_python_module", True) or a.get("sycl_sources"):
+        return original(*args, **kwargs)  # an op library or SYCL: torch's own path
+    pin_arch_env()
+    name = str(a["name"])
+    key = content_key(a)
+    lib = cached_path(key)
+    if lib.exists():
+        return _import(name, lib)
+    with FileLock(str(lib.with_suffix(".lock"))):
+        if lib.exists():  # another worker (or the prebuild) built it while we waited
+            return _import(name, lib)
+        build_dir = tempfile.mkdtemp(prefix=f"inline-{key}-")
+        try:
+            a["build_directory"] = build_dir
+            try:
+                module = original(**a)
+            except (RuntimeError, subprocess.CalledProcessError) as e:
+                text = str(e)
+                if "Error building extension" not in text:
+                    raise
+                raise BuildError(f"load_inline build of {name!r} failed", _ninja_log(text)) \
+                    from None
+            built = Path(getattr(module, "__file__", "") or "")
+            if built.name.split(".")[0] == name and built.is_file():
+                # copy beside the final name, then rename: a half-copied library is never seen
+                tmp = lib.with_name(f".{lib.name}.{os.getpid()}.tmp")
+                shutil.copyfile(built, tmp)
+                os.replace(tmp, lib)
+            return module
+        finally:
+            shutil.rmtree(build_dir, ignore_errors=True)
+
+
+def _torch_load_inline():
+    from torch.utils import cpp_extension
+
+    return cpp_extension.load_inline
+
+
+def install() -> None:
+    """Route ``torch.utils.cpp_extension.load_inline`` through the cache in this process
+    (before the candidate is imported: ``from ... import load_inline`` then gets ours)."""
+    from torch.utils import cpp_extension
+
+    if not _ORIGINAL:
+        _ORIGINAL.append(cpp_extension.load_inline)
+    cpp_extension.load_inline = cached_load_inline

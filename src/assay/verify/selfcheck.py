@@ -1,0 +1,435 @@
+"""Reference self-check: each task's own ``Model``, submitted as the candidate, must be accepted.
+
+``assay selfcheck --tasks PATH... [--device D] [--jsonl OUT]``: for every task file (a folder
+takes every task file in it, a KernelBench root its level folders) a candidate file is generated
+from the task itself (its source, its size's ``ASSAY_SIZES`` overrides, ``ModelNew = Model``)
+and verified through every check except ``kernel_audit`` and ``reference_fallback`` (the
+reference's own ops are exactly what it runs). Honest work by construction, so a rejection is a
+finding about the verifier (a tolerance, an input distribution, the parameter randomization,
+a memory plan), never about the task; a task whose output barely depends on its inputs is
+listed as degenerate with its numbers (``assay.tasks.analyze.degeneracy``).
+
+One JSON line per task, written as soon as it is decided; a rerun with the same JSONL skips the
+tasks already in it (``retry_errors`` redoes those that ended in an error). Tasks run in worker
+processes (``jobs`` at a time), so a task that kills its process (a segfault, the OOM killer)
+costs that task, not the run. No baseline is timed: the self-check needs none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+from assay.tasks.model import Task, TaskError, level_of, one_line, read_source
+from assay.tasks.suite import _task_files
+from assay.verify.settings import VerifyConfig
+
+STATUSES = ("accepted", "degenerate", "too_large", "rejected", "error")
+SKIPPED_CHECKS = ("kernel_audit", "reference_fallback")
+
+
+# --------------------------------------------------------------------------------------------
+# Which tasks, and the candidate made of each.
+
+def task_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Task files named by ``paths``: a file is itself; a folder gives its task files, or, when
+    it holds level folders (a KernelBench root), theirs. A missing path is a TaskError."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_file():
+            out.append(p)
+        elif p.is_dir():
+            levels = sorted((d for d in p.iterdir() if d.is_dir() and level_of(d / "x", 0)),
+                            key=lambda d: level_of(d / "x"))
+            for folder in levels or [p]:
+                out += _task_files(folder)
+        else:
+            raise TaskError(f"{p}: no such task file or folder")
+    seen: set[Path] = set()
+    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+
+
+def candidate_source(task: Task) -> str:
+    """The task's own file as a candidate: ModelNew is Model, at the task's size."""
+    return (task.source.rstrip() + "\n\n\n# --- assay selfcheck: the reference as the candidate\n"
+            f"globals().update((globals().get('ASSAY_SIZES') or {{}}).get({task.size!r}, {{}}))\n"
+            "ModelNew = Model\n")
+
+
+def selfcheck_config(cfg: VerifyConfig | None = None) -> VerifyConfig:
+    """The verifier's config without the two checks that reject the reference by design, with
+    degeneracy flagged (listed, not a rejection) and a short timing budget (no speedup is read
+    from a self-check; the runtime still meets the roofline check)."""
+    cfg = cfg or VerifyConfig()
+    return dataclasses.replace(cfg, audit=False, reject_reference_ops=False,
+                               on_degenerate="flag", warmup_s=min(cfg.warmup_s, 0.05),
+                               budget_s=min(cfg.budget_s, 0.2))
+
+
+def row_key(path: str | Path, size: str, device: str) -> str:
+    return f"{Path(path).resolve()}|{size}|{device}"
+
+
+# --------------------------------------------------------------------------------------------
+# One task.
+
+def _finite(x: Any) -> Any:
+    return x if not isinstance(x, float) or math.isfinite(x) else str(x)
+
+
+def check_task(path: str | Path, device: str, size: str = "large",
+               cfg: VerifyConfig | None = None, workdir: str | Path | None = None,
+               peaks: dict | None = None) -> dict[str, Any]:
+    """Self-check one task file; a row (never raises for anything the task does)."""
+    import tempfile
+
+    t0 = time.perf_counter()
+    row: dict[str, Any] = {"path": str(path), "size": size, "device": device,
+                           "key": row_key(path, size, device)}
+    try:
+        row.update(_check(Path(path), device, size, selfcheck_config(cfg),
+                          Path(workdir or tempfile.gettempdir()), peaks))
+    except TaskError as e:
+        row.update(status="error", error=str(e))
+    except Exception as e:  # noqa: BLE001 - the harness's own failure: recorded, run goes on
+        row.update(status="error", error=one_line(e, 500))
+    finally:
+        _release(device)
+    row["seconds"] = round(time.perf_counter() - t0, 2)
+    return row
+
+
+def _release(device: str) -> None:
+    import gc
+
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
+           peaks: dict | None) -> dict[str, Any]:
+    from assay.tasks.analyze import cost, degeneracy
+    from assay.verify.harness import resolve_device, verify
+
+    device = resolve_device(device)
+    read_source(path)
+    task = Task.from_file(path, size=size)
+    times: dict[str, Any] = {}
+    t = time.perf_counter()
+    deg = degeneracy(task, device)
+    times["degeneracy_s"] = round(time.perf_counter() - t, 2)
+    record = {**cost(task), "degeneracy": {**deg, "degenerate": False}}  # flagged, judged below
+    workdir.mkdir(parents=True, exist_ok=True)
+    cand = workdir / f"selfcheck_{task.id}_{os.getpid()}.py"
+    cand.write_text(candidate_source(task))
+    try:
+        v = verify(task, cand, device, cfg, None, record, peaks, times=times)
+    finally:
+        cand.unlink(missing_ok=True)
+    d = v.to_dict()
+    failed = {n: c.get("detail", "") for n, c in d["checks"].items() if not c.get("passed")}
+    harness_degenerate = d["checks"].get("task_not_degenerate", {}).get("detail", "")
+    row: dict[str, Any] = {
+        "task": task.id, "accepted": bool(v.accepted), "reasons": list(v.reasons),
+        "failed": {k: str(x)[:600] for k, x in failed.items()},
+        "max_abs_err": _finite(v.max_abs_err), "rel_err": _finite(v.rel_err),
+        "runtime_ms": v.runtime_ms, "roofline_ms": v.roofline_ms,
+        "degeneracy": {k: _finite(x) for k, x in deg.items()},
+        "harness_degenerate": harness_degenerate,
+        "times": {k: round(x, 3) if isinstance(x, float) else x for k, x in times.items()},
+    }
+    # helper `mem`'s memory plan: a task that cannot fit gets a `too_large` check or verdict
+    if "too_large" in [*v.reasons, *d["checks"], str(d.get("verdict")), str(d.get("status"))]:
+        row["status"] = "too_large"
+        row["detail"] = str(d["checks"].get("too_large", {}).get("detail", v.error or ""))
+    elif deg["degenerate"] or harness_degenerate:
+        row["status"] = "degenerate"
+    elif v.accepted:
+        row["status"] = "accepted"
+    else:
+        row["status"] = "rejected"
+    if v.error and row["status"] not in ("accepted",):
+        row["error"] = str(v.error)[:600]
+    return row
+
+
+# --------------------------------------------------------------------------------------------
+# Many tasks: worker processes, the JSONL, the budget.
+
+def read_rows(jsonl: Path | None) -> list[dict[str, Any]]:
+    """Rows already written (a torn last line, from a killed run, is ignored)."""
+    if jsonl is None or not jsonl.exists():
+        return []
+    rows = []
+    for line in jsonl.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and "key" in row:
+            rows.append(row)
+    return rows
+
+
+def append_row(jsonl: Path | None, row: dict[str, Any]) -> None:
+    if jsonl is None:
+        return
+    jsonl.parent.mkdir(parents=True, exist_ok=True)
+    with open(jsonl, "a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def latest(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The last row per task (a retried task has several)."""
+    return {r["key"]: r for r in rows}
+
+
+def _pool_init(env: dict[str, str]) -> None:
+    os.environ.update(env)
+    if sys.platform.startswith("linux"):  # die with the run: no orphan holding device memory
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def run_selfcheck(paths: list[Path], device: str, size: str = "large",
+                  cfg: VerifyConfig | None = None, jsonl: Path | None = None, jobs: int = 1,
+                  budget_s: float | None = None, retry_errors: bool = False,
+                  workdir: Path | None = None,
+                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Self-check ``paths``; returns {"rows": latest row per task, "stopped": reason or ""}.
+
+    ``budget_s``: no task starts once the time left is under 1.5x the slowest task so far (at
+    least 30 s); tasks in flight finish, so the run ends cleanly and a rerun resumes."""
+    import multiprocessing as mp
+
+    from assay.verify.harness import resolve_device
+
+    device = resolve_device(device)
+    if size == "auto":
+        size = "small" if device == "cpu" else "large"
+    say = progress or (lambda s: print(s, file=sys.stderr, flush=True))
+    t0 = time.perf_counter()
+    done = latest(read_rows(jsonl))
+    todo = [p for p in paths
+            if row_key(p, size, device) not in done
+            or (retry_errors and done[row_key(p, size, device)].get("status") == "error")]
+    say(f"selfcheck: {len(paths)} tasks on {device} ({size}), {len(paths) - len(todo)} already "
+        f"in {jsonl}" if jsonl else f"selfcheck: {len(paths)} tasks on {device} ({size})")
+    peaks = None
+    if device.startswith("cuda") or device == "cpu":
+        from assay.bench.device import peaks as measure
+
+        peaks = measure(device)  # once, cached per device: every task's roofline floor
+    ctx = mp.get_context("spawn")
+    env = {"ASSAY_CUDA_ARCH": os.environ.get("ASSAY_CUDA_ARCH", "")}
+    queue = list(todo)
+    died: dict[str, int] = {}
+    slowest = 0.0
+    stopped = ""
+    n_done = 0
+    while queue:
+        pool = ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx,
+                                   initializer=_pool_init, initargs=(env,))
+        running: dict[Future, Path] = {}
+        broken = False
+        try:
+            while (queue or running) and not broken:
+                while queue and len(running) < max(1, jobs) and not stopped:
+                    left = None if budget_s is None else budget_s - (time.perf_counter() - t0)
+                    if left is not None and left < max(30.0, 1.5 * slowest):
+                        stopped = (f"time budget: {left:.0f} s left of {budget_s:.0f} s, the "
+                                   f"slowest task took {slowest:.0f} s")
+                        break
+                    p = queue.pop(0)
+                    running[pool.submit(check_task, p, device, size, cfg, workdir, peaks)] = p
+                if not running:
+                    break
+                finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    p = running.pop(fut)
+                    try:
+                        row = fut.result()
+                    except BrokenProcessPool:
+                        broken = True
+                        died[str(p)] = died.get(str(p), 0) + 1
+                        if died[str(p)] < 2 and jobs > 1:
+                            queue.insert(0, p)  # maybe another task's death: once more
+                            continue
+                        row = {"path": str(p), "size": size, "device": device,
+                               "key": row_key(p, size, device), "status": "error",
+                               "error": "the self-check process died (segfault or killed for "
+                                        "memory)", "seconds": None}
+                    slowest = max(slowest, row.get("seconds") or 0.0)
+                    n_done += 1
+                    append_row(jsonl, row)
+                    done[row["key"]] = row
+                    say(_progress_line(row, n_done, len(todo), time.perf_counter() - t0))
+            if broken:  # the in-flight tasks of a dead pool are retried in a fresh one
+                for fut, p in running.items():
+                    died[str(p)] = died.get(str(p), 0) + 1
+                    queue.insert(0, p)
+        finally:
+            pool.shutdown(wait=not broken, cancel_futures=True)
+        if stopped:
+            break
+    rows = {row_key(p, size, device): done[row_key(p, size, device)] for p in paths
+            if row_key(p, size, device) in done}
+    return {"rows": rows, "stopped": stopped, "seconds": time.perf_counter() - t0,
+            "remaining": len(paths) - len(rows)}
+
+
+def _progress_line(row: dict[str, Any], i: int, n: int, elapsed: float) -> str:
+    what = row["status"]
+    if what == "rejected":
+        what += ": " + ", ".join(row.get("reasons", []))
+    elif what == "error":
+        what += ": " + str(row.get("error", ""))[:200]
+    eta = elapsed / i * (n - i)
+    return (f"[{i}/{n}] {row.get('task') or Path(row['path']).stem} {what} "
+            f"({row.get('seconds') or 0:.1f} s; {elapsed / 60:.1f} min elapsed, "
+            f"~{eta / 60:.1f} min left)")
+
+
+# --------------------------------------------------------------------------------------------
+# The summary.
+
+def _g(x: Any) -> str:
+    return f"{x:.3g}" if isinstance(x, (int, float)) else ("-" if x is None else str(x))
+
+
+def summary_markdown(rows: list[dict[str, Any]], title: str = "Reference self-check") -> str:
+    """Counts per status; the degenerate tasks with their numbers; every rejection and error
+    with its reasons; seconds per task."""
+    by: dict[str, list[dict]] = {s: [] for s in STATUSES}
+    for r in rows:
+        by.setdefault(r.get("status", "error"), []).append(r)
+    secs = sorted(r["seconds"] for r in rows if isinstance(r.get("seconds"), (int, float)))
+    out = [f"# {title}", "",
+           f"{len(rows)} tasks: " + ", ".join(f"{len(by[s])} {s}" for s in STATUSES) + ".",
+           ""]
+    if secs:
+        out += [f"Seconds per task: median {secs[len(secs) // 2]:.1f}, max {secs[-1]:.1f}, "
+                f"total {sum(secs) / 60:.1f} min.", ""]
+    name = lambda r: r.get("task") or Path(r["path"]).stem  # noqa: E731
+    if by["degenerate"]:
+        out += ["## Degenerate (listed, not judged)", "",
+                "| task | output spread | input sensitivity | weight sensitivity | finite | "
+                "reference accepted | why |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in by["degenerate"]:
+            d = r.get("degeneracy", {})
+            why = d.get("why") or r.get("harness_degenerate", "")
+            out.append(f"| {name(r)} | {_g(d.get('output_spread'))} | "
+                       f"{_g(d.get('input_sensitivity'))} | {_g(d.get('weight_sensitivity'))} | "
+                       f"{d.get('finite', '-')} | {r.get('accepted', '-')} | {why[:160]} |")
+        out.append("")
+    for status, head in (("rejected", "Rejected (a finding: honest work refused)"),
+                         ("too_large", "Too large for the device"), ("error", "Errors")):
+        if by[status]:
+            out += [f"## {head}", "", "| task | reasons | detail |", "| --- | --- | --- |"]
+            for r in by[status]:
+                detail = r.get("detail") or r.get("error") or "; ".join(
+                    f"{k}: {v}" for k, v in r.get("failed", {}).items())
+                detail = " ".join(str(detail).split()).replace("|", "\\|")[:300]
+                out.append(f"| {name(r)} | {', '.join(r.get('reasons', [])) or '-'} | "
+                           f"{detail} |")
+            out.append("")
+    out += ["## Every task", "", "| task | status | seconds | max abs err | rel err |",
+            "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        out.append(f"| {name(r)} | {r.get('status')} | {_g(r.get('seconds'))} | "
+                   f"{_g(r.get('max_abs_err'))} | {_g(r.get('rel_err'))} |")
+    return "\n".join(out) + "\n"
+
+
+def summary_table(rows: list[dict[str, Any]]) -> str:
+    """The terminal's end-of-run table (rich)."""
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="assay selfcheck")
+    for col in ("task", "status", "seconds", "why"):
+        t.add_column(col)
+    for r in rows:
+        why = ""
+        if r.get("status") == "degenerate":
+            d = r.get("degeneracy", {})
+            why = (f"spread {_g(d.get('output_spread'))}, inputs {_g(d.get('input_sensitivity'))}"
+                   f", weights {_g(d.get('weight_sensitivity'))}")
+        elif r.get("status") in ("rejected", "too_large", "error"):
+            why = ", ".join(r.get("reasons", [])) or str(r.get("error") or r.get("detail"))[:120]
+        t.add_row(r.get("task") or Path(r["path"]).stem, str(r.get("status")),
+                  _g(r.get("seconds")), why)
+    buf = StringIO()
+    Console(file=buf, width=140).print(t)
+    counts = {s: sum(r.get("status") == s for r in rows) for s in STATUSES}
+    return buf.getvalue() + ", ".join(f"{n} {s}" for s, n in counts.items()) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# `assay selfcheck` (argparse lives in assay.cli).
+
+def cli(args) -> int:
+    """Exit 0 when every task not degenerate was accepted, 1 when any was rejected, too large
+    or failed, 2 on bad usage; 3 when the time budget stopped the run before the end."""
+    try:
+        paths = task_files(args.tasks)
+    except TaskError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not paths:
+        print(f"error: {', '.join(args.tasks)}: no task files", file=sys.stderr)
+        return 2
+    jsonl = Path(args.jsonl) if args.jsonl else None
+    out = run_selfcheck(paths, args.device, args.size, jsonl=jsonl, jobs=args.jobs,
+                        budget_s=args.budget_s, retry_errors=args.retry_errors)
+    rows = list(out["rows"].values())
+    try:
+        print(summary_table(rows), end="")
+    except ImportError:  # rich is not on every GPU box: the markdown says the same
+        print(summary_markdown(rows), end="")
+    if args.markdown:
+        Path(args.markdown).write_text(summary_markdown(rows))
+    if out["stopped"]:
+        print(f"stopped: {out['stopped']}; {out['remaining']} tasks left (run again to resume)",
+              file=sys.stderr)
+        return 3
+    bad = [r for r in rows if r.get("status") not in ("accepted", "degenerate")]
+    return 1 if bad else 0
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser("selfcheck", help="each task's own Model as the candidate: must pass",
+                       description=__doc__.split("\n\n")[0])
+    s.add_argument("--tasks", nargs="+", required=True,
+                   help="task files or folders (a level folder, or a KernelBench root)")
+    s.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    s.add_argument("--size", default="auto", choices=["auto", "large", "small"],
+                   help="task size; auto: small on cpu, large on cuda")
+    s.add_argument("--jsonl", help="one JSON line per task; tasks already in it are skipped")
+    s.add_argument("--markdown", help="also write the summary as markdown here")
+    s.add_argument("--jobs", type=int, default=1,
+                   help="tasks in flight at once (each in its own process)")
+    s.add_argument("--budget-s", type=float, default=None,
+                   help="start no task that could end past this many seconds")
+    s.add_argument("--retry-errors", action="store_true",
+                   help="redo tasks whose JSONL row is an error")
+    s.set_defaults(fn=cli)

@@ -1,0 +1,132 @@
+"""load_inline through the content-hash cache (assay.bench.inline).
+
+torch's real load_inline needs ~30 s per build on this machine, so the cache logic is tested
+with a stand-in that has load_inline's signature and builds a tiny CPython extension with the
+C compiler (PyInit_<name>, like torch's); one opt-in test (ASSAY_SLOW_TESTS=1) runs torch's own.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+from torch.utils import cpp_extension
+
+from assay.bench import inline
+from assay.bench.build import BuildError
+
+CC = shutil.which("cc") or shutil.which("gcc")
+pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASSAY_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ASSAY_CUDA_ARCH", "sm_90")
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+
+
+def fake_load_inline(builds: list):
+    """Builds a module whose ``answer()`` returns the integer in cpp_sources."""
+
+    @functools.wraps(cpp_extension.load_inline)  # inspect.signature sees load_inline's
+    def build(name, cpp_sources, cuda_sources=None, build_directory=None, **_):
+        builds.append(build_directory)
+        value = cpp_sources if isinstance(cpp_sources, str) else cpp_sources[0]
+        src = Path(build_directory) / "m.c"
+        src.write_text(f"""
+#include <Python.h>
+static PyObject* answer(PyObject* s, PyObject* a) {{ return PyLong_FromLong({value}); }}
+static PyMethodDef M[] = {{{{"answer", answer, METH_NOARGS, ""}}, {{0}}}};
+static struct PyModuleDef D = {{PyModuleDef_HEAD_INIT, "{name}", 0, -1, M}};
+PyMODINIT_FUNC PyInit_{name}(void) {{ return PyModule_Create(&D); }}
+""")
+        out = Path(build_directory) / f"{name}.so"
+        proc = subprocess.run([CC, "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
+                               str(src), "-o", str(out)], capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"Error building extension '{name}': {proc.stderr}")
+        return inline._import(name, out)
+
+    return build
+
+
+@pytest.fixture
+def builds(monkeypatch):
+    made: list = []
+    monkeypatch.setattr(inline, "_ORIGINAL", [fake_load_inline(made)])
+    return made
+
+
+def test_same_content_builds_once_and_any_name_change_rebuilds(builds):
+    m = inline.cached_load_inline("ext_a", "7")
+    assert m.answer() == 7 and len(builds) == 1
+    again = inline.cached_load_inline(name="ext_a", cpp_sources="7", verbose=True)
+    assert again.answer() == 7 and len(builds) == 1  # verbose is not content: a cache hit
+    assert inline.cached_load_inline("ext_a", "8").answer() == 8 and len(builds) == 2
+    assert inline.cached_load_inline("ext_b", "7").answer() == 7 and len(builds) == 3
+    assert len(list(Path(os.environ["ASSAY_KERNEL_CACHE"]).glob("inline-*.so"))) == 3
+    # the private build folders are gone; only the libraries stay
+    assert not any(Path(b).exists() for b in builds)
+
+
+def test_device_arch_only_and_in_the_key(builds, monkeypatch):
+    inline.cached_load_inline("ext_c", "1")
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == "9.0"
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    inline.cached_load_inline("ext_c", "1")
+    assert len(builds) == 2  # another architecture is another library
+
+
+def test_build_failure_is_a_build_error_with_the_whole_log(builds):
+    with pytest.raises(BuildError) as e:
+        inline.cached_load_inline("ext_d", "7 +* " + "x" * 3000)
+    assert isinstance(e.value, RuntimeError)  # candidates catching RuntimeError still do
+    assert "error" in e.value.log and len(e.value.log) > 3000  # the whole compiler output
+    assert not list(Path(os.environ["ASSAY_KERNEL_CACHE"]).glob("inline-*.so"))
+
+
+def test_fake_build_errors_keep_compiler_output(monkeypatch):
+    def broken(name, cpp_sources, **_):
+        raise RuntimeError(f"Error building extension '{name}': main.cpp:3: error: nope")
+
+    monkeypatch.setattr(inline, "_ORIGINAL",
+                        [functools.wraps(cpp_extension.load_inline)(broken)])
+    with pytest.raises(BuildError) as e:
+        inline.cached_load_inline("ext_e", "int f(")
+    assert e.value.log == "main.cpp:3: error: nope"
+
+
+def test_install_routes_torch_load_inline(monkeypatch):
+    monkeypatch.setattr(cpp_extension, "load_inline", cpp_extension.load_inline)
+    inline.install()
+    from torch.utils.cpp_extension import load_inline
+
+    assert load_inline is inline.cached_load_inline
+
+
+def test_arch_list_spelling():
+    assert [inline.arch_list(a) for a in ("sm_90", "sm_90a", "sm_100", "sm_80")] == \
+        ["9.0", "9.0a", "10.0", "8.0"]
+
+
+@pytest.mark.skipif(not os.environ.get("ASSAY_SLOW_TESTS"), reason="ASSAY_SLOW_TESTS=1: a real "
+                    "torch extension build (~30-60 s on 2 cores)")
+def test_real_load_inline_cpu_is_cached(monkeypatch):
+    calls = []
+
+    @functools.wraps(cpp_extension.load_inline)
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return cpp_extension.load_inline(*args, **kwargs)
+
+    monkeypatch.setattr(inline, "_ORIGINAL", [counted])
+    src = "int64_t twice(int64_t x) { return 2 * x; }"
+    assert inline.cached_load_inline("assay_twice", src, functions=["twice"]).twice(21) == 42
+    assert inline.cached_load_inline("assay_twice", src, functions=["twice"]).twice(4) == 8
+    assert len(calls) == 1

@@ -1,0 +1,138 @@
+"""`assay selfcheck`: each task's own Model as the candidate (cpu, small sizes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from assay.cli import main
+from assay.tasks.model import Task, TaskError
+from assay.verify import selfcheck
+from conftest import REPO
+
+ZOO = REPO / "tests" / "zoo" / "tasks"
+
+STATEFUL = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):   # counts its calls: not a function of its inputs, nothing can pass
+        self.calls += 1
+        return (x > 0).long().sum(dim=1) + self.calls
+
+def get_inputs():
+    return [torch.randn(64, 32)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASSAY_KERNEL_CACHE", str(tmp_path / "cache" / "kernels"))
+
+
+def test_candidate_is_the_task_at_its_size():
+    task = Task.from_file(REPO / "data/tasks/level1/1_ReLU.py", size="small")
+    src = selfcheck.candidate_source(task)
+    ns: dict = {}
+    exec(compile(src, "cand.py", "exec"), ns)
+    assert ns["ModelNew"] is ns["Model"]
+    small = task.module()
+    assert all(ns[k] == getattr(small, k) for k in ns["ASSAY_SIZES"]["small"])
+
+
+def test_task_files_takes_level_folders_and_files(tmp_path):
+    files = selfcheck.task_files([ZOO])
+    assert files[0].parent.name == "level1" and {p.parent.name for p in files} == {"level1", "level2"}
+    assert selfcheck.task_files([ZOO / "level1", ZOO / "level1" / "1_gelu.py"]) == \
+        selfcheck.task_files([ZOO / "level1"])
+    with pytest.raises(TaskError, match="no such task"):
+        selfcheck.task_files([tmp_path / "missing"])
+
+
+def test_selfcheck_accepts_honest_lists_degenerate_and_rejects_what_no_kernel_can_pass(
+        tmp_path, write_file, capsys):
+    noisy = write_file("level1/90_Stateful.py", STATEFUL)
+    broken = write_file("level1/91_Broken.py", "class Model: pass\n")  # no get_inputs
+    paths = [ZOO / "level1" / "1_gelu.py", ZOO / "level1" / "6_layernorm_mean_degenerate.py",
+             noisy, broken]
+    jsonl = tmp_path / "out" / "selfcheck.jsonl"
+    md = tmp_path / "out" / "summary.md"
+    code = main(["selfcheck", "--tasks", *map(str, paths), "--device", "cpu",
+                 "--jsonl", str(jsonl), "--markdown", str(md)])
+    rows = {json.loads(line)["path"]: json.loads(line) for line in jsonl.read_text().splitlines()}
+    status = {p: rows[str(p)]["status"] for p in paths}
+    assert status == {paths[0]: "accepted", paths[1]: "degenerate", noisy: "rejected",
+                      broken: "error"}
+    assert code == 1  # a rejection and an error: not a clean self-check
+    deg = rows[str(paths[1])]["degeneracy"]
+    assert deg["degenerate"] and deg["input_sensitivity"] < 1e-3
+    assert rows[str(noisy)]["reasons"] and not rows[str(noisy)]["accepted"]
+    assert "missing get_inputs" in rows[str(broken)]["error"]
+    # the skipped checks are not run at all; the rest are
+    checks = rows[str(paths[0])]
+    assert checks["accepted"] and not checks["failed"]
+    text = md.read_text()
+    assert "| L1_6_layernorm_mean_degenerate |" in text and "Rejected" in text
+    assert "1 accepted, 1 degenerate, 0 too_large, 1 rejected, 1 error" in text
+    assert "L1_90_Stateful" in capsys.readouterr().out
+
+    # resumable: nothing is redone; --retry-errors redoes only the error
+    before = jsonl.read_text()
+    assert main(["selfcheck", "--tasks", *map(str, paths[:3]), "--device", "cpu",
+                 "--jsonl", str(jsonl)]) == 1
+    assert jsonl.read_text() == before
+    main(["selfcheck", "--tasks", *map(str, paths), "--device", "cpu", "--jsonl", str(jsonl),
+          "--retry-errors"])
+    added = jsonl.read_text()[len(before):].splitlines()
+    assert [json.loads(line)["path"] for line in added] == [str(broken)]
+
+
+def test_a_torn_last_line_is_ignored(tmp_path):
+    jsonl = tmp_path / "s.jsonl"
+    jsonl.write_text(json.dumps({"key": "a", "status": "accepted"}) + "\n{\"key\": \"b\", \"sta")
+    assert [r["key"] for r in selfcheck.read_rows(jsonl)] == ["a"]
+
+
+def test_budget_stops_before_starting_what_cannot_finish(tmp_path):
+    out = selfcheck.run_selfcheck([ZOO / "level1" / "1_gelu.py"], "cpu", "small",
+                                  jsonl=tmp_path / "s.jsonl", budget_s=5, progress=lambda s: 0)
+    assert out["stopped"].startswith("time budget") and out["remaining"] == 1
+    assert not (tmp_path / "s.jsonl").exists()
+    assert main(["selfcheck", "--tasks", str(ZOO / "level1" / "1_gelu.py"), "--device", "cpu",
+                 "--budget-s", "5"]) == 3
+
+
+def test_bad_usage_exits_2(tmp_path):
+    assert main(["selfcheck", "--tasks", str(tmp_path / "nope.py")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert main(["selfcheck", "--tasks", str(tmp_path / "empty")]) == 2
+
+
+def test_kb_selfcheck_benchmark_resumes_and_refuses_to_overwrite(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kb_selfcheck",
+                                                  REPO / "benchmarks" / "kb_selfcheck.py")
+    kb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kb)
+    out = tmp_path / "kb"
+    argv = ["--source", str(ZOO), "--levels", "2", "--limit", "1", "--out", str(out),
+            "--device", "cpu", "--size", "small", "--jobs", "1"]
+    assert kb.main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["decided"] == 1 and summary["counts"]["accepted"] == 1
+    assert "L2_1_gemm_bias_relu" in (out / "summary.md").read_text()
+    assert kb.main(argv) == 2  # the JSONL exists: --resume or another folder
+    lines = (out / "selfcheck.jsonl").read_text()
+    assert kb.main(argv + ["--resume"]) == 0
+    assert (out / "selfcheck.jsonl").read_text() == lines  # nothing redone
+    assert kb.main(["--source", str(ZOO), "--levels", "7", "--out", str(tmp_path / "x")]) == 2
