@@ -171,9 +171,9 @@ def rerun_files(overrides: list[str], tasks: list[str]) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from assay.app import UserError, repo_root
+    from assay.app import UserError, repo_root, workflow_overrides
 
-    overrides = [w for w in args.words if "=" in w]
+    overrides = [w for w in args.words if "=" in w] or workflow_overrides()
     try:
         forced = rerun_files(overrides, args.rerun) if args.rerun else []
     except UserError as e:
@@ -182,7 +182,7 @@ def _run(args: argparse.Namespace) -> int:
     snakefile = repo_root() / "Snakefile"
     cmd = snakemake_command(args.words, args.cores, args.dry_run, forced, args.snakemake_args,
                             snakefile if snakefile.is_file() else None)
-    print("assay: " + " ".join(shlex.quote(w) for w in cmd[1:]), file=sys.stderr, flush=True)
+    print("assay: " + " ".join(shlex.quote(w) for w in cmd), file=sys.stderr, flush=True)
     return subprocess.call(cmd)
 
 
