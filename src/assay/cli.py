@@ -272,10 +272,10 @@ def rerun_files(overrides: list[str], tasks: list[str]) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from assay.app import UserError
+    from assay.app import UserError, workflow_overrides
     from assay.resources import snakefile
 
-    overrides = [w for w in args.words if "=" in w]
+    overrides = [w for w in args.words if "=" in w] or workflow_overrides()
     try:
         forced = rerun_files(overrides, args.rerun) if args.rerun else []
     except UserError as e:
@@ -285,7 +285,7 @@ def _run(args: argparse.Namespace) -> int:
     # package, so `assay run` works from any folder; results land in the current one.
     cmd = snakemake_command(args.words, args.cores, args.dry_run, forced, args.snakemake_args,
                             snakefile())
-    print("assay: " + " ".join(shlex.quote(w) for w in cmd[1:]), file=sys.stderr, flush=True)
+    print("assay: " + " ".join(shlex.quote(w) for w in cmd), file=sys.stderr, flush=True)
     return subprocess.call(cmd)
 
 
