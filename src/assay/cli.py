@@ -59,7 +59,9 @@ def _verify(args: argparse.Namespace) -> int:
     from assay.verify.harness import verify
     from assay.verify.memory import plan_task
 
+    t = time.perf_counter()
     cfg = from_cfg(compose([f"verify={args.policy}"]).verify)
+    times["config_s"] = time.perf_counter() - t
     # A task too large for this machine's memory is decided before any baseline too.
     t = time.perf_counter()
     plan = None if refused else plan_task(task, device, cfg)
