@@ -181,3 +181,11 @@ def test_cli_cuda_without_a_gpu_is_one_line_and_exit_2(task, tmp_path):
     h = subprocess.run([sys.executable, "-m", "assay.cli", "verify", "--help"],
                        capture_output=True, text=True).stdout
     assert "exit status: 0 accepted, 1 rejected" in h and "where the candidate runs" in h
+
+
+def test_an_import_error_names_the_users_file_and_line(task, tmp_path):
+    cand = tmp_path / "my_kernel.py"
+    cand.write_text("import torch\nx = 1\nraise ValueError('boom')\nclass ModelNew: ...\n")
+    v = verify(task, cand, "cpu", VerifyConfig(budget_s=0.1))
+    assert v.reasons == ["compiles"]
+    assert v.checks["compiles"]["detail"].startswith(f"{cand}, line 3: ValueError: boom")
