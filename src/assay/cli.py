@@ -2,7 +2,7 @@
 compare and report them.
 
   assay verify --task T.py --candidate C.py [--device cuda|cpu] [--json out.json]
-      exit 0 accepted, 1 rejected, 2 bad usage or unreadable input
+      exit 0 accepted, 1 rejected, 2 bad usage, unreadable input or a device not there
   assay compare [CAMPAIGN ...] [--results results]
   assay export CAMPAIGN ... / assay report CAMPAIGN ... [--mlflow-ui URL] [--compare-with C ...]
   assay run [HYDRA_OVERRIDE ...] [--cores N]     the campaign DAG through Snakemake
@@ -212,7 +212,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="assay", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="assay", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
     v = sub.add_parser(
