@@ -7,12 +7,12 @@ CORES   ?= 2
 # The campaign and its Hydra overrides, e.g. make run CAMPAIGN=ci OVERRIDES="tasks=ci evolve=ci"
 CAMPAIGN  ?= default
 OVERRIDES ?=
-ALL_OVERRIDES := campaign=$(CAMPAIGN) $(OVERRIDES)
-comma := ,
-empty :=
-space := $(empty) $(empty)
+# One way to run a campaign: run, dry-run and rerun all call `assay run`, which builds the
+# Snakemake command (printed first); `snakemake` alone, with the same overrides, runs the same.
+ASSAY_RUN = PATH=$(abspath $(BIN)):$$PATH $(BIN)/assay run --cores $(CORES) \
+  campaign=$(CAMPAIGN) $(OVERRIDES)
 
-.PHONY: install run test test-gpu dry-run lint clean chromium
+.PHONY: install run test test-gpu dry-run rerun lint clean chromium
 
 install: $(STAMP)
 
@@ -25,13 +25,19 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-* && touch $@
 
 run: install
-	PATH=$(abspath $(BIN)):$$PATH snakemake --cores $(CORES) \
-	  --config 'overrides=[$(subst $(space),$(comma),$(strip $(ALL_OVERRIDES)))]'
-	PATH=$(abspath $(BIN)):$$PATH assay compare $(CAMPAIGN)
+	$(ASSAY_RUN)
+	$(BIN)/assay compare $(CAMPAIGN)
 	@echo "report: results/$(CAMPAIGN)/report.html  archive: results/$(CAMPAIGN)/archive/"
+	@echo "tools: . $(VENV)/bin/activate  (puts assay, snakemake and mlflow on the PATH)"
 
 dry-run: install
-	PATH=$(abspath $(BIN)):$$PATH snakemake -n --cores $(CORES)
+	$(ASSAY_RUN) --dry-run
+
+# Every stage of one task again, verdicts included: make rerun TASK=L1_1_ReLU [CAMPAIGN=...]
+rerun: install
+	@test -n "$(TASK)" || { echo "usage: make rerun TASK=L1_1_ReLU [CAMPAIGN=...] [OVERRIDES=...]" >&2; exit 2; }
+	$(ASSAY_RUN) $(foreach t,$(TASK),--rerun $(t))
+	$(BIN)/assay compare $(CAMPAIGN)
 
 lint: install
 	PATH=$(abspath $(BIN)):$$PATH snakemake --lint

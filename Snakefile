@@ -1,9 +1,14 @@
 # Assay's campaign DAG. Every step is a Hydra-configured `python -m assay.<step>` command that
 # writes files under results/<campaign>/; those files make every step resumable.
+# The overrides every step runs with come from config/workflow.yaml unless `--config` gives them;
+# `make run`, `assay run` and a bare `snakemake` agree on them (README, "Running campaigns"):
 #
 #   snakemake --cores 8 --resources gpu=4                       # the default campaign
 #   snakemake --cores 2 --config overrides='[campaign=ci,tasks=ci,evolve=ci]'
-#   snakemake --cores 2 --forcerun translate results/default/offline/L1_1_ReLU/profile.json
+#   assay run --rerun L1_1_ReLU                                  # every stage of one task again
+#   snakemake --cores 2 --forcerun results/default/offline/L1_1_ReLU/gen_0/proposals.json
+#
+# Targets go before `--config` and `--forcerun` (both take every word after them).
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -39,6 +44,9 @@ rule all:
         report=f"{C}/report.html",
         archive=expand(f"{C}/archive/level_{{level}}.parquet", level=LEVELS),
         tracked=expand(f"{C}/{{llm}}/tracked.json", llm=LLMS),
+        # Listed so that a deleted task folder is made again: Snakemake does not remake a
+        # missing file that only feeds outputs which still exist.
+        profiles=expand(f"{C}/{{llm}}/{{task}}/profile.json", llm=LLMS, task=TASKS),
 
 
 onstart:

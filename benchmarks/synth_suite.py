@@ -447,7 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     from assay.tasks.analyze import cost, degeneracy
     from assay.tasks.model import Task
     from assay.tasks.suite import discover
-    from assay.verify.harness import prepare, resolve_device, verify
+    from assay.verify.harness import prepare, verify
+    from assay.verify.memory import TooLarge
+    from assay.verify.reference import resolve_device
     from assay.verify.settings import VerifyConfig
 
     device = resolve_device(args.device)
@@ -572,7 +574,10 @@ def main(argv: list[str] | None = None) -> int:
             degenerate = bool((run.record or {}).get("degeneracy", {}).get("degenerate"))
             t = time.perf_counter()
             if not degenerate:
-                prepared = prepare(run.task, device, cfgs["strict"])
+                try:
+                    prepared = prepare(run.task, device, cfgs["strict"])
+                except TooLarge as e:  # each candidate's verdict says too_large, with numbers
+                    log(f"{run.id}: too large for this machine: {e}")
             log(f"{run.id}: baseline {run.baseline['timed_s']:.1f} s, prepare "
                 f"{time.perf_counter() - t:.1f} s, {allowance:.0f} s for its candidates")
             # The roofline floor uses the fp32 matmul peak: meaningless for the float16/bfloat16

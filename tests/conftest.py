@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO  # noqa: F401 - `from conftest import REPO` in older tests
 
 
 def pytest_collection_modifyitems(config, items):

@@ -10,10 +10,8 @@ the meta device before allocating anything.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +20,7 @@ import pytest
 
 from assay.tasks.__main__ import analyze_file
 from assay.tasks.suite import discover
-from conftest import REPO
+from helpers import REPO, env, snakemake
 
 BAD = REPO / "tests" / "bad_tasks" / "level1"
 
@@ -130,11 +128,12 @@ def test_extract_catches_sleep_exit_and_absurd_size_in_a_child():
 
 def snakemake_cmd(workdir: Path, source: Path) -> list[str]:
     # Generation 0 only: every stage of the DAG runs for every task (22 x 5 jobs) in about
-    # three minutes on two cores; evolution itself is test_pipeline's business.
-    overrides = (f"overrides=[campaign=bad,tasks=kernelbench,tasks.source={source},"
-                 f"tasks.size=large,evolve=ci,evolve.generations=0,baselines.compile=false]")
-    return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-            "--directory", str(workdir), "--cores", "2", "--config", overrides]
+    # three minutes on two cores; evolution itself is test_pipeline's business. The sleeping
+    # task costs tasks.extract_timeout_s, not 10 minutes.
+    return snakemake(workdir, overrides=[
+        "campaign=bad", "tasks=kernelbench", f"tasks.source={source}", "tasks.size=large",
+        "evolve=ci", "evolve.generations=0", "baselines.compile=false",
+        "tasks.extract_timeout_s=45"])
 
 
 @pytest.mark.slow
@@ -143,11 +142,8 @@ def test_campaign_over_bad_and_good_tasks_finishes_the_good_ones(tmp_path):
     shutil.copytree(BAD, source)
     for name, text in GOOD.items():
         (source / name).write_text(text.lstrip())
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
-    env["ASSAY_EXTRACT_TIMEOUT_S"] = "45"  # the sleeping task costs this, not 10 minutes
     work = tmp_path / "run"
-    r = subprocess.run(snakemake_cmd(work, source), capture_output=True, text=True, env=env,
+    r = subprocess.run(snakemake_cmd(work, source), capture_output=True, text=True, env=env(),
                        timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
 

@@ -43,9 +43,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from helpers import REPO  # noqa: E402
+from helpers import snakemake as dag  # noqa: E402
 from llm_server import ScriptedLLMServer  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 TASK = "L1_1_ReLU"
 GENS = 2  # generation 0 (translation) and 1 (evolution)
 KEY_ENV = "ASSAY_LOOPBACK_KEY"
@@ -219,10 +220,7 @@ def backend_config(name: str, url: str, price_in: float, price_out: float) -> st
 def snakemake(work: Path, campaign: str, llms: list[str], *extra: str,
               target: str | None = None) -> list[str]:
     overrides = [f"campaign={campaign}", f"llms=[{','.join(llms)}]", *OVERRIDES, *extra]
-    quoted = ",".join(json.dumps(o) for o in overrides)
-    return [sys.executable, "-m", "snakemake", *([target] if target else []), "--snakefile",
-            str(REPO / "Snakefile"), "--directory", str(work), "--cores", "2", "--config",
-            f"overrides=[{quoted}]"]
+    return dag(work, *([target] if target else []), overrides=overrides)
 
 
 def run(world: dict, campaign: str, llms: list[str], *extra: str, target: str | None = None,

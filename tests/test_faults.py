@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from assay import layout
-from conftest import REPO
+from helpers import REPO
 
 ROOT = os.geteuid() == 0
 
@@ -86,13 +87,15 @@ def test_sigterm_to_a_verifying_step_kills_the_worker_and_removes_its_scratch(tm
     """))
     cand = tmp_path / "cand.py"
     cand.write_text(f"import ctypes, time\nctypes.CDLL(None).prctl(15, b'{name}', 0, 0, 0)\n"
-                    f"print('candidate running', flush=True)\ntime.sleep(10**6)\n")
+                    f"print('candidate running', flush=True)\ntime.sleep(10**6)\n"
+                    f"class ModelNew: ...\n")
     verdict = tmp_path / "verdicts" / "c.json"
     proc = python(f"""
         from pathlib import Path
         from assay.layout import write_json
         from assay.tasks.model import Task
-        from assay.verify.harness import VerifyConfig, verify
+        from assay.verify.harness import verify
+        from assay.verify.settings import VerifyConfig
         task = Task.from_file({str(task)!r})
         print("verifying", flush=True)
         v = verify(task, Path({str(cand)!r}), "cpu", VerifyConfig(timeout_s=300))
@@ -227,6 +230,35 @@ def test_a_second_acquire_in_the_same_process_keeps_its_lease(tmp_path):
     """, {"CUDA_VISIBLE_DEVICES": "3", "ASSAY_GPU_LOCK_DIR": str(tmp_path)})
     out, err = proc.communicate(timeout=60)
     assert "lease 3 3" in out, err[-2000:]
+
+
+CPU_LEASE = """
+    import time
+    from assay import gpu
+    waited = gpu.acquire_cpu(timeout_s=60, poll_s=0.05)
+    print("cpu lease", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_cpu_lease_lets_one_timing_step_at_a_time_and_outlives_no_sigkill(tmp_path):
+    """Two timing steps on the cpu target: the second waits until the first is gone (killed)."""
+    env = {"ASSAY_GPU_LOCK_DIR": str(tmp_path / "locks")}
+    first = python(CPU_LEASE, env, start_new_session=True)
+    second = None
+    try:
+        wait_for_line(first, "cpu lease")
+        second = python(CPU_LEASE, env, start_new_session=True)
+        ready, _, _ = select.select([second.stdout], [], [], 5)
+        assert not ready and second.poll() is None, "two timing steps held the CPU at once"
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=10)
+        wait_for_line(second, "cpu lease", timeout=30)
+    finally:
+        for p in (first, second):
+            if p is not None:
+                p.kill()
+                p.wait()
 
 
 def test_slurm_jobs_on_one_node_do_not_wait_for_each_other(tmp_path):

@@ -24,8 +24,10 @@ import pytest
 import torch
 
 from assay.tasks.model import Task
-from assay.verify.harness import Prepared, VerifyConfig, verify
-from test_zoo import (GENEROUS_PEAKS, assert_verdict, prepared, record, zoo_config,
+from assay.verify.harness import verify
+from assay.verify.reference import Prepared
+from assay.verify.settings import VerifyConfig
+from test_zoo import (GENEROUS_PEAKS, _param, assert_verdict, prepared, record, zoo_config,
                       zoo_task)
 from test_zoo_cuda import CUDA_CASES, CUDA_ZOO, kernel_names, kernel_sources
 
@@ -170,7 +172,8 @@ def run_cuda_case(name: str):
     return v, elapsed
 
 
-@pytest.mark.parametrize("name", [n for n, m in CUDA_CASES.items() if m["KIND"] != "failure"])
+@pytest.mark.parametrize("name", [_param(n, CUDA_CASES) for n, m in CUDA_CASES.items()
+                                  if m["KIND"] != "failure"])
 def test_cuda_zoo_verdict(name, prebuilt):
     meta = CUDA_CASES[name]
     v, _ = run_cuda_case(name)

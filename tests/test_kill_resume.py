@@ -11,18 +11,16 @@ timing noise pick a different parent in two uninterrupted runs too).
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from helpers import env, snakemake
 
 pytestmark = pytest.mark.slow
 OVERRIDES = ["campaign=kr", "tasks=ci", "tasks.include=[L1_10_Softmax]", "evolve=ci",
@@ -32,21 +30,6 @@ MEASURED = {"CUDA_Runtime", "PyTorch_Native_Runtime", "PyTorch_Compile_Runtime",
             "CUDA_Speedup_Native", "CUDA_Speedup_Compile", "Max_Diff", "NCU_Profile",
             "Torch_Profile"}
 KILLS = 10
-
-
-def snakemake(workdir: Path) -> list[str]:
-    # A config file: a nested list inside --config's own list does not parse.
-    workdir.mkdir(parents=True, exist_ok=True)
-    cfg = workdir / "overrides.json"
-    cfg.write_text(json.dumps({"overrides": OVERRIDES}))
-    return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-            "--directory", str(workdir), "--cores", "2", "--configfile", str(cfg)]
-
-
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PATH"] = f"{Path(sys.executable).parent}:{e['PATH']}"  # the rules call `python -m`
-    return e
 
 
 def archive(workdir: Path):
@@ -60,7 +43,8 @@ def archive(workdir: Path):
 def test_ten_sigkills_at_random_points_leave_the_same_archive(tmp_path):
     calm, killed = tmp_path / "calm", tmp_path / "killed"
     t0 = time.monotonic()
-    r = subprocess.run(snakemake(calm), capture_output=True, text=True, env=env(), timeout=900)
+    r = subprocess.run(snakemake(calm, overrides=OVERRIDES), capture_output=True, text=True,
+                       env=env(), timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
     span = time.monotonic() - t0
 
@@ -71,7 +55,7 @@ def test_ten_sigkills_at_random_points_leave_the_same_archive(tmp_path):
     while kills < KILLS:
         attempts += 1
         assert attempts <= 3 * KILLS, f"only {kills} kills landed in {attempts} attempts"
-        proc = subprocess.Popen(snakemake(killed), stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen(snakemake(killed, overrides=OVERRIDES), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, env=env(), start_new_session=True)
         try:
             proc.wait(timeout=rng.uniform(1.0, max(3.0, span / 6)))
@@ -83,7 +67,8 @@ def test_ten_sigkills_at_random_points_leave_the_same_archive(tmp_path):
         assert proc.returncode == 0, "an attempt failed instead of resuming"
         break  # it finished before this kill point: the campaign is done
     assert kills == KILLS, f"the campaign finished after {kills} kills"
-    r = subprocess.run(snakemake(killed), capture_output=True, text=True, env=env(), timeout=900)
+    r = subprocess.run(snakemake(killed, overrides=OVERRIDES), capture_output=True, text=True,
+                       env=env(), timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
 
     want, n_want = archive(calm)

@@ -18,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from helpers import REPO  # noqa: E402
 from llm_server import ScriptedLLMServer  # noqa: E402
 
 from assay.propose import prompts as P  # noqa: E402
@@ -27,7 +28,6 @@ from assay.propose.extract import (NoCodeError, extract_candidate,  # noqa: E402
 from assay.propose.llm import LiteLLMProposer, LLMError, cache_key  # noqa: E402
 from assay.tasks.model import Task  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 KEY_ENV = "ASSAY_TEST_LLM_KEY"
 
 TASK_SOURCE = '''"""ReLU."""
@@ -286,16 +286,20 @@ def test_render_mutate_and_repair_include_parent_code_and_verdict(task):
     assert len(rep[1]["content"]) < 20_000
 
 
-def test_render_functional_and_prompts_dir_override(task, tmp_path, monkeypatch):
+def test_render_functional_and_prompts_dir_override(task, tmp_path):
     msgs = P.render("functional", target="cpu", task_id=task.id, task_source=task.source)
     assert "module_fn" in msgs[0]["content"] and task.source.strip() in msgs[1]["content"]
     (tmp_path / "translate.j2").write_text("<|system|>\nsys {{ target }}\n<|user|>\n"
                                            "do {{ task_id }}\n")
-    monkeypatch.setenv("ASSAY_PROMPTS_DIR", str(tmp_path))
-    assert P.render("translate", target="cpu", task_id="T") == [
+    assert P.render("translate", prompts_dir=tmp_path, target="cpu", task_id="T") == [
         {"role": "system", "content": "sys cpu\n"}, {"role": "user", "content": "do T\n"}]
-    monkeypatch.delenv("ASSAY_PROMPTS_DIR")
-    assert P.prompts_dir() == REPO / "prompts"
+    # The bundled templates are the package's, which in the checkout are the top-level prompts/.
+    assert P.prompts_dir().resolve() == (REPO / "prompts").resolve()
+    # llm.prompts_dir reaches the proposer.
+    from assay.app import compose, make_proposer
+
+    cfg = compose(["llm=openai", f"llm.prompts_dir={tmp_path}"])
+    assert make_proposer(cfg, "cpu").prompts_dir == tmp_path
 
 
 def test_importing_the_proposer_does_not_import_litellm():

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from assay.bench.build import nvcc_path
-from conftest import REPO
+from helpers import REPO
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from assay.records import Proposal
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
+from helpers import REPO
 
 # ---------------------------------------------------------------------------------------------
 # Tiny tasks in KernelBench format. Each takes `dim` as its init input and one (batch, dim)
@@ -642,7 +643,6 @@ def test_low_precision_gemm_is_cuda_only(gemm_dir):
 
 
 # The bundled suite: what the synthesizer writes, what it declines and why.
-REPO = Path(__file__).resolve().parents[1]
 BUNDLED_DECLINES = {
     "L1_17_Conv2d": "a lone nn.Conv2d",
     "L3_1_MLP": "a second matmul/convolution",

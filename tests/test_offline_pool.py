@@ -20,7 +20,8 @@ from assay.propose.offline.graph import Unsupported, analyze_task
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 
-from conftest import REPO, import_file
+from conftest import import_file
+from helpers import REPO
 
 # name: (init lines, forward body, input shape expression)
 POOLS = {

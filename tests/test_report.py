@@ -10,7 +10,7 @@ import pytest
 
 from assay.cli import main as assay_main
 from assay.collect import collect, spend
-from assay.layout import Campaign, read_json
+from assay.layout import Campaign, read_json, write_json
 from assay.report.compare import COMPARE_SCHEMA, compare_table, fast_p, render_compare
 from assay.report.highlight import highlight_code
 from assay.report.html import DEFAULT_MLFLOW_UI, mlflow_run_url, render_report, write_report
@@ -56,7 +56,7 @@ def crafted(root: Path, name: str = "crafted") -> Campaign:
     add(c, "A", t1, 0, accepted=True, speedup=1.5, tag="a", tokens=(100, 10), cost=0.5)
     add(c, "A", t1, 1, accepted=True, speedup=2.0, tag="b", tokens=(100, 10), cost=0.5)
     add(c, "A", t2, 0, accepted=True, speedup=0.5, tag="a", tokens=(100, 10), cost=0.5)
-    add(c, "A", t3, 0, accepted=False, speedup=10.0, reasons=["no_fallback"], tag="a",
+    add(c, "A", t3, 0, accepted=False, speedup=10.0, reasons=["reference_fallback"], tag="a",
         tokens=(100, 10), cost=0.5)  # fast but rejected: must not count
     add(c, "A", t3, 0, accepted=False, reasons=["correctness"], tag="b", tokens=(100, 10),
         cost=0.5)
@@ -152,10 +152,11 @@ def test_report_renders(tmp_path: Path) -> None:
     df = collect(c)
     best = df.filter(pl.col("accepted")).sort("speedup_eager", descending=True)
     assert best["candidate"][0] in html
-    for reason in ("correctness", "compiles", "timing"):
+    for reason in ("correctness", "compiles", "roofline"):
         assert f"<code>{reason}</code>" in html
     assert "not verified yet" in html  # the task with no candidates
-    assert "no candidate; 1 proposal(s) declined" in html
+    assert "no candidate: the LLM declined 1 proposal</td>" in html  # no "(0/0)" after it
+    assert "(0/0" not in html
 
 
 def test_report_roofline_and_escaping(tmp_path: Path) -> None:
@@ -229,13 +230,70 @@ def test_report_mlflow_base_url(tmp_path: Path, monkeypatch) -> None:
 
 def test_report_roofline_without_device_and_unknown_parent(tmp_path: Path) -> None:
     c = Campaign(tmp_path / "odd")
-    t = write_task(c, 1, 1, "Relu", eager_ms=2.0, flops=0.0)  # no FLOPs: not on the roofline
+    t = write_task(c, 1, 1, "Relu", eager_ms=2.0, flops=0.0, min_bytes=0.0)  # no counts
     add_candidate(c, "x", t, 1, accepted=True, speedup=2.0, parents=["cmissing00000"],
                   operator="mutate", tag="a")
     html = write_report(c).read_text()
     assert "no <code>device.json</code> peaks" in html
-    assert "1 kernel(s) of tasks without FLOP" in html
+    assert "1 kernel(s) of tasks without a byte count are not drawn" in " ".join(html.split())
+    assert "No accepted, timed kernel to draw" in html
     assert "cmissing00000" in html and "not verified" in html  # the parent never verified
+
+
+def _circles(html: str, cls: str) -> list[str]:
+    chart = html[html.index(f'<svg class="chart {cls}"'):]
+    return re.findall(r'<circle class="pt"[^>]*>', chart[:chart.index("</svg>")])
+
+
+def test_report_memory_bound_kernels_on_the_bandwidth_roof(tmp_path: Path) -> None:
+    """A task with bytes but no FLOPs (an activation) is drawn on the bandwidth chart at its
+    attained GB/s, not left out; a task with FLOPs stays on the roofline."""
+    c = Campaign(tmp_path / "mem")
+    write_json(c.root / "device.json", {"name": "fake", "bandwidth_gbs": 10.0,
+                                        "flops_tflops": 1.0})
+    relu = write_task(c, 1, 1, "ReLU", eager_ms=2.0, flops=0.0, min_bytes=1e6)
+    gemm = write_task(c, 1, 2, "Matmul", eager_ms=2.0, flops=1e9, min_bytes=1e6)
+    add_candidate(c, "a", relu, 0, accepted=True, speedup=4.0, tag="r")  # 0.5 ms
+    add_candidate(c, "a", gemm, 0, accepted=True, speedup=2.0, tag="g")  # 1.0 ms
+    html = write_report(c).read_text()
+    assert_self_contained(html)
+    assert "without a byte count" not in html
+    assert len(_circles(html, "roofline")) == 1 and len(_circles(html, "bandwidth")) == 1
+    assert "Memory-bound: tasks that count no FLOPs (1)" in html
+    assert "Compute: tasks that count FLOPs (1)" in html
+    # 1e6 bytes in 0.5 ms = 2 GB/s; 1e9 FLOP in 1 ms = 1000 GFLOP/s at 1000 FLOP/byte
+    assert "2 GB/s" in html and "977 KiB moved at least" in html
+    assert "1e+03 FLOP/byte, 1e+03 GFLOP/s" in html
+    assert "roof: 10 GB/s measured bandwidth" in html
+
+
+def test_report_badges_and_cpu_kernel_lists(tmp_path: Path) -> None:
+    """A slowdown never wears the green badge; on a cpu card the harness's allocations are not
+    listed as the kernel's work, ATen compute ops are."""
+    c = Campaign(tmp_path / "badges")
+    slow = write_task(c, 1, 1, "ReLU", eager_ms=2.0)
+    fast = write_task(c, 1, 2, "GELU", eager_ms=2.0)
+    add_candidate(c, "a", slow, 0, accepted=True, speedup=0.25, tag="s")
+    cid = add_candidate(c, "a", fast, 0, accepted=True, speedup=2.0, tag="f")
+    path = c.verdict("a", fast, 0, cid)
+    v = read_json(path)
+    v["kernels_launched"] = ["aten::empty", "aten::gelu", "aten::copy_"]
+    write_json(path, v)
+    html = write_report(c).read_text()
+    card_slow = html[html.index(f'id="kernel-{slow}"'):html.index(f'id="kernel-{fast}"')]
+    card_fast = html[html.index(f'id="kernel-{fast}"'):]
+    assert '<span class="tag slower-tag">0.25x over eager</span>' in card_slow
+    assert "faster-tag" not in card_slow and "accepted-tag" not in card_slow
+    assert '<span class="tag faster-tag">2.00x over eager</span>' in card_fast
+    # fake verdicts list the candidate's own kernel name; the cpu card lists only compute ops
+    assert "aten::empty" not in html and "aten::copy_" not in html
+    assert "Ops it ran:\n<code>aten::gelu</code>." in card_fast
+    assert "No compute op ran" not in card_fast
+    v["kernels_launched"] = ["aten::empty", "aten::empty_like"]
+    write_json(path, v)
+    card_fast = write_report(c).read_text().split(f'id="kernel-{fast}"')[1]
+    assert "No compute op ran: the work was its own compiled code" in card_fast
+    assert "aten::empty" not in card_fast
 
 
 def test_report_compares_campaigns(tmp_path: Path) -> None:
@@ -295,3 +353,31 @@ def test_report_step(tmp_path: Path) -> None:
     bad = subprocess.run(cmd + ["report.compare_with=[nope]"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "no such campaign folder" in bad.stderr
+
+
+def test_report_links_compare_backends_in_mlflow(tmp_path: Path, monkeypatch) -> None:
+    """Two tracked backends: each task's row links to MLflow's run comparison of both
+    backends' runs of that task, and the summary to the comparison of their parent runs."""
+    from urllib.parse import parse_qs, unquote, urlsplit
+    import html as htmlmod
+    import json
+
+    monkeypatch.delenv("ASSAY_MLFLOW_UI", raising=False)
+    c = make_fake_campaign(tmp_path, tasks=2, gens=1, tracked=True)
+    html = write_report(c).read_text()
+    assert_self_contained(html)
+    urls = [htmlmod.unescape(u) for u in
+            re.findall(r'<a href="([^"]*#/compare-runs[^"]*)"', html)]
+    assert len(urls) == 1 + 2  # the backends, then one per task
+    for url, key, task in [(urls[0], "parent_run_id", "L1_1_ReLU"),
+                           (urls[1], "run_id", "L1_1_ReLU"),
+                           (urls[2], "run_id", "L2_1_Conv2d_ReLU_BiasAdd")]:
+        assert url.startswith(f"{DEFAULT_MLFLOW_UI}/#/compare-runs?")
+        query = parse_qs(urlsplit(unquote(url.split("#", 1)[1])).query)
+        want = [read_json(c.tracked(lm, task))[key] for lm in ("fakellm", "offline")]
+        assert sorted(json.loads(query["runs"][0])) == sorted(want)
+        assert json.loads(query["experiments"][0]) == ["7"]
+    # one backend: nothing to compare
+    one = make_fake_campaign(tmp_path, name="one", tasks=1, gens=1, llms=("offline",),
+                             tracked=True)
+    assert "compare-runs" not in write_report(one).read_text()

@@ -26,7 +26,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO
+import helpers
+from helpers import REPO
 
 pytest.importorskip("snakemake_executor_plugin_slurm")
 
@@ -35,10 +36,9 @@ GPU_RULES = ("extract", "baseline", "verify", "profile")
 
 
 def env(**extra: str) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_SLURM_")}
-    e["PATH"] = f"{Path(sys.executable).parent}:{e['PATH']}"
-    e.update(extra)
-    return e
+    """helpers.env without the caller's ASSAY_SLURM_* (the profile reads them), plus extra."""
+    e = {k: v for k, v in helpers.env().items() if not k.startswith("ASSAY_SLURM_")}
+    return {**e, **extra}
 
 
 PARSE = """

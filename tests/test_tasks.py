@@ -7,7 +7,7 @@ import pytest
 from assay.tasks.analyze import cost, degeneracy
 from assay.tasks.model import Task, TaskError
 from assay.tasks.suite import discover
-from conftest import REPO
+from helpers import REPO
 
 MATMUL = """
 import torch

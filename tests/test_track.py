@@ -118,13 +118,17 @@ def test_log_task_layout_and_idempotence(tmp_path: Path) -> None:
     assert run.data.metrics["accepted"] == 1.0
     assert run.data.metrics["best_speedup_compile"] == pytest.approx(0.8)
     arts = {a.path for a in client.list_artifacts(ids["run_id"])}
-    assert arts == {"best_kernel.py", "profile.json"}
+    assert arts == {"summary.json", "best_kernel.py", "profile.json"}
+    summary = read_json(Path(client.download_artifacts(ids["run_id"], "summary.json",
+                                                       str(tmp_path))))
+    assert summary["best_candidate"] == run.data.tags["assay.best_candidate"]
+    assert summary["accepted"] == 1.0 and summary["best_speedup_eager"] == 1.0
     assert run.info.artifact_uri.startswith(str(tmp_path / "mlartifacts" / "test"))
     # fakellm on its last task accepted nothing: zeros
     none = log_task(uri, c, "fakellm", "L2_1_Conv2d_ReLU_BiasAdd", PARAMS)
     nrun = client.get_run(none["run_id"])
     assert nrun.data.metrics["accepted"] == 0.0 and nrun.data.metrics["best_speedup_eager"] == 0
-    assert not client.list_artifacts(none["run_id"])
+    assert {a.path for a in client.list_artifacts(none["run_id"])} == {"summary.json"}
     # a task whose every proposal was declined: its spend is logged, no accepted_frac
     t = write_task(c, 1, 7, "Matmul")
     add_declined(c, "offline", t, 0)

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from assay.tasks.model import Task
-from assay.verify.harness import VerifyConfig, verify
+from assay.verify.harness import verify
+from assay.verify.settings import VerifyConfig
 
 TASK = """
 import torch
@@ -66,7 +67,7 @@ class ModelNew(nn.Module):
     "patched_clock": (kernel(prelude="import time\ntime.perf_counter = lambda: 0.0\n"),
                       ["harness_integrity"]),
     "changes_thread_count": (kernel(prelude="import torch\ntorch.set_num_threads(1)\n"), ["global_state"]),
-    "crash": ("import os\nos._exit(7)\n", ["crash"]),
+    "crash": ("import os\nos._exit(7)\nclass ModelNew: ...\n", ["crash"]),
     "compile_error": ("""
 from assay.bench.build import load_library
 _lib = load_library("int main( {", "cpp")
@@ -104,7 +105,7 @@ def test_candidate(name, task, tmp_path):
 
 def test_timeout_is_a_verdict(task, tmp_path):
     cand = tmp_path / "sleepy.py"
-    cand.write_text("import time\ntime.sleep(60)\n")
+    cand.write_text("import time\ntime.sleep(60)\nclass ModelNew: ...\n")
     v = verify(task, cand, "cpu", VerifyConfig(timeout_s=5))
     assert not v.accepted and v.reasons == ["timeout"]
     assert v.verify_s < 30

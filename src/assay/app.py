@@ -1,7 +1,9 @@
 """Glue shared by the pipeline's steps: the Hydra entry point, the campaign, tasks and target.
 
 Every step is ``python -m assay.<step> [hydra overrides]`` and reads the same composed config
-(``config/config.yaml`` and its groups); the Snakefile composes it too, to lay out the DAG.
+(``config/config.yaml`` and its groups, checked against ``assay.schemas.AssayConfig``); the
+Snakefile composes it too, to lay out the DAG. The config folder is found in one place,
+``assay.resources.config_dir``.
 """
 
 from __future__ import annotations
@@ -9,8 +11,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
 import random
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from assay import schemas
 from assay.layout import Campaign, DiskFullError
+from assay.resources import config_dir, resolve_data
+from assay.schemas import LLMKind
 from assay.tasks.model import Task, TaskError
 from assay.tasks.suite import TaskRef, discover
 
@@ -27,18 +31,13 @@ log = logging.getLogger("assay")
 schemas.register()
 
 
-def repo_root() -> Path:
-    return Path(os.environ.get("ASSAY_ROOT") or Path(__file__).resolve().parents[2])
-
-
-def config_dir() -> Path:
-    return Path(os.environ.get("ASSAY_CONFIG_DIR") or repo_root() / "config")
-
-
-def step(fn: Callable[[DictConfig], Any], gpu: bool = False) -> Callable[[], Any]:
+def step(fn: Callable[[DictConfig], Any], gpu: bool = False,
+         timing: bool = False) -> Callable[[], Any]:
     """Make ``fn(cfg)`` a Hydra app on the project's config; bad input exits 2 with one line.
 
     ``gpu``: the step runs on the device, so on the cuda target it first takes a GPU lease.
+    ``timing``: the step times code, so on the cpu target it first takes the CPU lease (it
+    holds the cores alone among timing steps; see :func:`assay.gpu.acquire_cpu`).
     """
     import hydra
 
@@ -46,12 +45,8 @@ def step(fn: Callable[[DictConfig], Any], gpu: bool = False) -> Callable[[], Any
     def run(cfg: DictConfig) -> Any:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                             force=True)
-        if gpu and cfg.target.name != "cpu":
-            from assay import gpu as lease
-
-            dev = lease.acquire()
-            if dev is not None:
-                log.info("GPU lease: device %s (CUDA_VISIBLE_DEVICES=%s)", dev, dev)
+        if gpu or timing:
+            take_lease(cfg, gpu, timing)
         try:
             return fn(cfg)
         except (TaskError, UserError) as e:
@@ -68,8 +63,40 @@ def step(fn: Callable[[DictConfig], Any], gpu: bool = False) -> Callable[[], Any
             print(f"error: {e}", file=sys.stderr)
             sys.exit(3)
 
-    return hydra.main(version_base="1.3", config_path=str(config_dir()),
-                      config_name="config")(run)
+    hydra_main = hydra.main(version_base="1.3", config_path=str(config_dir()),
+                            config_name="config")(run)
+
+    @functools.wraps(fn)
+    def main() -> Any:
+        # A bad config fails here, before any work, in one line (Hydra's own report is five
+        # lines and exits 1, like a crash): compose the command line's overrides once first.
+        try:
+            compose([a for a in sys.argv[1:] if "=" in a and not a.startswith("-")])
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        return hydra_main()
+
+    return main
+
+
+def take_lease(cfg: DictConfig, gpu: bool, timing: bool) -> None:
+    """The GPU lease for a device step on the cuda target, the CPU lease for a timing step on
+    the cpu target."""
+    from assay import gpu as lease
+
+    try:
+        tgt = target(cfg)
+    except UserError:
+        return  # the step itself reports the bad target.name
+    if tgt == "cpu":
+        if timing:
+            waited = lease.acquire_cpu()
+            log.info("CPU lease taken%s", f" after {waited:.0f} s" if waited >= 1 else "")
+    elif gpu:
+        dev = lease.acquire()
+        if dev is not None:
+            log.info("GPU lease: device %s (CUDA_VISIBLE_DEVICES=%s)", dev, dev)
 
 
 def split_overrides(text: str) -> list[str]:
@@ -102,13 +129,51 @@ class UserError(ValueError):
     """A mistake in what the user asked for; printed as one line, exit status 2."""
 
 
+class ConfigError(UserError):
+    """The config does not compose or does not match its schema (assay.schemas)."""
+
+
+def config_error_line(e: Exception) -> str:
+    """Hydra's and OmegaConf's multi-line report as one line naming the key and the problem,
+    e.g. ``verify.policy: Invalid value 'lenient', expected one of [strict, permissive]``."""
+    cause = e.__cause__ if e.__cause__ is not None else e
+    lines = [ln.strip() for ln in str(cause).splitlines() if ln.strip()]
+    key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), "")
+    details = ("full_key:", "reference_type=", "object_type=")
+    said = [ln for ln in lines if not ln.startswith(details) and not ln.endswith(":")]
+    msg = said[0] if said else (lines[0] if lines else type(cause).__name__)
+    where = re.match(r"In '([^']+)': \w+ raised while composing", lines[0]) if lines else None
+    if where:  # a value in one of the config's files
+        msg += f" (in {where.group(1)}.yaml)"
+    for i, ln in enumerate(lines):  # "Available options in 'llm':" and one option a line
+        if ln.startswith("Available options"):
+            opts = [o for o in lines[i + 1:i + 100] if ":" not in o and o != "schema"]
+            msg += f" ({ln.rstrip(':')}: {', '.join(opts)})"
+            break
+    if not key and cause is not e and str(e) and str(e).splitlines()[0] not in msg:
+        msg = f"{str(e).splitlines()[0]}: {msg}"
+    return f"config {config_dir()}: " + (f"{key}: {msg}" if key else msg)
+
+
 def compose(overrides: list[str] | None = None) -> DictConfig:
-    """The config a step would see with these overrides (used by the Snakefile and tests)."""
+    """The config a step would see with these overrides (used by the Snakefile and tests);
+    ConfigError (one line) when it does not compose or breaks its schema."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
+    def run() -> DictConfig:
+        try:
+            return hydra_compose(config_name="config", overrides=list(overrides or []))
+        except (HydraException, OmegaConfBaseException) as e:
+            raise ConfigError(config_error_line(e)) from e
+
+    if GlobalHydra.instance().is_initialized():  # inside a step: Hydra knows the config folder
+        return run()
     with initialize_config_dir(version_base="1.3", config_dir=str(config_dir())):
-        return hydra_compose(config_name="config", overrides=list(overrides or []))
+        return run()
 
 
 def campaign(cfg: DictConfig) -> Campaign:
@@ -124,22 +189,20 @@ def target(cfg: DictConfig) -> str:
         from assay.gpu import visible_gpus
 
         return "cuda" if visible_gpus() else "cpu"
-    if name not in ("cpu", "cuda"):
-        raise UserError(f"target.name={name!r}: choose auto, cpu or cuda")
-    return name
+    return str(name)  # the schema's Enum admits no other value
 
 
 def task_size(cfg: DictConfig, tgt: str | None = None) -> str:
+    from assay.tasks.model import resolve_size
+
     size = cfg.tasks.size
-    if size == "auto":
-        return "large" if (tgt or target(cfg)) == "cuda" else "small"
-    return size
+    return resolve_size(str(size), tgt or target(cfg))
 
 
 def task_refs(cfg: DictConfig) -> tuple[list[TaskRef], list[str]]:
     t = cfg.tasks
-    return discover(t.source, levels=t.levels, include=t.include or (), exclude=t.exclude or (),
-                    limit=t.limit, root=repo_root())
+    return discover(resolve_data(t.source), levels=t.levels, include=t.include or (),
+                    exclude=t.exclude or (), limit=t.limit)
 
 
 def find_task(cfg: DictConfig, task_id: str) -> TaskRef:
@@ -176,25 +239,22 @@ def flat_params(cfg: DictConfig) -> dict[str, Any]:
 
 
 def make_proposer(cfg: DictConfig, tgt: str):
-    """The proposer named by the ``llm`` config group."""
+    """The proposer named by the ``llm`` config group (its kind is one of schemas.LLMKind)."""
     llm = cfg.llm
-    if llm.kind == "offline":
+    if llm.kind == LLMKind.offline:
         from assay.propose.offline import OfflineSynthesizer
 
         # Under the strict policy the library forms (cuBLAS/cuDNN + a fused epilogue) would
         # always be rejected by the kernel audit: the synthesizer leaves them out.
-        return OfflineSynthesizer(target=tgt, policy=cfg.verify.policy)
-    if llm.kind == "litellm":
-        from assay.propose.llm import LiteLLMProposer
+        return OfflineSynthesizer(target=tgt, policy=str(cfg.verify.policy))
+    from assay.propose.llm import LiteLLMProposer
 
-        cache = llm.cache_dir or str(Path(cfg.results_dir) / ".llm-cache")
-        return LiteLLMProposer(
-            name=llm.name, model=llm.model, api_base=llm.api_base, api_key_env=llm.api_key_env,
-            temperature=llm.temperature, max_tokens=llm.max_tokens, timeout_s=llm.timeout_s,
-            max_retries=llm.max_retries, cache_dir=cache, target=tgt,
-            input_cost_per_1k=llm.get("input_cost_per_1k"),
-            output_cost_per_1k=llm.get("output_cost_per_1k"),
-            models=[dict(m) for m in (llm.get("models") or [])],
-            concurrency=int(llm.get("concurrency") or 4),
-            send_seed=bool(llm.get("send_seed", True)))
-    raise UserError(f"llm.kind={llm.kind!r}: choose offline or litellm")
+    cache = llm.cache_dir or str(Path(cfg.results_dir) / ".llm-cache")
+    return LiteLLMProposer(
+        name=llm.name, model=llm.model, api_base=llm.api_base, api_key_env=llm.api_key_env,
+        temperature=llm.temperature, max_tokens=llm.max_tokens, timeout_s=llm.timeout_s,
+        max_retries=llm.max_retries, cache_dir=cache, target=tgt,
+        prompts_dir=llm.prompts_dir, input_cost_per_1k=llm.input_cost_per_1k,
+        output_cost_per_1k=llm.output_cost_per_1k, models=[dict(m) for m in llm.models],
+        concurrency=llm.concurrency, max_stepping_stones=cfg.evolve.stepping_stones,
+        send_seed=llm.send_seed)

@@ -1,4 +1,5 @@
-"""The `assay` command.
+"""assay: judge kernels against PyTorch tasks, run campaigns of LLM-written kernels, and
+compare and report them.
 
   assay verify --task T.py --candidate C.py [--device cuda|cpu] [--json out.json]
       exit 0 accepted, 1 rejected, 2 bad usage or unreadable input
@@ -8,7 +9,8 @@
   assay export CAMPAIGN ... / assay report CAMPAIGN ... [--mlflow-ui URL] [--compare-with C ...]
   assay selfcheck --tasks PATH... [--device D] [--jsonl OUT]
       each task's own Model as the candidate; exit 0 all accepted or degenerate, 1 not
-  assay run [HYDRA_OVERRIDE ...] [--cores N]     the campaign DAG through Snakemake
+  assay run [HYDRA_OVERRIDE|TARGET ...] [--cores N] [--dry-run] [--rerun TASK]
+      the campaign DAG through Snakemake (`assay run --help`)
 
 argparse keeps `assay verify` light: it runs on the GPU machine with torch and small wheels.
 """
@@ -16,28 +18,41 @@ argparse keeps `assay verify` light: it runs on the GPU machine with torch and s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from assay.tasks.model import Task, TaskError
+    import time
 
     if Path(args.candidate).is_dir() or Path(args.task).is_dir():
-        from assay.app import compose
-        from assay.verify.batch import cli as batch
-        from assay.verify.config import from_cfg
+        return _verify_folder(args)
+    from assay.tasks.model import Task, TaskError, resolve_size
 
-        return batch(args, from_cfg(compose([f"verify={args.policy}"]).verify))
+    times: dict[str, float | str] = {}
+    t = time.perf_counter()
     cand = Path(args.candidate)
     if not cand.is_file():
         print(f"error: {cand}: candidate file not found", file=sys.stderr)
         return 2
+    from assay.verify.preflight import preflight
+
+    # Parsed, never run: a candidate that cannot parse, lacks ModelNew or imports what is not
+    # installed is rejected before anything is timed.
+    refused = preflight(cand)
+    device = _device(args.device)
+    if device is None:
+        print("error: --device cuda: no CUDA device is visible on this machine "
+              "(use --device cpu or auto)", file=sys.stderr)
+        return 2
+    child = None if args.no_baseline or refused else _Child()
     try:
         cand.read_text()
-        task = Task.from_file(args.task, size=args.size)
+        task = Task.from_file(args.task, size=resolve_size(args.size, device))
         task.module()
     except TaskError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -45,39 +60,133 @@ def _verify(args: argparse.Namespace) -> int:
     except (OSError, UnicodeDecodeError) as e:
         print(f"error: {cand}: cannot read candidate: {e}", file=sys.stderr)
         return 2
+    times["load_task_s"] = time.perf_counter() - t
 
     from assay.app import compose
-    from assay.bench.baseline import time_reference
-    from assay.bench.device import peaks
-    from assay.bench.timing import TimingConfig
-    from assay.tasks.analyze import cost, degeneracy
     from assay.verify.config import from_cfg
-    from assay.verify.harness import resolve_device, verify
+    from assay.verify.harness import verify
+    from assay.verify.memory import plan_task
 
     cfg = from_cfg(compose([f"verify={args.policy}"]).verify)
-    device = resolve_device(args.device)
-    record = {**cost(task), "degeneracy": degeneracy(task, device)}
-    baseline = None
-    if not args.no_baseline:
-        # Timed in a child process that never loads the candidate; cached per (task, device,
-        # torch version, timing config): a second candidate of the task reuses it.
-        from assay.bench.baseline_cache import cached_baseline, in_child
+    # A task too large for this machine's memory is decided before any baseline too.
+    t = time.perf_counter()
+    plan = None if refused else plan_task(task, device, cfg)
+    times["plan_s"] = time.perf_counter() - t
+    baseline = record = peaks = None
+    if not refused and (plan is None or plan.fits):
+        from assay.bench.baseline import time_reference
+        from assay.bench.baseline_cache import cached_baseline
+        from assay.bench.device import peaks as device_peaks
+        from assay.bench.timing import TimingConfig
+        from assay.tasks.analyze import cost, degeneracy
 
-        tcfg = TimingConfig(cfg.warmup_s, cfg.min_runs, cfg.max_runs, cfg.budget_s)
-        baseline, _ = cached_baseline(
-            task, device, tcfg, not args.no_compile,
-            lambda: in_child(time_reference, task, device, tcfg, not args.no_compile),
-            refresh=args.retime_baseline)
-    verdict = verify(task, cand, device, cfg, baseline, record, peaks(device))
-    text = json.dumps(verdict.to_dict(), indent=2, default=str)
+        t = time.perf_counter()
+        record = {**cost(task), "degeneracy": degeneracy(task, device)}
+        peaks = device_peaks(device)
+        times["record_s"] = time.perf_counter() - t
+        if child is not None:
+            t = time.perf_counter()
+            tcfg = TimingConfig(cfg.warmup_s, cfg.min_runs, cfg.max_runs, cfg.budget_s)
+            try:
+                # Cached per (task, device, torch version, timing config): a second candidate
+                # of the task reuses it (assay.bench.baseline_cache).
+                baseline, hit = cached_baseline(
+                    task, device, tcfg, not args.no_compile,
+                    lambda: child.run(time_reference, task, device, tcfg, not args.no_compile),
+                    refresh=args.retime_baseline)
+                times["baseline_cached"] = "yes" if hit else "no"
+            except RuntimeError as e:  # judged all the same, without a speedup
+                print(f"warning: baseline timing failed: {e}", file=sys.stderr)
+                times["baseline_error"] = str(e)[:300]
+            times["baseline_s"] = time.perf_counter() - t
+    if child is not None:
+        child.close()
+    verdict = verify(task, cand, device, cfg, baseline, record, peaks, times=times,
+                     plan=plan)
+    out = {**verdict.to_dict(), "times": times}
     if args.json:
-        Path(args.json).write_text(text + "\n")
+        Path(args.json).write_text(json.dumps(out, indent=2, default=str) + "\n")
     summary = "ACCEPTED" if verdict.accepted else "REJECTED: " + ", ".join(verdict.reasons)
-    speed = (f" speedup {verdict.speedup_eager:.2f}x eager" if verdict.speedup_eager else "")
-    print(f"{cand.name} on {task.id} ({device}, {cfg.policy}): {summary}{speed}")
+    speed = (f" speedup {verdict.speedup_eager:.2f}x eager"
+             if verdict.accepted and verdict.speedup_eager else "")
+    print(f"{cand.name} on {task.id} ({device}, {task.size} size, {cfg.policy}): "
+          f"{summary}{speed}")
     for name in verdict.reasons:
         print(f"  {name}: {verdict.checks[name]['detail'][:400]}")
     return 0 if verdict.accepted else 1
+
+
+def _verify_folder(args: argparse.Namespace) -> int:
+    """``assay verify`` with a folder for the task or the candidate: a batch, one JSON line per
+    candidate (assay.verify.batch)."""
+    from assay.app import compose
+    from assay.tasks.model import resolve_size
+    from assay.verify.batch import cli as batch
+    from assay.verify.config import from_cfg
+
+    device = _device(args.device)
+    if device is None:
+        print("error: --device cuda: no CUDA device is visible on this machine "
+              "(use --device cpu or auto)", file=sys.stderr)
+        return 2
+    args.device, args.size = device, resolve_size(args.size, device)
+    return batch(args, from_cfg(compose([f"verify={args.policy}"]).verify))
+
+
+def _device(name: str) -> str | None:
+    """cpu, cuda, or None for cuda asked on a machine that shows none."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        return None
+    return name
+
+
+def _child(conn) -> None:
+    import torch  # noqa: F401 - imported while the parent loads and plans, not after
+
+    job = conn.recv()
+    if job is None:
+        return
+    fn, args = job
+    try:
+        conn.send(("ok", fn(*args)))
+    except BaseException as e:  # noqa: BLE001
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+class _Child:
+    """A spawned process that imports torch at once and runs one function when asked: the
+    baseline is timed in a process that never loads the candidate, and its imports overlap
+    the parent's loading and planning."""
+
+    def __init__(self):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_child, args=(child,), daemon=True)
+        self.proc.start()
+
+    def run(self, fn, *args):
+        self.conn.send((fn, args))
+        try:
+            status, value = self.conn.recv()
+        except EOFError:
+            self.proc.join()
+            status, value = "error", f"the process died (exit status {self.proc.exitcode})"
+        self.proc.join()
+        if status != "ok":
+            raise RuntimeError(value)
+        return value
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            with contextlib.suppress(OSError, BrokenPipeError):
+                self.conn.send(None)
+            self.proc.join()
 
 
 def _campaigns(args: argparse.Namespace):
@@ -124,29 +233,101 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def snakemake_command(words: list[str], cores: int, dry_run: bool = False,
+                      forcerun: list[str] = (), extra: list[str] = (),
+                      snakefile: Path | None = None) -> list[str]:
+    """The Snakemake command line of ``assay run``: ``words`` holding ``=`` are Hydra overrides,
+    the others targets. Targets come first because ``--forcerun`` and ``--config`` take every
+    word after them; with no override, workflow.yaml's defaults apply, as for a bare
+    ``snakemake``."""
+    overrides = [w for w in words if "=" in w]
+    targets = [w for w in words if "=" not in w]
+    cmd = [sys.executable, "-m", "snakemake", "--cores", str(cores)]
+    if snakefile is not None:
+        cmd += ["--snakefile", str(snakefile)]
+    if dry_run:
+        cmd.append("--dry-run")
+    cmd += targets
+    if forcerun:
+        cmd += ["--forcerun", *forcerun]
+    if overrides:
+        cmd += ["--config", "overrides=[" + ",".join(overrides) + "]"]
+    return cmd + list(extra)
+
+
+def rerun_files(overrides: list[str], tasks: list[str]) -> list[str]:
+    """The first file of each task's DAG, one per LLM backend (translation's proposals):
+    forcing it redoes every stage of the task, verification included, then the campaign's
+    MLflow runs, archive and report."""
+    from assay.app import UserError, campaign, compose, task_refs
+
+    cfg = compose(overrides)
+    known = {r.id for r in task_refs(cfg)[0]}
+    for t in tasks:
+        if t not in known:
+            raise UserError(f"--rerun {t}: not a task of campaign {cfg.campaign} "
+                            f"(tasks.source={cfg.tasks.source}, with its filters)")
+    c = campaign(cfg)
+    return [str(c.proposals(str(llm), t, 0)) for t in tasks for llm in cfg.llms]
+
+
 def _run(args: argparse.Namespace) -> int:
-    cmd = ["snakemake", "--cores", str(args.cores)]
-    if args.overrides:
-        cmd += ["--config", "overrides=[" + ",".join(args.overrides) + "]"]
+    from assay.app import UserError
+    from assay.resources import snakefile
+
+    overrides = [w for w in args.words if "=" in w]
+    try:
+        forced = rerun_files(overrides, args.rerun) if args.rerun else []
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    # This interpreter runs Snakemake (and through it every step) on the Snakefile inside the
+    # package, so `assay run` works from any folder; results land in the current one.
+    cmd = snakemake_command(args.words, args.cores, args.dry_run, forced, args.snakemake_args,
+                            snakefile())
+    print("assay: " + " ".join(shlex.quote(w) for w in cmd[1:]), file=sys.stderr, flush=True)
     return subprocess.call(cmd)
 
 
+RUN_HELP = """\
+Run the campaign DAG with Snakemake in this folder (results/ lands here).
+
+  assay run                                   the default campaign
+  assay run campaign=ci tasks=ci evolve=ci    the CI campaign (Hydra overrides)
+  assay run --rerun L1_1_ReLU                 every stage of one task again, verdicts included
+  assay run --dry-run                         the jobs a run would do, doing none
+  assay run campaign=ci -- --keep-incomplete  words after -- go to Snakemake as they are
+
+Words holding '=' are Hydra overrides, the others Snakemake targets (files under results/).
+The command it runs is printed first. To start a task from scratch, delete
+results/<campaign>/<llm>/<task>/ and run again. `make run`, `make dry-run` and
+`make rerun TASK=...` call this."""
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="assay", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    v = sub.add_parser("verify", help="judge one candidate against one task, or a folder of "
-                                      "candidates against their tasks")
+    v = sub.add_parser(
+        "verify", help="judge one candidate against one task, or a folder of candidates",
+        description="Judge one candidate (a file defining class ModelNew) against one task (a "
+                    "KernelBench-format file): correctness on secret inputs against float64, "
+                    "the anti-cheating checks, and its speed against eager and torch.compile.",
+        epilog="exit status: 0 accepted, 1 rejected (the reasons are printed, one per line), "
+               "2 bad usage, an unreadable file, or a device that is not there")
     v.add_argument("--task", required=True,
                    help="task file (KernelBench format), or a folder of them (a KernelBench root)")
     v.add_argument("--candidate", required=True,
                    help="candidate file defining class ModelNew, or a folder of candidates "
                         "(KernelBench runs layout, <task stem>/*.py, or files named after tasks)")
-    v.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
-    v.add_argument("--json", help="write the verdict JSON here")
-    v.add_argument("--policy", default="strict", choices=["strict", "permissive"])
-    v.add_argument("--size", default="large", choices=["large", "small"],
-                   help="task size (bundled tasks have a small variant)")
+    v.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
+                   help="where the candidate runs (auto: cuda if a GPU is visible, else cpu)")
+    v.add_argument("--json", metavar="FILE",
+                   help="write the verdict JSON here, with seconds per phase under 'times'")
+    v.add_argument("--policy", default="strict", choices=["strict", "permissive"],
+                   help="strict: custom kernels only, any library or ATen compute op "
+                        "rejects; permissive: library calls allowed and reported")
+    v.add_argument("--size", default="auto", choices=["auto", "large", "small"],
+                   help="task size (auto: the task's own on cuda, its small variant on cpu "
+                        "where it has one)")
     v.add_argument("--no-baseline", action="store_true", help="skip eager/compile timing")
     v.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     v.add_argument("--retime-baseline", action="store_true",
@@ -177,17 +358,33 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--compare-with", nargs="+", metavar="CAMPAIGN",
                            help="also compare with these campaigns (in the same results folder)")
 
-    r = sub.add_parser("run", help="run the campaign DAG with Snakemake")
-    r.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. campaign=ci tasks=ci")
-    r.add_argument("--cores", type=int, default=2)
-    r.set_defaults(fn=_run)
+    r = sub.add_parser("run", help="run the campaign DAG with Snakemake", description=RUN_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       usage="assay run [OVERRIDE|TARGET ...] [--cores N] [--dry-run] "
+                             "[--rerun TASK] [-- SNAKEMAKE_ARG ...]")
+    r.add_argument("words", nargs="*", metavar="OVERRIDE|TARGET",
+                   help="Hydra overrides (key=value, e.g. campaign=ci tasks=ci) and targets")
+    r.add_argument("--cores", type=int, default=2, help="CPU cores Snakemake may use (default 2)")
+    r.add_argument("-n", "--dry-run", action="store_true", help="list the jobs, run none")
+    r.add_argument("--rerun", action="append", default=[], metavar="TASK",
+                   help="redo every stage of this task (translation to profile, verdicts "
+                        "judged again), then the campaign's tracking, archive and report; "
+                        "repeat it for several tasks")
+    r.set_defaults(fn=_run, snakemake_args=[])
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if argv[:1] == ["run"] and "--" in argv:  # `assay run ... -- SNAKEMAKE_ARG ...`
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
     try:
         args = p.parse_args(argv)
+        if extra:
+            args.snakemake_args = extra
     except SystemExit as e:  # argparse exits 2 on bad usage: the contract's code too
         return int(e.code or 0)
     return args.fn(args)

@@ -1,4 +1,5 @@
-"""GPU lease: one flock per device, so each GPU job of a campaign sees exactly one GPU.
+"""GPU lease: one flock per device, so each GPU job of a campaign sees exactly one GPU; and the
+CPU lease: one flock for the whole machine, so two timing steps on the cpu target never share it.
 
 Snakemake's ``--resources gpu=N`` bounds how many GPU jobs run at once; the lease decides which
 device each one gets. The lock is an ``flock`` on a file per device: the kernel drops it when the
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 _held: list[int] = []  # file descriptors kept open for the life of the process
+_cpu_held: list[int] = []
 
 
 def lock_dir() -> Path:
@@ -69,3 +71,34 @@ def acquire(timeout_s: float = 24 * 3600, poll_s: float = 1.0) -> str | None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no GPU of {gpus} came free in {timeout_s:.0f} s")
         time.sleep(poll_s)
+
+
+def acquire_cpu(timeout_s: float = 24 * 3600, poll_s: float = 0.5) -> float:
+    """Take the machine's CPU-timing lease (an flock, dropped when the process dies), waiting
+    for the step that holds it; returns the seconds waited.
+
+    On the cpu target a timing step (device peaks, baselines, verification, profiling) measures
+    on the same cores the others would use: two at once on 2 cores made one kernel's speedup
+    0.97x in one run and 0.41x in the next. Snakemake's ``cpu_timing`` resource keeps them apart
+    under the default profile; this lease keeps them apart whatever the command line says, and
+    across campaigns run side by side on one machine. Under SLURM the job's own CPUs are its
+    lease, as for GPUs.
+    """
+    if _cpu_held or os.environ.get("SLURM_JOB_ID"):
+        return 0.0
+    fd = os.open(lock_dir() / "cpu.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    start = time.monotonic()
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() - start > timeout_s:
+                os.close(fd)
+                raise TimeoutError(f"the CPU lease ({lock_dir() / 'cpu.lock'}) did not come free "
+                                   f"in {timeout_s:.0f} s") from None
+            time.sleep(poll_s)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _cpu_held.append(fd)
+    return time.monotonic() - start

@@ -2,13 +2,15 @@
 
 results/<campaign>/
   config.yaml                          resolved Hydra config of the latest run
-  device.json                          measured peaks of the device (roofline)
+  device.json                          measured peaks of the device (device; roofline)
   tasks/<task>.json                    task record (extract)
   baselines/<task>.json                eager and torch.compile timings (baseline)
   <llm>/<task>/gen_<g>/candidates/<cid>.py    candidate source
   <llm>/<task>/gen_<g>/candidates/<cid>.json  proposal metadata (parents, operator, tokens...)
   <llm>/<task>/gen_<g>/proposals.json  the generation's candidate ids (translate / evolve)
-  <llm>/<task>/gen_<g>/verdicts/<cid>.json    one verdict per candidate (verify)
+  <llm>/<task>/gen_<g>/verdicts/<cid>.json    one verdict per candidate (verify); stale, and
+                                       judged again, when older than proposals.json or the
+                                       task's baseline
   <llm>/<task>/gen_<g>/verdicts.json   the generation's verdicts, summarized (verify)
   <llm>/<task>/profile.json            profile of the best accepted kernel (profile)
   <llm>/<task>/tracked.json            MLflow run ids of the task's child run (track)
@@ -114,6 +116,16 @@ def hold_lock(path: Path) -> bool:
         return False
     _held_locks.append(fd)
     return True
+
+
+def is_fresh(path: Path, *sources: Path) -> bool:
+    """``path`` exists and was written after every existing ``sources`` file: a result made from
+    them, not from an earlier version of them (a forced rerun rewrites its inputs)."""
+    try:
+        made = Path(path).stat().st_mtime_ns
+    except FileNotFoundError:
+        return False
+    return all(made >= Path(s).stat().st_mtime_ns for s in sources if Path(s).exists())
 
 
 def read_json(path: Path) -> Any:

@@ -1,19 +1,49 @@
-"""Dataclass schemas of the config groups, registered with Hydra's ConfigStore.
+"""Dataclass schemas of the whole config, registered with Hydra's ConfigStore.
 
-Each group's YAML files start from its schema (`defaults: [schema, _self_]`), so a misspelled
-key or a value of the wrong type fails at startup with Hydra's one-line message instead of
-surfacing deep inside a step.
+``AssayConfig`` is the root (``config/config.yaml`` starts from it) and each group's YAML files
+start from their group's schema (``defaults: [schema, _self_]``), so a misspelled key, a value
+of the wrong type or a choice outside its Enum fails at start, in one line naming the key and
+the allowed values (``assay.app.step``), instead of surfacing deep inside a step.
+
+Defaults live here and only here: code that needs one reads it from these classes
+(``LLMConfig.timeout_s``), never writes a second copy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from assay.verify.settings import VerifyConfig
+
+# Choice fields (see assay.verify.settings for the verifier's: Policy, OnDegenerate, Transfer).
+
+
+class LLMKind(StrEnum):
+    offline = "offline"  # the template synthesizer, no network
+    litellm = "litellm"  # any model litellm reaches
+
+
+class TaskSize(StrEnum):
+    auto = "auto"  # small on cpu, large on cuda
+    small = "small"
+    large = "large"
+
+
+class TargetName(StrEnum):
+    auto = "auto"  # cuda when a GPU is visible, else cpu
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Toggle(StrEnum):
+    auto = "auto"  # on when the tool is installed
+    on = "on"
+    off = "off"
 
 
 @dataclass
@@ -31,7 +61,7 @@ class ModelChoiceConfig:
 @dataclass
 class LLMConfig:
     name: str = MISSING  # the backend's label in results/ and MLflow
-    kind: str = MISSING  # offline | litellm
+    kind: LLMKind = MISSING
     model: str = ""
     api_base: Optional[str] = None
     api_key_env: Optional[str] = None  # the NAME of the variable holding the key
@@ -51,16 +81,21 @@ class LLMConfig:
     budget_tokens: Optional[int] = None
     concurrency: int = 4  # parallel requests of one operator call (translate's n answers)
     send_seed: bool = True  # send an OpenAI `seed` per request (derived from the search seed)
+    prompts_dir: Optional[str] = None  # Jinja2 prompt templates; null: the bundled prompts/
 
 
 @dataclass
 class TasksConfig:
     source: str = MISSING
-    size: str = "auto"  # auto | small | large
+    size: TaskSize = TaskSize.auto
     levels: Optional[list[int]] = None
     include: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)
     limit: Optional[int] = None
+    # The extract step loads each task in a sandbox: its time limit, and the most memory one
+    # task's inputs and weights may take (null: a quarter of RAM on cpu, half the GPU's on cuda).
+    extract_timeout_s: float = 600.0
+    max_task_bytes: Optional[int] = None
 
 
 @dataclass
@@ -78,21 +113,72 @@ class EvolveConfig:
 
 @dataclass
 class TargetConfig:
-    name: str = "auto"  # auto | cpu | cuda
+    name: TargetName = TargetName.auto
 
 
 @dataclass
 class ProfileConfig:
     top_k: int = 1
     torch_profiler: bool = True
-    ncu: str = "auto"  # auto | on | off
+    ncu: Toggle = Toggle.auto
     ncu_metrics: list[str] = field(default_factory=list)
-    clang_tidy: str = "auto"  # auto | on | off
+    clang_tidy: Toggle = Toggle.auto
     timeout_s: float = 300.0
+
+
+@dataclass
+class BaselinesConfig:
+    compile: bool = True  # also time torch.compile (inductor) as a baseline
+    compile_mode: str = "default"  # torch.compile's mode (default, reduce-overhead, ...)
+
+
+@dataclass
+class BuildConfig:
+    """The compile service (cuda target): builds run on CPU cores while the GPU verifies."""
+
+    workers: int = 4  # 0: each worker builds its own kernels
+    timeout_s: float = 600.0
+
+
+@dataclass
+class MlflowConfig:
+    tracking_uri: str = "sqlite:///${results_dir}/mlflow.db"
+    ui_url: str = "http://localhost:5000"  # where the report's run links point (`mlflow ui`)
+
+
+@dataclass
+class ReportConfig:
+    compare_with: list[str] = field(default_factory=list)  # campaigns shown beside this one
+
+
+@dataclass
+class AssayConfig:
+    """The root: every top-level key of config/config.yaml."""
+
+    llm: LLMConfig = MISSING
+    tasks: TasksConfig = MISSING
+    evolve: EvolveConfig = MISSING
+    verify: VerifyConfig = MISSING
+    target: TargetConfig = MISSING
+    profile: ProfileConfig = MISSING
+    campaign: str = "default"  # results/<campaign>/; one MLflow experiment per campaign
+    results_dir: str = "results"
+    llms: list[str] = field(default_factory=lambda: ["offline"])  # names of files in llm/
+    task: Optional[str] = None  # set by the workflow for per-task steps
+    gen: int = 0  # set by the workflow for per-generation steps
+    seed: int = 0  # every random choice of the search derives from it
+    baselines: BaselinesConfig = field(default_factory=BaselinesConfig)
+    build: BuildConfig = field(default_factory=BuildConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+
+
+ROOT = "assay_schema"  # the root schema's name in config/config.yaml's defaults list
 
 
 def register() -> None:
     cs = ConfigStore.instance()
+    cs.store(name=ROOT, node=AssayConfig)
     for group, node in (("llm", LLMConfig), ("tasks", TasksConfig), ("evolve", EvolveConfig),
                         ("verify", VerifyConfig), ("target", TargetConfig),
                         ("profile", ProfileConfig)):

@@ -1,8 +1,13 @@
+# Also writes, outside the campaign folder: the MLflow store (mlflow.tracking_uri), shared by
+# every campaign and backend.
 rule track:
     input:
         expand(f"{C}/{{{{llm}}}}/{{task}}/profile.json", task=TASKS),
     output:
-        f"{C}/{{llm}}/tracked.json",
+        backend=f"{C}/{{llm}}/tracked.json",
+        tasks=expand(f"{C}/{{{{llm}}}}/{{task}}/tracked.json", task=TASKS),
+    params:
+        overrides=OVR,
     conda:
         ENV
     log:
@@ -11,12 +16,19 @@ rule track:
         assay_step("track", llm="{wildcards.llm}") + " > {log} 2>&1"
 
 
+# Reads each task's candidates, proposals and verdicts too (written beside the declared
+# proposals.json and verdicts.json, upstream of profile.json).
 rule export:
     input:
-        expand(f"{C}/{{llm}}/{{task}}/profile.json", llm=LLMS, task=TASKS),
+        profiles=expand(f"{C}/{{llm}}/{{task}}/profile.json", llm=LLMS, task=TASKS),
+        records=expand(f"{C}/tasks/{{task}}.json", task=TASKS),
+        baselines=expand(f"{C}/baselines/{{task}}.json", task=TASKS),
+        device=f"{C}/device.json",
     output:
         expand(f"{C}/archive/level_{{level}}.parquet", level=LEVELS),
         f"{C}/archive/README.md",
+    params:
+        overrides=OVR,
     conda:
         ENV
     log:

@@ -18,7 +18,14 @@ LEVELS = sorted({r.level for r in REFS})
 # cpu target they hold none, so they run side by side. `target=auto` is resolved here, on the
 # machine running Snakemake: a cluster whose login node has no GPU needs `target=cuda`.
 GPU = 1 if target(CFG) == "cuda" else 0
+# Passed to every step through `params` (not spelled into the shell command), so the rules'
+# code is the same whatever the overrides; the default profile leaves `params` out of the rerun
+# triggers: a campaign's settings are those of its first run (see the README).
 OVR = " ".join(shlex.quote(o) for o in OVERRIDES)
+# On the cpu target every timing step (baseline, verify, profile) holds the `cpu_timing`
+# resource, which the default profile caps at 1: two timings never share the cores. The steps
+# also take the CPU lease of assay.gpu, which holds without the profile too.
+CPU_TIMING = 1 - GPU
 # `--use-conda` builds this environment for each step; by default the current one is used.
 ENV = "../../environment.yml"
 
@@ -27,4 +34,4 @@ def assay_step(module, **params):
     """The shell command of one step: the campaign's overrides plus this job's own."""
     own = " ".join(f"{k}={v}" for k, v in params.items())
     # The interpreter running Snakemake: the one with assay installed (`python` may not exist).
-    return f"{shlex.quote(sys.executable)} -m assay.{module} {OVR} {own}"
+    return f"{shlex.quote(sys.executable)} -m assay.{module} {{params.overrides}} {own}"

@@ -1,13 +1,18 @@
 rule profile:
     input:
-        f"{C}/{{llm}}/{{task}}/gen_{GENS}/verdicts.json",
+        verdicts=f"{C}/{{llm}}/{{task}}/gen_{GENS}/verdicts.json",
+        candidates=[f"{C}/{{llm}}/{{task}}/gen_{g}/candidates" for g in range(GENS + 1)],
+        record=f"{C}/tasks/{{task}}.json",
     output:
         f"{C}/{{llm}}/{{task}}/profile.json",
+    params:
+        overrides=OVR,
     conda:
         ENV
     log:
         f"{C}/logs/profile/{{llm}}/{{task}}.log",
     resources:
         gpu=GPU,
+        cpu_timing=CPU_TIMING,
     shell:
         assay_step("profile", llm="{wildcards.llm}", task="{wildcards.task}") + " > {log} 2>&1"

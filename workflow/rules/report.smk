@@ -1,9 +1,17 @@
+# Reads the results tree as export does (and the campaigns of report.compare_with, finished
+# ones, outside this DAG).
 rule report:
     input:
         archive=expand(f"{C}/archive/level_{{level}}.parquet", level=LEVELS),
         tracked=expand(f"{C}/{{llm}}/tracked.json", llm=LLMS),
+        profiles=expand(f"{C}/{{llm}}/{{task}}/profile.json", llm=LLMS, task=TASKS),
+        records=expand(f"{C}/tasks/{{task}}.json", task=TASKS),
+        baselines=expand(f"{C}/baselines/{{task}}.json", task=TASKS),
+        device=f"{C}/device.json",
     output:
         f"{C}/report.html",
+    params:
+        overrides=OVR,
     conda:
         ENV
     log:

@@ -1,6 +1,7 @@
-"""Step `baseline`: eager and torch.compile timings of one task, plus the device's peaks.
+"""Steps `baseline` and `device`: eager and torch.compile timings of one task; the device's peaks.
 
-python -m assay.bench task=L1_1_ReLU [overrides]
+python -m assay.bench task=L1_1_ReLU [overrides]    baselines/<task>.json
+python -m assay.bench [overrides]                   device.json (the measured peaks)
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ from assay.layout import read_json, write_json
 log = logging.getLogger("assay.baseline")
 
 
+def device_peaks(cfg: DictConfig) -> dict:
+    c = app.campaign(cfg)
+    out = peaks("cuda" if app.target(cfg) == "cuda" else "cpu")
+    write_json(c.device(), out)
+    return out
+
+
 def baseline(cfg: DictConfig) -> dict:
+    if cfg.task is None:
+        return device_peaks(cfg)
     c = app.campaign(cfg)
     tgt = app.target(cfg)
     record = read_json(c.task_record(cfg.task))
@@ -27,7 +37,6 @@ def baseline(cfg: DictConfig) -> dict:
         write_json(c.baseline(cfg.task), out)
         return out
     device = "cuda" if tgt == "cuda" else "cpu"
-    write_json(c.device(), peaks(device))
     task = app.load_task(cfg, cfg.task, tgt)
     v = cfg.verify
     tcfg = TimingConfig(warmup_s=v.warmup_s, min_runs=v.min_runs, max_runs=v.max_runs,
@@ -41,7 +50,7 @@ def baseline(cfg: DictConfig) -> dict:
     return out
 
 
-main = app.step(baseline, gpu=True)
+main = app.step(baseline, gpu=True, timing=True)
 
 if __name__ == "__main__":
     main()

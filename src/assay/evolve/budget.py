@@ -56,8 +56,7 @@ class Budget:
 
     @classmethod
     def for_step(cls, cfg: Any, c: Campaign, llm: str, task: str, gen: int) -> "Budget":
-        get = cfg.llm.get if hasattr(cfg.llm, "get") else (lambda k, d=None: d)
-        cap_usd, cap_tokens = get("budget_usd", None), get("budget_tokens", None)
+        cap_usd, cap_tokens = cfg.llm.budget_usd, cfg.llm.budget_tokens  # schemas.LLMConfig
         if cap_usd is None and cap_tokens is None:
             return cls()
         tokens, cost = spent(c, llm, exclude=(task, gen))

@@ -156,6 +156,8 @@ def write_generation(c: Campaign, llm: str, task: str, gen: int,
     (stage 1's rewrite), and ``functional`` its outcome, for generation 0."""
     seen = set(seen or ())
     ids, declined = [], []
+    # The workflow declares the folder an output of translate and evolve: made even when empty.
+    (c.gen_dir(llm, task, gen) / "candidates").mkdir(parents=True, exist_ok=True)
     for p in proposals:
         if p.code is None:
             declined.append({"operator": p.operator, "parents": p.parents,

@@ -6,6 +6,7 @@ python -m assay.profile llm=offline task=L1_1_ReLU [overrides]
 from __future__ import annotations
 
 import logging
+import shutil
 
 from omegaconf import DictConfig
 
@@ -15,6 +16,25 @@ from assay.evolve.state import load_members
 from assay.layout import write_json
 
 log = logging.getLogger("assay.profile")
+
+INSTALL_CLANG_TIDY = "Debian's clang-tidy: apt-get install -y clang-tidy (CI: .ci/run)"
+
+
+def tool_missing(name: str, mode: str, target: str) -> str | None:
+    """Why ``name`` (ncu or clang-tidy) will not run in this step, or None when it will. The
+    mode is the profile config's ``auto``/``on``/``off``; ``on`` with the tool missing is an
+    error (exit 2), ``auto`` says so once in the log."""
+    if mode == "off":
+        return f"{name}: off (profile.{name.replace('-', '_')}=off)"
+    if name == "ncu" and target != "cuda":
+        return "ncu: not run, the target is cpu (it profiles CUDA kernels)"
+    if shutil.which(name) is None:
+        how = INSTALL_CLANG_TIDY if name == "clang-tidy" else "NVIDIA Nsight Compute"
+        why = f"{name}: not run, {name} is not on PATH (install {how})"
+        if mode == "on":
+            raise app.UserError(f"profile.{name.replace('-', '_')}=on but {why}")
+        return why
+    return None
 
 
 def profile(cfg: DictConfig) -> dict:
@@ -44,16 +64,21 @@ def profile(cfg: DictConfig) -> dict:
     if p.torch_profiler:
         log.info("%s/%s: torch profiler on %s", llm, task_id, best.id)
         out["torch_profile"] = torch_profile(prep, path, vcfg)
-    if p.ncu in ("auto", "on"):
+    if (why := tool_missing("ncu", p.ncu, tgt)) is None:
         log.info("%s/%s: ncu on %s", llm, task_id, best.id)
         out["ncu"] = ncu_profile(prep, path, vcfg, list(p.ncu_metrics), p.timeout_s)
-    if p.clang_tidy in ("auto", "on"):
+    else:
+        log.info("%s", why)  # NCU_Profile stays null
+    if (why := tool_missing("clang-tidy", p.clang_tidy, tgt)) is None:
+        log.info("%s/%s: clang-tidy on %s", llm, task_id, best.id)
         out["clang_tidy"] = clang_tidy(path.read_text(), tgt, p.timeout_s)
+    else:
+        (log.info if p.clang_tidy == "off" else log.warning)("%s", why)  # Clang_Tidy: null
     write_json(c.profile(llm, task_id), out)
     return out
 
 
-main = app.step(profile, gpu=True)
+main = app.step(profile, gpu=True, timing=True)
 
 if __name__ == "__main__":
     main()

@@ -1,25 +1,31 @@
 """Profiles of one kernel: the torch-profiler kernel list, Nsight Compute, clang-tidy.
 
-Each runs the candidate in its own sandboxed worker (never in this process) or reads only its
-source. Each returns text for the archive's NCU_Profile / Torch_Profile / Clang_Tidy columns, or
+Each runs the candidate in its own sandboxed worker (never in this process, never outside the
+verifier's sandbox: the profiler itself runs inside it) or reads only its source. Each returns text for the archive's NCU_Profile / Torch_Profile / Clang_Tidy columns, or
 None with the reason logged when the tool is not available here.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from assay.verify.harness import Prepared, VerifyConfig, _worker_job
-from assay.verify.sandbox import run_sandboxed
+from assay.verify.harness import _private_memory, worker_job
+from assay.verify.reference import Prepared
+from assay.verify.sandbox import Outcome, run_sandboxed
+from assay.verify.settings import VerifyConfig
 
+NCU_LOG = "ncu.csv"
 _SOURCE_BLOCK = re.compile(r"r?(\"\"\"|''')(.*?)\1", re.S)
 
 
@@ -43,46 +49,80 @@ def torch_profile_table(kernels: list[dict[str, Any]], device: str) -> str:
 def _job_dir(prep: Prepared, candidate: Path, cfg: VerifyConfig) -> Path:
     scratch = Path(tempfile.mkdtemp(prefix="assay-profile-"))
     shutil.copyfile(candidate, scratch / "candidate.py")
-    job = _worker_job(prep, scratch / "candidate.py", cfg)
+    job = worker_job(prep, scratch / "candidate.py", cfg)
     job["timing"].update(min_runs=3, max_runs=3, warmup_s=0.0)
+    job["result_format"] = "json"  # parsed as data: nothing the candidate wrote is unpickled
     torch.save(job, scratch / "job.pt")
     return scratch
 
 
-def torch_profile(prep: Prepared, candidate: Path, cfg: VerifyConfig) -> str | None:
+def _report(scratch: Path) -> dict[str, Any] | None:
+    """The worker's result.json (written by the candidate's process: plain JSON, or None)."""
+    try:
+        report = json.loads((scratch / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return report if isinstance(report, dict) else None
+
+
+@contextmanager
+def sandboxed_worker(prep: Prepared, candidate: Path, cfg: VerifyConfig,
+                     prefix: Sequence[str] = (),
+                     timeout_s: float | None = None) -> Iterator[tuple[Outcome, dict | None, Path]]:
+    """Run the candidate's worker in the verifier's sandbox (``run_sandboxed``: its environment
+    allow-list, namespaces, uid and limits), behind ``prefix`` when a profiler must exec it
+    (ncu). The profiler runs inside the sandbox with the candidate: it sees the sandbox's
+    environment and its only writable folder is the scratch (its HOME and TMPDIR).
+
+    Yields (outcome, the worker's report or None, scratch); the scratch is removed after.
+    """
     scratch = _job_dir(prep, candidate, cfg)
     try:
-        outcome = run_sandboxed([sys.executable, "-m", "assay.verify.worker", str(scratch)],
-                                scratch, cfg.timeout_s, cfg.limits, device=prep.device)
-        res = scratch / "result.pt"
-        if not res.exists():
-            return f"profile run failed: {outcome}"
-        result = torch.load(res, weights_only=True)  # written by the candidate's process
-        if "kernels" not in result:
-            return f"profile run failed: {result.get('error', outcome)}"
-        return torch_profile_table(result["kernels"], prep.device)
+        cmd = [*prefix, sys.executable, "-m", "assay.verify.worker", str(scratch)]
+        with _private_memory():  # as while verifying: this process's memory and environ closed
+            outcome = run_sandboxed(cmd, scratch,
+                                    cfg.timeout_s if timeout_s is None else timeout_s,
+                                    cfg.limits, device=prep.device)
+        yield outcome, _report(scratch), scratch
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def torch_profile(prep: Prepared, candidate: Path, cfg: VerifyConfig) -> str | None:
+    with sandboxed_worker(prep, candidate, cfg) as (outcome, result, _):
+        if result is None or not isinstance(result.get("kernels"), list):
+            why = result.get("error", outcome) if result else outcome
+            return f"profile run failed: {why}"
+        return torch_profile_table(result["kernels"], prep.device)
+
+
+def ncu_command(ncu: str, metrics: list[str]) -> list[str]:
+    """The Nsight Compute prefix: metrics of the first 20 kernel launches, as CSV into
+    ``ncu.csv`` in the scratch folder (the sandbox's working directory), so the worker's own
+    output cannot mix into it."""
+    return [ncu, "--metrics", ",".join(metrics), "--launch-count", "20", "--csv",
+            "--target-processes", "all", "--log-file", NCU_LOG]
 
 
 def ncu_profile(prep: Prepared, candidate: Path, cfg: VerifyConfig, metrics: list[str],
                 timeout_s: float) -> str | None:
+    """Nsight Compute metrics of the candidate's kernels, ncu and the worker both inside the
+    sandbox. What comes back was written inside the sandbox (the candidate could write the
+    same file): it is archived for people to read, never part of a verdict."""
     ncu = shutil.which("ncu")
     if ncu is None or not prep.device.startswith("cuda"):
         return None
-    scratch = _job_dir(prep, candidate, cfg)
-    try:
-        cmd = [ncu, "--metrics", ",".join(metrics), "--launch-count", "20", "--csv",
-               "--target-processes", "all", sys.executable, "-m", "assay.verify.worker",
-               str(scratch)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                              cwd=scratch)
-        summary = summarize_ncu_csv(proc.stdout)
-        return summary or f"ncu gave no metrics for the candidate's kernels: {proc.stderr[-500:]}"
-    except subprocess.TimeoutExpired:
-        return f"ncu timed out after {timeout_s:.0f} s"
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    with sandboxed_worker(prep, candidate, cfg, ncu_command(ncu, metrics),
+                          timeout_s) as (outcome, _, scratch):
+        if outcome.status == "timeout":
+            return f"ncu timed out after {timeout_s:.0f} s"
+        try:
+            text = (scratch / NCU_LOG).read_text(errors="replace")
+        except OSError:
+            text = ""
+        summary = summarize_ncu_csv(text)
+        return summary or (f"ncu gave no metrics for the candidate's kernels: "
+                           f"{(text or outcome)[-500:]}")
 
 
 def summarize_ncu_csv(text: str) -> str:

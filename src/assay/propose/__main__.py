@@ -72,9 +72,7 @@ def translate(cfg: DictConfig) -> dict:
 def _limits(cfg: DictConfig):
     from assay.verify.settings import SandboxLimits
 
-    lim = cfg.verify.get("limits") or {}
-    fields = SandboxLimits.__dataclass_fields__
-    return SandboxLimits(**{k: v for k, v in dict(lim).items() if k in fields})
+    return SandboxLimits(**cfg.verify.limits)  # the schema's type: every key is a field
 
 
 main = app.step(translate)

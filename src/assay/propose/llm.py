@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from assay.propose import prompts as P
+from assay.schemas import EvolveConfig, LLMConfig
 from assay.propose.base import Parent, TaskContext
 from assay.propose.extract import NoCodeError, extract_candidate, parse_strategy
 from assay.records import Proposal
@@ -158,20 +159,23 @@ def _short(e: BaseException) -> str:
 class LiteLLMProposer:
     """A Proposer backed by any litellm model (OpenAI, Anthropic, Gemini, vLLM, Ollama, ...)."""
 
+    # The defaults of the settings the `llm` config group holds are the schema's (one source).
     def __init__(self, *, name: str = "llm", model: str, api_base: str | None = None,
-                 api_key_env: str | None = None, temperature: float = 0.7,
-                 max_tokens: int = 8192, timeout_s: float = 120, max_retries: int = 4,
+                 api_key_env: str | None = None, temperature: float = LLMConfig.temperature,
+                 max_tokens: int = LLMConfig.max_tokens, timeout_s: float = LLMConfig.timeout_s,
+                 max_retries: int = LLMConfig.max_retries,
                  backoff_s: float = 2.0, backoff_max_s: float = 60.0,
                  cache_dir: str | os.PathLike | None = None, target: str = "cuda",
                  prompts_dir: str | os.PathLike | None = None,
                  input_cost_per_1k: float | None = None,
                  output_cost_per_1k: float | None = None,
-                 concurrency: int = 4, max_stepping_stones: int = 2,
+                 concurrency: int = LLMConfig.concurrency,
+                 max_stepping_stones: int = EvolveConfig.stepping_stones,
                  extra_params: Mapping[str, Any] | None = None,
                  sleep: Callable[[float], None] = time.sleep,
                  kind: str = "litellm",
                  models: Sequence[Mapping[str, Any]] | None = None,
-                 send_seed: bool = True):
+                 send_seed: bool = LLMConfig.send_seed):
         if kind != "litellm":
             raise ValueError(f"llm={name}: LiteLLMProposer serves kind 'litellm', not {kind!r}")
         if not model and not models:

@@ -10,14 +10,14 @@ Templates see plain data only (strings, numbers, lists, dicts); the helpers here
 stay free of logic and the rendered text is deterministic for the same inputs (it is part of
 the LLM cache key).
 
-The directory is ``$ASSAY_PROMPTS_DIR`` when set, else the repository's ``prompts/``.
+The directory is the package's ``prompts/`` (``assay.resources``) unless the caller passes
+one (``llm.prompts_dir`` in the config).
 No torch, no litellm here.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -25,6 +25,7 @@ from typing import Any, Iterable
 
 import jinja2
 
+from assay import resources
 from assay.propose.extract import STRATEGIES
 
 __all__ = ["STRATEGIES", "TEMPLATES", "PromptError", "prompts_dir", "render", "render_text",
@@ -42,12 +43,7 @@ class PromptError(ValueError):
 
 
 def prompts_dir() -> Path:
-    env = os.environ.get("ASSAY_PROMPTS_DIR")
-    if env:
-        return Path(env)
-    import assay
-
-    return Path(assay.__file__).resolve().parents[2] / "prompts"
+    return resources.prompts_dir()
 
 
 @lru_cache(maxsize=8)

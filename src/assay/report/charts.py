@@ -143,6 +143,75 @@ def _si(v: float) -> str:
     return f"{v:.3g}"
 
 
+class _LogLog:
+    """A log-log frame both scatter charts share: decade grid, axes, the points, the legend."""
+
+    left, right, top, bottom = 58, 130, 14, 44
+
+    def __init__(self, xs: list[float], ys: list[float], width: int, height: int) -> None:
+        self.width, self.height = width, height
+        self.pw, self.ph = width - self.left - self.right, height - self.top - self.bottom
+        if not xs:
+            xs, ys = [0.1, 10.0], [0.1, 10.0]
+        self.x_lo = 10 ** math.floor(math.log10(min(xs) / 3))
+        self.x_hi = 10 ** math.ceil(math.log10(max(xs) * 3))
+        self.y_lo = 10 ** math.floor(math.log10(min(ys) / 3))
+        self.y_hi = 10 ** math.ceil(math.log10(max(ys) * 3))
+
+    def px(self, x: float) -> float:
+        lo, hi = math.log10(self.x_lo), math.log10(self.x_hi)
+        return self.left + self.pw * (math.log10(x) - lo) / (hi - lo)
+
+    def py(self, y: float) -> float:
+        lo, hi = math.log10(self.y_lo), math.log10(self.y_hi)
+        return self.top + self.ph - self.ph * (math.log10(y) - lo) / (hi - lo)
+
+    def open(self, cls: str, title: str) -> list[str]:
+        left, top, pw, ph = self.left, self.top, self.pw, self.ph
+        parts = [f'<svg class="chart {cls}" viewBox="0 0 {self.width} {self.height}" '
+                 f'width="{self.width}" height="{self.height}" role="img"><title>{title}</title>']
+        for t in _log_ticks(self.y_lo, self.y_hi):
+            parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{self.py(t):.1f}" '
+                         f'y2="{self.py(t):.1f}" class="grid"/><text x="{left - 6}" '
+                         f'y="{self.py(t) + 4:.1f}" class="yt">{_si(t)}</text>')
+        for t in _log_ticks(self.x_lo, self.x_hi):
+            parts.append(f'<line x1="{self.px(t):.1f}" x2="{self.px(t):.1f}" y1="{top}" '
+                         f'y2="{top + ph}" class="grid"/><text x="{self.px(t):.1f}" '
+                         f'y="{top + ph + 16}" class="xt">{_si(t)}</text>')
+        parts.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" '
+                     f'class="axis"/>')
+        return parts
+
+    def points(self, points: Sequence[dict[str, Any]], series: Sequence[str],
+               x: str, y: str) -> list[str]:
+        index = {name: i for i, name in enumerate(series)}
+        parts = []
+        for p in sorted(points, key=lambda p: p["best"]):  # best ones on top
+            color = PALETTE[index.get(p["series"], 0) % len(PALETTE)]
+            r, stroke = (6, ' stroke="#1d232a" stroke-width="1.5"') if p["best"] else (3.5, "")
+            mark = (f'<circle class="pt" cx="{self.px(p[x]):.1f}" cy="{self.py(p[y]):.1f}" '
+                    f'r="{r}" fill="{color}" fill-opacity="0.85"{stroke}><title>'
+                    f'{escape(p["title"])}</title></circle>')
+            if p.get("href"):
+                mark = f'<a href="{escape(p["href"])}">{mark}</a>'
+            parts.append(mark)
+        return parts
+
+    def close(self, series: Sequence[str], xlabel: str, ylabel: str) -> list[str]:
+        left, top, pw, ph = self.left, self.top, self.pw, self.ph
+        parts = [f'<text x="{left + pw / 2:.1f}" y="{self.height - 6}" class="al">{xlabel}'
+                 f'</text>',
+                 f'<text x="14" y="{top + ph / 2:.1f}" class="al" '
+                 f'transform="rotate(-90 14 {top + ph / 2:.1f})">{ylabel}</text>']
+        parts += _legend(list(series), left + pw + 14, top + 12)
+        y = top + 12 + 16 * len(series) + 10
+        parts.append(f'<circle cx="{left + pw + 19}" cy="{y - 4}" r="6" fill="#fff" '
+                     f'stroke="#1d232a" stroke-width="1.5"/><text x="{left + pw + 28}" y="{y}" '
+                     f'class="lg">best of task</text>')
+        parts.append("</svg>")
+        return parts
+
+
 def svg_roofline(points: Sequence[dict[str, Any]], series: Sequence[str], *,
                  bandwidth_gbs: float | None, flops_tflops: float | None,
                  width: int = 680, height: int = 320) -> Markup:
@@ -152,8 +221,6 @@ def svg_roofline(points: Sequence[dict[str, Any]], series: Sequence[str], *,
     ``points``: dicts with ``ai``, ``gflops``, ``series`` (colour: index in ``series``),
     ``best`` (drawn large, outlined), ``title`` (hover text) and optional ``href``.
     """
-    left, right, top, bottom = 58, 130, 14, 44
-    pw, ph = width - left - right, height - top - bottom
     peak = flops_tflops * 1e3 if flops_tflops else None  # GFLOP/s
     bw = bandwidth_gbs if bandwidth_gbs else None  # GB/s = GFLOP/s per FLOP/byte
     xs = [p["ai"] for p in points]
@@ -161,66 +228,50 @@ def svg_roofline(points: Sequence[dict[str, Any]], series: Sequence[str], *,
     if peak and bw:
         xs.append(peak / bw)  # the ridge point
         ys.append(peak)
-    if not xs:
-        xs, ys = [0.1, 10.0], [0.1, 10.0]
-    x_lo, x_hi = min(xs) / 3, max(xs) * 3
-    y_lo, y_hi = min(ys) / 3, max(ys) * 3
-    x_lo, x_hi = 10 ** math.floor(math.log10(x_lo)), 10 ** math.ceil(math.log10(x_hi))
-    y_lo, y_hi = 10 ** math.floor(math.log10(y_lo)), 10 ** math.ceil(math.log10(y_hi))
-    lx0, lx1, ly0, ly1 = (math.log10(x_lo), math.log10(x_hi), math.log10(y_lo),
-                          math.log10(y_hi))
-
-    def px(x: float) -> float:
-        return left + pw * (math.log10(x) - lx0) / (lx1 - lx0)
-
-    def py(y: float) -> float:
-        return top + ph - ph * (math.log10(y) - ly0) / (ly1 - ly0)
-
-    parts = [f'<svg class="chart roofline" viewBox="0 0 {width} {height}" width="{width}" '
-             f'height="{height}" role="img"><title>roofline</title>']
-    for t in _log_ticks(y_lo, y_hi):
-        parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{py(t):.1f}" y2="{py(t):.1f}" '
-                     f'class="grid"/><text x="{left - 6}" y="{py(t) + 4:.1f}" class="yt">'
-                     f'{_si(t)}</text>')
-    for t in _log_ticks(x_lo, x_hi):
-        parts.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="{top}" y2="{top + ph}" '
-                     f'class="grid"/><text x="{px(t):.1f}" y="{top + ph + 16}" class="xt">'
-                     f'{_si(t)}</text>')
-    parts.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" '
-                 f'class="axis"/>')
+    f = _LogLog(xs, ys, width, height)
+    parts = f.open("roofline", "roofline")
     if peak and bw:
         ridge = peak / bw
-        x_start = max(x_lo, y_lo / bw)  # where the bandwidth roof enters the plot
-        roof = [(x_start, x_start * bw), (ridge, peak), (x_hi, peak)]
-        pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in roof)
+        x_start = max(f.x_lo, f.y_lo / bw)  # where the bandwidth roof enters the plot
+        roof = [(x_start, x_start * bw), (ridge, peak), (f.x_hi, peak)]
+        pts = " ".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in roof)
         parts.append(f'<polyline points="{pts}" fill="none" stroke="#1d232a" '
                      f'stroke-width="2"><title>roof: min({_si(peak)} GFLOP/s, '
                      f'intensity x {bw:.3g} GB/s)</title></polyline>')
-        parts.append(f'<text x="{px(ridge) + 4:.1f}" y="{py(peak) - 5:.1f}" class="lg">'
+        parts.append(f'<text x="{f.px(ridge) + 4:.1f}" y="{f.py(peak) - 5:.1f}" class="lg">'
                      f'peak {_si(peak)} GFLOP/s</text>')
         xm = math.sqrt(x_start * ridge)
-        parts.append(f'<text x="{px(xm):.1f}" y="{py(xm * bw) - 6:.1f}" class="lg" '
+        parts.append(f'<text x="{f.px(xm):.1f}" y="{f.py(xm * bw) - 6:.1f}" class="lg" '
                      f'text-anchor="end">{bw:.3g} GB/s</text>')
-    index = {name: i for i, name in enumerate(series)}
-    for p in sorted(points, key=lambda p: p["best"]):  # best ones on top
-        color = PALETTE[index.get(p["series"], 0) % len(PALETTE)]
-        r, stroke = (6, ' stroke="#1d232a" stroke-width="1.5"') if p["best"] else (3.5, "")
-        mark = (f'<circle class="pt" cx="{px(p["ai"]):.1f}" cy="{py(p["gflops"]):.1f}" r="{r}" '
-                f'fill="{color}" fill-opacity="0.85"{stroke}><title>{escape(p["title"])}'
-                f'</title></circle>')
-        if p.get("href"):
-            mark = f'<a href="{escape(p["href"])}">{mark}</a>'
-        parts.append(mark)
-    parts.append(f'<text x="{left + pw / 2:.1f}" y="{height - 6}" class="al">arithmetic '
-                 f'intensity (FLOP / byte, minimum traffic)</text>')
-    parts.append(f'<text x="14" y="{top + ph / 2:.1f}" class="al" '
-                 f'transform="rotate(-90 14 {top + ph / 2:.1f})">attained GFLOP/s</text>')
-    parts += _legend(list(series), left + pw + 14, top + 12)
-    y = top + 12 + 16 * len(series) + 10
-    parts.append(f'<circle cx="{left + pw + 19}" cy="{y - 4}" r="6" fill="#fff" '
-                 f'stroke="#1d232a" stroke-width="1.5"/><text x="{left + pw + 28}" y="{y}" '
-                 f'class="lg">best of task</text>')
-    parts.append("</svg>")
+    parts += f.points(points, series, "ai", "gflops")
+    parts += f.close(series, "arithmetic intensity (FLOP / byte, minimum traffic)",
+                     "attained GFLOP/s")
+    return Markup("".join(parts))
+
+
+def svg_bandwidth(points: Sequence[dict[str, Any]], series: Sequence[str], *,
+                  bandwidth_gbs: float | None, width: int = 680, height: int = 320) -> Markup:
+    """The memory-bound kernels' roof, log-log: the task's minimum traffic (bytes) against the
+    bandwidth the kernel attained moving it (GB/s), under the device's measured bandwidth when
+    known. For tasks that count no FLOPs (copies, activations, pooling by comparison...), whose
+    arithmetic intensity is 0 and so has no place on the roofline's log axis.
+
+    ``points``: dicts with ``bytes``, ``gbs``, ``series``, ``best``, ``title``, ``href``.
+    """
+    bw = bandwidth_gbs if bandwidth_gbs else None
+    xs = [p["bytes"] for p in points]
+    ys = [p["gbs"] for p in points] + ([bw] if bw else [])
+    f = _LogLog(xs, ys or [1.0], width, height)
+    parts = f.open("bandwidth", "bandwidth roof")
+    if bw:
+        y = f.py(bw)
+        parts.append(f'<line x1="{f.left}" x2="{f.left + f.pw}" y1="{y:.1f}" y2="{y:.1f}" '
+                     f'stroke="#1d232a" stroke-width="2"><title>roof: {bw:.3g} GB/s measured '
+                     f'bandwidth</title></line>')
+        parts.append(f'<text x="{f.left + f.pw - 4}" y="{y - 5:.1f}" class="lg" '
+                     f'text-anchor="end">{bw:.3g} GB/s</text>')
+    parts += f.points(points, series, "bytes", "gbs")
+    parts += f.close(series, "minimum memory traffic (bytes)", "attained GB/s")
     return Markup("".join(parts))
 
 

@@ -11,6 +11,7 @@ sources, syntax-highlighted. Rows link to their MLflow runs (``<llm>/<task>/trac
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 import re
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import polars as pl
 from jinja2 import DictLoader, Environment
@@ -27,13 +29,14 @@ from markupsafe import Markup
 from assay.collect import (COLLECT_SCHEMA, SPEND_SCHEMA, best_accepted, collect, device_info,
                            spend, task_ids, task_info, tracked_runs)
 from assay.layout import Campaign, write_atomic
-from assay.report.charts import (OPERATOR_COLORS, PALETTE, svg_bar_chart, svg_line_chart,
-                                 svg_lineage, svg_roofline)
+from assay.verify.policy import ALLOWED_OPS
+from assay.report.charts import (OPERATOR_COLORS, PALETTE, svg_bandwidth, svg_bar_chart,
+                                 svg_line_chart, svg_lineage, svg_roofline)
 from assay.report.compare import compare_frame, per_task
 from assay.report.highlight import css as highlight_css
 from assay.report.highlight import highlight_code
 
-__all__ = ["DEFAULT_MLFLOW_UI", "mlflow_run_url", "render_report", "report_context",
+__all__ = ["DEFAULT_MLFLOW_UI", "mlflow_compare_url", "mlflow_run_url", "render_report", "report_context",
            "svg_bar_chart", "svg_line_chart", "write_report", "PALETTE", "OPERATOR_COLORS"]
 
 FAST_P_GRID = [round(0.01 * i, 2) for i in range(301)]  # p in 0..3
@@ -52,14 +55,37 @@ def mlflow_ui_base(explicit: str | None = None) -> str:
     return (explicit or os.environ.get("ASSAY_MLFLOW_UI") or DEFAULT_MLFLOW_UI).rstrip("/")
 
 
+def _ui_of(tracked: dict[str, Any], base: str) -> str:
+    """A tracking server is its own UI; a database's runs are shown by the UI at ``base``."""
+    uri = str(tracked.get("tracking_uri") or "")
+    if re.match(r"https?://", uri) and "***" not in uri:
+        return uri.rstrip("/")
+    return base
+
+
 def mlflow_run_url(tracked: dict[str, Any] | None, base: str) -> str | None:
     """The MLflow UI page of a run recorded in a ``tracked.json`` (None without ids)."""
     if not tracked or not tracked.get("experiment_id") or not tracked.get("run_id"):
         return None
-    uri = str(tracked.get("tracking_uri") or "")
-    if re.match(r"https?://", uri) and "***" not in uri:
-        base = uri.rstrip("/")
-    return f"{base}/#/experiments/{tracked['experiment_id']}/runs/{tracked['run_id']}"
+    return (f"{_ui_of(tracked, base)}/#/experiments/{tracked['experiment_id']}/runs/"
+            f"{tracked['run_id']}")
+
+
+def mlflow_compare_url(tracked: Sequence[dict[str, Any]], base: str, key: str = "run_id"
+                       ) -> str | None:
+    """The MLflow UI's run comparison (``#/compare-runs``) of the runs ``key`` names in several
+    ``tracked.json`` (``run_id``: the tasks' child runs; ``parent_run_id``: the backends' parent
+    runs). None unless at least two distinct runs of one UI are known."""
+    usable = [t for t in tracked if t.get(key) and t.get("experiment_id")]
+    runs = list(dict.fromkeys(str(t[key]) for t in usable))
+    uis = {_ui_of(t, base) for t in usable}
+    if len(runs) < 2 or len(uis) != 1:
+        return None
+    exps = list(dict.fromkeys(str(t["experiment_id"]) for t in usable))
+    query = urlencode({"runs": json.dumps(runs, separators=(",", ":")),
+                       "experiments": json.dumps(exps, separators=(",", ":"))},
+                      quote_via=quote)
+    return f"{uis.pop()}/#/compare-runs?{query}"
 
 
 def _slug(*parts: str) -> str:
@@ -106,6 +132,35 @@ def _reason_list(row: dict[str, Any]) -> list[str]:
     return ["error"] if row["error"] else ["unspecified"]
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _speed_class(speedup: float | None) -> str:
+    """The badge of a speedup over eager: green only for a real gain (>= 1.0x)."""
+    if speedup is None:
+        return "unknown-tag"
+    return "faster-tag" if speedup >= 1.0 else "slower-tag"
+
+
+def _on_cpu(row: dict[str, Any]) -> bool:
+    target = row.get("target")
+    if target:
+        return target == "cpu"
+    return not str(row.get("device") or "").startswith("cuda")
+
+
+def _launched(row: dict[str, Any]) -> dict[str, Any]:
+    """What the profiler saw the kernel run, as the card shows it. On cuda: the device kernels.
+    On cpu the profiler sees ATen ops only (the candidate's own C++ code is invisible to it), and
+    allocations, views and copies (aten::empty...) are no one's kernels: only ATen compute ops
+    are named, and their absence is said."""
+    names = list(row.get("kernels_launched") or [])
+    if not _on_cpu(row):
+        return {"cpu": False, "names": names}
+    return {"cpu": True, "names": [n for n in names if n not in ALLOWED_OPS]}
+
+
 def _roofline_pct(row: dict[str, Any] | None) -> float | None:
     if row is None or row["roofline_ms"] is None or not row["runtime_ms"]:
         return None
@@ -113,7 +168,8 @@ def _roofline_pct(row: dict[str, Any] | None) -> float | None:
 
 
 def _leaderboard(campaign: Campaign, df: pl.DataFrame, spent: pl.DataFrame,
-                 llms: list[str], links: dict[tuple[str, str], str]) -> list[dict[str, Any]]:
+                 llms: list[str], links: dict[tuple[str, str], str],
+                 compare: dict[str, str]) -> list[dict[str, Any]]:
     tasks = sorted(set(task_ids(campaign)) | set(df["task"].unique().to_list())
                    | set(spent["task"].unique().to_list()))
     infos = {t: task_info(campaign, t) for t in tasks}
@@ -132,7 +188,7 @@ def _leaderboard(campaign: Campaign, df: pl.DataFrame, spent: pl.DataFrame,
         elif rows.is_empty():
             sp = spent.filter(pl.col("task") == t)
             n_declined = int(sp["declined"].sum()) if sp.height else 0
-            verdict = (f"no candidate; {n_declined} proposal(s) declined"
+            verdict = (f"no candidate: the LLM declined {_count(n_declined, 'proposal')}"
                        if n_declined and not int(sp["proposed"].sum()) else "not verified yet")
         else:
             reasons = Counter(r for row in rows.iter_rows(named=True) for r in _reason_list(row))
@@ -146,7 +202,7 @@ def _leaderboard(campaign: Campaign, df: pl.DataFrame, spent: pl.DataFrame,
             "task": t, "anchor": _slug(t), "name": info["name"], "best": b,
             "roofline_pct": _roofline_pct(b), "verdict": verdict, "n_candidates": rows.height,
             "n_accepted": int(rows["accepted"].sum()) if rows.height else 0,
-            "link": link,
+            "link": link, "compare": compare.get(t),
             "per_llm": [{"speedup": per_llm[(lm, t)]["speedup_eager"]
                          if (lm, t) in per_llm else None,
                          "tried": lm in tried, "link": links.get((lm, t))} for lm in llms],
@@ -215,30 +271,49 @@ def _fast_curve(df: pl.DataFrame, spent: pl.DataFrame, ps: list[float]) -> list[
 
 
 def _roofline(df: pl.DataFrame, llms: list[str], device: dict[str, Any],
-              best_ids: set[tuple[str, str, str]]) -> tuple[Markup, int, int]:
-    """The roofline scatter of every accepted, timed kernel of a task with known FLOPs and
-    bytes; returns the chart, the number of points and the number left out."""
+              best_ids: set[tuple[str, str, str]]) -> dict[str, Any]:
+    """Every accepted, timed kernel on one of two charts: the roofline (tasks that count FLOPs:
+    intensity against GFLOP/s) or the bandwidth roof (tasks with bytes but no FLOPs, whose
+    intensity is 0: traffic against GB/s). Kernels of tasks with neither count are left out,
+    and counted."""
     acc = df.filter(pl.col("accepted") & pl.col("runtime_ms").is_not_null()
                     & (pl.col("runtime_ms") > 0))
-    points, left_out = [], 0
+    compute, memory, left_out = [], [], 0
     for r in acc.iter_rows(named=True):
-        if not r["flops"] or not r["min_bytes"] or r["flops"] <= 0 or r["min_bytes"] <= 0:
+        flops, nbytes = r["flops"] or 0.0, r["min_bytes"] or 0.0
+        if nbytes <= 0 or flops < 0:
             left_out += 1
             continue
-        ai = r["flops"] / r["min_bytes"]
-        gflops = r["flops"] / (r["runtime_ms"] * 1e-3) / 1e9
+        seconds = r["runtime_ms"] * 1e-3
+        gbs = nbytes / seconds / 1e9
         pct = _roofline_pct(r)
         is_best = (r["llm"], r["task"], r["candidate"]) in best_ids
-        points.append({
-            "ai": ai, "gflops": gflops, "series": r["llm"], "best": is_best,
-            "href": f"#kernel-{_slug(r['task'])}" if is_best else None,
-            "title": (f"{r['task']}: {r['candidate']} ({r['llm']}, generation "
-                      f"{r['generation']})\n{ai:.3g} FLOP/byte, {gflops:.3g} GFLOP/s, "
-                      f"{_x(r['speedup_eager'])} over eager"
-                      + (f", {pct:.1f}% of roofline" if pct is not None else ""))})
-    chart = svg_roofline(points, llms, bandwidth_gbs=device.get("bandwidth_gbs"),
-                         flops_tflops=device.get("flops_tflops"))
-    return chart, len(points), left_out
+        head = f"{r['task']}: {r['candidate']} ({r['llm']}, generation {r['generation']})"
+        tail = (f", {_x(r['speedup_eager'])} over eager"
+                + (f", {pct:.1f}% of roofline" if pct is not None else ""))
+        point = {"series": r["llm"], "best": is_best,
+                 "href": f"#kernel-{_slug(r['task'])}" if is_best else None}
+        if flops > 0:
+            ai, gflops = flops / nbytes, flops / seconds / 1e9
+            compute.append({**point, "ai": ai, "gflops": gflops,
+                            "title": f"{head}\n{ai:.3g} FLOP/byte, {gflops:.3g} GFLOP/s{tail}"})
+        else:
+            memory.append({**point, "bytes": nbytes, "gbs": gbs,
+                           "title": f"{head}\n{_si_bytes(nbytes)} moved at least, "
+                                    f"{gbs:.3g} GB/s{tail}"})
+    return {
+        "chart": svg_roofline(compute, llms, bandwidth_gbs=device.get("bandwidth_gbs"),
+                              flops_tflops=device.get("flops_tflops")) if compute else None,
+        "bandwidth_chart": svg_bandwidth(memory, llms, bandwidth_gbs=device.get("bandwidth_gbs"))
+        if memory else None,
+        "n_compute": len(compute), "n_memory": len(memory), "left_out": left_out}
+
+
+def _si_bytes(v: float) -> str:
+    for div, suffix in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if v >= div:
+            return f"{v / div:.3g} {suffix}"
+    return f"{v:.0f} B"
 
 
 def _node_lines(row: dict[str, Any] | None, cid: str, gen: int) -> tuple[list[str], str]:
@@ -313,6 +388,8 @@ def _lineage(df: pl.DataFrame, best: dict[str, Any], links: dict[tuple[str, str]
                         for p in parents],
             "tag": (_x(row["speedup_eager"]) if status == "accepted"
                     else ", ".join(_reason_list(row))),
+            "tag_class": (_speed_class(row["speedup_eager"]) if status == "accepted"
+                          else f"{status}-tag"),
             "diff_from": parents[0] if first is not None else None,
             "diff": highlight_code(_diff(first["code"], row["code"], parents[0], cid), "diff")
             if first is not None else None,
@@ -361,8 +438,15 @@ def report_context(campaign: Campaign, *, mlflow_ui: str | None = None,
     device = {"name": None, "bandwidth_gbs": None, "flops_tflops": None,
               **device_info(campaign)}
     base = mlflow_ui_base(mlflow_ui)
-    links = {k: url for k, v in tracked_runs(campaign).items()
+    tracked = tracked_runs(campaign)
+    links = {k: url for k, v in tracked.items()
              if (url := mlflow_run_url(v, base)) is not None}
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for (_, t), v in sorted(tracked.items()):
+        by_task.setdefault(t, []).append(v)
+    compare = {t: url for t, vs in by_task.items()
+               if (url := mlflow_compare_url(vs, base)) is not None}
+    compare_llms = mlflow_compare_url(list(tracked.values()), base, key="parent_run_id")
 
     def of(frame: pl.DataFrame, lm: str) -> pl.DataFrame:
         return frame.filter(pl.col("llm") == lm)
@@ -377,7 +461,7 @@ def report_context(campaign: Campaign, *, mlflow_ui: str | None = None,
     fast_rows = [{"llm": lm, "values": _fast_curve(of(df, lm), of(spent, lm), list(FAST_P_TABLE))}
                  for lm in llms]
     rejections, rejection_chart = _rejections(df, llms, links)
-    leaderboard = _leaderboard(campaign, df, spent, llms, links)
+    leaderboard = _leaderboard(campaign, df, spent, llms, links, compare)
     kernels = []
     for lvl in leaderboard:
         for row in lvl["rows"]:
@@ -386,12 +470,13 @@ def report_context(campaign: Campaign, *, mlflow_ui: str | None = None,
                 continue
             lineage = _lineage(df, b, links)
             kernels.append({**row, "src_anchor": _src_id(b["llm"], b["task"], b["candidate"]),
-                            "lineage": lineage,
+                            "lineage": lineage, "launched": _launched(b),
+                            "tag_class": _speed_class(b["speedup_eager"]),
                             "best_source": next(m["source"] for m in lineage["members"]
                                                 if m["is_best"]),
                             "task_source": highlight_code(b["task_source"])})
     best_ids = {(k["best"]["llm"], k["task"], k["best"]["candidate"]) for k in kernels}
-    roofline, n_roof, roof_left_out = _roofline(df, llms, device, best_ids)
+    roofline = _roofline(df, llms, device, best_ids)
     others = [c for c in compare_with if c.root.resolve() != campaign.root.resolve()]
     return {
         "campaign": campaign.name,
@@ -406,6 +491,7 @@ def report_context(campaign: Campaign, *, mlflow_ui: str | None = None,
         "colors": {lm: PALETTE[i % len(PALETTE)] for i, lm in enumerate(llms)},
         "mlflow_ui": base,
         "n_links": len(links),
+        "compare_llms": compare_llms,
         "summary": compare_frame(df, spent).to_dicts(),
         "leaderboard": leaderboard,
         "hist_chart": hist,
@@ -413,9 +499,7 @@ def report_context(campaign: Campaign, *, mlflow_ui: str | None = None,
         "fast_chart": fast_chart,
         "fast_ps": FAST_P_TABLE,
         "fast_rows": fast_rows,
-        "roofline_chart": roofline,
-        "n_roofline": n_roof,
-        "roofline_left_out": roof_left_out,
+        "roofline": roofline,
         "rejections": rejections,
         "rejection_chart": rejection_chart,
         "costs": _costs(df, spent, llms),
@@ -537,13 +621,15 @@ svg a:hover rect, svg a:hover circle { filter: brightness(0.92); }
 .note { color: #5a6672; font-size: 13px; }
 .tag { display: inline-block; border-radius: 4px; padding: 0 6px; font-size: 12px;
        color: #fff; }
-.accepted-tag { background: #1a7f37; } .rejected-tag { background: #b42318; }
+.accepted-tag, .faster-tag { background: #1a7f37; } .rejected-tag { background: #b42318; }
+.slower-tag { background: #9a6700; }
 .unknown-tag { background: #8c959f; }
 </style>
 </head>
 <body><main>
-{% macro run(link) %}{% if link %}<a href="{{ link }}" target="_blank" rel="noopener">run</a>
-{%- else %}-{% endif %}{% endmacro %}
+{% macro ext(link, text) %}<a href="{{ link }}" target="_blank" rel="noopener">{{ text }}</a>
+{%- endmacro %}
+{% macro run(link) %}{% if link %}{{ ext(link, "run") }}{% else %}-{% endif %}{% endmacro %}
 <h1>Assay report: <code>{{ campaign }}</code></h1>
 <p class="meta">{{ n_candidates }} verified candidates, {{ n_accepted }} accepted;
 LLM backends: {{ llms | join(", ") or "none" }};
@@ -575,6 +661,8 @@ target: {{ targets | join(", ") or "-" }}; generated {{ generated }}.</p>
 </table>
 <p class="note">fast_1: fraction of tried tasks whose best accepted kernel beats eager PyTorch
 (speedup &gt; 1). The geometric mean is over tasks with an accepted kernel only.</p>
+{% if compare_llms %}<p>{{ ext(compare_llms, "compare the backends in MLflow") }} (their parent runs side by side; each task's <b>compare</b> link in the
+leaderboard does the same for that task's runs).</p>{% endif %}
 {% else %}
 <p>No verified candidates yet.</p>
 {% endif %}
@@ -631,8 +719,9 @@ name; tasks by id.</p>
 <td class="n">{% if c.speedup is not none %}{{ c.speedup | x }}
 {%- elif c.tried %}&#10007;{% else %}-{% endif %}</td>
 {% endfor %}
-<td class="v">{{ r.verdict }} ({{ r.n_accepted }}/{{ r.n_candidates }})</td>
-<td>{{ run(r.link) }}</td></tr>
+<td class="v">{{ r.verdict }}{% if r.n_candidates %} ({{ r.n_accepted }}/{{ r.n_candidates }}
+accepted){% endif %}</td>
+<td>{{ run(r.link) }}{% if r.compare %} {{ ext(r.compare, "compare") }}{% endif %}</td></tr>
 {% endfor %}
 </table>
 {% else %}
@@ -641,7 +730,7 @@ name; tasks by id.</p>
 <p class="note">Per-LLM columns: that backend's best accepted speedup over eager
 (&#10007;: tried, nothing accepted). % of roofline = roofline time / measured time.
 The verdict column counts accepted / verified candidates. MLflow: the task's child run of the
-best kernel's backend{% if n_links %} in the MLflow UI at <code>{{ mlflow_ui }}</code>
+best kernel's backend, and (compare) all its backends' runs side by side{% if n_links %} in the MLflow UI at <code>{{ mlflow_ui }}</code>
 (<code>mlflow ui --backend-store-uri sqlite:///results/mlflow.db</code>){% else %} (none
 tracked yet){% endif %}.</p>
 
@@ -661,13 +750,28 @@ tracked yet){% endif %}.</p>
 </table>
 
 <h2 id="roofline">Roofline</h2>
-<p class="note">Every accepted, timed kernel ({{ n_roofline }}): the task's FLOPs over its
-minimum memory traffic against the FLOPs per second the kernel attained; the line is the
-device's measured roof{% if not device.bandwidth_gbs or not device.flops_tflops %} (unknown:
-no <code>device.json</code> peaks){% endif %}. Large outlined points are the tasks' best
-kernels.{% if roofline_left_out %} {{ roofline_left_out }} kernel(s) of tasks without FLOP or
-byte counts are not drawn.{% endif %}</p>
-{{ roofline_chart }}
+<p class="note">Every accepted, timed kernel, on the chart its task's counts allow. The line is
+the device's measured roof{% if not device.bandwidth_gbs or not device.flops_tflops %} (unknown:
+no <code>device.json</code> peaks){% endif %}; large outlined points are the tasks' best
+kernels.{% if roofline.left_out %} {{ roofline.left_out }} kernel(s) of tasks without a byte
+count are not drawn.{% endif %}</p>
+{% if roofline.chart %}
+<h3>Compute: tasks that count FLOPs ({{ roofline.n_compute }})</h3>
+<p class="note">The task's FLOPs over its minimum memory traffic (arithmetic intensity) against
+the FLOPs per second the kernel attained.</p>
+{{ roofline.chart }}
+{% endif %}
+{% if roofline.bandwidth_chart %}
+<h3 id="bandwidth">Memory-bound: tasks that count no FLOPs ({{ roofline.n_memory }})</h3>
+<p class="note">Their arithmetic intensity is 0 (nothing on the roofline's log axis), so they
+are measured against the bandwidth roof alone: the task's minimum memory traffic against the
+bytes per second the kernel attained moving it (minimum traffic / runtime; real traffic can only
+be larger).</p>
+{{ roofline.bandwidth_chart }}
+{% endif %}
+{% if not roofline.chart and not roofline.bandwidth_chart %}
+<p>No accepted, timed kernel to draw.</p>
+{% endif %}
 
 <h2 id="rejections">Rejected candidates by reason</h2>
 {% if rejections %}
@@ -726,7 +830,7 @@ candidates (several per task possible); solved tasks: tasks with at least one.</
 {% set b = k.best %}
 <section class="kernel" id="kernel-{{ k.anchor }}">
 <h3><code>{{ k.task }}</code>: <code>{{ b.candidate }}</code>
-<span class="tag accepted-tag">{{ b.speedup_eager | x }} over eager</span></h3>
+<span class="tag {{ k.tag_class }}">{{ b.speedup_eager | x }} over eager</span></h3>
 <table>
 <tr><th>llm</th><th>model</th><th>generation</th><th>operator</th><th>strategy</th>
 <th>runtime</th><th>vs eager</th><th>vs compile</th><th>% of roofline</th><th>max abs err</th>
@@ -739,8 +843,13 @@ candidates (several per task possible); solved tasks: tasks with at least one.</
 <td class="n">{{ b.cost_usd | usd }}</td>
 <td>{{ run(k.link) }}</td></tr>
 </table>
-{% if b.kernels_launched %}<p class="note">Kernels launched:
-{% for n in b.kernels_launched %}<code>{{ n }}</code>{{ ", " if not loop.last }}{% endfor %}.</p>
+{% if k.launched.cpu %}<p class="note">{% if k.launched.names %}Ops it ran:
+{% for n in k.launched.names %}<code>{{ n }}</code>{{ ", " if not loop.last }}{% endfor %}.
+{% else %}No compute op ran: the work was its own compiled code.{% endif %} (On the cpu target
+the profiler sees ATen ops, not the candidate's C++ functions; allocations, views and copies
+are not listed.)</p>
+{% elif k.launched.names %}<p class="note">Kernels launched:
+{% for n in k.launched.names %}<code>{{ n }}</code>{{ ", " if not loop.last }}{% endfor %}.</p>
 {% endif %}
 <p class="note">Lineage: {{ k.lineage.n_nodes }} candidate(s); arrows run from parent to child,
 coloured by how the child was made; the outlined box is the best kernel. Click a box for its
@@ -756,7 +865,7 @@ kernel <code>{{ b.candidate }}</code></summary>
 {% for m in k.lineage.members if not m.is_best %}
 <details id="{{ m.anchor }}"><summary>ancestor <code>{{ m.row.candidate }}</code>:
 generation {{ m.row.generation }}, {{ m.row.operator or "?" }}
-<span class="tag {{ m.status }}-tag">{{ m.tag }}</span></summary>
+<span class="tag {{ m.tag_class }}">{{ m.tag }}</span></summary>
 {% if m.diff %}<p class="note">Changes from its parent <code>{{ m.diff_from }}</code>:</p>
 <pre class="hl"><code>{{ m.diff }}</code></pre>
 {% else %}<pre class="hl"><code>{{ m.source }}</code></pre>{% endif %}

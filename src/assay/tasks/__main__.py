@@ -4,9 +4,9 @@ python -m assay.tasks task=L1_1_ReLU [overrides]
 
 A task file is code: it can sleep at import, loop in forward, call sys.exit, or ask for a
 terabyte. So the task is executed in a child process (``python -m assay.tasks --analyze``) with
-a time limit (``ASSAY_EXTRACT_TIMEOUT_S``, default 600 s) and, on the cpu target, an
-address-space limit; its sizes are checked on the meta device before anything is allocated
-(``ASSAY_MAX_TASK_BYTES``, default a quarter of RAM on cpu or half the GPU's memory on cuda).
+a time limit (``tasks.extract_timeout_s``) and, on the cpu target, an address-space limit;
+its sizes are checked on the meta device before anything is allocated (``tasks.max_task_bytes``,
+null: a quarter of RAM on cpu or half the GPU's memory on cuda).
 A task that cannot be used gets a record whose ``error`` is one line naming the file and the
 problem; the campaign goes on.
 """
@@ -28,9 +28,6 @@ from assay.tasks.model import TaskError, one_line
 
 log = logging.getLogger("assay.extract")
 
-DEFAULT_TIMEOUT_S = 600.0
-
-
 # --- the parent: the Hydra step ----------------------------------------------------------------
 
 
@@ -42,7 +39,9 @@ def extract(cfg) -> dict:
     name = cfg.target.name
     tgt = app.target(cfg) if name != "auto" else "auto"  # auto is resolved in the child
     ref = app.find_task(cfg, cfg.task)
-    record = analyze_file(ref.path, ref.level, cfg.tasks.size, tgt)
+    record = analyze_file(ref.path, ref.level, str(cfg.tasks.size), tgt,
+                          timeout_s=cfg.tasks.extract_timeout_s,
+                          max_bytes=cfg.tasks.max_task_bytes)
     record = {"id": ref.id, "level": ref.level, "path": str(ref.path), **record}
     if record["error"]:
         log.error("%s", record["error"])
@@ -52,26 +51,20 @@ def extract(cfg) -> dict:
     return record
 
 
-def extract_timeout_s() -> float:
-    try:
-        return float(os.environ.get("ASSAY_EXTRACT_TIMEOUT_S") or DEFAULT_TIMEOUT_S)
-    except ValueError:
-        return DEFAULT_TIMEOUT_S
-
-
-def analyze_file(path: str | Path, level: int, size: str, target: str,
-                 timeout_s: float | None = None) -> dict[str, Any]:
+def analyze_file(path: str | Path, level: int, size: str, target: str, *, timeout_s: float,
+                 max_bytes: int | None = None) -> dict[str, Any]:
     """The task's record fields, computed in a child process; ``error`` is None or one line
-    naming the file and the problem."""
+    naming the file and the problem. ``timeout_s`` and ``max_bytes`` are the config's
+    ``tasks.extract_timeout_s`` and ``tasks.max_task_bytes`` (None: see ``max_task_bytes``)."""
     from assay.layout import stop_cleanly_on_signals
 
     stop_cleanly_on_signals()  # a SIGTERM to the step kills the child too
     path = Path(path)
-    timeout_s = extract_timeout_s() if timeout_s is None else timeout_s
     with tempfile.TemporaryDirectory(prefix="assay-extract-") as tmp:
         out, stage = Path(tmp) / "record.json", Path(tmp) / "stage"
         spec = {"path": str(path), "level": level, "size": size, "target": target,
-                "out": str(out), "stage": str(stage), "parent": os.getpid()}
+                "out": str(out), "stage": str(stage), "parent": os.getpid(),
+                "max_bytes": max_bytes}
         cmd = [sys.executable, "-m", "assay.tasks", "--analyze", json.dumps(spec)]
         t0 = time.monotonic()
         with open(Path(tmp) / "log", "wb") as logf:
@@ -89,7 +82,7 @@ def analyze_file(path: str | Path, level: int, size: str, target: str,
         where = stage.read_text().strip() if stage.exists() else "starting"
         if code is None:
             return _error(f"{path}: timed out after {timeout_s:.0f} s while {where} (a task "
-                          f"must load and run in time; ASSAY_EXTRACT_TIMEOUT_S sets the limit)")
+                          f"must load and run in time; tasks.extract_timeout_s sets the limit)")
         if out.exists():
             try:
                 return json.loads(out.read_text())
@@ -149,18 +142,18 @@ def _fmt(n: float) -> str:
     return f"{n:.3g} PB"
 
 
-def max_task_bytes(target: str) -> tuple[int, str]:
-    """The most bytes a task's inputs, weights and outputs may take, and where that comes from."""
-    env = os.environ.get("ASSAY_MAX_TASK_BYTES")
-    if env:
-        return int(float(env)), "ASSAY_MAX_TASK_BYTES"
+def max_task_bytes(target: str, configured: int | None = None) -> tuple[int, str]:
+    """The most bytes a task's inputs, weights and outputs may take, and where that comes from:
+    ``tasks.max_task_bytes`` when set, else a share of the device's memory."""
+    if configured:
+        return int(configured), "tasks.max_task_bytes"
     if target == "cuda":
         import torch
 
         total = torch.cuda.get_device_properties(0).total_memory
-        return total // 2, f"half of the GPU's {_fmt(total)}; ASSAY_MAX_TASK_BYTES raises it"
+        return total // 2, f"half of the GPU's {_fmt(total)}; tasks.max_task_bytes raises it"
     ram = _ram_bytes()
-    return ram // 4, f"a quarter of this machine's {_fmt(ram)} RAM; ASSAY_MAX_TASK_BYTES raises it"
+    return ram // 4, f"a quarter of this machine's {_fmt(ram)} RAM; tasks.max_task_bytes raises it"
 
 
 SCALARS = (bool, int, float, type(None))
@@ -252,7 +245,7 @@ def analyze(spec: dict) -> dict[str, Any]:
     init = _check_values(path, "get_init_inputs()", init, need_tensor=False)
 
     _stage(spec, "sizing the task on the meta device")
-    cap, why = max_task_bytes(target)
+    cap, why = max_task_bytes(target, spec.get("max_bytes"))
     _size_on_meta(task, module, init, cap, why)
 
     _stage(spec, "constructing Model(*get_init_inputs())")

@@ -96,6 +96,14 @@ def check_source(path: Path, text: str) -> None:
                         f"class Model, get_inputs() and get_init_inputs())")
 
 
+def resolve_size(size: str, target: str) -> str:
+    """``auto``: the task's own (large) size on cuda, its small variant on cpu (a task without
+    one loads at its own size either way)."""
+    if size == "auto":
+        return "large" if target == "cuda" else "small"
+    return size
+
+
 @dataclass(frozen=True)
 class Task:
     id: str

@@ -18,8 +18,9 @@ Layout in MLflow:
   - final (at the last generation's step): ``best_speedup_eager``, ``best_speedup_compile``
     (the highest over accepted kernels, 0 if none) and ``accepted`` (0/1);
   - params: the flattened config (dotted keys; None and secret-looking keys skipped);
-  - artifacts: ``best_kernel.py`` (the best accepted kernel) and ``profile.json`` (when it
-    names a profiled candidate).
+  - artifacts: ``summary.json`` (the final metrics and the best candidate's id, always),
+    ``best_kernel.py`` (the best accepted kernel) and ``profile.json`` (when it names a
+    profiled candidate).
 
 ``log_task`` is idempotent: runs are found by their tags, and metrics/params already logged are
 not logged again. Several processes may log into one SQLite file at once: find-or-create and
@@ -293,6 +294,13 @@ def _log_locked(tracking_uri: str, campaign: Campaign, llm: str, task: str,
         client.log_batch(run_id, metrics=chunk)
 
     with tempfile.TemporaryDirectory(prefix="assay-track-") as tmp:
+        # Every child run has at least this artifact: MLflow's run comparison (3.17) fails
+        # with a TypeError when one compared run has artifacts and another has none.
+        summary = Path(tmp) / "summary.json"
+        write_json(summary, {"campaign": campaign.name, "llm": llm, "task": task,
+                             "level": level, "best_candidate": best["candidate"] if best else None,
+                             "generations": len(data["steps"]), **data["final"]})
+        client.log_artifact(run_id, str(summary))
         if best is not None:
             kernel = Path(tmp) / "best_kernel.py"
             kernel.write_text(best["code"])

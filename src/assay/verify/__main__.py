@@ -2,20 +2,36 @@
 
 python -m assay.verify llm=offline task=L1_1_ReLU gen=0 [overrides]
 Each verdict is written as soon as it is decided; a rerun skips candidates already judged, so
-a killed run loses nothing and judges nothing twice.
+a killed run loses nothing and judges nothing twice. A verdict older than the generation's
+proposals.json or the task's baseline is stale (a forced rerun rewrote them): judged again.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from omegaconf import DictConfig
 
 from assay import app
-from assay.layout import read_json, write_json
+from assay.layout import Campaign, is_fresh, read_json, write_json
 
 log = logging.getLogger("assay.verify")
+
+
+def drop_stale_verdicts(c: Campaign, llm: str, task: str, gen: int,
+                        inputs: tuple[Path, ...]) -> int:
+    """Remove the generation's verdicts older than ``inputs`` (judged against earlier proposals
+    or another baseline), so that nothing reads them as current: the population, another task's
+    stepping stones, the archive; returns how many."""
+    n = 0
+    vdir = c.gen_dir(llm, task, gen) / "verdicts"
+    for path in sorted(vdir.glob("*.json")) if vdir.is_dir() else []:
+        if not is_fresh(path, *inputs):
+            path.unlink()
+            n += 1
+    return n
 
 
 def verify_generation(cfg: DictConfig) -> dict:
@@ -23,15 +39,20 @@ def verify_generation(cfg: DictConfig) -> dict:
     tgt = app.target(cfg)
     llm, task_id, gen = cfg.llm.name, cfg.task, int(cfg.gen)
     ids = read_json(c.proposals(llm, task_id, gen))["candidates"]
+    # A verdict counts only when written after the proposals and the baseline it was judged
+    # against: a forced rerun of translation, evolution or the baseline judges again.
+    inputs = (c.proposals(llm, task_id, gen), c.baseline(task_id))
+    stale = drop_stale_verdicts(c, llm, task_id, gen, inputs)
     todo = [cid for cid in ids if not c.verdict(llm, task_id, gen, cid).exists()]
-    log.info("%s/%s gen %d: %d candidates, %d already judged", llm, task_id, gen, len(ids),
-             len(ids) - len(todo))
+    log.info("%s/%s gen %d: %d candidates, %d already judged%s", llm, task_id, gen, len(ids),
+             len(ids) - len(todo), f", {stale} stale verdict(s) removed" if stale else "")
     if todo:
         # torch is imported only when there is something to judge: an empty generation (a
         # declined task) costs a second, not the three of a torch import.
         from assay.bench.compile_service import CompileService, pin_cuda_arch
         from assay.verify.config import from_cfg
         from assay.verify.harness import prepare, verify
+        from assay.verify.memory import TooLarge
 
         vcfg = from_cfg(cfg.verify)
         device = "cuda" if tgt == "cuda" else "cpu"
@@ -41,7 +62,10 @@ def verify_generation(cfg: DictConfig) -> dict:
         peaks = read_json(c.device()) if c.device().exists() else None
         prepared = None
         if not record.get("degeneracy", {}).get("degenerate"):
-            prepared = prepare(task, device, vcfg)
+            try:
+                prepared = prepare(task, device, vcfg)
+            except TooLarge as e:  # each verdict says too_large, with the numbers
+                log.warning("%s: too large for this machine: %s", task_id, e)
         paths = {cid: c.candidate(llm, task_id, gen, cid) for cid in todo}
         # On cuda, kernels build on the CPU cores while the GPU verifies. On the cpu target the
         # builds would share the cores being timed, so each worker builds its own, untimed.
@@ -74,7 +98,7 @@ def verify_generation(cfg: DictConfig) -> dict:
     return summary
 
 
-main = app.step(verify_generation, gpu=True)
+main = app.step(verify_generation, gpu=True, timing=True)
 
 if __name__ == "__main__":
     main()

@@ -102,3 +102,59 @@ def reference_fallback(rows: list[dict[str, Any]], reference_ops: list[str]) -> 
         return False, (f"the candidate ran the reference's own ops ({', '.join(sorted(ref)[:6])}): "
                        f"a call or fallback to the reference, not a kernel of its own")
     return True, ""
+
+
+def call_signature(rows: list[dict[str, Any]], device: str) -> tuple[str, ...]:
+    """What one call computed with: its ATen compute ops, and on cuda the device kernels that
+    are not memory movement. Two calls of one implementation have the same signature."""
+    names = {r["name"] for r in rows if r["name"].startswith("aten::")
+             and r["name"] not in ALLOWED_OPS}
+    if device.startswith("cuda"):
+        names |= {r["name"] for r in rows if r["kind"] == "kernel"
+                  and not MOVEMENT_KERNEL.search(r["name"])}
+    return tuple(sorted(names))
+
+
+# Timed calls that got an independent verified set and those that did not: their median device
+# time may differ by this factor at most (same shapes, same kernels: only noise separates them).
+TIMED_DEVICE_TIME_RATIO = 2.0
+
+
+def audit_consistency(audit_info: dict[str, Any], device: str) -> tuple[bool, str]:
+    """The kernel audit covers every timed call, and the timed calls agree with each other.
+
+    Refused: a trace that lost calls (the candidate stopped or restarted the profiler), timed
+    calls that computed with different ops or kernels (an implementation chosen per call: by
+    whether it is observed, a call counter, the caller's stack, time between calls), and on
+    cuda verified timed calls whose device time is not that of the other timed calls.
+    """
+    if "error" in audit_info:
+        return False, str(audit_info["error"])
+    expected, found = audit_info.get("expected", 0), audit_info.get("found", 0)
+    if expected != found or "calls" not in audit_info:
+        return False, (f"{expected} calls made, {found} found in the audit's trace: the "
+                       f"profiler was stopped, restarted or fed ranges while the candidate ran")
+    calls = audit_info["calls"]
+    if not calls:
+        return False, "no timed call was audited"
+    groups: dict[tuple[str, ...], int] = {}
+    for c in calls:
+        sig = call_signature(c["rows"], device)
+        groups[sig] = groups.get(sig, 0) + 1
+    if len(groups) > 1:
+        parts = [f"{n} ran {', '.join(sig[:4]) or 'nothing that computes'}"
+                 for sig, n in sorted(groups.items(), key=lambda kv: -kv[1])]
+        return False, f"the {len(calls)} timed calls did not all run the same code: " + \
+            "; ".join(parts[:4])
+    if device.startswith("cuda"):
+        def median(xs: list[float]) -> float:
+            xs = sorted(xs)
+            return xs[len(xs) // 2] if xs else 0.0
+
+        dev = {p: [sum(r["device_us"] for r in c["rows"] if r["kind"] == "kernel")
+                   for c in calls if c["phase"] == p] for p in ("timed", "timed_verified")}
+        a, b = median(dev["timed"]), median(dev["timed_verified"])
+        if a > 0 and b > 0 and max(a, b) / min(a, b) > TIMED_DEVICE_TIME_RATIO:
+            return False, (f"verified timed calls took {b:.1f} us of device time, the others "
+                           f"{a:.1f} us: not the same work")
+    return True, f"{len(calls)} timed calls audited, all running the same code"

@@ -4,6 +4,31 @@ schema of the verify group and the harness's own config."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+# The choice fields. StrEnum: members compare, hash, format and serialize as their value, so
+# code may test ``cfg.policy == "strict"``; a config naming any other value fails at start
+# (OmegaConf checks it against the members, whose names are their values).
+class Policy(StrEnum):
+    strict = "strict"  # custom kernels only
+    permissive = "permissive"  # library calls allowed, reported as a share of time
+
+
+class OnDegenerate(StrEnum):
+    reject = "reject"
+    flag = "flag"
+
+
+class Transfer(StrEnum):
+    host = "host"  # shared memory file
+    cuda_ipc = "cuda_ipc"  # device memory, cuda only
+
+
+class InputDistribution(StrEnum):  # assay.tasks.instantiate.DISTRIBUTIONS
+    native = "native"
+    large = "large"
+    small = "small"
 
 @dataclass
 class SandboxLimits:
@@ -15,8 +40,9 @@ class SandboxLimits:
 
 @dataclass
 class VerifyConfig:
-    policy: str = "strict"  # strict: custom kernels only; permissive: library calls reported
-    input_distributions: list[str] = field(default_factory=lambda: ["native", "native", "large"])
+    policy: Policy = Policy.strict
+    input_distributions: list[InputDistribution] = field(default_factory=lambda: [
+        InputDistribution.native, InputDistribution.native, InputDistribution.large])
     timing_sets: int = 3
     swap_sets: int = 2
     timeout_s: float = 300.0
@@ -44,7 +70,7 @@ class VerifyConfig:
     # reductions ran at 112% and elementwise kernels at 109% of it, and the datasheet's 4.8 TB/s
     # is 123%. 0.8 (125%) rejects only what no memory system could do.
     roofline_margin: float = 0.8
-    on_degenerate: str = "reject"  # reject | flag
+    on_degenerate: OnDegenerate = OnDegenerate.reject
     max_library_time_frac: float = 1.0  # permissive policy's ceiling
     reject_reference_ops: bool = True  # reference_fallback: the reference's own ops, re-run
     audit: bool = True
@@ -59,5 +85,5 @@ class VerifyConfig:
     settle_s: float = 0.02
     # How tensors reach the worker and come back: host (a shared memory file, both targets) or
     # cuda_ipc (device memory shared with CUDA IPC from a private memory pool; cuda only).
-    transfer: str = "host"
+    transfer: Transfer = Transfer.host
     limits: SandboxLimits = field(default_factory=SandboxLimits)

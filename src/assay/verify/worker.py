@@ -43,12 +43,14 @@ _CLOCK = _time.perf_counter
 _SLEEP = _time.sleep
 
 import builtins  # noqa: E402
+import bisect  # noqa: E402
 import ctypes  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 import types  # noqa: E402
@@ -61,12 +63,17 @@ from assay.bench import inline as inline_builds  # noqa: E402
 from assay.bench import timing  # noqa: E402  (captures the original clocks at import)
 from assay.tasks import instantiate  # noqa: E402
 from assay.tasks.instantiate import as_outputs, seeded  # noqa: E402
+from assay.verify.quiet import no_kineto_markers  # noqa: E402
 
 _T_TORCH = _CLOCK()
 # The worker's own checks use these, captured before any candidate code: patching torch.equal
 # or Tensor.clone later cannot blind them (and the Guard reports the patch).
 _EQUAL = torch.equal
 _CLONE = torch.Tensor.clone
+try:  # The audit's call ranges (a C++ record function: ~0.4 us), captured like the above.
+    from torch._C._profiler import _RecordFunctionFast as _Range
+except ImportError:  # older torch: the same range through the dispatcher (~10 us)
+    _Range = torch.autograd.profiler.record_function
 _RESULT_FORMAT = ["pt"]  # the harness asks for "json" only; older readers load result.pt
 PERTURB_RANGE = (0.8, 1.0)  # rescaling toward zero keeps every domain that contains 0
 
@@ -148,11 +155,13 @@ _MISSING = object()
 
 def _watched() -> dict[str, Any]:
     """Namespaces whose functions the worker (or a naive harness) relies on: clocks, sync,
-    comparison, tensor methods, and the worker's and timing module's own functions."""
+    comparison, statistics, tensor methods, and the worker's and timing module's own functions."""
     return {"builtins": builtins, "time": _time, "torch": torch, "torch.Tensor": torch.Tensor,
             "torch._C.TensorBase": torch._C.TensorBase, "torch.cuda": torch.cuda,
             "torch.cuda.Event": torch.cuda.Event, "torch.cuda.Stream": torch.cuda.Stream,
             "torch.testing": torch.testing, "assay.bench.timing": timing,
+            # what the timing module summarizes samples with (a patched median halves a time)
+            "statistics": statistics, "math": math,
             "assay.tasks.instantiate": instantiate, "assay.verify.worker": sys.modules[__name__]}
 
 
@@ -373,41 +382,153 @@ def load_candidate(path: Path):
     return mod
 
 
-def profiled(fn, device: torch.device):
-    """Run ``fn()`` under the profiler (kineto: ATen ops, and device kernels on cuda). The
-    autograd profiler's front end is used because ``torch.profiler.profile`` imports dynamo
-    (seconds per process, and it rebinds torch.manual_seed)."""
+CALL_RANGE = "assay::call"
+
+
+def _all_threads() -> dict[str, Any]:
+    """Profile every thread (torch >= 2.7): ATen ops a candidate runs on a thread of its own
+    count as its own."""
     try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        return {"experimental_config": _ExperimentalConfig(profile_all_threads=True)}
+    except (ImportError, TypeError, RuntimeError):
+        return {}
+
+
+class CallAudit:
+    """The kernel audit of every call: the profiler (kineto: ATen ops on every thread, and
+    device kernels on cuda) runs from before the candidate's module is loaded to the end, so
+    every call the worker makes (correctness, staleness, warm-up, timed, after) is profiled
+    alike and the profiler's state says nothing about which call is which. Each call runs in
+    a record-function range (invisible from Python) that attributes the events to it.
+
+    The autograd profiler's front end is used because ``torch.profiler.profile`` imports
+    dynamo (seconds per process, and it rebinds torch.manual_seed).
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.phases: list[str] = []
         kw = {"use_device": "cuda"} if device.type == "cuda" else {}
-        prof = torch.autograd.profiler.profile(use_kineto=True, **kw)
-    except (TypeError, RuntimeError):
-        from torch.profiler import ProfilerActivity, profile
+        self.prof = torch.autograd.profiler.profile(use_kineto=True, **kw, **_all_threads())
 
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
-                                         else [])
-        prof = profile(activities=acts)
-    with torch.no_grad(), prof:
-        fn()
-        timing.sync(device)
-    return prof
+    def start(self) -> None:
+        with no_kineto_markers():  # kineto's USDT start line: quiet.py
+            self.prof.__enter__()
+
+    def call(self, phase: str, fn, *args):
+        self.phases.append(phase)
+        with _Range(CALL_RANGE):
+            return fn(*args)
+
+    def finish(self, keep: tuple[str, ...] = ("timed", "timed_verified")) -> dict[str, Any]:
+        """{"expected": calls made, "found": call ranges in the trace, "phases": {phase: n},
+        "calls": [{"phase", "rows"}] for the phases in ``keep``} or {"error": ...}."""
+        try:
+            timing.sync(self.device)
+            with no_kineto_markers():  # and its stop line
+                self.prof.__exit__(None, None, None)
+            events = [_event(e) for e in self.prof.kineto_results.events()]
+        except Exception as e:  # noqa: BLE001 - a profiler the candidate stopped or broke
+            return {"error": f"the profiler could not be read back: {type(e).__name__}: {e}"}
+        calls = attribute_calls(events, self.device.type == "cuda")
+        out: dict[str, Any] = {"expected": len(self.phases), "found": len(calls),
+                               "phases": {p: self.phases.count(p) for p in dict.fromkeys(self.phases)}}
+        if len(calls) == len(self.phases):
+            out["calls"] = [{"phase": p, "rows": rows} for p, rows in zip(self.phases, calls)
+                            if p in keep]
+        return out
 
 
-def audit_kernels(model, inputs: list, device: torch.device) -> list[dict[str, Any]]:
-    """What ran in one call: ATen ops (cpu) or device kernels (cuda), with their times."""
-    prof = profiled(lambda: model(*inputs), device)
-    rows = []
-    for evt in prof.key_averages():
-        if device.type == "cuda":
-            dev_us = getattr(evt, "self_device_time_total", None)
-            if dev_us is None:
-                dev_us = getattr(evt, "self_cuda_time_total", 0)
-            kind = "kernel" if dev_us and evt.key and not evt.key.startswith("aten::") else "op"
-            rows.append({"name": evt.key, "kind": kind, "count": evt.count,
-                         "device_us": float(dev_us or 0), "cpu_us": float(evt.self_cpu_time_total)})
-        else:
-            rows.append({"name": evt.key, "kind": "op", "count": evt.count, "device_us": 0.0,
-                         "cpu_us": float(evt.self_cpu_time_total)})
-    return rows
+def _event(e: Any) -> dict[str, Any]:
+    """A kineto event as plain data (the fields the attribution reads)."""
+    act = getattr(e, "activity_type", None)
+    return {"name": e.name(), "cpu": str(e.device_type()).endswith("CPU"),
+            "start": e.start_ns(), "end": e.end_ns(), "thread": e.start_thread_id(),
+            "corr": e.correlation_id(), "linked": e.linked_correlation_id(),
+            "act": act() if callable(act) else ""}
+
+
+def attribute_calls(events: list[dict[str, Any]], cuda: bool) -> list[list[dict[str, Any]]]:
+    """Rows ({name, kind, count, device_us, cpu_us}) of each call range, in call order.
+
+    ATen ops belong to the call whose range holds their start (any thread); their CPU time is
+    self time (nested ops' time taken out). A device kernel belongs to the call during which
+    it was launched: the start of its runtime launch event (same correlation id), else of the
+    CPU op it is linked to. Work the harness enqueues between calls lies outside every range.
+    """
+    cpu = sorted((e for e in events if e["cpu"]), key=lambda e: (e["start"], -e["end"]))
+    ranges = []
+    for e in cpu:
+        if e["name"] == CALL_RANGE and not (ranges and e["start"] < ranges[-1]["end"]):
+            ranges.append(e)  # top-level ranges only (a nested one would be the candidate's)
+    starts = [r["start"] for r in ranges]
+
+    def call_of(t: int) -> int:
+        i = bisect.bisect_right(starts, t) - 1
+        return i if i >= 0 and t <= ranges[i]["end"] else -1
+
+    self_ns = _self_times([e for e in cpu if e["act"] in ("cpu_op", "user_annotation", "")])
+    rows: list[dict[str, dict[str, Any]]] = [{} for _ in ranges]
+
+    def add(i: int, name: str, kind: str, device_us: float, cpu_us: float) -> None:
+        r = rows[i].setdefault(name, {"name": name, "kind": kind, "count": 0,
+                                      "device_us": 0.0, "cpu_us": 0.0})
+        r["count"] += 1
+        r["device_us"] += device_us
+        r["cpu_us"] += cpu_us
+
+    for e in cpu:
+        if e["name"].startswith("aten::"):
+            i = call_of(e["start"])
+            if i >= 0:
+                add(i, e["name"], "op", 0.0, self_ns.get(id(e), 0) / 1e3)
+    if cuda:
+        launch = {e["corr"]: e["start"] for e in cpu if e["act"] in ("cuda_runtime",
+                                                                      "cuda_driver")}
+        linked = {e["corr"]: e["start"] for e in cpu if e["act"] != "cuda_runtime"}
+        for e in events:
+            if e["cpu"]:
+                continue
+            t = launch.get(e["corr"])
+            if t is None and e["linked"]:
+                t = linked.get(e["linked"])
+            i = call_of(t) if t is not None else -1
+            if i >= 0:
+                add(i, e["name"], "kernel", (e["end"] - e["start"]) / 1e3, 0.0)
+    return [list(r.values()) for r in rows]
+
+
+def _self_times(events: list[dict[str, Any]]) -> dict[int, int]:
+    """{id(event): its duration less that of the events directly nested in it (same thread)}."""
+    out: dict[int, int] = {}
+    by_thread: dict[Any, list[dict[str, Any]]] = {}
+    for e in events:
+        by_thread.setdefault(e["thread"], []).append(e)
+    for evs in by_thread.values():
+        stack: list[dict[str, Any]] = []
+        for e in evs:  # sorted by (start, -end): a parent comes before what it holds
+            while stack and stack[-1]["end"] <= e["start"]:
+                stack.pop()
+            dur = e["end"] - e["start"]
+            out[id(e)] = out.get(id(e), 0) + dur
+            if stack:
+                out[id(stack[-1])] = out.get(id(stack[-1]), 0) - dur
+            stack.append(e)
+    return out
+
+
+def merge_rows(calls: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per name over several calls (counts and times summed)."""
+    out: dict[str, dict[str, Any]] = {}
+    for rows in calls:
+        for r in rows:
+            m = out.setdefault(r["name"], {**r, "count": 0, "device_us": 0.0, "cpu_us": 0.0})
+            m["count"] += r["count"]
+            m["device_us"] += r["device_us"]
+            m["cpu_us"] += r["cpu_us"]
+    return list(out.values())
 
 
 # --------------------------------------------------------------------------------------------
@@ -503,6 +624,14 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
                 tampered.append(name)
         result["settings_changes"], result["tampered"] = settings_changes, tampered
 
+    # The audit starts before the candidate exists: every call it ever gets is profiled alike.
+    audit = CallAudit(device) if job.get("audit", True) else None
+    if audit is not None:
+        audit.start()
+
+    def call(phase: str, xs: list) -> Any:
+        return audit.call(phase, model, *xs) if audit is not None else model(*xs)
+
     result["stage"] = "load"
     t = clock()
     inline_builds.install()  # load_inline through the content-hash cache (assay.bench.inline)
@@ -531,11 +660,11 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     rec = Recorder(device, landing, float(job.get("settle_s", 0.0)))
     poison = int(job["poison_bytes"])
 
-    def verified(slot: str, set_id: int, xs: list, pristine: list | None,
+    def verified(slot: str, phase: str, set_id: int, xs: list, pristine: list | None,
                  poisoned: bool = True) -> None:
         if poisoned:
             poison_allocator(device, poison)
-        out = model(*xs)
+        out = call(phase, xs)
         rec.record(slot, set_id, out, xs, pristine)
         del out
 
@@ -545,17 +674,17 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     for slot, phase, s in slots:
         if phase == "check":
             held[s] = clone_inputs(sets[s], device)
-            verified(slot, s, held[s], sets[s])
+            verified(slot, phase, s, held[s], sets[s])
     a = check[0]
     b = check[1] if len(check) > 1 else check[0]
     bufs_a = held[a]
     for dst, src in zip(bufs_a, sets[b]):  # new data, same pointers
         if isinstance(dst, torch.Tensor):
             dst.copy_(src)
-    verified("stale_new_data", b, bufs_a, sets[b])
-    verified("stale_repeat", b, bufs_a, sets[b])  # the same call again
+    verified("stale_new_data", "stale", b, bufs_a, sets[b])
+    verified("stale_repeat", "stale", b, bufs_a, sets[b])  # the same call again
     fresh = clone_inputs(sets[a], device)  # earlier data at new pointers (old buffers alive)
-    verified("stale_new_ptr", a, fresh, sets[a])
+    verified("stale_new_ptr", "stale", a, fresh, sets[a])
     del held, bufs_a, fresh
     times["correctness_s"] = clock() - t
     checkpoint("correctness")
@@ -570,9 +699,11 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     fresh_rng = random.Random(int.from_bytes(os.urandom(8), "little"))
     perturb = bool(job.get("perturb", True))
     pending: dict[int, tuple[str, int]] = {}
+    next_phase = ["warmup"]  # time_calls calls before_call before each timed call only
 
     def before_call(call: int) -> None:
         bi = call % len(bufs)
+        next_phase[0] = "timed_verified" if call in swap_slot else "timed"
         if call in swap_slot:
             slot, s = swap_slot[call]
             for dst, src in zip(bufs[bi], sets[s]):  # same pointers, an independent set
@@ -590,8 +721,11 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
             slot, s = pending.pop(call)
             rec.record(slot, s, out, bufs[call % len(bufs)], None)
 
-    result["timing"] = timing.time_calls(lambda i: model(*bufs[i % len(bufs)]), device, tcfg,
-                                         before_call, after_call).to_dict()
+    def timed(i: int) -> Any:
+        phase, next_phase[0] = next_phase[0], "warmup"
+        return call(phase, bufs[i % len(bufs)])
+
+    result["timing"] = timing.time_calls(timed, device, tcfg, before_call, after_call).to_dict()
     times["timing_s"] = clock() - t
     checkpoint("timing")
     # After timing, every buffer gets its exact data back and is checked once more.
@@ -602,17 +736,19 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
             for dst, src in zip(bufs[bi], sets[s]):
                 if isinstance(dst, torch.Tensor):
                     dst.copy_(src)
-            verified(slot, s, bufs[bi], None, poisoned=False)
+            verified(slot, phase, s, bufs[bi], None, poisoned=False)
     times["after_s"] = clock() - t
     result["calls"] = rec.calls
 
     result["stage"] = "audit"
     t = clock()
-    if job.get("audit", True):
-        xs = clone_inputs(sets[check[0]], device)
-        t_call = clock()
-        result["kernels"] = audit_kernels(model, xs, device)
-        result["audit_wall_us"] = (clock() - t_call) * 1e6
+    if audit is not None:
+        # What is audited is what was timed: the kernel audit's rows are those of the timed
+        # calls; every timed call's own rows go to the consistency check.
+        result["audit"] = audit.finish()
+        timed_calls = [c["rows"] for c in result["audit"].get("calls", [])]
+        if timed_calls:
+            result["kernels"] = merge_rows(timed_calls)
     times["audit_s"] = clock() - t
     checkpoint("audit")
     result["settings_after"] = global_settings()

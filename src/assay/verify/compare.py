@@ -1,0 +1,246 @@
+"""Output comparison, on the task's device: a candidate's output against the task-dtype reference
+and the float64 one (:func:`compare_tensor`), with the tolerances and precision bounds of the
+verify config, and the per-output statistics of the reference that it needs (computed once per
+prepared task, :func:`reference_stats`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from assay.verify.memory import COMPARE_CHUNK
+from assay.verify.settings import VerifyConfig
+
+PRECISION_SCOPE = 1e-2  # precision judges errors under 1% relative L2; larger ones are wrong
+
+
+def _dtype_key(dtype: torch.dtype, cfg: VerifyConfig) -> str:
+    key = str(dtype).removeprefix("torch.")
+    if key == "float32" and cfg.allow_tf32:
+        key = "tf32"
+    return key
+
+
+def tolerance(dtype: torch.dtype, cfg: VerifyConfig) -> tuple[float, float]:
+    rtol, atol = cfg.tolerances.get(_dtype_key(dtype, cfg), cfg.tolerances["float32"])
+    return float(rtol), float(atol)
+
+
+def precision_bounds(dtype: torch.dtype, cfg: VerifyConfig) -> tuple[float, float]:
+    factor, ulps = cfg.precision.get(_dtype_key(dtype, cfg), cfg.precision["float32"])
+    return float(factor), float(ulps)
+
+
+UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "tf32": 2.0 ** -11,
+                 "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+
+
+def unit_roundoff(dtype: torch.dtype, cfg: VerifyConfig) -> float:
+    key = _dtype_key(dtype, cfg)
+    if key in UNIT_ROUNDOFF:
+        return UNIT_ROUNDOFF[key]
+    if dtype.is_complex:
+        return UNIT_ROUNDOFF["float64" if dtype == torch.complex128 else "float32"]
+    return UNIT_ROUNDOFF["float32"]
+
+
+def wide_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.complex128 if dtype.is_complex else torch.float64
+
+
+def is_inexact(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def _norm(t: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(t)) if t.numel() else 0.0
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    detail: str = ""
+    max_abs: float = 0.0
+    rel: float = 0.0
+    precision_ok: bool = True
+    precision_detail: str = ""
+    precision_ratio: float = 0.0  # candidate's error / allowed error
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """Cheap: a finite sum means finite elements (a reduction, no temporary the tensor's size);
+    only an overflowing sum falls back to the elementwise test."""
+    if t.numel() == 0:
+        return True
+    if bool(torch.isfinite(t.sum())):
+        return True
+    return bool(torch.isfinite(t).all())
+
+
+# Elements per chunk (the memory plan counts the same): references of KernelBench's largest
+# tasks (1.6 G elements) are compared a chunk at a time, so the float64 temporaries stay ~2.7 GB
+# whatever the output's size, and references kept on the host are compared on the device.
+CHUNK = COMPARE_CHUNK
+
+
+def _chunks(n: int, chunk: int):
+    for lo in range(0, n, chunk):
+        yield lo, min(lo + chunk, n)
+
+
+def _wide(t: torch.Tensor, lo: int, hi: int, device) -> torch.Tensor:
+    """Elements [lo, hi) of the flattened ``t`` in the wide dtype, a fresh tensor on ``device``."""
+    part = t.reshape(-1)[lo:hi]
+    return part.to(device=device, dtype=wide_dtype(t.dtype), copy=True)
+
+
+def reference_stats(ref: torch.Tensor, ref64: torch.Tensor | None, device=None,
+                    chunk: int = CHUNK) -> dict[str, float]:
+    """What the comparison needs of one reference output: its RMS and, against float64, the
+    task-dtype reference's own error (RMS and L2) and the float64 output's L2 norm (finite
+    elements only). A chunk at a time, on ``device`` (default: the reference's)."""
+    if not is_inexact(ref):
+        return {}
+    device = device or ref.device
+    n_r = n_both = 0
+    sq_r = sq64 = sq_err = 0.0
+    for lo, hi in _chunks(ref.numel(), chunk):
+        r = _wide(ref, lo, hi, device)
+        fin = None if _all_finite(r) else torch.isfinite(r)
+        if fin is not None:
+            r = torch.where(fin, r, 0)
+        n_r += r.numel() if fin is None else int(fin.sum())
+        sq_r += _norm(r) ** 2
+        if ref64 is None:
+            continue
+        r64 = _wide(ref64, lo, hi, device)
+        both = fin
+        if fin is not None or not _all_finite(r64):
+            both = torch.isfinite(r64) if fin is None else fin & torch.isfinite(r64)
+            r64 = torch.where(both, r64, 0)
+            r = torch.where(both, r, 0)
+        n_both += r.numel() if both is None else int(both.sum())
+        sq64 += _norm(r64) ** 2
+        sq_err += _norm(r.sub_(r64)) ** 2
+    st = {"rms": math.sqrt(sq_r) / math.sqrt(max(n_r, 1))}
+    if ref64 is not None:
+        n = max(n_both, 1)
+        norm64, err = math.sqrt(sq64), math.sqrt(sq_err)
+        st.update(rms64=norm64 / math.sqrt(n), err_rms=err / math.sqrt(n), err_norm=err,
+                  norm64=norm64)
+    return st
+
+
+def compare_tensor(val: torch.Tensor, ref: torch.Tensor, ref64: torch.Tensor | None,
+                   stats: dict[str, float], cfg: VerifyConfig, reduction: int = 1,
+                   device=None, chunk: int = CHUNK) -> Comparison:
+    """NaN where and only where the reference has NaN, the same infinities; then per element
+
+        |v - ref| <= atol * rms(ref) + rtol * |ref|                              (task dtype), or
+        |v - r64| <= atol * rms(r64) + rtol * |r64| + k * rms(ref - r64) + s * u * sqrt(N) * rms(r64)
+
+    against the float64 reference r64 (k = ``reference_error_factor``, s = ``rounding_slack``,
+    u the dtype's unit roundoff, N = ``reduction``, the task's longest reduction): an honest
+    kernel that sums in another order than torch passes, an element that is wrong does not.
+    Precision: the L2 error against r64 may not exceed
+    max(factor x |ref - r64|, ulps x u x sqrt(N) x |r64|) (``precision[dtype]``).
+    A chunk at a time on ``device`` (default: the reference's), so the float64 temporaries
+    stay bounded and the tensors may live anywhere (a host landing arena, host references).
+    """
+    device = device or ref.device
+    n = ref.numel()
+    if not is_inexact(ref):
+        diff = sum(int((val.reshape(-1)[lo:hi].to(device) != ref.reshape(-1)[lo:hi].to(device))
+                       .sum()) for lo, hi in _chunks(n, chunk))
+        if diff == 0:
+            return Comparison(True)
+        return Comparison(False, f"{diff}/{n} elements differ (exact dtype "
+                                 f"{str(ref.dtype).removeprefix('torch.')})", math.inf, math.inf)
+    rtol, atol = tolerance(ref.dtype, cfg)
+    use64 = ref64 is not None and "err_rms" in stats
+    u = unit_roundoff(ref.dtype, cfg)
+    root_n = math.sqrt(max(reduction, 1))
+    if use64:
+        slack = (cfg.reference_error_factor * stats["err_rms"]
+                 + cfg.rounding_slack * u * root_n * stats["rms64"])
+        add64 = atol * max(stats["rms64"], 1e-30) + slack
+    add = atol * max(stats.get("rms", 0.0), 1e-30)
+    nan_bad = inf_bad = bad = 0
+    n_fin = 0
+    first = None
+    max_abs, sq_d, sq_r, sq_err = 0.0, 0.0, 0.0, 0.0
+    for lo, hi in _chunks(n, chunk):
+        v = _wide(val, lo, hi, device)
+        r = _wide(ref, lo, hi, device)
+        r64 = _wide(ref64, lo, hi, device) if use64 else None
+        fin = None
+        if not (_all_finite(r) and _all_finite(v)):
+            nan_r, nan_v = torch.isnan(r), torch.isnan(v)
+            nan_bad += int((nan_r != nan_v).sum())
+            inf_r, inf_v = torch.isinf(r), torch.isinf(v)
+            if not torch.equal(inf_r, inf_v) or not torch.equal(r[inf_r], v[inf_v]):
+                inf_bad += 1
+            if nan_bad or inf_bad:
+                continue  # counted; the values of this chunk are not judged
+            # Matching NaN and infinities pass; zeroed, they count in no norm and no bound.
+            fin = torch.isfinite(r)
+            v = torch.where(fin, v, 0)
+            r = torch.where(fin, r, 0)
+            if r64 is not None:
+                r64 = torch.where(fin, r64, 0)
+        n_fin += r.numel() if fin is None else int(fin.sum())
+        d = (v - r).abs_()
+        if d.numel():
+            max_abs = max(max_abs, float(d.max()))
+        sq_d += _norm(d) ** 2
+        sq_r += _norm(r) ** 2
+        bound = r.abs_().mul_(rtol).add_(add)  # r is ours
+        ok = d <= bound
+        if r64 is not None:
+            v.sub_(r64).abs_()  # v is ours: now |v - r64|
+            torch.abs(r64, out=bound).mul_(rtol).add_(add64)
+            if _all_finite(r64):
+                ok |= v <= bound
+                sq_err += _norm(v) ** 2
+            else:
+                fin64 = torch.isfinite(r64)
+                ok |= (v <= bound) & fin64
+                sq_err += _norm(torch.where(fin64, v, 0)) ** 2
+        if not bool(ok.all()):
+            nbad = ~ok
+            bad += int(nbad.sum())
+            if first is None:
+                first = lo + int(nbad.nonzero()[0])
+    if nan_bad:
+        return Comparison(False, f"{nan_bad} NaN mismatches (unwritten or wrong output elements)",
+                          math.inf, math.inf)
+    if inf_bad:
+        return Comparison(False, "infinities differ from the reference", math.inf, math.inf)
+    if n_fin == 0:
+        return Comparison(True)
+    rel = math.sqrt(sq_d) / (math.sqrt(sq_r) + 1e-30)
+    prec_ok, prec_detail, ratio = True, "no float64 reference", 0.0
+    if use64:
+        err = math.sqrt(sq_err)
+        factor, ulps = precision_bounds(ref.dtype, cfg)
+        allowed = max(factor * stats["err_norm"], ulps * u * root_n * stats["norm64"])
+        ratio = err / allowed if allowed > 0 else (0.0 if err == 0 else math.inf)
+        # A rounding-level error (under 1% relative) is a precision question; a larger one is
+        # a wrong result, correctness's business, not reported twice.
+        prec_ok = err <= allowed or err > PRECISION_SCOPE * stats["norm64"]
+        norm64 = max(stats["norm64"], 1e-300)
+        prec_detail = (f"error vs float64 {err / norm64:.3g} (relative L2) where the "
+                       f"{str(ref.dtype).removeprefix('torch.')} reference's own is "
+                       f"{stats['err_norm'] / norm64:.3g}; allowed {allowed / norm64:.3g} = "
+                       f"max({factor:g} x own, {ulps:g} x u x sqrt({reduction}))")
+    if bad:
+        got = val.reshape(-1)[first].to(wide_dtype(ref.dtype))
+        want = ref.reshape(-1)[first].to(wide_dtype(ref.dtype))
+        fmt = (lambda x: f"{complex(x):.6g}") if ref.is_complex() else (lambda x: f"{float(x):.6g}")  # noqa: E731
+        return Comparison(False, (
+            f"{bad}/{n_fin} elements off (max |diff| {max_abs:.3g}, first at "
+            f"index {first}: got {fmt(got)}, want {fmt(want)}; rtol {rtol:g}, atol {atol:g}*rms)"),
+            max_abs, rel, prec_ok, prec_detail, ratio)
+    return Comparison(True, "", max_abs, rel, prec_ok, prec_detail, ratio)

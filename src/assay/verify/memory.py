@@ -1,0 +1,312 @@
+"""Peak memory of one verification, planned from the task's sizes before anything big exists.
+
+KernelBench tasks at their own sizes hold gigabytes per tensor (level 1's LogSoftmax: a 6.4 GB
+input), and the verifier keeps several input sets, their references in the task's dtype and in
+float64, the candidate's worker with its own copies, and a landing arena for every verified
+call. This module answers, from shapes alone, whether that fits, and where the references go:
+
+- shapes come from a pass on the ``meta`` device (the task's module, ``get_inputs()`` under a
+  meta default device, and a forward that allocates nothing); a forward's own peak of
+  intermediates is tracked on the way. Nothing of the task's size is allocated here.
+- :func:`plan` counts every buffer of the harness and the worker for each placement of the
+  references (``device``, else ``host`` with chunked comparison on the device) and picks the
+  first that fits in the free memory given; ``None`` means the task is too large, and
+  :meth:`Plan.too_large_detail` says by how much.
+
+Pure arithmetic apart from :func:`task_shapes` and :func:`free_memory`: unit tests feed fake
+free-memory numbers.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Device memory no tensor gets: the CUDA context and cuBLAS/cuDNN workspaces of one process.
+CUDA_CONTEXT_B = 768 << 20
+# Host memory of one process with torch imported (the harness and the worker: two of them).
+PROCESS_B = 512 << 20
+# The caching allocator rounds and fragments; plans keep this share of free memory unused.
+HEADROOM = 0.10
+# The worker's L2 flush buffer on cuda (2 x the L2; H100/H200: 50 MB L2) and on cpu.
+FLUSH_B = {"cuda": 2 * (64 << 20), "cpu": 64 << 20}
+# Elements per chunk when references live on the host and are compared on the device.
+COMPARE_CHUNK = 1 << 26
+# Wide temporaries of one chunk's comparison: value, reference, float64 reference, difference,
+# bound (and masks).
+COMPARE_TEMPS = 5
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / (1 << 30):.1f} GiB"
+
+
+@dataclass(frozen=True)
+class TaskShapes:
+    """What the plan needs of a task: bytes per input set, per output set, of the parameters,
+    and of the forward's intermediates (peak live), each also as if computed in float64."""
+
+    inputs_b: int
+    inputs64_b: int
+    outputs_b: int
+    outputs64_b: int
+    outputs_numel: int
+    params_b: int
+    params64_b: int
+    forward_peak_b: int      # live intermediates of one forward (outputs included)
+    forward64_peak_b: int
+    source: str = "meta"     # how the shapes were found: meta | cpu
+
+
+def _hi_itemsize(dtype) -> int:
+    import torch
+
+    if dtype.is_complex:
+        return 16
+    if dtype.is_floating_point:
+        return 8
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _bytes(t, hi: bool = False) -> int:
+    return t.numel() * (_hi_itemsize(t.dtype) if hi else t.element_size())
+
+
+def _tensors(values) -> list:
+    import torch
+
+    return [v for v in values if isinstance(v, torch.Tensor)]
+
+
+class _PeakTracker:
+    """A torch-function mode that tracks the bytes of live op results (views and in-place
+    results excluded): the forward's peak of intermediates, at the task's dtype and in float64.
+    A function mode, not a dispatch mode: a dispatch mode imports dynamo (seconds)."""
+
+    def __init__(self):
+        self.live = [0, 0]
+        self.peak = [0, 0]
+
+    def mode(self):
+        import torch
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._pytree import tree_leaves
+
+        tracker = self
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                seen = {id(a) for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)}
+                for t in tree_leaves(out):
+                    if isinstance(t, torch.Tensor) and id(t) not in seen and t._base is None:
+                        tracker._add(t)
+                return out
+
+        return Mode()
+
+    def _add(self, t) -> None:
+        sizes = (_bytes(t), _bytes(t, hi=True))
+        for i, n in enumerate(sizes):
+            self.live[i] += n
+            self.peak[i] = max(self.peak[i], self.live[i])
+        weakref.finalize(t, self._free, sizes)
+
+    def _free(self, sizes) -> None:
+        for i, n in enumerate(sizes):
+            self.live[i] -= n
+
+
+def task_shapes(module: Any) -> TaskShapes:
+    """The task's sizes from one pass on the meta device (no data allocated). Raises what the
+    task raises when some op has no meta kernel; :func:`shapes_or_none` is the forgiving form."""
+    import torch
+
+    from assay.tasks.instantiate import as_outputs, init_inputs
+
+    with torch.device("meta"), torch.no_grad():
+        model = module.Model(*init_inputs(module))
+        values = module.get_inputs()
+        if not isinstance(values, (list, tuple)):
+            raise TypeError(f"get_inputs() returned {type(values).__name__}, expected a list")
+        inputs = _tensors(values)
+        tracker = _PeakTracker()
+        with tracker.mode():
+            outs = as_outputs(model(*values))
+        state = list(model.state_dict().values())
+    return TaskShapes(
+        inputs_b=sum(_bytes(x) for x in inputs),
+        inputs64_b=sum(_bytes(x, hi=True) for x in inputs),
+        outputs_b=sum(_bytes(o) for o in outs),
+        outputs64_b=sum(_bytes(o, hi=True) for o in outs),
+        outputs_numel=sum(o.numel() for o in outs),
+        params_b=sum(_bytes(p) for p in state),
+        params64_b=sum(_bytes(p, hi=True) for p in state),
+        forward_peak_b=max(tracker.peak[0], sum(_bytes(o) for o in outs)),
+        forward64_peak_b=max(tracker.peak[1], sum(_bytes(o, hi=True) for o in outs)))
+
+
+def shapes_or_none(module: Any) -> tuple[TaskShapes | None, str]:
+    """:func:`task_shapes`, or None and why (an op without a meta kernel, a task that reads
+    data): the caller then verifies without a plan, as before planning existed."""
+    try:
+        return task_shapes(module), ""
+    except Exception as e:  # noqa: BLE001 - task code; no plan is not an error
+        return None, f"{type(e).__name__}: {str(e)[:200]}"
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How many of each buffer one verification holds (from the verify config)."""
+
+    sets: int          # input sets: correctness + timing + swap
+    check_sets: int
+    timing_sets: int
+    slots: int         # verified calls, each with a landing buffer for its outputs
+    transfer: str = "host"  # host | cuda_ipc
+
+    @classmethod
+    def of(cls, cfg) -> "Protocol":
+        from assay.verify.worker import plan_slots
+
+        n = len(cfg.input_distributions)
+        timing = list(range(n, n + cfg.timing_sets))
+        swap = list(range(n + cfg.timing_sets, n + cfg.timing_sets + cfg.swap_sets))
+        slots = plan_slots(list(range(n)), timing, swap, cfg.min_runs)
+        return cls(n + cfg.timing_sets + cfg.swap_sets, n, cfg.timing_sets, len(slots),
+                   cfg.transfer)
+
+
+@dataclass
+class Plan:
+    """Bytes each side needs for one placement of the references, and whether they fit."""
+
+    placement: str                       # device | host (where refs and input sets live)
+    device: str
+    device_need_b: int
+    host_need_b: int
+    device_free_b: int | None
+    host_free_b: int | None
+    parts: dict[str, int] = field(default_factory=dict)  # named buffers, for the report
+
+    @property
+    def fits(self) -> bool:
+        ok_dev = self.device_free_b is None or self.device_need_b <= self.device_free_b
+        ok_host = self.host_free_b is None or self.host_need_b <= self.host_free_b
+        return ok_dev and ok_host
+
+    def too_large_detail(self) -> str:
+        short = []
+        if self.device == "cuda" and self.device_free_b is not None \
+                and self.device_need_b > self.device_free_b:
+            short.append(f"{gib(self.device_need_b)} of GPU memory where {gib(self.device_free_b)}"
+                         f" is free")
+        if self.host_free_b is not None and self.host_need_b > self.host_free_b:
+            short.append(f"{gib(self.host_need_b)} of host memory where {gib(self.host_free_b)} "
+                         f"is available")
+        big = sorted(self.parts.items(), key=lambda kv: -kv[1])[:4]
+        return (f"verifying this task needs {' and '.join(short)} (references on the "
+                f"{self.placement}; largest parts: "
+                + ", ".join(f"{k} {gib(v)}" for k, v in big) + ")")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "fits": self.fits}
+
+
+class TooLarge(Exception):
+    """The task cannot be verified in this machine's memory; the message says by how much."""
+
+    def __init__(self, plan: Plan):
+        super().__init__(plan.too_large_detail())
+        self.plan = plan
+
+
+def _usable(free: int | None) -> int | None:
+    return None if free is None else int(free * (1 - HEADROOM))
+
+
+def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
+             device_free_b: int | None, host_free_b: int | None) -> Plan:
+    """Bytes of one verification with the harness's sets and references on ``placement``.
+
+    Harness: parameters; per set its inputs, outputs and float64 outputs (made one set at a
+    time, so preparation's transient is one set's forward in both precisions); the host input
+    arena (host transfer) and the landing arena for every verified call. Worker (runs while
+    the harness holds all that): every input set materialized, the correctness clones, the
+    timing buffers, a forward, the NaN poisoning of the allocator (an output's size, twice
+    over), the cache-flush buffer. Comparison: float64 temporaries of one output (or a chunk).
+    """
+    s = shapes
+    cuda = device == "cuda"
+    fwd = s.forward_peak_b
+    fwd64 = s.params64_b + s.inputs64_b + s.forward64_peak_b
+    refs = proto.sets * (s.inputs_b + s.outputs_b + s.outputs64_b)
+    chunk_b = min(s.outputs_numel, COMPARE_CHUNK) * 16  # complex128 at most
+    # device placement: the landing output is copied to the device whole, then compared
+    compare = COMPARE_TEMPS * chunk_b + (s.outputs_b if placement == "device" else 0)
+    prepare = s.inputs_b + fwd + fwd64 + 2 * chunk_b  # one set, both precisions, its stats
+
+    worker_sets = proto.sets * s.inputs_b
+    worker_call = s.params_b + (proto.check_sets + 1) * s.inputs_b + fwd + s.outputs_b
+    worker_timing = s.params_b + proto.timing_sets * s.inputs_b + 2 * fwd + FLUSH_B[device]
+    worker = worker_sets + max(worker_call, worker_timing)
+    landing = proto.slots * s.outputs_b
+    in_arena = proto.sets * s.inputs_b + s.params_b
+
+    parts = {"input sets (harness)": proto.sets * s.inputs_b,
+             "references": proto.sets * s.outputs_b,
+             "float64 references": proto.sets * s.outputs64_b,
+             "worker": worker, "landing arena": landing, "input arena": in_arena,
+             "preparation transient": prepare, "comparison transient": compare}
+    held_dev = s.params_b + (refs if placement == "device" else 0)
+    if cuda:
+        ipc = in_arena + landing if proto.transfer == "cuda_ipc" else 0
+        device_need = max(held_dev + prepare,
+                          held_dev + ipc + worker + CUDA_CONTEXT_B,
+                          held_dev + compare) + CUDA_CONTEXT_B
+        host_need = (2 * PROCESS_B + s.params_b + (refs if placement == "host" else 0)
+                     + (0 if proto.transfer == "cuda_ipc" else in_arena + landing))
+        return Plan(placement, device, device_need, host_need, _usable(device_free_b),
+                    _usable(host_free_b), parts)
+    # cpu: one memory holds the harness, both arenas and the worker's private copies.
+    host_need = (2 * PROCESS_B + s.params_b + refs + in_arena + landing
+                 + max(prepare, worker, compare))
+    return Plan("host", device, host_need, host_need, None, _usable(host_free_b), parts)
+
+
+def plan(shapes: TaskShapes, proto: Protocol, device: str, device_free_b: int | None,
+         host_free_b: int | None) -> Plan:
+    """The first placement that fits (references on the device, else on the host); if none
+    does, the host placement's plan (the smaller device need), whose ``fits`` is False."""
+    placements = ["device", "host"] if device == "cuda" else ["host"]
+    plans = [plan_for(shapes, proto, device, p, device_free_b, host_free_b) for p in placements]
+    return next((p for p in plans if p.fits), plans[-1])
+
+
+def free_memory(device: str) -> tuple[int | None, int | None]:
+    """(free device bytes, available host bytes) right now; None where unknown."""
+    host = None
+    try:
+        import psutil
+
+        host = int(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - no psutil: the host side is not planned
+        pass
+    dev = None
+    if device.startswith("cuda"):
+        import torch
+
+        free, _total = torch.cuda.mem_get_info()
+        dev = int(free)
+    return dev, host
+
+
+def plan_task(task, device: str, cfg) -> Plan | None:
+    """The plan of verifying ``task`` on ``device`` now (its free memory), or None when the
+    task's shapes cannot be found without running it (verification then goes ahead unplanned)."""
+    shapes, _why = shapes_or_none(task.module())
+    if shapes is None:
+        return None
+    dev_free, host_free = free_memory(device)
+    return plan(shapes, Protocol.of(cfg), device.split(":")[0], dev_free, host_free)

@@ -1,0 +1,175 @@
+"""Issue 19: what is audited is what is timed.
+
+The worker's CallAudit profiles every call from before the candidate loads; attribute_calls
+gives each call its ATen ops and device kernels; policy.audit_consistency refuses a trace that
+lost calls and timed calls that ran different code. The zoo holds the tricks (tests/zoo/
+candidates/*cheat*, exploit_stop_the_profiler); here the pieces, on synthetic traces (the cuda
+attribution included) and on the real profiler.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from assay.verify.policy import audit_consistency, call_signature
+from assay.verify.worker import CALL_RANGE, CallAudit, attribute_calls, merge_rows
+from test_zoo import CASES, GENEROUS_PEAKS, prepared, record, zoo_config, zoo_task
+
+
+def ev(name, start, end, thread=1, corr=0, linked=0, act="cpu_op", cpu=True):
+    return {"name": name, "cpu": cpu, "start": start, "end": end, "thread": thread,
+            "corr": corr, "linked": linked, "act": act}
+
+
+def names(rows):
+    return sorted(r["name"] for r in rows)
+
+
+def test_cpu_ops_go_to_the_call_that_ran_them():
+    events = [
+        ev(CALL_RANGE, 100, 200, corr=1),
+        ev("aten::empty_like", 110, 120, corr=2),
+        ev("aten::gelu", 130, 190, corr=3),
+        ev("aten::empty", 140, 150, corr=4),        # nested in gelu: taken out of its self time
+        ev("aten::mm", 150, 180, thread=2, corr=5),  # the candidate's own thread
+        ev("aten::mul", 210, 230, corr=6),           # the harness between calls
+        ev(CALL_RANGE, 300, 400, corr=7),
+        ev(CALL_RANGE, 310, 320, corr=8),            # a range of the candidate's: not a call
+        ev("aten::empty_like", 330, 340, corr=9),
+    ]
+    calls = attribute_calls(events, cuda=False)
+    assert len(calls) == 2
+    assert names(calls[0]) == ["aten::empty", "aten::empty_like", "aten::gelu", "aten::mm"]
+    gelu = next(r for r in calls[0] if r["name"] == "aten::gelu")
+    assert gelu["cpu_us"] == pytest.approx(0.05)  # 60 ns less the 10 ns of aten::empty
+    assert names(calls[1]) == ["aten::empty_like"]
+    assert call_signature(calls[0], "cpu") == ("aten::gelu", "aten::mm")
+    assert call_signature(calls[1], "cpu") == ()
+
+
+def test_cuda_kernels_go_to_the_call_that_launched_them():
+    events = [
+        ev("cudaLaunchKernel", 50, 60, corr=900, act="cuda_runtime"),   # the timer's spin
+        ev(CALL_RANGE, 100, 200, corr=1),
+        ev("cudaLaunchKernel", 110, 120, corr=901, linked=1, act="cuda_runtime"),
+        ev("aten::add", 130, 160, corr=2),
+        ev("cudaLaunchKernel", 140, 150, corr=902, linked=2, act="cuda_runtime"),
+        ev("cudaLaunchKernel", 170, 180, thread=3, corr=903, act="cuda_runtime"),  # side thread
+        ev(CALL_RANGE, 300, 400, corr=3),
+        ev("spin", 55, 90, corr=900, act="kernel", cpu=False),
+        ev("gelu_kernel", 210, 260, corr=901, linked=1, act="kernel", cpu=False),
+        ev("vectorized_elementwise_kernel<add>", 260, 270, corr=902, linked=2, act="kernel",
+           cpu=False),
+        ev("side_kernel", 270, 290, corr=903, act="kernel", cpu=False),
+        ev("linked_only", 310, 320, corr=777, linked=3, act="kernel", cpu=False),
+    ]
+    calls = attribute_calls(events, cuda=True)
+    assert names(calls[0]) == ["aten::add", "gelu_kernel", "side_kernel",
+                               "vectorized_elementwise_kernel<add>"]
+    assert names(calls[1]) == ["linked_only"]
+    gelu = next(r for r in calls[0] if r["name"] == "gelu_kernel")
+    assert gelu["kind"] == "kernel" and gelu["device_us"] == pytest.approx(0.05)
+    assert call_signature(calls[0], "cuda") == (
+        "aten::add", "gelu_kernel", "side_kernel", "vectorized_elementwise_kernel<add>")
+    merged = merge_rows(calls)
+    assert {r["name"]: r["count"] for r in merged}["gelu_kernel"] == 1
+
+
+def _calls(sigs, phase="timed", device_us=10.0):
+    return [{"phase": phase, "rows": [{"name": n, "kind": "kernel", "count": 1,
+                                       "device_us": device_us, "cpu_us": 0.0} for n in sig]}
+            for sig in sigs]
+
+
+def test_audit_consistency():
+    ok = {"expected": 30, "found": 30, "calls": _calls([["k"]] * 8)}
+    assert audit_consistency(ok, "cuda")[0]
+    assert not audit_consistency({"error": "the profiler could not be read back"}, "cpu")[0]
+    lost = {"expected": 30, "found": 3}
+    passed, detail = audit_consistency(lost, "cpu")
+    assert not passed and "30 calls made, 3 found" in detail
+    mixed = {"expected": 30, "found": 30, "calls": _calls([["k"]] * 6 + [["cublasGemm"]] * 2)}
+    passed, detail = audit_consistency(mixed, "cuda")
+    assert not passed and "6 ran k" in detail and "2 ran cublasGemm" in detail
+    # Movement kernels do not make calls differ (an allocation on the first timed call).
+    moved = {"expected": 9, "found": 9, "calls": _calls([["k"], ["k", "Memset (Device)"]])}
+    assert audit_consistency(moved, "cuda")[0]
+    slow_when_checked = {"expected": 9, "found": 9,
+                         "calls": _calls([["k"]] * 6) + _calls([["k"]] * 2, "timed_verified",
+                                                               device_us=50.0)}
+    passed, detail = audit_consistency(slow_when_checked, "cuda")
+    assert not passed and "device time" in detail
+    assert audit_consistency(slow_when_checked, "cpu")[0]  # no device time on the cpu target
+
+
+def test_the_real_profiler_sees_every_call_and_every_thread():
+    audit = CallAudit(torch.device("cpu"))
+    audit.start()
+    x = torch.randn(64, 64)
+
+    def own(x):
+        return torch.empty_like(x)
+
+    def side(x):
+        out = []
+        t = threading.Thread(target=lambda: out.append(torch.mm(x, x)))
+        t.start()
+        t.join()
+        return out[0]
+
+    audit.call("check", own, x)
+    for _ in range(3):
+        audit.call("timed", own, x)
+    audit.call("timed", side, x)
+    torch.mul(x, 2.0)  # the harness's own op: in no call
+    info = audit.finish()
+    assert info["expected"] == info["found"] == 5
+    assert [c["phase"] for c in info["calls"]] == ["timed"] * 4
+    sigs = [call_signature(c["rows"], "cpu") for c in info["calls"]]
+    assert sigs[:3] == [()] * 3 and "aten::mm" in sigs[3], sigs
+    passed, detail = audit_consistency(info, "cpu")
+    assert not passed and "aten::mm" in detail
+
+
+def test_a_stopped_profiler_is_a_lost_trace():
+    audit = CallAudit(torch.device("cpu"))
+    audit.start()
+    x = torch.randn(8)
+    audit.call("timed", torch.relu, x)
+    audit.call("timed", lambda x: torch.autograd._disable_profiler(), x)
+    audit.call("timed", torch.relu, x)
+    info = audit.finish()
+    assert not audit_consistency(info, "cpu")[0], info
+
+
+def _verify(name, **overrides):
+    from assay.verify.harness import verify
+
+    meta = CASES[name]
+    task = zoo_task(meta["TASK"])
+    cfg = zoo_config(meta)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return verify(task, meta["path"], "cpu", cfg, record=record(task), peaks=GENEROUS_PEAKS,
+                  prepared=prepared(task))
+
+
+def test_profiler_flag_trick_runs_its_kernel_when_timed():
+    """The candidate that runs its kernel only when a profiler is on always sees one: its
+    timed calls ran no aten::gelu (the library's), and it is accepted."""
+    v = _verify("neutralized_cheat_unless_profiler_on")
+    assert v.accepted, v.reasons
+    assert v.kernels_launched and "aten::gelu" not in v.kernels_launched, v.kernels_launched
+    assert v.checks["audit_consistency"]["passed"]
+
+
+def test_honest_verdict_is_the_same_with_and_without_the_audit():
+    on = _verify("honest_gelu_cpp")
+    off = _verify("honest_gelu_cpp", audit=False)
+    assert on.accepted and off.accepted, (on.reasons, off.reasons)
+    audit_checks = {"kernel_audit", "reference_fallback", "audit_consistency"}
+    assert {k: c["passed"] for k, c in on.checks.items() if k not in audit_checks} == \
+        {k: c["passed"] for k, c in off.checks.items()}

@@ -1,0 +1,85 @@
+"""The red-team generator (issue #19): generation is pure, seeded and large enough on both
+targets, and a seeded sample of the cpu variants (every method and every harmless change) goes
+through the real verifier: each exploit rejected for one of its method's reasons, each honest
+variant accepted. The whole set runs with benchmarks/redteam.py (cpu here, cuda on a GPU)."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+
+from assay.verify import policy
+from redteam.check import run
+from redteam.generate import FAULTS, METHODS, TRIGGERS, generate, sample, write
+from test_zoo_cuda import _GLOBAL
+
+# (method, trigger) pairs the verifier accepts today: the kernel audit profiles one call after
+# timing, so a candidate that runs library or reference ops only while unprofiled, on a pointer
+# it has seen or under the timing loop is never seen doing it (on every other call, it is seen
+# or not depending on the parity of the audited call). The fix (audit
+# every timed call, unseen by the candidate) is issue #19's first part; when it lands these
+# pass, and the marker goes.
+KNOWN_GAPS = {(m, t) for m in ("library", "reference")
+              for t in ("unprofiled", "repeat_pointer", "every_other_call", "timing_stack")}
+CI_SAMPLE = sample(generate("cpu", seed=0), per_group=2, seed=19)
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_generation_is_pure_and_large_enough(target):
+    a, b = generate(target, seed=3), generate(target, seed=3)
+    assert [(v.id, v.source) for v in a] == [(v.id, v.source) for v in b]
+    assert len({v.id for v in a}) == len(a)
+    kinds = [v.kind for v in a]
+    assert kinds.count("exploit") >= 200 and kinds.count("honest") >= 50, kinds
+    methods = {v.method for v in a if v.kind == "exploit"}
+    assert methods == {m for m, d in METHODS.items() if target in d.get("targets", {target})}
+    assert {v.trigger for v in a if v.kind == "exploit"} == set(TRIGGERS)
+    for v in a:
+        ast.parse(v.source, v.id)
+        assert v.kind == "honest" or (set(v.reasons) and not set(v.reasons) & FAULTS), v.id
+        # A kernel named like a library's would be audited as one.
+        assert not any(policy.LIBRARY_KERNEL.search(k) for k in _GLOBAL.findall(v.source)), v.id
+    other = generate(target, seed=4)
+    assert {v.id for v in other if v.kind == "exploit"} == \
+        {v.id for v in a if v.kind == "exploit"}  # the seed picks honest pairs only
+
+
+def test_sample_covers_every_group():
+    groups = {v.method or v.mods[0] for v in CI_SAMPLE}
+    every = {v.method or v.mods[0] for v in generate("cpu")}
+    assert groups == every
+    assert [v.id for v in CI_SAMPLE] == [v.id for v in sample(generate("cpu"), 2, 19)]
+
+
+def _param(v):
+    marks = []
+    if (v.method, v.trigger) in KNOWN_GAPS:
+        marks.append(pytest.mark.xfail(reason="issue #19: the kernel audit sees one profiled "
+                                       "call, not the timed ones", strict=False))
+    return pytest.param(v, id=v.id, marks=marks)
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    return write(CI_SAMPLE, tmp_path_factory.mktemp("redteam"))
+
+
+@pytest.mark.parametrize("variant", [_param(v) for v in CI_SAMPLE])
+def test_redteam_variant(variant, written):
+    row = run(variant, written[variant.id])
+    assert row["outcome"] == "ok", (row["outcome"], row["got"], row["failed"], row["error"])
+
+
+def test_judge_refuses_a_fault_as_a_rejection():
+    from redteam.generate import judge
+
+    ex = next(v for v in CI_SAMPLE if v.kind == "exploit")
+    assert judge(ex, False, ["runs"]) == "wrong_reason"
+    assert judge(ex, False, [ex.reasons[0], "crash"]) == "wrong_reason"
+    assert judge(ex, False, [ex.reasons[0]]) == "ok"
+    assert judge(ex, True, []) == "accepted"
+    ho = next(v for v in CI_SAMPLE if v.kind == "honest")
+    assert judge(ho, False, ["precision"]) == "rejected" and judge(ho, True, []) == "ok"
+    assert re.fullmatch(r"[\w]+", ex.id)

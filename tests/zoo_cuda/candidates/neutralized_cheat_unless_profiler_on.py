@@ -1,0 +1,1 @@
+../../zoo/candidates/neutralized_cheat_unless_profiler_on.py
