@@ -136,3 +136,23 @@ def test_kb_selfcheck_benchmark_resumes_and_refuses_to_overwrite(tmp_path):
     assert kb.main(argv + ["--resume"]) == 0
     assert (out / "selfcheck.jsonl").read_text() == lines  # nothing redone
     assert kb.main(["--source", str(ZOO), "--levels", "7", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_memory_plan_decides_too_large_and_defers_what_cannot_share(monkeypatch):
+    from assay.verify import memory
+
+    task = Task.from_file(ZOO / "level1" / "1_gelu.py", size="small")
+    cfg = selfcheck.selfcheck_config()
+    full = memory.plan_task(task, "cpu", cfg)
+    assert full is not None and full.fits
+    need = full.host_need_b
+    # room for one such task but not for two: deferred at share=2, run at share=1
+    monkeypatch.setattr(memory, "free_memory", lambda device: (None, int(need * 1.5)))
+    assert selfcheck._memory_plan(task, "cpu", cfg, 2)[1] is False
+    assert selfcheck._memory_plan(task, "cpu", cfg, 1)[1] is True
+    row = selfcheck.check_task(task.path, "cpu", "small", share=2)
+    assert row["status"] == "deferred"
+    # no room at all: too_large with the numbers, before anything of the task's size exists
+    monkeypatch.setattr(memory, "free_memory", lambda device: (None, need // 2))
+    row = selfcheck.check_task(task.path, "cpu", "small")
+    assert row["status"] == "too_large" and "host memory" in row["detail"]
