@@ -89,3 +89,18 @@ def test_batch_bad_usage_exits_2(tmp_path):
                         str(tmp_path / "empty")]) == 2
     assert main(base + ["--task", str(tmp_path / "nope"), "--candidate",
                         str(tmp_path / "empty")]) == 2
+
+
+def test_a_task_too_large_for_the_machine_is_decided_before_any_timing(tmp_path, monkeypatch):
+    from assay.verify import batch, memory
+    from assay.verify.settings import VerifyConfig
+
+    monkeypatch.setattr(memory, "free_memory", lambda device: (None, 1 << 20))  # 1 MiB free
+    monkeypatch.setattr(batch, "_baseline", lambda *a: pytest.fail("timed a baseline"))
+    cand = tmp_path / "1_gelu.py"
+    shutil.copyfile(ZOO / "candidates/honest_gelu_cpp.py", cand)
+    pairs, _ = pair_candidates(task_files([ZOO / "tasks"]), cand)
+    rows = batch.run_batch(pairs, "cpu", VerifyConfig(), "small", build_workers=0,
+                           progress=lambda s: None)
+    assert [r["status"] for r in rows] == ["too_large"]
+    assert "host memory" in rows[0]["checks"]["too_large"]["detail"]
