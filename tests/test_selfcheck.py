@@ -51,7 +51,8 @@ def test_candidate_is_the_task_at_its_size():
 
 def test_task_files_takes_level_folders_and_files(tmp_path):
     files = selfcheck.task_files([ZOO])
-    assert files[0].parent.name == "level1" and {p.parent.name for p in files} == {"level1", "level2"}
+    assert files[0].parent.name == "level1"
+    assert {p.parent.name for p in files} == {"level1", "level2"}
     assert selfcheck.task_files([ZOO / "level1", ZOO / "level1" / "1_gelu.py"]) == \
         selfcheck.task_files([ZOO / "level1"])
     with pytest.raises(TaskError, match="no such task"):
@@ -96,10 +97,14 @@ def test_selfcheck_accepts_honest_lists_degenerate_and_rejects_what_no_kernel_ca
     assert [json.loads(line)["path"] for line in added] == [str(broken)]
 
 
-def test_a_torn_last_line_is_ignored(tmp_path):
+def test_a_torn_last_line_is_ignored_and_the_next_row_starts_a_line(tmp_path):
+    from assay.verify.rows import append_row, read_rows
+
     jsonl = tmp_path / "s.jsonl"
     jsonl.write_text(json.dumps({"key": "a", "status": "accepted"}) + "\n{\"key\": \"b\", \"sta")
-    assert [r["key"] for r in selfcheck.read_rows(jsonl)] == ["a"]
+    assert [r["key"] for r in read_rows(jsonl)] == ["a"]
+    append_row(jsonl, {"key": "c"})
+    assert [r["key"] for r in read_rows(jsonl)] == ["a", "c"]
 
 
 def test_budget_stops_before_starting_what_cannot_finish(tmp_path):

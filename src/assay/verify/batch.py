@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from assay.tasks.model import Task, TaskError, level_of, one_line
-from assay.verify.selfcheck import append_row, latest, read_rows, task_files
+from assay.verify.rows import append_row, latest, read_rows
+from assay.verify.selfcheck import task_files
 
 KB_RUNS = re.compile(r"^level_(?P<level>\d+)_problem_(?P<problem>\d+)_sample_(?P<sample>\d+)"
                      r"_kernel\.py$")
@@ -280,7 +281,8 @@ def cli(args, cfg) -> int:
     if not pairs:
         print(f"error: {cands}: no candidate pairs with a task of {args.task}", file=sys.stderr)
         return 2
-    rows = run_batch(pairs, args.device, cfg, args.size, jsonl=Path(args.jsonl) if args.jsonl else None,
+    rows = run_batch(pairs, args.device, cfg, args.size,
+                     jsonl=Path(args.jsonl) if args.jsonl else None,
                      baselines=not args.no_baseline, compile_=not args.no_compile,
                      build_workers=args.build_workers)
     acc = sum(bool(r.get("accepted")) for r in rows)

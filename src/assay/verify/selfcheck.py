@@ -18,7 +18,6 @@ costs that task, not the run. No baseline is timed: the self-check needs none.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -31,6 +30,7 @@ from typing import Any
 
 from assay.tasks.model import Task, TaskError, level_of, one_line, read_source
 from assay.tasks.suite import _task_files
+from assay.verify.rows import append_row, latest, read_rows
 from assay.verify.settings import VerifyConfig
 
 STATUSES = ("accepted", "degenerate", "too_large", "rejected", "error")
@@ -197,36 +197,6 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
 
 # --------------------------------------------------------------------------------------------
 # Many tasks: worker processes, the JSONL, the budget.
-
-def read_rows(jsonl: Path | None) -> list[dict[str, Any]]:
-    """Rows already written (a torn last line, from a killed run, is ignored)."""
-    if jsonl is None or not jsonl.exists():
-        return []
-    rows = []
-    for line in jsonl.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and "key" in row:
-            rows.append(row)
-    return rows
-
-
-def append_row(jsonl: Path | None, row: dict[str, Any]) -> None:
-    if jsonl is None:
-        return
-    jsonl.parent.mkdir(parents=True, exist_ok=True)
-    with open(jsonl, "a") as f:
-        f.write(json.dumps(row, default=str) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def latest(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The last row per task (a retried task has several)."""
-    return {r["key"]: r for r in rows}
-
 
 def _pool_init(env: dict[str, str]) -> None:
     os.environ.update(env)
