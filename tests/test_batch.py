@@ -89,3 +89,67 @@ def test_batch_bad_usage_exits_2(tmp_path):
                         str(tmp_path / "empty")]) == 2
     assert main(base + ["--task", str(tmp_path / "nope"), "--candidate",
                         str(tmp_path / "empty")]) == 2
+
+
+def test_a_task_too_large_for_the_machine_is_decided_before_any_timing(tmp_path, monkeypatch):
+    from assay.verify import batch, memory
+    from assay.verify.settings import VerifyConfig
+
+    monkeypatch.setattr(memory, "free_memory", lambda device: (None, 1 << 20))  # 1 MiB free
+    monkeypatch.setattr(batch, "_baseline", lambda *a: pytest.fail("timed a baseline"))
+    cand = tmp_path / "1_gelu.py"
+    shutil.copyfile(ZOO / "candidates/honest_gelu_cpp.py", cand)
+    pairs, _ = pair_candidates(task_files([ZOO / "tasks"]), cand)
+    rows = batch.run_batch(pairs, "cpu", VerifyConfig(), "small", build_workers=0,
+                           progress=lambda s: None)
+    assert [r["status"] for r in rows] == ["too_large"]
+    assert "host memory" in rows[0]["checks"]["too_large"]["detail"]
+
+
+INLINE_GELU = r'''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+source = r"""
+#include <cmath>
+torch::Tensor gelu_forward(torch::Tensor x) {
+  auto xc = x.contiguous();
+  auto y = torch::empty_like(xc);
+  const float* a = xc.data_ptr<float>();
+  float* b = y.data_ptr<float>();
+  for (int64_t i = 0; i < xc.numel(); ++i) {
+    float v = a[i];
+    b[i] = 0.5f * v * (1.f + std::erf(v * 0.70710678118654752f));
+  }
+  return y;
+}
+"""
+_ext = load_inline(name="zoo_gelu_inline", cpp_sources=source, functions=["gelu_forward"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return _ext.gelu_forward(x)
+'''
+
+
+def test_load_inline_candidates_build_once_in_the_pool_and_import_in_the_workers(tmp_path):
+    """The sandboxed prebuild fills the shared cache; both workers import the library."""
+    from assay.verify import batch
+    from assay.verify.settings import VerifyConfig
+
+    folder = tmp_path / "1_gelu"
+    folder.mkdir()
+    for name in ("a.py", "b.py"):  # the same kernel twice (two samples that agree)
+        (folder / name).write_text(INLINE_GELU)
+    pairs, _ = pair_candidates(task_files([ZOO / "tasks"]), tmp_path)
+    rows = batch.run_batch(pairs, "cpu", VerifyConfig(policy="permissive"), "small",
+                           baselines=False, build_workers=1, progress=lambda s: None)
+    assert [r["status"] for r in rows] == ["accepted", "accepted"], [r.get("reasons")
+                                                                     for r in rows]
+    cache = tmp_path / "cache" / "kernels"
+    assert len(list(cache.glob("inline-*.so"))) == 1
+    build_s = rows[0]["build_s"]
+    for r in rows:  # an import of the cached library, not a build
+        assert r["times"]["worker.load_s"] < 0.2 * build_s

@@ -51,7 +51,8 @@ def test_candidate_is_the_task_at_its_size():
 
 def test_task_files_takes_level_folders_and_files(tmp_path):
     files = selfcheck.task_files([ZOO])
-    assert files[0].parent.name == "level1" and {p.parent.name for p in files} == {"level1", "level2"}
+    assert files[0].parent.name == "level1"
+    assert {p.parent.name for p in files} == {"level1", "level2"}
     assert selfcheck.task_files([ZOO / "level1", ZOO / "level1" / "1_gelu.py"]) == \
         selfcheck.task_files([ZOO / "level1"])
     with pytest.raises(TaskError, match="no such task"):
@@ -96,10 +97,14 @@ def test_selfcheck_accepts_honest_lists_degenerate_and_rejects_what_no_kernel_ca
     assert [json.loads(line)["path"] for line in added] == [str(broken)]
 
 
-def test_a_torn_last_line_is_ignored(tmp_path):
+def test_a_torn_last_line_is_ignored_and_the_next_row_starts_a_line(tmp_path):
+    from assay.verify.rows import append_row, read_rows
+
     jsonl = tmp_path / "s.jsonl"
     jsonl.write_text(json.dumps({"key": "a", "status": "accepted"}) + "\n{\"key\": \"b\", \"sta")
-    assert [r["key"] for r in selfcheck.read_rows(jsonl)] == ["a"]
+    assert [r["key"] for r in read_rows(jsonl)] == ["a"]
+    append_row(jsonl, {"key": "c"})
+    assert [r["key"] for r in read_rows(jsonl)] == ["a", "c"]
 
 
 def test_budget_stops_before_starting_what_cannot_finish(tmp_path):
@@ -136,3 +141,23 @@ def test_kb_selfcheck_benchmark_resumes_and_refuses_to_overwrite(tmp_path):
     assert kb.main(argv + ["--resume"]) == 0
     assert (out / "selfcheck.jsonl").read_text() == lines  # nothing redone
     assert kb.main(["--source", str(ZOO), "--levels", "7", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_memory_plan_decides_too_large_and_defers_what_cannot_share(monkeypatch):
+    from assay.verify import memory
+
+    task = Task.from_file(ZOO / "level1" / "1_gelu.py", size="small")
+    cfg = selfcheck.selfcheck_config()
+    full = memory.plan_task(task, "cpu", cfg)
+    assert full is not None and full.fits
+    need = full.host_need_b
+    # room for one such task but not for two: deferred at share=2, run at share=1
+    monkeypatch.setattr(memory, "free_memory", lambda device: (None, int(need * 1.5)))
+    assert selfcheck._memory_plan(task, "cpu", cfg, 2)[1] is False
+    assert selfcheck._memory_plan(task, "cpu", cfg, 1)[1] is True
+    row = selfcheck.check_task(task.path, "cpu", "small", share=2)
+    assert row["status"] == "deferred"
+    # no room at all: too_large with the numbers, before anything of the task's size exists
+    monkeypatch.setattr(memory, "free_memory", lambda device: (None, need // 2))
+    row = selfcheck.check_task(task.path, "cpu", "small")
+    assert row["status"] == "too_large" and "host memory" in row["detail"]

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from assay.tasks.model import Task, TaskError, level_of, one_line
-from assay.verify.selfcheck import append_row, latest, read_rows, task_files
+from assay.verify.rows import append_row, latest, read_rows
+from assay.verify.selfcheck import task_files
 
 KB_RUNS = re.compile(r"^level_(?P<level>\d+)_problem_(?P<problem>\d+)_sample_(?P<sample>\d+)"
                      r"_kernel\.py$")
@@ -163,7 +164,7 @@ class _TaskContext:
 
     def __init__(self, path: Path, device: str, cfg, error: str = ""):
         self.path, self.device, self.cfg, self.error = path, device, cfg, error
-        self.task = self.record = self.baseline = self.prepared = self.peaks = None
+        self.task = self.record = self.baseline = self.prepared = self.peaks = self.plan = None
         self.baseline_cached = False
         self.setup_s = 0.0
 
@@ -173,18 +174,27 @@ class _TaskContext:
         from assay.bench.device import peaks
         from assay.tasks.analyze import cost, degeneracy
         from assay.verify.harness import prepare
+        from assay.verify.memory import TooLarge, plan_task
 
         t0 = time.perf_counter()
         ctx = cls(path, device, cfg)
         try:
             ctx.task = Task.from_file(path, size=size)
             ctx.task.module()
+            ctx.plan = plan_task(ctx.task, device, cfg)
+            if ctx.plan is not None and not ctx.plan.fits:
+                # each candidate's verdict says too_large with the numbers; nothing is timed
+                say(f"task {path.name}: too large: {ctx.plan.too_large_detail()}")
+                return ctx
             ctx.record = {**cost(ctx.task), "degeneracy": degeneracy(ctx.task, device)}
             ctx.peaks = peaks(device)
             if baselines:
                 ctx.baseline, ctx.baseline_cached = _baseline(ctx.task, device, cfg, compile_)
             if not ctx.record["degeneracy"]["degenerate"]:
-                ctx.prepared = prepare(ctx.task, device, cfg)
+                try:
+                    ctx.prepared = prepare(ctx.task, device, cfg, ctx.plan)
+                except TooLarge:
+                    pass  # each verdict records it
         except TaskError as e:
             ctx.error = str(e)
         except Exception as e:  # noqa: BLE001 - recorded on every candidate of the task
@@ -211,14 +221,15 @@ class _TaskContext:
                                  "baseline_cached": self.baseline_cached}
         try:
             v = verify(self.task, pair.candidate, self.device, self.cfg, self.baseline,
-                       self.record, self.peaks, self.prepared, times=times)
+                       self.record, self.peaks, self.prepared, times=times, plan=self.plan)
         except Exception as e:  # noqa: BLE001 - the harness failed, not the candidate
             row.update(accepted=False, status="error", error=one_line(e, 500))
             return row
         self.setup_s = 0.0  # charged to the task's first candidate only
         verdict = v.to_dict()
         row = {**verdict, **row, "candidate_id": verdict.get("candidate")}
-        row["status"] = "accepted" if v.accepted else "rejected"
+        row["status"] = "accepted" if v.accepted else \
+            "too_large" if "too_large" in v.reasons else "rejected"
         row["times"] = {k: round(x, 3) if isinstance(x, float) else x for k, x in times.items()}
         row["seconds"] = round(time.perf_counter() - t0, 2)
         return row
@@ -270,7 +281,8 @@ def cli(args, cfg) -> int:
     if not pairs:
         print(f"error: {cands}: no candidate pairs with a task of {args.task}", file=sys.stderr)
         return 2
-    rows = run_batch(pairs, args.device, cfg, args.size, jsonl=Path(args.jsonl) if args.jsonl else None,
+    rows = run_batch(pairs, args.device, cfg, args.size,
+                     jsonl=Path(args.jsonl) if args.jsonl else None,
                      baselines=not args.no_baseline, compile_=not args.no_compile,
                      build_workers=args.build_workers)
     acc = sum(bool(r.get("accepted")) for r in rows)

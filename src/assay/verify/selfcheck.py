@@ -18,7 +18,6 @@ costs that task, not the run. No baseline is timed: the self-check needs none.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -31,6 +30,7 @@ from typing import Any
 
 from assay.tasks.model import Task, TaskError, level_of, one_line, read_source
 from assay.tasks.suite import _task_files
+from assay.verify.rows import append_row, latest, read_rows
 from assay.verify.settings import VerifyConfig
 
 STATUSES = ("accepted", "degenerate", "too_large", "rejected", "error")
@@ -88,8 +88,13 @@ def _finite(x: Any) -> Any:
 
 def check_task(path: str | Path, device: str, size: str = "large",
                cfg: VerifyConfig | None = None, workdir: str | Path | None = None,
-               peaks: dict | None = None) -> dict[str, Any]:
-    """Self-check one task file; a row (never raises for anything the task does)."""
+               peaks: dict | None = None, share: int = 1) -> dict[str, Any]:
+    """Self-check one task file; a row (never raises for anything the task does).
+
+    ``share``: how many tasks share the machine now. A task whose memory plan fits the machine
+    but not a 1/share part of its free memory is not run: its row says ``deferred`` (the
+    caller runs it again alone), so tasks in flight together never run each other out of
+    memory."""
     import tempfile
 
     t0 = time.perf_counter()
@@ -97,7 +102,7 @@ def check_task(path: str | Path, device: str, size: str = "large",
                            "key": row_key(path, size, device)}
     try:
         row.update(_check(Path(path), device, size, selfcheck_config(cfg),
-                          Path(workdir or tempfile.gettempdir()), peaks))
+                          Path(workdir or tempfile.gettempdir()), peaks, share))
     except TaskError as e:
         row.update(status="error", error=str(e))
     except Exception as e:  # noqa: BLE001 - the harness's own failure: recorded, run goes on
@@ -119,8 +124,23 @@ def _release(device: str) -> None:
             torch.cuda.empty_cache()
 
 
+def _memory_plan(task: Task, device: str, cfg: VerifyConfig, share: int):
+    """(the verifier's plan for the whole machine, whether it fits a 1/share part of it)."""
+    from assay.verify import memory
+
+    plan = memory.plan_task(task, device, cfg)
+    if plan is None or not plan.fits or share <= 1:
+        return plan, True
+    shapes, _ = memory.shapes_or_none(task.module())
+    dev_free, host_free = memory.free_memory(device)
+    part = memory.plan(shapes, memory.Protocol.of(cfg), device.split(":")[0],
+                       None if dev_free is None else dev_free // share,
+                       None if host_free is None else host_free // share)
+    return plan, part.fits
+
+
 def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
-           peaks: dict | None) -> dict[str, Any]:
+           peaks: dict | None, share: int = 1) -> dict[str, Any]:
     from assay.tasks.analyze import cost, degeneracy
     from assay.verify.harness import resolve_device, verify
 
@@ -129,6 +149,15 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
     task = Task.from_file(path, size=size)
     times: dict[str, Any] = {}
     t = time.perf_counter()
+    plan, fits_part = _memory_plan(task, device, cfg, share)
+    times["plan_s"] = round(time.perf_counter() - t, 3)
+    if plan is not None and not plan.fits:  # decided before anything of its size exists
+        return {"task": task.id, "status": "too_large", "accepted": False,
+                "reasons": ["too_large"], "detail": plan.too_large_detail(),
+                "plan": plan.to_dict(), "times": times}
+    if not fits_part:
+        return {"task": task.id, "status": "deferred", "plan": plan.to_dict()}
+    t = time.perf_counter()
     deg = degeneracy(task, device)
     times["degeneracy_s"] = round(time.perf_counter() - t, 2)
     record = {**cost(task), "degeneracy": {**deg, "degenerate": False}}  # flagged, judged below
@@ -136,7 +165,7 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
     cand = workdir / f"selfcheck_{task.id}_{os.getpid()}.py"
     cand.write_text(candidate_source(task))
     try:
-        v = verify(task, cand, device, cfg, None, record, peaks, times=times)
+        v = verify(task, cand, device, cfg, None, record, peaks, times=times, plan=plan)
     finally:
         cand.unlink(missing_ok=True)
     d = v.to_dict()
@@ -168,36 +197,6 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
 
 # --------------------------------------------------------------------------------------------
 # Many tasks: worker processes, the JSONL, the budget.
-
-def read_rows(jsonl: Path | None) -> list[dict[str, Any]]:
-    """Rows already written (a torn last line, from a killed run, is ignored)."""
-    if jsonl is None or not jsonl.exists():
-        return []
-    rows = []
-    for line in jsonl.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and "key" in row:
-            rows.append(row)
-    return rows
-
-
-def append_row(jsonl: Path | None, row: dict[str, Any]) -> None:
-    if jsonl is None:
-        return
-    jsonl.parent.mkdir(parents=True, exist_ok=True)
-    with open(jsonl, "a") as f:
-        f.write(json.dumps(row, default=str) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def latest(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The last row per task (a retried task has several)."""
-    return {r["key"]: r for r in rows}
-
 
 def _pool_init(env: dict[str, str]) -> None:
     os.environ.update(env)
@@ -240,11 +239,14 @@ def run_selfcheck(paths: list[Path], device: str, size: str = "large",
     ctx = mp.get_context("spawn")
     env = {"ASSAY_CUDA_ARCH": os.environ.get("ASSAY_CUDA_ARCH", "")}
     queue = list(todo)
+    alone: list[Path] = []  # tasks whose plan does not fit a 1/jobs part of the machine
     died: dict[str, int] = {}
     slowest = 0.0
     stopped = ""
     n_done = 0
-    while queue:
+    while queue or alone:
+        if not queue:  # the deferred ones, one at a time
+            queue, alone, jobs = alone, [], 1
         pool = ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx,
                                    initializer=_pool_init, initargs=(env,))
         running: dict[Future, Path] = {}
@@ -258,7 +260,8 @@ def run_selfcheck(paths: list[Path], device: str, size: str = "large",
                                    f"slowest task took {slowest:.0f} s")
                         break
                     p = queue.pop(0)
-                    running[pool.submit(check_task, p, device, size, cfg, workdir, peaks)] = p
+                    running[pool.submit(check_task, p, device, size, cfg, workdir, peaks,
+                                        max(1, jobs))] = p
                 if not running:
                     break
                 finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
@@ -276,6 +279,10 @@ def run_selfcheck(paths: list[Path], device: str, size: str = "large",
                                "key": row_key(p, size, device), "status": "error",
                                "error": "the self-check process died (segfault or killed for "
                                         "memory)", "seconds": None}
+                    if row.get("status") == "deferred":
+                        alone.append(p)  # too big to share the machine: run it alone, last
+                        say(f"{row.get('task')}: deferred, runs alone after the others")
+                        continue
                     slowest = max(slowest, row.get("seconds") or 0.0)
                     n_done += 1
                     append_row(jsonl, row)
