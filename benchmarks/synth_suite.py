@@ -447,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     from assay.tasks.analyze import cost, degeneracy
     from assay.tasks.model import Task
     from assay.tasks.suite import discover
-    from assay.verify.harness import prepare, resolve_device, verify
+    from assay.verify.harness import prepare, verify
+    from assay.verify.reference import resolve_device
     from assay.verify.settings import VerifyConfig
 
     device = resolve_device(args.device)

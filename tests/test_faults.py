@@ -92,7 +92,8 @@ def test_sigterm_to_a_verifying_step_kills_the_worker_and_removes_its_scratch(tm
         from pathlib import Path
         from assay.layout import write_json
         from assay.tasks.model import Task
-        from assay.verify.harness import VerifyConfig, verify
+        from assay.verify.harness import verify
+        from assay.verify.settings import VerifyConfig
         task = Task.from_file({str(task)!r})
         print("verifying", flush=True)
         v = verify(task, Path({str(cand)!r}), "cpu", VerifyConfig(timeout_s=300))

@@ -24,7 +24,9 @@ import pytest
 import torch
 
 from assay.tasks.model import Task
-from assay.verify.harness import Prepared, VerifyConfig, verify
+from assay.verify.harness import verify
+from assay.verify.reference import Prepared
+from assay.verify.settings import VerifyConfig
 from test_zoo import (GENEROUS_PEAKS, assert_verdict, prepared, record, zoo_config,
                       zoo_task)
 from test_zoo_cuda import CUDA_CASES, CUDA_ZOO, kernel_names, kernel_sources

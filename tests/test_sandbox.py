@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 
 from assay.tasks.model import Task
-from assay.verify import sandbox
-from assay.verify.harness import VerifyConfig, prepare, verify
+from assay.verify.harness import prepare, verify
+from assay.verify.sandbox import run_sandboxed
+from assay.verify.sandbox.parent import LAYERS
+from assay.verify.settings import VerifyConfig
 from assay.verify.settings import SandboxLimits
 from conftest import REPO
 
@@ -238,7 +240,7 @@ def run_script(code: str, device: str = "cpu", timeout_s: float = 30, **limits):
     scratch = Path(tempfile.mkdtemp(prefix="assay-sbx-test-"))
     try:
         (scratch / "s.py").write_text(code)
-        out = sandbox.run_sandboxed([sys.executable, str(scratch / "s.py")], scratch, timeout_s,
+        out = run_sandboxed([sys.executable, str(scratch / "s.py")], scratch, timeout_s,
                                     SandboxLimits(**limits), device)
         left = sorted(p.name for p in scratch.iterdir())
         log = (scratch / "worker.log").read_text(errors="replace")
@@ -255,7 +257,7 @@ def unshare_allowed() -> bool:
 def test_outcome_is_the_old_string_with_the_isolation_attached():
     out, _, _ = run_script("print('hello')")
     assert out == "ok" and isinstance(out, str) and out.ok and out.status == "ok"
-    assert set(out.isolation) == set(sandbox.LAYERS)
+    assert set(out.isolation) == set(LAYERS)
     assert out.isolation_line().startswith("sandbox ")
     bad, _, log = run_script("import sys\nprint('boom')\nsys.exit(5)")
     assert bad.startswith("exit 5:") and "boom" in bad and bad.status == "exit"

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from assay.tasks.model import Task
-from assay.verify.harness import VerifyConfig, verify
+from assay.verify.harness import verify
+from assay.verify.settings import VerifyConfig
 
 TASK = """
 import torch

@@ -29,9 +29,10 @@ import pytest
 import torch
 
 from assay.tasks.model import Task
-from assay.verify.harness import (Prepared, VerifyConfig, compare_tensor, prepare,
-                                  reference_stats, verify)
-from assay.verify.settings import SandboxLimits
+from assay.verify.compare import compare_tensor, reference_stats
+from assay.verify.harness import prepare, verify
+from assay.verify.reference import Prepared
+from assay.verify.settings import SandboxLimits, VerifyConfig
 
 ZOO = Path(__file__).parent / "zoo"
 # Generous device ceilings: no honest cpu kernel comes near this floor; a faked time does.

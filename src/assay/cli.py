@@ -42,7 +42,8 @@ def _verify(args: argparse.Namespace) -> int:
     from assay.bench.timing import TimingConfig
     from assay.tasks.analyze import cost, degeneracy
     from assay.verify.config import from_cfg
-    from assay.verify.harness import resolve_device, verify
+    from assay.verify.harness import verify
+    from assay.verify.reference import resolve_device
 
     cfg = from_cfg(compose([f"verify={args.policy}"]).verify)
     device = resolve_device(args.device)

@@ -20,8 +20,10 @@ from typing import Any
 
 import torch
 
-from assay.verify.harness import Prepared, VerifyConfig, _private_memory, _worker_job
+from assay.verify.harness import _private_memory, worker_job
+from assay.verify.reference import Prepared
 from assay.verify.sandbox import Outcome, run_sandboxed
+from assay.verify.settings import VerifyConfig
 
 NCU_LOG = "ncu.csv"
 _SOURCE_BLOCK = re.compile(r"r?(\"\"\"|''')(.*?)\1", re.S)
@@ -47,7 +49,7 @@ def torch_profile_table(kernels: list[dict[str, Any]], device: str) -> str:
 def _job_dir(prep: Prepared, candidate: Path, cfg: VerifyConfig, audit: bool) -> Path:
     scratch = Path(tempfile.mkdtemp(prefix="assay-profile-"))
     shutil.copyfile(candidate, scratch / "candidate.py")
-    job = _worker_job(prep, scratch / "candidate.py", cfg)
+    job = worker_job(prep, scratch / "candidate.py", cfg)
     job["audit"] = audit
     job["timing"].update(min_runs=3, max_runs=3, warmup_s=0.0)
     job["result_format"] = "json"  # parsed as data: nothing the candidate wrote is unpickled

@@ -1,0 +1,250 @@
+"""Reference preparation, once per (task, device) and reused across candidates: secret input
+sets drawn from fresh seeds, the reference model with randomized weights, its expected outputs
+in the task's dtype and in float64, their statistics, the reference's own ops, aliasing and
+longest reduction, and whether the task is degenerate (:func:`prepare`, :class:`Prepared`)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from assay.tasks.instantiate import as_outputs, init_inputs, make_inputs, reference_model
+from assay.tasks.model import Task
+from assay.verify import policy as policy_mod
+from assay.verify.arenas import FileArena, Layout, describe_inputs, fill_inputs
+from assay.verify.compare import compare_tensor, is_inexact, reference_stats, wide_dtype
+from assay.verify.settings import VerifyConfig
+
+
+def resolve_device(device: str) -> str:
+    if device in ("auto", "", None):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def set_reference_numerics(allow_tf32: bool) -> None:
+    """The reference is computed in true fp32 unless the config says tf32."""
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    torch.backends.cudnn.allow_tf32 = allow_tf32
+    torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
+
+
+def reduction_length(model, inputs: list) -> tuple[list[torch.Tensor], int]:
+    """Run the reference once and estimate the longest reduction behind one output element:
+    the inner dimension of matmuls, the fan-in of convolutions, the normalized size of norms
+    and softmaxes, in/out element ratios of reductions. A TorchFunctionMode (cheap: no dynamo)."""
+    from torch.overrides import TorchFunctionMode
+
+    longest = [1]
+
+    def numel(x) -> int:
+        return x.numel() if isinstance(x, torch.Tensor) else 1
+
+    class Count(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            try:
+                name = getattr(func, "__name__", "")
+                ts = [a for a in args if isinstance(a, torch.Tensor)]
+                k = 1
+                if name in ("matmul", "mm", "bmm", "mv", "dot", "vdot", "inner", "__matmul__",
+                            "__rmatmul__", "einsum", "tensordot", "chain_matmul") and ts:
+                    k = ts[0].shape[-1] if ts[0].dim() else 1
+                elif name in ("addmm", "baddbmm", "addbmm", "addmv", "addr") and len(ts) > 1:
+                    k = ts[1].shape[-1] if ts[1].dim() else 1
+                elif name in ("linear", "bilinear") and len(ts) > 1:
+                    k = ts[1].shape[-1]
+                elif name.startswith("conv") and len(ts) > 1 and ts[1].dim() > 2:
+                    w = ts[1]
+                    fan = w.shape[0] if "transpose" in name else w.shape[1]
+                    k = fan * math.prod(w.shape[2:])
+                elif name in ("softmax", "log_softmax", "_softmax", "logsumexp", "cumsum",
+                              "cumprod", "_log_softmax") and ts:
+                    d = args[1] if len(args) > 1 else kwargs.get("dim", -1)
+                    k = ts[0].shape[d] if ts[0].dim() else 1
+                elif name in ("layer_norm", "rms_norm") and ts:
+                    shp = args[1] if len(args) > 1 else kwargs.get("normalized_shape", ())
+                    k = math.prod(shp if isinstance(shp, (list, tuple)) else [shp])
+                elif name in ("batch_norm", "group_norm", "instance_norm") and ts:
+                    k = max(ts[0].numel() // max(ts[0].shape[1] if ts[0].dim() > 1 else 1, 1), 1)
+                elif ts and isinstance(out, torch.Tensor) and 0 < numel(out) < numel(ts[0]):
+                    k = numel(ts[0]) // numel(out)
+                longest[0] = max(longest[0], int(k))
+            except Exception:  # noqa: BLE001 - an estimate; never fails the reference
+                pass
+            return out
+
+    with torch.no_grad(), Count():
+        outs = [o.detach().clone() for o in as_outputs(model(*inputs))]
+    n_in = sum(x.numel() for x in inputs if isinstance(x, torch.Tensor))
+    n_out = sum(o.numel() for o in outs)
+    ratio = n_in // n_out if n_out and n_in > n_out else 1
+    return outs, max(longest[0], ratio, 1)
+
+
+
+@dataclass
+class Prepared:
+    """Everything the harness computed for one (task, device): reused across candidates."""
+
+    task: Task
+    device: str
+    init_inputs: list
+    init_seed: int
+    state_dict: dict
+    sets: list[list]                 # every input set, on the device
+    distributions: list[str]         # the distribution each set was drawn from
+    check_sets: list[int]            # correctness sets (cfg.input_distributions)
+    timing_sets: list[int]
+    swap_sets: list[int]
+    refs: list[list[torch.Tensor]]   # task-dtype reference outputs per set, on the device
+    refs64: list[list[torch.Tensor | None]]  # float64 references (None where not computable)
+    stats: list[list[dict[str, float]]]
+    reference_ops: list[str]         # ATen compute ops of the reference's forward
+    reference_aliases: bool          # the reference's output shares memory with an input
+    reduction: int                   # the longest reduction behind one output element
+    degenerate: str                  # why the outputs barely depend on the inputs ("" if not)
+    poison_bytes: int
+    prepare_s: float = 0.0
+    _inputs: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def references(self) -> list[list[torch.Tensor]]:
+        return [self.refs[i] for i in self.check_sets]
+
+    def host_inputs(self) -> dict[str, Any]:
+        """The input arena (a shared-memory file, written once, mapped copy-on-write by every
+        worker) and the descriptors of what is in it. Rebuilt if a worker tampered with it."""
+        if self._inputs is not None and self._inputs["identity"] != self._inputs["arena"].identity():
+            self._inputs["arena"].close()
+            self._inputs = None
+        if self._inputs is None:
+            layout = Layout("in")
+            descs = describe_inputs(self, layout)
+            arena = FileArena(layout.size, "assay-inputs-")
+            fill_inputs(arena.buf, self, descs)
+            self._inputs = {"arena": arena, "descs": descs, "identity": arena.identity()}
+        return self._inputs
+
+    def inputs_tampered(self) -> bool:
+        return self._inputs is not None and \
+            self._inputs["identity"] != self._inputs["arena"].identity()
+
+
+
+def _profile_ops(model, inputs: list) -> list[str]:
+    try:  # the autograd profiler's front end: torch.profiler.profile imports dynamo (seconds)
+        with torch.no_grad(), torch.autograd.profiler.profile(use_kineto=True) as prof:
+            model(*inputs)
+        rows = [{"name": e.key} for e in prof.key_averages()]
+        return sorted(policy_mod.compute_ops(rows))
+    except Exception:  # noqa: BLE001 - no op list: the reference_fallback check passes
+        return []
+
+
+def _overlaps(outs: list[torch.Tensor], inputs: list) -> bool:
+    def rng(t):
+        s = t.untyped_storage()
+        return s.data_ptr(), s.data_ptr() + s.nbytes()
+    for o in outs:
+        if o.numel() == 0:
+            continue
+        lo, hi = rng(o)
+        for x in inputs:
+            if isinstance(x, torch.Tensor) and x.numel() and x.device == o.device:
+                a, b = rng(x)
+                if lo < b and a < hi:
+                    return True
+    return False
+
+
+def _degenerate(refs: list[list[torch.Tensor]], refs64: list, stats: list, dists: list[str],
+                check: list[int], cfg: VerifyConfig) -> str:
+    """The harness's own degeneracy test, on what it computed anyway: if the expected outputs
+    of every correctness set (different inputs, different distributions) pass the comparison
+    against one another, a candidate that ignores its inputs would pass too."""
+    a = check[0]
+    others = [b for b in check if b != a]
+    if not others or not all(is_inexact(r) for r in refs[a]):
+        return ""
+    for b in others:
+        for j, (ra, rb) in enumerate(zip(refs[a], refs[b])):
+            if ra.shape != rb.shape:
+                return ""
+            if not compare_tensor(rb, ra, refs64[a][j], stats[a][j], cfg).ok:
+                return ""
+    return (f"the expected outputs of {len(check)} input sets ({', '.join(dists[i] for i in check)}) "
+            f"match one another within the tolerances: the output barely depends on the inputs, "
+            f"so an input-ignoring constant would pass")
+
+
+def prepare(task: Task, device: str, cfg: VerifyConfig) -> Prepared:
+    """Draw secret seeds, build the reference and compute the expected outputs (task dtype and
+    float64), all on ``device``."""
+    t0 = time.perf_counter()
+    set_reference_numerics(cfg.allow_tf32)
+    device = resolve_device(device)
+    module = task.module()
+    init_seed = secrets.randbits(31)
+    model = reference_model(module, init_seed, device)
+    sd = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+    def draw(distribution: str) -> list:
+        with torch.device(device):  # factories in get_inputs() allocate on the device
+            return make_inputs(module, secrets.randbits(31), device, distribution)
+
+    dists = list(cfg.input_distributions) + ["native"] * (cfg.timing_sets + cfg.swap_sets)
+    sets = [draw(d) for d in dists]
+    n = len(cfg.input_distributions)
+    check = list(range(n))
+    timing_ids = list(range(n, n + cfg.timing_sets))
+    swap_ids = list(range(n + cfg.timing_sets, len(dists)))
+
+    def run_ref(inputs: list) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [o.detach().clone() for o in as_outputs(model(*inputs))]
+
+    first, reduction = reduction_length(model, sets[0])
+    refs = [first] + [run_ref(xs) for xs in sets[1:]]
+    with torch.no_grad():
+        ref_alias = _overlaps(as_outputs(model(*sets[0])), sets[0])
+    try:
+        model64 = copy.deepcopy(model).to(torch.float64)
+    except Exception:  # noqa: BLE001
+        model64 = None
+
+    def run_ref64(inputs: list, want: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        if model64 is None:
+            return [None] * len(want)
+        xs = [x.to(wide_dtype(x.dtype)) if isinstance(x, torch.Tensor) and is_inexact(x) else x
+              for x in inputs]
+        try:
+            with torch.no_grad():
+                outs = as_outputs(model64(*xs))
+        except Exception:  # noqa: BLE001 - some ops have no float64 kernel: no fp64 reference
+            return [None] * len(want)
+        if len(outs) != len(want):
+            return [None] * len(want)
+        return [o.detach().to(wide_dtype(w.dtype)) if is_inexact(w) and o.shape == w.shape else None
+                for o, w in zip(outs, want)]
+
+    refs64 = [run_ref64(xs, r) for xs, r in zip(sets, refs)]
+    del model64
+    stats = [[reference_stats(r, r64) for r, r64 in zip(rs, r64s)]
+             for rs, r64s in zip(refs, refs64)]
+    ops = _profile_ops(model, sets[0])
+    out_bytes = sum(o.numel() * o.element_size() for o in refs[0])
+    prep = Prepared(task, device, init_inputs(module), init_seed, sd, sets, dists, check,
+                    timing_ids, swap_ids, refs, refs64, stats, ops, ref_alias, reduction,
+                    _degenerate(refs, refs64, stats, dists, check, cfg), max(out_bytes, 1 << 20))
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    prep.prepare_s = time.perf_counter() - t0
+    return prep
