@@ -74,6 +74,10 @@ try:  # The audit's call ranges (a C++ record function: ~0.4 us), captured like 
     from torch._C._profiler import _RecordFunctionFast as _Range
 except ImportError:  # older torch: the same range through the dispatcher (~10 us)
     _Range = torch.autograd.profiler.record_function
+# The profiler's own methods, for the same reason (the Guard also watches its module and class).
+_PROFILE_ENTER = torch.autograd.profiler.profile.__enter__
+_PROFILE_EXIT = torch.autograd.profiler.profile.__exit__
+_CPU = torch.autograd.DeviceType.CPU
 _RESULT_FORMAT = ["pt"]  # the harness asks for "json" only; older readers load result.pt
 PERTURB_RANGE = (0.8, 1.0)  # rescaling toward zero keeps every domain that contains 0
 
@@ -160,6 +164,8 @@ def _watched() -> dict[str, Any]:
             "torch._C.TensorBase": torch._C.TensorBase, "torch.cuda": torch.cuda,
             "torch.cuda.Event": torch.cuda.Event, "torch.cuda.Stream": torch.cuda.Stream,
             "torch.testing": torch.testing, "assay.bench.timing": timing,
+            "torch.autograd.profiler": torch.autograd.profiler,
+            "torch.autograd.profiler.profile": torch.autograd.profiler.profile,
             "assay.tasks.instantiate": instantiate, "assay.verify.worker": sys.modules[__name__]}
 
 
@@ -412,7 +418,7 @@ class CallAudit:
         self.prof = torch.autograd.profiler.profile(use_kineto=True, **kw, **_all_threads())
 
     def start(self) -> None:
-        self.prof.__enter__()
+        _PROFILE_ENTER(self.prof)
 
     def call(self, phase: str, fn, *args):
         self.phases.append(phase)
@@ -424,15 +430,15 @@ class CallAudit:
         "calls": [{"phase", "rows"}] for the phases in ``keep``} or {"error": ...}."""
         try:
             timing.sync(self.device)
-            self.prof.__exit__(None, None, None)
-            cpu_type = torch.autograd.DeviceType.CPU
+            _PROFILE_EXIT(self.prof, None, None, None)
             events = [d for e in self.prof.kineto_results.events()
-                      if (d := _event(e, cpu_type)) is not None]
+                      if (d := _event(e, _CPU)) is not None]
         except Exception as e:  # noqa: BLE001 - a profiler the candidate stopped or broke
             return {"error": f"the profiler could not be read back: {type(e).__name__}: {e}"}
         calls = attribute_calls(events, self.device.type == "cuda")
+        phases = {p: self.phases.count(p) for p in dict.fromkeys(self.phases)}
         out: dict[str, Any] = {"expected": len(self.phases), "found": len(calls),
-                               "phases": {p: self.phases.count(p) for p in dict.fromkeys(self.phases)}}
+                               "phases": phases}
         if len(calls) == len(self.phases):
             out["calls"] = [{"phase": p, "rows": rows} for p, rows in zip(self.phases, calls)
                             if p in keep]
