@@ -161,9 +161,10 @@ STARTERS = {"subprocess": {"run", "Popen", "call", "check_call", "check_output",
             "pty": {"spawn", "fork"}, "multiprocessing": {"Process", "Pool", "get_context"},
             "ctx": {"Process"}}
 ALLOWED = {
-    ("assay/verify/sandbox.py", "_run"): "the sandbox launcher itself",
-    ("assay/verify/sandbox.py", "_launch"): "the launcher: forks its pid-namespace relay and "
-                                            "execs the sandboxed command after setting it up",
+    ("assay/verify/sandbox/parent.py", "_run"): "the sandbox launcher itself",
+    ("assay/verify/sandbox/launcher.py", "launch"): "the launcher: forks its pid-namespace "
+                                                    "relay and execs the sandboxed command "
+                                                    "after setting it up",
     ("assay/bench/build.py", "build"): "the compiler on a kernel source: called by candidates "
                                        "at import, so only inside the worker or the compile "
                                        "service's prebuild, both sandboxed (checked below)",
