@@ -105,7 +105,7 @@ def ninja_steps(build_dir: Path) -> dict[str, float]:
     return out
 
 
-def run_variant(variant: str, salt: str, cache: Path, arch: str) -> dict:
+def run_variant(variant: str, salt: str, cache: Path, arch: str, timeout_s: float = 240) -> dict:
     env = dict(os.environ)
     env.pop("TORCH_CUDA_ARCH_LIST", None)
     env.pop("MAX_JOBS", None)
@@ -122,8 +122,13 @@ def run_variant(variant: str, salt: str, cache: Path, arch: str) -> dict:
         build_dir.mkdir()
         env["TORCH_EXTENSIONS_DIR"] = str(Path(tmp) / "ext")
         t = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-c", CHILD, variant, salt, str(build_dir),
-                               str(cache), str(REPO)], env=env, capture_output=True, text=True)
+        try:
+            proc = subprocess.run([sys.executable, "-c", CHILD, variant, salt, str(build_dir),
+                                   str(cache), str(REPO)], env=env, capture_output=True,
+                                  text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"variant": variant, "salt": salt, "wall_s": time.perf_counter() - t,
+                    "rc": 124, "error": f"over {timeout_s:.0f} s"}
         wall = time.perf_counter() - t
         row = {"variant": variant, "salt": salt, "wall_s": wall, "rc": proc.returncode}
         if proc.returncode == 0:
@@ -140,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--arch", default=None, help="e.g. 9.0 (default: the device's)")
     p.add_argument("--out", default="inline_build_out")
+    p.add_argument("--timeout-s", type=float, default=240, help="per build (a failed row after)")
     a = p.parse_args(argv)
     import torch
 
@@ -156,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             # assay_cached builds what assay_cold built: the same salt, the same content
             salt = f"{'assay_cold' if v == 'assay_cached' else v}_{r}_{os.getpid()}"
             if v == "assay_cached" and "assay_cold" not in a.variants:
-                run_variant("assay_cold", salt, cache, arch)  # fill the cache first
-            row = run_variant(v, salt, cache, arch)
+                run_variant("assay_cold", salt, cache, arch, a.timeout_s)  # fill the cache
+            row = run_variant(v, salt, cache, arch, a.timeout_s)
             rows.append(row)
             print(f"[{r + 1}/{a.repeat}] {v}: {row.get('seconds', float('nan')):.1f} s "
                   f"(wall {row['wall_s']:.1f} s, rc {row['rc']}, correct {row.get('correct')})"
