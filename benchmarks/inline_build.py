@@ -16,6 +16,9 @@ wall time and ninja's per-step times (``.ninja_log``: the C++ binding ``main.o``
 - ``arch_only_serial``: the same with MAX_JOBS=1 (what parallel ninja buys);
 - ``arch_only_pch``: the same plus torch's ``use_pch=True`` (a precompiled torch/extension.h for
   the C++ file; g++ only; torch writes it beside its headers, so this needs write access there);
+- ``arch_only_light_header``: the same with the CUDA source including ``torch/types.h`` instead
+  of ``torch/extension.h`` (no pybind11 or Python headers through nvcc): what rewriting that
+  include would buy, if it were worth the risk;
 - ``assay_cold`` / ``assay_cached``: assay.bench.inline.cached_load_inline into an empty kernel
   cache, then the same content again (a second worker: an import of the cached library).
 
@@ -60,7 +63,7 @@ torch::Tensor swish_cuda(torch::Tensor x) {
 CPP_SRC = "torch::Tensor swish_cuda(torch::Tensor x);"
 
 VARIANTS = ("torch_default_no_gpu", "torch_default", "arch_only", "arch_only_serial",
-            "arch_only_pch", "assay_cold", "assay_cached")
+            "arch_only_pch", "arch_only_light_header", "assay_cold", "assay_cached")
 
 # Runs in a fresh interpreter: argv = variant, salt, build dir, kernel cache.
 CHILD = r"""
@@ -73,6 +76,8 @@ from inline_build import CPP_SRC, CUDA_SRC
 import torch
 from torch.utils.cpp_extension import load_inline
 cuda = CUDA_SRC + f"\n// salt {salt}\n"
+if variant.endswith("_light_header"):  # what the CUDA file's torch include costs
+    cuda = cuda.replace("<torch/extension.h>", "<torch/types.h>")
 name = f"swish_{salt}"
 kw = dict(name=name, cpp_sources=CPP_SRC, cuda_sources=cuda, functions=["swish_cuda"],
           extra_cuda_cflags=["-O3"], verbose=False)
