@@ -118,13 +118,20 @@ def run_batch(pairs: list[Pair], device: str, cfg, size: str = "auto", jsonl: Pa
         + (f", {len(pairs) - len(todo)} already in {jsonl}" if jsonl else ""))
     builds = None
     if todo and build_workers > 0:
-        # Builds on the CPU cores while the device verifies: on the cpu target too, where a
-        # build would otherwise run inside the worker; the timed calls come after each build.
+        # Builds on the CPU cores while the device verifies. On the cpu target the builds
+        # would share the cores being timed, so there they all finish before the first
+        # verification (still in parallel, and each worker then imports a cached library).
         if device.startswith("cuda"):
             pin_cuda_arch()
         builds = CompileService(build_workers, build_timeout_s, cfg.limits)
         for p in todo:
             builds.submit(p.candidate)
+        if device == "cpu":
+            t_build = time.perf_counter()
+            for p in todo:
+                builds.wait(p.candidate)
+            say(f"verify: {len(todo)} builds done in {time.perf_counter() - t_build:.1f} s "
+                f"({build_workers} at a time) before any timing (cpu target)")
     t0 = time.perf_counter()
     n, slowest = 0, 0.0
 
