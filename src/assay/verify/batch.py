@@ -16,8 +16,9 @@ inputs and the references are computed once per task), with the baselines from t
 (``assay.bench.baseline_cache``). Every candidate's kernels build on the CPU cores (a pool of
 sandboxed ``assay.bench.prebuild`` processes, ``build_workers`` at a time: candidate code is
 hostile, builds included) while the device verifies others. One JSON line per candidate, as
-soon as it is decided; a rerun with the same JSONL skips candidates already in it (a candidate
-is the same when its path and content are).
+soon as it is decided; a rerun with the same JSONL skips candidates already in it (the same
+folder and file name, the same content, the same task content; absolute paths do not matter,
+so a folder carried to another machine resumes).
 """
 
 from __future__ import annotations
@@ -93,9 +94,12 @@ def pair_candidates(tasks: list[Path], candidates: Path) -> tuple[list[Pair], li
 
 
 def candidate_key(pair: Pair, device: str, policy: str, size: str) -> str:
+    """A candidate's identity in the JSONL: its folder and file name, its content and its
+    task's (not absolute paths: a folder carried to another machine resumes)."""
     h = hashlib.sha256(pair.candidate.read_bytes()).hexdigest()[:16]
     t = hashlib.sha256(pair.task.read_bytes()).hexdigest()[:16]
-    return f"{pair.candidate.resolve()}|{h}|{t}|{device}|{policy}|{size}"
+    c = pair.candidate
+    return f"{c.parent.name}/{c.name}|{h}|{pair.task.name}|{t}|{device}|{policy}|{size}"
 
 
 def run_batch(pairs: list[Pair], device: str, cfg, size: str = "auto", jsonl: Path | None = None,
