@@ -1,6 +1,7 @@
 """Memory-aware verification on KernelBench's largest tasks: the plan against what was used.
 
-    python benchmarks/kb_memory.py --out DIR                      # cuda, the three tasks below
+    python benchmarks/kb_memory.py --out DIR                      # cuda, the tasks below
+    python benchmarks/kb_memory.py --out DIR --tasks level1/24_LogSoftmax.py   # in KernelBench
     python benchmarks/kb_memory.py --out DIR --device cpu --tasks data/tasks/level1/1_ReLU.py
 
 For each task (default: KernelBench level 1's 7_Matmul_with_small_K_dimension_, 24_LogSoftmax
@@ -13,6 +14,7 @@ and buffer of the protocol is exercised) in a child process of its own, and reco
 - measured: the harness's ``torch.cuda.max_memory_allocated``, the device-wide peak in use
   (``torch.cuda.mem_get_info`` polled every 10 ms while it ran, harness and worker together,
   CUDA contexts included), and the host's peak in use over its level before the task;
+- /dev/shm's and the temp folder's free space (the arenas live there, not planned);
 - the verdict (accepted, or its reasons: ``too_large`` with the numbers where it cannot fit)
   and the seconds per phase.
 
@@ -33,9 +35,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-KERNELBENCH = REPO.parent / "shared" / "kernelbench"
-DEFAULT_TASKS = [f"level1/{n}.py" for n in ("7_Matmul_with_small_K_dimension_",
-                                              "24_LogSoftmax", "25_Swish")]
+# Where KernelBench is: --kernelbench, else the first of these that exists.
+KERNELBENCH = [REPO / "shared" / "kernelbench", REPO.parent / "shared" / "kernelbench",
+               REPO.parents[1] / "shared" / "kernelbench"]
+# The three that ran out of memory, then three the plan fits on an 80 GB H100: two with the
+# references on the host (compared on the device in chunks), one on the device (68 GiB).
+DEFAULT_TASKS = ["level1/7_Matmul_with_small_K_dimension_.py", "level1/24_LogSoftmax.py",
+                 "level1/25_Swish.py", "level1/100_HingeLoss.py", "level1/42_Max_Pooling_2D.py",
+                 "level2/5_ConvTranspose2d_Subtract_Tanh.py"]
 GiB = 1 << 30
 
 
@@ -73,6 +80,7 @@ class Peak:
 
 def one(task_path: str, device: str, size: str) -> dict:
     """Plan, then verify the task's own Model as the candidate; in this (child) process."""
+    import shutil
     import tempfile
 
     import torch
@@ -95,8 +103,10 @@ def one(task_path: str, device: str, size: str) -> dict:
             torch.cuda.reset_peak_memory_stats()
         with Peak(device) as peak:
             v = verify(task, cand, device, cfg, times=times, plan=plan)
+    shm, tmp_dir = shutil.disk_usage("/dev/shm"), shutil.disk_usage(tempfile.gettempdir())
     return {
         "task": task.id, "device": device, "size": task.size,
+        "shm_free_b": shm.free, "tmp_free_b": tmp_dir.free,
         "plan": plan.to_dict() if plan else None, "plan_s": plan_s,
         "accepted": v.accepted, "reasons": v.reasons,
         "details": {r: v.checks[r]["detail"][:500] for r in v.reasons},
@@ -138,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="auto", choices=["auto", "large", "small"])
     ap.add_argument("--tasks", nargs="+", help="task files (default: the three KernelBench "
                                                "tasks that ran out of memory)")
-    ap.add_argument("--timeout-s", type=int, default=1800, help="per task")
+    ap.add_argument("--kernelbench", type=Path, help="KernelBench checkout (default: "
+                    "shared/kernelbench beside or above the repository)")
+    ap.add_argument("--timeout-s", type=int, default=540, help="per task")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # the child's own task
     args = ap.parse_args(argv)
     if args.one:
@@ -146,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.out:
         ap.error("--out is required")
-    tasks = args.tasks or [str(KERNELBENCH / t) for t in DEFAULT_TASKS]
+    kb = args.kernelbench or next((d for d in KERNELBENCH if d.is_dir()), KERNELBENCH[0])
+    tasks = [t if Path(t).is_file() else str(kb / t) for t in (args.tasks or DEFAULT_TASKS)]
     rows = []
     for t in tasks:
         print(f"== {t}", flush=True)

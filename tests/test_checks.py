@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 import pytest
 
 from assay.archive.export import check_description
 from assay.records import Verdict
 from assay.verify import checks
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 HARNESS = REPO / "src" / "assay" / "verify" / "harness.py"
 
 

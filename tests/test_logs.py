@@ -70,7 +70,7 @@ def test_profile_says_why_a_tool_does_not_run(monkeypatch) -> None:
 
     monkeypatch.setattr(shutil, "which", lambda name: None)  # neither tool installed
     assert tool_missing("ncu", "auto", "cpu") == (
-        "ncu: not run, the target is cpu (it profiles CUDA kernels)")
+        "ncu: not run, the target is cpu (ncu profiles GPU kernels)")
     assert "ncu is not on PATH" in tool_missing("ncu", "auto", "cuda")
     why = tool_missing("clang-tidy", "auto", "cpu")
     assert "clang-tidy is not on PATH" in why and "apt-get install -y clang-tidy" in why

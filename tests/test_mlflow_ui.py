@@ -39,7 +39,9 @@ except ImportError:  # tests/ imported as a package
     from tests.chromium import Browser, find_chromium, problems
     from tests.fake_results import make_fake_campaign
 
-pytest.importorskip("flask", reason="the MLflow UI needs the full mlflow (the pipeline extra)")
+if find_chromium() is None:
+    pytest.skip("no chromium (apt-get install -y chromium; CI installs it in .ci/run)",
+                allow_module_level=True)
 
 LLMS = ("offline", "fakellm")
 TASK = "L1_1_ReLU"
@@ -150,12 +152,6 @@ def _report_links(store: dict[str, Any], base: str) -> list[str]:
     page = write_report(store["campaign"], mlflow_ui=base).read_text()
     return [htmlmod.unescape(u) for u in re.findall(r'<a href="([^"]*#/compare-runs[^"]*)"',
                                                     page)]
-
-
-@pytest.fixture(autouse=True)
-def _needs_chromium() -> None:
-    if find_chromium() is None:
-        pytest.skip("no chromium (apt-get install -y chromium; CI installs it in .ci/run)")
 
 
 def test_mlflow_ui_compares_the_backends(store: dict[str, Any], ui: str) -> None:

@@ -135,7 +135,8 @@ def test_escape_fails_while_ncu_profiled(lure, ncu, device):
     root = REPO / "tests" / ("zoo" if device == "cpu" else "zoo_cuda")
     task = zoo_task(CASE["TASK"], root)
     with sandboxed_worker(prepared(task, device), CASE["path"], zoo_config(CASE),
-                          ncu_command(ncu, ["gpu__time_duration.sum"]), 300) as (out, res, scr):
+                          ncu_command(ncu, ["gpu__time_duration.sum"]), 300,
+                          audit=False) as (out, res, scr):
         log = (scr / "ncu.csv").read_text(errors="replace") if (scr / "ncu.csv").exists() else ""
         own = (scr / "escape.json").exists()
     assert res is not None and "ESCAPE-REPORT" in res.get("error", ""), (out, res)

@@ -20,6 +20,7 @@ import pytest
 
 from assay.layout import Campaign
 from assay.report.html import write_report
+from helpers import REPO
 
 try:
     from chromium import HEIGHT, WIDTH, Browser, chromium_binary, problems
@@ -28,7 +29,6 @@ except ImportError:  # tests/ imported as a package
     from tests.chromium import HEIGHT, WIDTH, Browser, chromium_binary, problems
     from tests.fake_results import add_declined, make_fake_campaign, write_task
 
-REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
 
 

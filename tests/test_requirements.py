@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO
 
 
 def _pins(specs: list[str]) -> dict[str, str]:

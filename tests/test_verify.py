@@ -142,3 +142,50 @@ def test_cli_exit_codes(task, tmp_path):
     r = subprocess.run([sys.executable, "-m", "assay.cli", "verify", "--task", str(task.path)],
                        capture_output=True, text=True)
     assert r.returncode == 2
+
+
+def test_cli_rejects_what_cannot_load_before_any_baseline(task, tmp_path):
+    base = [sys.executable, "-m", "assay.cli", "verify", "--task", str(task.path), "--device",
+            "cpu"]
+    cases = {"broken_syntax.py": ("import torch\nclass ModelNew(torch.nn.Module:\n    pass\n",
+                                  "syntax error at line 2"),
+             "no_model.py": ("import torch\nclass Model(torch.nn.Module):\n    pass\n",
+                             "does not define class ModelNew"),
+             "missing_import.py": ("import torch\nimport no_such_module_here\nModelNew = 1\n",
+                                   "'no_such_module_here', which is not installed")}
+    for name, (code, why) in cases.items():
+        cand, out = tmp_path / name, tmp_path / f"{name}.json"
+        cand.write_text(code)
+        r = subprocess.run(base + ["--candidate", str(cand), "--json", str(out)],
+                           capture_output=True, text=True)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "REJECTED: compiles" in r.stdout and "speedup" not in r.stdout
+        assert str(cand) in r.stdout and why in r.stdout, r.stdout  # the user's own file
+        verdict = json.loads(out.read_text())
+        assert verdict["reasons"] == ["compiles"] and verdict["baseline_eager_ms"] is None
+        assert "baseline_s" not in verdict["times"] and "worker_s" not in verdict["times"]
+
+
+def test_cli_cuda_without_a_gpu_is_one_line_and_exit_2(task, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    cand = tmp_path / "c.py"
+    cand.write_text(CASES["honest"][0])
+    r = subprocess.run([sys.executable, "-m", "assay.cli", "verify", "--task", str(task.path),
+                        "--candidate", str(cand), "--device", "cuda"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().count("\n") == 0 and "no CUDA device" in r.stderr
+    h = subprocess.run([sys.executable, "-m", "assay.cli", "verify", "--help"],
+                       capture_output=True, text=True).stdout
+    assert "exit status: 0 accepted, 1 rejected" in h and "where the candidate runs" in h
+
+
+def test_an_import_error_names_the_users_file_and_line(task, tmp_path):
+    cand = tmp_path / "my_kernel.py"
+    cand.write_text("import torch\nx = 1\nraise ValueError('boom')\nclass ModelNew: ...\n")
+    v = verify(task, cand, "cpu", VerifyConfig(budget_s=0.1))
+    assert v.reasons == ["compiles"]
+    assert v.checks["compiles"]["detail"].startswith(f"{cand}, line 3: ValueError: boom")

@@ -72,8 +72,11 @@ def test_make_targets_call_assay_run(goal, extra, want):
 def test_the_default_overrides_live_in_the_workflow_config():
     import yaml
 
-    cfg = yaml.safe_load((REPO / "config" / "workflow.yaml").read_text())
-    assert cfg["overrides"] == ["campaign=default"]
+    from assay.app import workflow_overrides
+
+    assert workflow_overrides() == ["campaign=default"]  # what a bare `snakemake` runs with
+    assert rerun_files(workflow_overrides(), ["L1_1_ReLU"]) == [
+        "results/default/offline/L1_1_ReLU/gen_0/proposals.json"]
     profile = yaml.safe_load((REPO / "workflow/profiles/default/config.yaml").read_text())
     assert "params" not in profile["rerun-triggers"] and "cpu_timing=1" in profile["resources"]
 

@@ -125,6 +125,17 @@ def split_overrides(text: str) -> list[str]:
     return [o for o in out if o]
 
 
+def workflow_overrides() -> list[str]:
+    """The overrides a campaign runs with when the command line gives none: Snakemake's config
+    ``config/workflow.yaml`` (``overrides: [campaign=default]``)."""
+    import yaml
+
+    path = config_dir() / "workflow.yaml"
+    if not path.is_file():
+        return []
+    return [str(o) for o in (yaml.safe_load(path.read_text()) or {}).get("overrides") or []]
+
+
 class UserError(ValueError):
     """A mistake in what the user asked for; printed as one line, exit status 2."""
 

@@ -2,7 +2,7 @@
 compare and report them.
 
   assay verify --task T.py --candidate C.py [--device cuda|cpu] [--json out.json]
-      exit 0 accepted, 1 rejected, 2 bad usage or unreadable input
+      exit 0 accepted, 1 rejected, 2 bad usage, unreadable input or a device not there
   assay verify --task DIR|T.py --candidate DIR [--jsonl out.jsonl]   a folder of candidates
       exit 0 all accepted, 1 any not, 2 bad usage
   assay compare [CAMPAIGN ...] [--results results]
@@ -67,7 +67,9 @@ def _verify(args: argparse.Namespace) -> int:
     from assay.verify.harness import verify
     from assay.verify.memory import plan_task
 
+    t = time.perf_counter()
     cfg = from_cfg(compose([f"verify={args.policy}"]).verify)
+    times["config_s"] = time.perf_counter() - t
     # A task too large for this machine's memory is decided before any baseline too.
     t = time.perf_counter()
     plan = None if refused else plan_task(task, device, cfg)
@@ -272,10 +274,10 @@ def rerun_files(overrides: list[str], tasks: list[str]) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from assay.app import UserError
+    from assay.app import UserError, workflow_overrides
     from assay.resources import snakefile
 
-    overrides = [w for w in args.words if "=" in w]
+    overrides = [w for w in args.words if "=" in w] or workflow_overrides()
     try:
         forced = rerun_files(overrides, args.rerun) if args.rerun else []
     except UserError as e:
@@ -285,7 +287,7 @@ def _run(args: argparse.Namespace) -> int:
     # package, so `assay run` works from any folder; results land in the current one.
     cmd = snakemake_command(args.words, args.cores, args.dry_run, forced, args.snakemake_args,
                             snakefile())
-    print("assay: " + " ".join(shlex.quote(w) for w in cmd[1:]), file=sys.stderr, flush=True)
+    print("assay: " + " ".join(shlex.quote(w) for w in cmd), file=sys.stderr, flush=True)
     return subprocess.call(cmd)
 
 
@@ -302,8 +304,12 @@ Words holding '=' are Hydra overrides, the others Snakemake targets (files under
 The command it runs is printed first. To start a task from scratch, delete
 results/<campaign>/<llm>/<task>/ and run again. `make run`, `make dry-run` and
 `make rerun TASK=...` call this."""
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="assay", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="assay", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
     v = sub.add_parser(

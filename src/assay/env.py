@@ -39,6 +39,10 @@ CONFIG_DIR = EnvVar(
 KERNEL_CACHE = EnvVar(
     "ASSAY_KERNEL_CACHE",
     "the shared cache of built kernels (default ~/.cache/assay/kernels)")
+BASELINE_CACHE = EnvVar(
+    "ASSAY_BASELINE_CACHE",
+    "the cache of `assay verify`'s eager/compile baseline timings (default "
+    "~/.cache/assay/baselines)")
 CUDA_ARCH = EnvVar(
     "ASSAY_CUDA_ARCH",
     "the architecture kernels are built for, e.g. sm_90 (default: the visible GPU's); the "
@@ -80,9 +84,9 @@ SANDBOX_NETWORK = EnvVar(
     "the worker's network isolation as the launcher applied it, for the verdict",
     internal=True)
 
-ALL: tuple[EnvVar, ...] = (CONFIG_DIR, KERNEL_CACHE, CUDA_ARCH, GPU_LOCK_DIR, SANDBOX_UID,
-                           SANDBOX_DISABLE, SANDBOX_PRIVATE_CACHE, MLFLOW_UI, SLURM_PARTITION,
-                           SLURM_ACCOUNT, GPU, BUILD_ONLY, SANDBOX_NETWORK)
+ALL: tuple[EnvVar, ...] = (CONFIG_DIR, KERNEL_CACHE, BASELINE_CACHE, CUDA_ARCH, GPU_LOCK_DIR,
+                           SANDBOX_UID, SANDBOX_DISABLE, SANDBOX_PRIVATE_CACHE, MLFLOW_UI,
+                           SLURM_PARTITION, SLURM_ACCOUNT, GPU, BUILD_ONLY, SANDBOX_NETWORK)
 
 
 def markdown_table() -> str:

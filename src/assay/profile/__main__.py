@@ -17,7 +17,8 @@ from assay.layout import write_json
 
 log = logging.getLogger("assay.profile")
 
-INSTALL_CLANG_TIDY = "Debian's clang-tidy: apt-get install -y clang-tidy (CI: .ci/run)"
+INSTALL_CLANG_TIDY = ("Debian's clang-tidy, and libomp-dev for the OpenMP kernels: "
+                      "apt-get install -y clang-tidy libomp-dev; CI does it in .ci/run")
 
 
 def tool_missing(name: str, mode: str, target: str) -> str | None:
@@ -26,8 +27,8 @@ def tool_missing(name: str, mode: str, target: str) -> str | None:
     error (exit 2), ``auto`` says so once in the log."""
     if mode == "off":
         return f"{name}: off (profile.{name.replace('-', '_')}=off)"
-    if name == "ncu" and target != "cuda":
-        return "ncu: not run, the target is cpu (it profiles CUDA kernels)"
+    if name == "ncu" and target == "cpu":
+        return "ncu: not run, the target is cpu (ncu profiles GPU kernels)"
     if shutil.which(name) is None:
         how = INSTALL_CLANG_TIDY if name == "clang-tidy" else "NVIDIA Nsight Compute"
         why = f"{name}: not run, {name} is not on PATH (install {how})"

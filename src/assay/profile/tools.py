@@ -46,10 +46,11 @@ def torch_profile_table(kernels: list[dict[str, Any]], device: str) -> str:
     return "\n".join(lines)
 
 
-def _job_dir(prep: Prepared, candidate: Path, cfg: VerifyConfig) -> Path:
+def _job_dir(prep: Prepared, candidate: Path, cfg: VerifyConfig, audit: bool) -> Path:
     scratch = Path(tempfile.mkdtemp(prefix="assay-profile-"))
     shutil.copyfile(candidate, scratch / "candidate.py")
     job = worker_job(prep, scratch / "candidate.py", cfg)
+    job["audit"] = audit
     job["timing"].update(min_runs=3, max_runs=3, warmup_s=0.0)
     job["result_format"] = "json"  # parsed as data: nothing the candidate wrote is unpickled
     torch.save(job, scratch / "job.pt")
@@ -67,16 +68,18 @@ def _report(scratch: Path) -> dict[str, Any] | None:
 
 @contextmanager
 def sandboxed_worker(prep: Prepared, candidate: Path, cfg: VerifyConfig,
-                     prefix: Sequence[str] = (),
-                     timeout_s: float | None = None) -> Iterator[tuple[Outcome, dict | None, Path]]:
+                     prefix: Sequence[str] = (), timeout_s: float | None = None,
+                     audit: bool = True) -> Iterator[tuple[Outcome, dict | None, Path]]:
     """Run the candidate's worker in the verifier's sandbox (``run_sandboxed``: its environment
     allow-list, namespaces, uid and limits), behind ``prefix`` when a profiler must exec it
     (ncu). The profiler runs inside the sandbox with the candidate: it sees the sandbox's
     environment and its only writable folder is the scratch (its HOME and TMPDIR).
 
-    Yields (outcome, the worker's report or None, scratch); the scratch is removed after.
+    ``audit``: the worker's own profiler over every call (the torch-profiler table); off under
+    ncu, which wants the device's counters to itself. Yields (outcome, the worker's report or
+    None, scratch); the scratch is removed after.
     """
-    scratch = _job_dir(prep, candidate, cfg)
+    scratch = _job_dir(prep, candidate, cfg, audit)
     try:
         cmd = [*prefix, sys.executable, "-m", "assay.verify.worker", str(scratch)]
         with _private_memory():  # as while verifying: this process's memory and environ closed
@@ -112,8 +115,8 @@ def ncu_profile(prep: Prepared, candidate: Path, cfg: VerifyConfig, metrics: lis
     ncu = shutil.which("ncu")
     if ncu is None or not prep.device.startswith("cuda"):
         return None
-    with sandboxed_worker(prep, candidate, cfg, ncu_command(ncu, metrics),
-                          timeout_s) as (outcome, _, scratch):
+    with sandboxed_worker(prep, candidate, cfg, ncu_command(ncu, metrics), timeout_s,
+                          audit=False) as (outcome, _, scratch):
         if outcome.status == "timeout":
             return f"ncu timed out after {timeout_s:.0f} s"
         try:

@@ -36,8 +36,9 @@ from assay.report.compare import compare_frame, per_task
 from assay.report.highlight import css as highlight_css
 from assay.report.highlight import highlight_code
 
-__all__ = ["DEFAULT_MLFLOW_UI", "mlflow_compare_url", "mlflow_run_url", "render_report", "report_context",
-           "svg_bar_chart", "svg_line_chart", "write_report", "PALETTE", "OPERATOR_COLORS"]
+__all__ = ["DEFAULT_MLFLOW_UI", "mlflow_compare_url", "mlflow_run_url", "render_report",
+           "report_context", "svg_bar_chart", "svg_line_chart", "write_report", "PALETTE",
+           "OPERATOR_COLORS"]
 
 FAST_P_GRID = [round(0.01 * i, 2) for i in range(301)]  # p in 0..3
 FAST_P_TABLE = (0.0, 1.0, 1.5, 2.0, 3.0)
@@ -661,7 +662,8 @@ target: {{ targets | join(", ") or "-" }}; generated {{ generated }}.</p>
 </table>
 <p class="note">fast_1: fraction of tried tasks whose best accepted kernel beats eager PyTorch
 (speedup &gt; 1). The geometric mean is over tasks with an accepted kernel only.</p>
-{% if compare_llms %}<p>{{ ext(compare_llms, "compare the backends in MLflow") }} (their parent runs side by side; each task's <b>compare</b> link in the
+{% if compare_llms %}<p>{{ ext(compare_llms, "compare the backends in MLflow") }} (their
+parent runs side by side; each task's <b>compare</b> link in the
 leaderboard does the same for that task's runs).</p>{% endif %}
 {% else %}
 <p>No verified candidates yet.</p>
@@ -730,7 +732,8 @@ accepted){% endif %}</td>
 <p class="note">Per-LLM columns: that backend's best accepted speedup over eager
 (&#10007;: tried, nothing accepted). % of roofline = roofline time / measured time.
 The verdict column counts accepted / verified candidates. MLflow: the task's child run of the
-best kernel's backend, and (compare) all its backends' runs side by side{% if n_links %} in the MLflow UI at <code>{{ mlflow_ui }}</code>
+best kernel's backend, and (compare) all its backends' runs side by side{% if n_links %} in
+the MLflow UI at <code>{{ mlflow_ui }}</code>
 (<code>mlflow ui --backend-store-uri sqlite:///results/mlflow.db</code>){% else %} (none
 tracked yet){% endif %}.</p>
 

@@ -286,6 +286,16 @@ class _Malformed(Exception):
     """The worker's report lacks a field or has one of the wrong type."""
 
 
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _in_candidate(tb: Any, candidate: Path) -> str:
+    """'<the user's file>, line N: ' for the innermost traceback frame in the candidate's copy
+    (the worker runs it under the user's file name), or '' when no frame is in it."""
+    lines = [m for m in _FRAME.finditer(str(tb or "")) if Path(m.group(1)).name == candidate.name]
+    return f"{candidate}, line {lines[-1].group(2)}: " if lines else ""
+
+
 def _judge(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -> None:
     """Record the checks of one finished worker run: how contained it was, then either how it
     failed (timeout, crash, the stage that raised) or every check on its report."""
@@ -305,8 +315,9 @@ def _judge(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -> None:
         log = result.get("build_log") or ""
         if log:
             name = "compiles"
-        checks.record(v, name, False, str(result["error"]) + ("\n" + str(log) if log else ""))
-        v.error = str(result["error"])
+        error = _in_candidate(result.get("traceback"), w.candidate) + str(result["error"])
+        checks.record(v, name, False, error + ("\n" + str(log) if log else ""))
+        v.error = error
         return
     try:
         _judge_report(v, prep, w, cfg)

@@ -9,9 +9,9 @@ call. This module answers, from shapes alone, whether that fits, and where the r
   meta default device, and a forward that allocates nothing); a forward's own peak of
   intermediates is tracked on the way. Nothing of the task's size is allocated here.
 - :func:`plan` counts every buffer of the harness and the worker for each placement of the
-  references (``device``, else ``host`` with chunked comparison on the device) and picks the
-  first that fits in the free memory given; ``None`` means the task is too large, and
-  :meth:`Plan.too_large_detail` says by how much.
+  references (``device``, else ``host``, compared on the device a chunk at a time) and picks
+  the first that fits in the free memory given; when none does, the plan's ``fits`` is False
+  and :meth:`Plan.too_large_detail` says by how much (the verdict ``too_large``).
 
 Pure arithmetic apart from :func:`task_shapes` and :func:`free_memory`: unit tests feed fake
 free-memory numbers.
@@ -31,7 +31,8 @@ PROCESS_B = 512 << 20
 HEADROOM = 0.10
 # The worker's L2 flush buffer on cuda (2 x the L2; H100/H200: 50 MB L2) and on cpu.
 FLUSH_B = {"cuda": 2 * (64 << 20), "cpu": 64 << 20}
-# Elements per chunk when references live on the host and are compared on the device.
+# Elements per chunk of every comparison (verify/compare.py): bounded temporaries whatever the
+# output's size, and references on the host are compared on the device a chunk at a time.
 COMPARE_CHUNK = 1 << 26
 # Wide temporaries of one chunk's comparison: value, reference, float64 reference, difference,
 # bound (and masks).
@@ -192,21 +193,23 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        ok_dev = self.device_free_b is None or self.device_need_b <= self.device_free_b
-        ok_host = self.host_free_b is None or self.host_need_b <= self.host_free_b
+        """Each need within the free memory less the allocator's headroom."""
+        ok_dev = self.device_free_b is None or self.device_need_b <= _usable(self.device_free_b)
+        ok_host = self.host_free_b is None or self.host_need_b <= _usable(self.host_free_b)
         return ok_dev and ok_host
 
     def too_large_detail(self) -> str:
         short = []
         if self.device == "cuda" and self.device_free_b is not None \
-                and self.device_need_b > self.device_free_b:
+                and self.device_need_b > _usable(self.device_free_b):
             short.append(f"{gib(self.device_need_b)} of GPU memory where {gib(self.device_free_b)}"
                          f" is free")
-        if self.host_free_b is not None and self.host_need_b > self.host_free_b:
+        if self.host_free_b is not None and self.host_need_b > _usable(self.host_free_b):
             short.append(f"{gib(self.host_need_b)} of host memory where {gib(self.host_free_b)} "
                          f"is available")
         big = sorted(self.parts.items(), key=lambda kv: -kv[1])[:4]
-        return (f"verifying this task needs {' and '.join(short)} (references on the "
+        return (f"verifying this task needs {' and '.join(short)} ({HEADROOM:.0%} of it kept "
+                f"free for the allocator; references on the "
                 f"{self.placement}; largest parts: "
                 + ", ".join(f"{k} {gib(v)}" for k, v in big) + ")")
 
@@ -222,8 +225,8 @@ class TooLarge(Exception):
         self.plan = plan
 
 
-def _usable(free: int | None) -> int | None:
-    return None if free is None else int(free * (1 - HEADROOM))
+def _usable(free: int) -> int:
+    return int(free * (1 - HEADROOM))
 
 
 def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
@@ -235,7 +238,7 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     arena (host transfer) and the landing arena for every verified call. Worker (runs while
     the harness holds all that): every input set materialized, the correctness clones, the
     timing buffers, a forward, the NaN poisoning of the allocator (an output's size, twice
-    over), the cache-flush buffer. Comparison: float64 temporaries of one output (or a chunk).
+    over), the cache-flush buffer. Comparison: the wide temporaries of one chunk.
     """
     s = shapes
     cuda = device == "cuda"
@@ -267,12 +270,12 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
                           held_dev + compare) + CUDA_CONTEXT_B
         host_need = (2 * PROCESS_B + s.params_b + (refs if placement == "host" else 0)
                      + (0 if proto.transfer == "cuda_ipc" else in_arena + landing))
-        return Plan(placement, device, device_need, host_need, _usable(device_free_b),
-                    _usable(host_free_b), parts)
+        return Plan(placement, device, device_need, host_need, device_free_b, host_free_b,
+                    parts)
     # cpu: one memory holds the harness, both arenas and the worker's private copies.
     host_need = (2 * PROCESS_B + s.params_b + refs + in_arena + landing
                  + max(prepare, worker, compare))
-    return Plan("host", device, host_need, host_need, None, _usable(host_free_b), parts)
+    return Plan("host", device, host_need, host_need, None, host_free_b, parts)
 
 
 def plan(shapes: TaskShapes, proto: Protocol, device: str, device_free_b: int | None,
