@@ -9,7 +9,7 @@ import pytest
 from assay.cli import main
 from assay.tasks.model import Task, TaskError
 from assay.verify import selfcheck
-from conftest import REPO
+from helpers import REPO
 
 ZOO = REPO / "tests" / "zoo" / "tasks"
 
