@@ -16,6 +16,9 @@ wall time and ninja's per-step times (``.ninja_log``: the C++ binding ``main.o``
 - ``arch_only_serial``: the same with MAX_JOBS=1 (what parallel ninja buys);
 - ``arch_only_pch``: the same plus torch's ``use_pch=True`` (a precompiled torch/extension.h for
   the C++ file; g++ only; torch writes it beside its headers, so this needs write access there);
+- ``arch_only_light_header``: the same with the CUDA source including ``torch/types.h`` instead
+  of ``torch/extension.h`` (no pybind11 or Python headers through nvcc): what rewriting that
+  include would buy, if it were worth the risk;
 - ``assay_cold`` / ``assay_cached``: assay.bench.inline.cached_load_inline into an empty kernel
   cache, then the same content again (a second worker: an import of the cached library).
 
@@ -60,7 +63,7 @@ torch::Tensor swish_cuda(torch::Tensor x) {
 CPP_SRC = "torch::Tensor swish_cuda(torch::Tensor x);"
 
 VARIANTS = ("torch_default_no_gpu", "torch_default", "arch_only", "arch_only_serial",
-            "arch_only_pch", "assay_cold", "assay_cached")
+            "arch_only_pch", "arch_only_light_header", "assay_cold", "assay_cached")
 
 # Runs in a fresh interpreter: argv = variant, salt, build dir, kernel cache.
 CHILD = r"""
@@ -73,6 +76,8 @@ from inline_build import CPP_SRC, CUDA_SRC
 import torch
 from torch.utils.cpp_extension import load_inline
 cuda = CUDA_SRC + f"\n// salt {salt}\n"
+if variant.endswith("_light_header"):  # what the CUDA file's torch include costs
+    cuda = cuda.replace("<torch/extension.h>", "<torch/types.h>")
 name = f"swish_{salt}"
 kw = dict(name=name, cpp_sources=CPP_SRC, cuda_sources=cuda, functions=["swish_cuda"],
           extra_cuda_cflags=["-O3"], verbose=False)
@@ -105,7 +110,7 @@ def ninja_steps(build_dir: Path) -> dict[str, float]:
     return out
 
 
-def run_variant(variant: str, salt: str, cache: Path, arch: str) -> dict:
+def run_variant(variant: str, salt: str, cache: Path, arch: str, timeout_s: float = 240) -> dict:
     env = dict(os.environ)
     env.pop("TORCH_CUDA_ARCH_LIST", None)
     env.pop("MAX_JOBS", None)
@@ -122,8 +127,13 @@ def run_variant(variant: str, salt: str, cache: Path, arch: str) -> dict:
         build_dir.mkdir()
         env["TORCH_EXTENSIONS_DIR"] = str(Path(tmp) / "ext")
         t = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-c", CHILD, variant, salt, str(build_dir),
-                               str(cache), str(REPO)], env=env, capture_output=True, text=True)
+        try:
+            proc = subprocess.run([sys.executable, "-c", CHILD, variant, salt, str(build_dir),
+                                   str(cache), str(REPO)], env=env, capture_output=True,
+                                  text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"variant": variant, "salt": salt, "wall_s": time.perf_counter() - t,
+                    "rc": 124, "error": f"over {timeout_s:.0f} s"}
         wall = time.perf_counter() - t
         row = {"variant": variant, "salt": salt, "wall_s": wall, "rc": proc.returncode}
         if proc.returncode == 0:
@@ -140,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--arch", default=None, help="e.g. 9.0 (default: the device's)")
     p.add_argument("--out", default="inline_build_out")
+    p.add_argument("--timeout-s", type=float, default=240, help="per build (a failed row after)")
     a = p.parse_args(argv)
     import torch
 
@@ -156,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             # assay_cached builds what assay_cold built: the same salt, the same content
             salt = f"{'assay_cold' if v == 'assay_cached' else v}_{r}_{os.getpid()}"
             if v == "assay_cached" and "assay_cold" not in a.variants:
-                run_variant("assay_cold", salt, cache, arch)  # fill the cache first
-            row = run_variant(v, salt, cache, arch)
+                run_variant("assay_cold", salt, cache, arch, a.timeout_s)  # fill the cache
+            row = run_variant(v, salt, cache, arch, a.timeout_s)
             rows.append(row)
             print(f"[{r + 1}/{a.repeat}] {v}: {row.get('seconds', float('nan')):.1f} s "
                   f"(wall {row['wall_s']:.1f} s, rc {row['rc']}, correct {row.get('correct')})"

@@ -49,6 +49,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--size", default="large", choices=["large", "small"])
     p.add_argument("--limit", type=int, default=None, help="first N tasks per level (a trial)")
+    p.add_argument("--only", nargs="+", default=None, metavar="GLOB",
+                   help="task ids to run, as globs (e.g. L1_23_* L3_*): a rerun of a few")
     return p.parse_args(argv)
 
 
@@ -66,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     paths = []
     for f in folders:
         paths += selfcheck.task_files([f])[:a.limit] if a.limit else selfcheck.task_files([f])
+    if a.only:
+        import fnmatch
+
+        from assay.tasks.model import level_of, task_id_for
+
+        paths = [p for p in paths if any(fnmatch.fnmatch(task_id_for(level_of(p), p), g)
+                                         for g in a.only)]
     out = Path(a.out)
     jsonl = out / "selfcheck.jsonl"
     if jsonl.exists() and not a.resume:

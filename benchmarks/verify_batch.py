@@ -69,7 +69,7 @@ from torch.utils.cpp_extension import load_inline
 
 cuda_source = r"""
 #include <torch/extension.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
 __global__ void elementwise_kernel(const float* __restrict__ x, float* __restrict__ y,
@@ -90,7 +90,7 @@ torch::Tensor elementwise_forward(torch::Tensor x, double p) {{
   const int threads = {threads};
   int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, (int64_t)132 * 32);
   if (n > 0) {{
-    elementwise_kernel<<<(int)blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+    elementwise_kernel<<<(int)blocks, threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
         xc.data_ptr<float>(), y.data_ptr<float>(), n, (float)p);
   }}
   return y;
@@ -114,12 +114,13 @@ class ModelNew(nn.Module):
 '''
 
 
-def write_candidates(source: Path, runs: Path, samples: int) -> list[Path]:
+def write_candidates(source: Path, runs: Path, samples: int,
+                     numbers: list[int] | None = None) -> list[Path]:
     runs.mkdir(parents=True, exist_ok=True)
     out = []
     level1 = source / "level1"
     for number, (expr, default) in ELEMENTWISE.items():
-        if not list(level1.glob(f"{number}_*.py")):
+        if numbers and number not in numbers or not list(level1.glob(f"{number}_*.py")):
             continue
         for s in range(samples):
             path = runs / f"level_1_problem_{number}_sample_{s}_kernel.py"
@@ -172,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--out", required=True)
     a.add_argument("--candidates", help="a folder of your candidates (default: generated)")
     a.add_argument("--samples", type=int, default=3, help="generated candidates per task")
+    a.add_argument("--problems", type=int, nargs="+", default=None,
+                   help=f"level-1 problems to generate for (default: {sorted(ELEMENTWISE)})")
     a.add_argument("--build-workers", type=int, default=8)
     a.add_argument("--sequential", type=int, default=4,
                    help="candidates for the sequential loop (0: skip it)")
@@ -190,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="verify-batch-"))
     cands = Path(args.candidates) if args.candidates else out / "runs"
     if not args.candidates:
-        write_candidates(Path(args.source), cands, args.samples)
+        write_candidates(Path(args.source), cands, args.samples, args.problems)
     pairs, unmatched = pair_candidates(task_files([args.source]), cands)
     for u in unmatched:
         print(f"warning: {u}", file=sys.stderr)

@@ -7,7 +7,7 @@ import pytest
 from assay.bench.baseline_cache import baseline_key, cached_baseline
 from assay.bench.timing import TimingConfig
 from assay.tasks.model import Task
-from conftest import REPO
+from helpers import REPO
 
 RELU = REPO / "data/tasks/level1/1_ReLU.py"
 

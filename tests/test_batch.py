@@ -10,7 +10,7 @@ import pytest
 from assay.cli import main
 from assay.verify.batch import pair_candidates
 from assay.verify.selfcheck import task_files
-from conftest import REPO
+from helpers import REPO
 
 ZOO = REPO / "tests" / "zoo"
 

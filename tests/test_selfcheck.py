@@ -9,7 +9,7 @@ import pytest
 from assay.cli import main
 from assay.tasks.model import Task, TaskError
 from assay.verify import selfcheck
-from conftest import REPO
+from helpers import REPO
 
 ZOO = REPO / "tests" / "zoo" / "tasks"
 
@@ -161,3 +161,15 @@ def test_memory_plan_decides_too_large_and_defers_what_cannot_share(monkeypatch)
     monkeypatch.setattr(memory, "free_memory", lambda device: (None, need // 2))
     row = selfcheck.check_task(task.path, "cpu", "small")
     assert row["status"] == "too_large" and "host memory" in row["detail"]
+
+
+def test_rows_are_keyed_by_level_name_and_content_not_absolute_path(tmp_path):
+    a = tmp_path / "one" / "level1" / "1_gelu.py"
+    b = tmp_path / "two" / "level1" / "1_gelu.py"
+    for p in (a, b):
+        p.parent.mkdir(parents=True)
+        p.write_text((ZOO / "level1" / "1_gelu.py").read_text())
+    assert selfcheck.row_key(a, "large", "cuda") == selfcheck.row_key(b, "large", "cuda")
+    b.write_text(b.read_text() + "\n# edited\n")
+    assert selfcheck.row_key(a, "large", "cuda") != selfcheck.row_key(b, "large", "cuda")
+    assert selfcheck.row_key(a, "large", "cuda") != selfcheck.row_key(a, "small", "cuda")

@@ -16,8 +16,9 @@ inputs and the references are computed once per task), with the baselines from t
 (``assay.bench.baseline_cache``). Every candidate's kernels build on the CPU cores (a pool of
 sandboxed ``assay.bench.prebuild`` processes, ``build_workers`` at a time: candidate code is
 hostile, builds included) while the device verifies others. One JSON line per candidate, as
-soon as it is decided; a rerun with the same JSONL skips candidates already in it (a candidate
-is the same when its path and content are).
+soon as it is decided; a rerun with the same JSONL skips candidates already in it (the same
+folder and file name, the same content, the same task content; absolute paths do not matter,
+so a folder carried to another machine resumes).
 """
 
 from __future__ import annotations
@@ -93,9 +94,12 @@ def pair_candidates(tasks: list[Path], candidates: Path) -> tuple[list[Pair], li
 
 
 def candidate_key(pair: Pair, device: str, policy: str, size: str) -> str:
+    """A candidate's identity in the JSONL: its folder and file name, its content and its
+    task's (not absolute paths: a folder carried to another machine resumes)."""
     h = hashlib.sha256(pair.candidate.read_bytes()).hexdigest()[:16]
     t = hashlib.sha256(pair.task.read_bytes()).hexdigest()[:16]
-    return f"{pair.candidate.resolve()}|{h}|{t}|{device}|{policy}|{size}"
+    c = pair.candidate
+    return f"{c.parent.name}/{c.name}|{h}|{pair.task.name}|{t}|{device}|{policy}|{size}"
 
 
 def run_batch(pairs: list[Pair], device: str, cfg, size: str = "auto", jsonl: Path | None = None,
@@ -118,13 +122,20 @@ def run_batch(pairs: list[Pair], device: str, cfg, size: str = "auto", jsonl: Pa
         + (f", {len(pairs) - len(todo)} already in {jsonl}" if jsonl else ""))
     builds = None
     if todo and build_workers > 0:
-        # Builds on the CPU cores while the device verifies: on the cpu target too, where a
-        # build would otherwise run inside the worker; the timed calls come after each build.
+        # Builds on the CPU cores while the device verifies. On the cpu target the builds
+        # would share the cores being timed, so there they all finish before the first
+        # verification (still in parallel, and each worker then imports a cached library).
         if device.startswith("cuda"):
             pin_cuda_arch()
         builds = CompileService(build_workers, build_timeout_s, cfg.limits)
         for p in todo:
             builds.submit(p.candidate)
+        if device == "cpu":
+            t_build = time.perf_counter()
+            for p in todo:
+                builds.wait(p.candidate)
+            say(f"verify: {len(todo)} builds done in {time.perf_counter() - t_build:.1f} s "
+                f"({build_workers} at a time) before any timing (cpu target)")
     t0 = time.perf_counter()
     n, slowest = 0, 0.0
 

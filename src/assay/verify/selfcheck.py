@@ -76,7 +76,16 @@ def selfcheck_config(cfg: VerifyConfig | None = None) -> VerifyConfig:
 
 
 def row_key(path: str | Path, size: str, device: str) -> str:
-    return f"{Path(path).resolve()}|{size}|{device}"
+    """A task's identity in the JSONL: its level folder, file name and content (not its
+    absolute path: a checkout carried to another machine, or another folder, resumes)."""
+    import hashlib
+
+    p = Path(path)
+    try:
+        digest = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+    except OSError:
+        digest = "unreadable"
+    return f"{p.parent.name}/{p.name}|{digest}|{size}|{device}"
 
 
 # --------------------------------------------------------------------------------------------
