@@ -14,8 +14,10 @@ from typing import Any
 from assay.evolve.functional import functional_paths
 from assay.layout import Campaign, read_json, write_atomic, write_json
 from assay.records import Proposal, Verdict
+from assay.verify import checks
 
-CHECKS = ("compiles", "loads", "correctness", "no_fallback", "timing")
+# The checks every fake verdict records (all registry names: checks.record refuses others).
+CHECKS = ("compiles", "constructs", "runs", "correctness", "kernel_audit", "roofline")
 
 TASK_NAMES = {
     1: ["ReLU", "GELU", "Softmax", "Matmul", "LayerNorm", "Sum_reduction"],
@@ -156,11 +158,8 @@ def add_candidate(campaign: Campaign, llm: str, task: str, gen: int, *, accepted
     v = Verdict(candidate=cid, task=task, device=device, policy=policy, error=error,
                 verify_s=1.5)
     failed = set(reasons)
-    for name in CHECKS:
-        v.check(name, name not in failed, "" if name not in failed else f"{name} failed")
-    for r in reasons:  # reasons beyond the standard checks
-        if r not in v.reasons:
-            v.reasons.append(r)
+    for name in CHECKS + tuple(r for r in reasons if r not in CHECKS):
+        checks.record(v, name, name not in failed, "" if name not in failed else f"{name} failed")
     v.finish()
     assert v.accepted == accepted, (accepted, reasons)
     v.max_abs_err = max_abs_err
@@ -247,7 +246,7 @@ def make_fake_campaign(root: Path, name: str = "test",
       of the previous generation's ``w``;
 
     except the last task of the last llm (when there are >= 2 llms), where ``a`` is rejected too
-    (reason ``timing``) so one (llm, task) has no accepted kernel. Tokens: ``a`` 1000 + 10 * gen
+    (reason ``roofline``) so one (llm, task) has no accepted kernel. Tokens: ``a`` 1000 + 10 * gen
     in, 400 out; ``w`` and ``e`` 1000 in, 400 out; cost 0.01 * (llm index + 1) for ``a``, 0.01
     for the others. Also, in gen 0 of the first (llm, task): one declined proposal (320 tokens,
     $0.002) and one pending, unverified proposal (600 tokens, $0.003); and a profile.json for
@@ -282,7 +281,7 @@ def make_fake_campaign(root: Path, name: str = "test",
             for g in range(gens):
                 speedup = 0.5 + 0.5 * (li + ti + g)
                 a = add_candidate(campaign, llm, task, g, accepted=not no_accept,
-                                  speedup=speedup, reasons=("timing",) if no_accept else (),
+                                  speedup=speedup, reasons=("roofline",) if no_accept else (),
                                   parents=[prev["a"], prev["w"]] if prev else [],
                                   operator="crossover" if prev else None,
                                   tag="a", tokens=(1000 + 10 * g, 400),

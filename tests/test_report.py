@@ -56,7 +56,7 @@ def crafted(root: Path, name: str = "crafted") -> Campaign:
     add(c, "A", t1, 0, accepted=True, speedup=1.5, tag="a", tokens=(100, 10), cost=0.5)
     add(c, "A", t1, 1, accepted=True, speedup=2.0, tag="b", tokens=(100, 10), cost=0.5)
     add(c, "A", t2, 0, accepted=True, speedup=0.5, tag="a", tokens=(100, 10), cost=0.5)
-    add(c, "A", t3, 0, accepted=False, speedup=10.0, reasons=["no_fallback"], tag="a",
+    add(c, "A", t3, 0, accepted=False, speedup=10.0, reasons=["reference_fallback"], tag="a",
         tokens=(100, 10), cost=0.5)  # fast but rejected: must not count
     add(c, "A", t3, 0, accepted=False, reasons=["correctness"], tag="b", tokens=(100, 10),
         cost=0.5)
@@ -152,7 +152,7 @@ def test_report_renders(tmp_path: Path) -> None:
     df = collect(c)
     best = df.filter(pl.col("accepted")).sort("speedup_eager", descending=True)
     assert best["candidate"][0] in html
-    for reason in ("correctness", "compiles", "timing"):
+    for reason in ("correctness", "compiles", "roofline"):
         assert f"<code>{reason}</code>" in html
     assert "not verified yet" in html  # the task with no candidates
     assert "no candidate; 1 proposal(s) declined" in html

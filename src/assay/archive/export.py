@@ -29,6 +29,7 @@ import yaml
 
 from assay.collect import collect, device_info, task_ids, task_info
 from assay.layout import Campaign, write_atomic
+from assay.verify.checks import REGISTRY as VERIFIER_CHECKS
 
 ARCHIVE_SCHEMA: dict[str, pl.DataType] = {
     # Sakana AI CUDA Engineer archive
@@ -195,35 +196,21 @@ def _check_names(df: pl.DataFrame) -> list[str]:
     return names
 
 
-# one line per verifier check (README's table), for the card
-CHECK_DESCRIPTIONS = {
-    "compiles": "the candidate builds (compiler log kept)",
-    "constructs": "ModelNew constructs with the task's arguments",
-    "runs": "its forward runs without an exception",
-    "crash": "the candidate's worker process did not die",
-    "timeout": "the worker finished within the time limit",
-    "parameters": "ModelNew takes the reference's (randomized) weights",
-    "output_layout": "output shape, dtype and strides are exactly the reference's",
-    "correctness": "values within per-dtype tolerances on every input set; NaN only where "
-                   "the reference has NaN (memory is poisoned with NaN before each call)",
-    "inputs_unchanged": "the candidate does not modify its inputs",
-    "no_output_aliasing": "no output is an input's memory",
-    "timed_outputs": "outputs of timed calls are re-checked, also after the inputs were "
-                     "overwritten in place (no stale or cached results)",
-    "stream_ordered": "no device work escapes the caller's stream",
-    "harness_integrity": "clocks and sync functions are the originals",
-    "global_state": "process-wide settings (TF32, cuDNN flags, threads, dtype) unchanged",
-    "kernel_audit": "strict: no ATen compute op or library kernel in the profiled call; on cuda "
-                    "at least one kernel launched",
-    "roofline": "runtime not below max(bytes / bandwidth, FLOPs / peak) of the device",
-    "task_not_degenerate": "the task's output depends on its inputs",
-}
 POLICIES = {
     "strict": "only the candidate's own kernels count: any ATen compute op or library kernel "
               "(cuBLAS, cuDNN, ATen's) in the profiled call rejects it",
     "permissive": "library calls are allowed and their share of the time is reported "
                   "(`library_time_frac`), up to `max_library_time_frac`",
 }
+
+
+def check_description(name: str) -> str:
+    """What a failed check rejects, from the verifier's registry (the README's table); a name
+    no longer registered (an older campaign's verdict) says so."""
+    check = VERIFIER_CHECKS.get(name)
+    if check is None:
+        return "(not a check of this verifier version: see the verdict detail)"
+    return check.rejects
 
 
 def _verify_settings(campaign: Campaign, policy: str | None,
@@ -374,9 +361,9 @@ def dataset_card(campaign: Campaign, df: pl.DataFrame, frame: pl.DataFrame,
         lines.append("")
     checks = _check_names(df)
     lines += ["Checks run in this campaign's verdicts (a failed check's name is the rejection "
-              "reason):", "", "| check | passes when |", "|---|---|"]
+              "reason):", "", "| check | rejects |", "|---|---|"]
     for name in checks:
-        lines.append(f"| `{name}` | {CHECK_DESCRIPTIONS.get(name, '(see the verdict detail)')} |")
+        lines.append(f"| `{name}` | {check_description(name)} |")
     if not checks:
         lines.append("| (none recorded) | |")
     lines += ["", "## Hardware", ""] + _hardware(campaign, df) + [

@@ -33,6 +33,7 @@ import torch
 
 from assay.records import Verdict
 from assay.tasks.model import Task
+from assay.verify import checks
 from assay.verify import policy as policy_mod
 from assay.verify.memory import Plan, TooLarge
 from assay.verify.preflight import preflight
@@ -228,7 +229,7 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
     v.roofline_ms = roofline_ms(record, peaks)
     why = preflight(Path(candidate))
     if why:  # no worker, no preparation: the file cannot be what a worker would load
-        v.check("compiles", False, why)
+        checks.record(v, "compiles", False, why)
         v.error = why
         v.verify_s = time.perf_counter() - t0
         return v.finish()
@@ -236,7 +237,7 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
     degenerate = bool(record and record.get("degeneracy", {}).get("degenerate"))
     if degenerate:
         detail = record["degeneracy"].get("why", "output barely depends on the inputs")
-        if not v.check("task_not_degenerate", cfg.on_degenerate != "reject", detail):
+        if not checks.record(v, "task_not_degenerate", cfg.on_degenerate != "reject", detail):
             v.error = f"task {task.id} is degenerate: {detail}"
             v.verify_s = time.perf_counter() - t0
             return v.finish()
@@ -245,13 +246,14 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
     try:
         prep = prepared or prepare(task, device, cfg, plan)
     except TooLarge as e:
-        v.check("too_large", False, str(e))
+        checks.record(v, "too_large", False, str(e))
         v.error = f"task {task.id} is too large for this machine: {e}"
         v.verify_s = time.perf_counter() - t0
         return v.finish()
     times["prepare_s"] = time.perf_counter() - t if prepared is None else 0.0
     if prep.degenerate and not degenerate:
-        if not v.check("task_not_degenerate", cfg.on_degenerate != "reject", prep.degenerate):
+        if not checks.record(v, "task_not_degenerate", cfg.on_degenerate != "reject",
+                             prep.degenerate):
             v.error = f"task {task.id} is degenerate: {prep.degenerate}"
             v.verify_s = time.perf_counter() - t0
             return v.finish()
@@ -301,10 +303,10 @@ def _judge(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -> None:
     if getattr(outcome, "isolation", None):
         # Informational (always passes): which isolation layers this machine allowed, and why
         # any was refused, so a verdict says how contained the candidate was.
-        v.check("sandbox", True, outcome.isolation_line())
+        checks.record(v, "sandbox", True, outcome.isolation_line())
     if result is None:
         name = "timeout" if outcome.startswith("timeout") else "crash"
-        v.check(name, False, outcome)
+        checks.record(v, name, False, outcome)
         v.error = outcome
         return
     if "error" in result:
@@ -314,13 +316,13 @@ def _judge(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -> None:
         if log:
             name = "compiles"
         error = _in_candidate(result.get("traceback"), w.candidate) + str(result["error"])
-        v.check(name, False, error + ("\n" + str(log) if log else ""))
+        checks.record(v, name, False, error + ("\n" + str(log) if log else ""))
         v.error = error
         return
     try:
         _judge_report(v, prep, w, cfg)
     except (_Malformed, KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-        v.check("crash", False, f"malformed worker report: {type(e).__name__}: {e}")
+        checks.record(v, "crash", False, f"malformed worker report: {type(e).__name__}: {e}")
         v.error = "malformed worker report"
 
 
@@ -328,9 +330,9 @@ def _judge_report(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -
     """A worker that ran the protocol to the end: every check on its report, in verdict order.
     A missing or mistyped field raises (``_judge`` records a malformed report)."""
     result = w.result
-    v.check("compiles", True)
-    v.check("constructs", True)
-    v.check("runs", True)
+    checks.record(v, "compiles", True)
+    checks.record(v, "constructs", True)
+    checks.record(v, "runs", True)
     _check_parameters(v, result)
     found = _compare_outputs(prep, w, cfg)
     v.max_abs_err, v.rel_err = found.max_abs, found.rel
@@ -346,7 +348,7 @@ def _check_parameters(v: Verdict, result: dict[str, Any]) -> None:
     """``parameters``: ModelNew's parameters have the reference's names and shapes, so the
     harness could load the reference's (secret, randomized) weights into it."""
     params = result["parameters"]
-    v.check("parameters", bool(result["parameters_loaded"]),
+    checks.record(v, "parameters", bool(result["parameters_loaded"]),
             "" if result["parameters_loaded"] else
             f"ModelNew's parameters {params['candidate']} do not match the reference's "
             f"{params['reference']}: the harness cannot load the reference's weights")
@@ -458,18 +460,18 @@ def _check_outputs(v: Verdict, found: _OutputFindings) -> None:
     """The output checks: layout, lazy outputs, correctness, precision, stale results, inputs
     unchanged, no aliasing, and the timed calls' outputs."""
     problems, changed, aliased = found.problems, found.changed, found.aliased
-    v.check("output_layout", not found.layout, "; ".join(found.layout[:4]))
-    v.check("lazy_output", not found.lazy, "; ".join(found.lazy[:3]))
-    v.check("correctness", not problems["check"], "; ".join(problems["check"][:4]))
-    v.check("precision", not found.precision, "; ".join(found.precision[:3]) or
+    checks.record(v, "output_layout", not found.layout, "; ".join(found.layout[:4]))
+    checks.record(v, "lazy_output", not found.lazy, "; ".join(found.lazy[:3]))
+    checks.record(v, "correctness", not problems["check"], "; ".join(problems["check"][:4]))
+    checks.record(v, "precision", not found.precision, "; ".join(found.precision[:3]) or
             "candidate within the allowed error against float64")
-    v.check("stale_results", not problems["stale"], "; ".join(problems["stale"][:3]))
-    v.check("inputs_unchanged", not changed,
+    checks.record(v, "stale_results", not problems["stale"], "; ".join(problems["stale"][:3]))
+    checks.record(v, "inputs_unchanged", not changed,
             f"inputs modified in place: {', '.join(changed[:4])}" if changed else "")
-    v.check("no_output_aliasing", not aliased,
+    checks.record(v, "no_output_aliasing", not aliased,
             f"output shares memory with an input: {', '.join(aliased[:3])}" if aliased else "")
     timed = problems["timed"] + problems["after"]
-    v.check("timed_outputs", not timed, "; ".join(timed[:3]))
+    checks.record(v, "timed_outputs", not timed, "; ".join(timed[:3]))
 
 
 def _check_timing(v: Verdict, result: dict[str, Any], unsettled: list[str]) -> None:
@@ -486,7 +488,7 @@ def _check_timing(v: Verdict, result: dict[str, Any], unsettled: list[str]) -> N
     if late:
         detail.append(f"{escaped:.4g} ms of device work finished only after a device-wide sync, "
                       f"outside the {v.runtime_ms:.4g} ms timed on the caller's stream")
-    v.check("stream_ordered", not detail, "; ".join(detail))
+    checks.record(v, "stream_ordered", not detail, "; ".join(detail))
 
 
 def _check_integrity(v: Verdict, result: dict[str, Any], tampered_inputs: bool) -> None:
@@ -495,10 +497,10 @@ def _check_integrity(v: Verdict, result: dict[str, Any], tampered_inputs: bool) 
     tampered = list(result.get("tampered") or [])
     if tampered_inputs:
         tampered.append("the shared input arena file")
-    v.check("harness_integrity", not tampered,
+    checks.record(v, "harness_integrity", not tampered,
             f"replaced: {', '.join(tampered[:12])}" if tampered else "")
     changes = list(result.get("settings_changes") or [])
-    v.check("global_state", not changes, "; ".join(changes[:6]))
+    checks.record(v, "global_state", not changes, "; ".join(changes[:6]))
 
 
 def _check_speed(v: Verdict, cfg: VerifyConfig) -> None:
@@ -510,7 +512,7 @@ def _check_speed(v: Verdict, cfg: VerifyConfig) -> None:
         v.speedup_compile = v.baseline_compile_ms / v.runtime_ms if v.runtime_ms > 0 else None
     if v.roofline_ms:
         floor = cfg.roofline_margin * v.roofline_ms
-        v.check("roofline", v.runtime_ms >= floor,
+        checks.record(v, "roofline", v.runtime_ms >= floor,
                 f"runtime {v.runtime_ms:.4g} ms is under the roofline floor "
                 f"{v.roofline_ms:.4g} ms: impossible, so something was skipped or faked"
                 if v.runtime_ms < floor else "")
@@ -522,7 +524,7 @@ def _check_kernels(v: Verdict, rows: list, prep: Prepared, cfg: VerifyConfig) ->
     audit = policy_mod.audit(rows, prep.device, cfg.policy, cfg.max_library_time_frac)
     v.kernels_launched = audit.kernels
     v.library_time_frac = audit.library_time_frac
-    v.check("kernel_audit", audit.ok, audit.detail)
+    checks.record(v, "kernel_audit", audit.ok, audit.detail)
     if cfg.reject_reference_ops:
         ok, detail = policy_mod.reference_fallback(rows, prep.reference_ops)
-        v.check("reference_fallback", ok, detail)
+        checks.record(v, "reference_fallback", ok, detail)

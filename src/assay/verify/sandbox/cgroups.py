@@ -1,4 +1,5 @@
-"""pids and memory cgroups (v1 or v2) for one sandboxed run, where this machine lets us make them."""
+"""pids and memory cgroups (v1 or v2) for one sandboxed run, where this machine lets us make
+them."""
 
 from __future__ import annotations
 

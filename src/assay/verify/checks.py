@@ -1,0 +1,109 @@
+"""The registry of verifier checks: the one place a check's name and meaning are written.
+
+The harness records checks only through :func:`record` (an unknown name raises: a programming
+error, never a verdict), the archive's dataset card describes them from here, and a test keeps
+the README's table ("What the verifier checks") equal to this registry, row for row. A failed
+check's name is the verdict's rejection reason, so these names are also the values of
+``Verdict.reasons``. Pure data: no torch, importable by any step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from assay.records import Verdict
+
+TARGETS = ("cpu", "cuda")
+POLICIES = ("strict", "permissive")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One named check of a verdict."""
+
+    name: str
+    rejects: str  # what a failure means: the README table's text (markdown)
+    targets: tuple[str, ...] = TARGETS  # devices it is recorded on
+    policies: tuple[str, ...] = POLICIES  # verify policies it is recorded under
+    informational: bool = False  # recorded as passed, never rejects: it says how, not whether
+    when: str = ""  # the condition for being recorded at all ("" = every verdict that gets there)
+
+
+# In verdict order: the stages a worker fails at, then the checks of a complete report.
+REGISTRY: dict[str, Check] = {c.name: c for c in (
+    Check("task_not_degenerate", "any candidate for a task whose output barely depends on its "
+          "inputs (`verify.on_degenerate: reject`)",
+          when="the task is degenerate (its degeneracy record or the harness's own test says so)"),
+    Check("too_large", "not the candidate: the task at this size does not fit in this "
+          "machine's memory (input sets, references in the task's dtype and float64, the "
+          "worker's buffers and arenas, planned from the shapes before anything is allocated); "
+          "the detail names the bytes needed and free",
+          when="the memory plan finds no placement that fits"),
+    Check("sandbox", "never rejects: records which isolation layers (pid/network/mount "
+          "namespaces, unprivileged uid, cgroup memory and pids, rlimits) the machine allowed, "
+          "and why any was refused", informational=True),
+    Check("compiles", "build errors (the compiler log is kept for repair prompts); before "
+          "anything runs, a file that does not parse, defines no `ModelNew` or imports a module "
+          "that is not installed"),
+    Check("constructs", "a ModelNew that raises when constructed with the task's arguments"),
+    Check("runs", "a forward that raises an exception"),
+    Check("crash", "a worker that dies (segfault, illegal address, out of memory) or leaves an "
+          "unreadable or malformed report"),
+    Check("timeout", "a worker that outlives `verify.timeout_s`"),
+    Check("parameters", "a ModelNew whose parameters cannot take the reference's weights"),
+    Check("output_layout", "wrong shape (also one that would broadcast), dtype or strides"),
+    Check("lazy_output", "an output that is not a plain tensor with its values in memory (a "
+          "tensor subclass or a wrapper that computes when compared)"),
+    Check("correctness", "values outside per-dtype tolerances on any input set, against a "
+          "float64 reference; NaN anywhere the reference has none (allocator memory is "
+          "poisoned with NaN before each call, so unwritten outputs show)"),
+    Check("precision", "compute in a lower precision than the task's dtype (bf16/fp16 inside an "
+          "fp32 task, approximate math): the error is measured against float64 and must stay "
+          "within what the dtype's own rounding explains"),
+    Check("stale_results", "results cached across calls (keyed on pointers, ids, a call "
+          "counter): fresh inputs in the same buffers must give fresh outputs"),
+    Check("inputs_unchanged", "a candidate that modifies its inputs"),
+    Check("no_output_aliasing", "an output that is an input's memory"),
+    Check("timed_outputs", "outputs of timed calls are re-checked, including calls after the "
+          "input buffers were overwritten in place (same pointers, new data)"),
+    Check("stream_ordered", "work that finishes only after a device-wide sync, outside the "
+          "caller's stream, or on a background thread (hidden from the timer)"),
+    Check("harness_integrity", "replaced clocks, sync functions, events or comparison "
+          "functions"),
+    Check("global_state", "changed process-wide settings (TF32, cuDNN flags, denormal flushing, "
+          "thread counts, default dtype)"),
+    Check("roofline", "a runtime below `max(bytes / bandwidth, FLOPs / peak)` of the measured "
+          "device", when="the task has FLOPs/bytes and the device has measured peaks"),
+    Check("kernel_audit", "under `strict`, any ATen compute op or library kernel (cuBLAS, "
+          "cuDNN, ATen's) in the profiled call, from Python or from C++; under `permissive`, "
+          "library time above `max_library_time_frac`; on cuda, a call that runs no kernel of "
+          "its own", when="`verify.audit` is on"),
+    Check("reference_fallback", "a candidate that runs the reference's own ops (a try/except "
+          "fallback, or the task's module called again)", when="`verify.audit` and "
+          "`verify.reject_reference_ops` are on"),
+)}
+NAMES = tuple(REGISTRY)
+
+
+class CheckError(Exception):
+    """A check recorded wrongly (a name not in the registry, a failed informational check): a
+    programming error in the harness. Not a KeyError or ValueError, which the harness reads as
+    a malformed worker report."""
+
+
+def get(name: str) -> Check:
+    """The registered check ``name``; raises :class:`CheckError` for any other name."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise CheckError(f"{name!r} is not a registered verifier check "
+                         f"(assay.verify.checks.REGISTRY)") from None
+
+
+def record(v: Verdict, name: str, passed: bool, detail: str = "") -> bool:
+    """Record check ``name`` in the verdict (an informational check must pass); returns
+    ``passed``. The harness's only way to add a check."""
+    check = get(name)
+    if check.informational and not passed:
+        raise CheckError(f"{name} is informational: it never fails")
+    return v.check(name, passed, detail)
