@@ -34,19 +34,22 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
     Check("task_not_degenerate", "any candidate for a task whose output barely depends on its "
           "inputs (`verify.on_degenerate: reject`)",
           when="the task is degenerate (its degeneracy record or the harness's own test says so)"),
+    Check("too_large", "not the candidate: the task at this size does not fit in this "
+          "machine's memory (input sets, references in the task's dtype and float64, the "
+          "worker's buffers and arenas, planned from the shapes before anything is allocated); "
+          "the detail names the bytes needed and free",
+          when="the memory plan finds no placement that fits"),
     Check("sandbox", "never rejects: records which isolation layers (pid/network/mount "
           "namespaces, unprivileged uid, cgroup memory and pids, rlimits) the machine allowed, "
           "and why any was refused", informational=True),
-    Check("compiles", "build errors (the compiler log is kept for repair prompts)"),
+    Check("compiles", "build errors (the compiler log is kept for repair prompts); before "
+          "anything runs, a file that does not parse, defines no `ModelNew` or imports a module "
+          "that is not installed"),
     Check("constructs", "a ModelNew that raises when constructed with the task's arguments"),
     Check("runs", "a forward that raises an exception"),
     Check("crash", "a worker that dies (segfault, illegal address, out of memory) or leaves an "
           "unreadable or malformed report"),
     Check("timeout", "a worker that outlives `verify.timeout_s`"),
-    Check("too_large", "not the candidate: the task at this size does not fit in this "
-          "machine's memory (input sets, references in the task's dtype and float64, the "
-          "worker's buffers, planned from the shapes before anything is allocated); the detail "
-          "names the bytes needed and free", when="the memory plan exceeds what is free"),
     Check("parameters", "a ModelNew whose parameters cannot take the reference's weights"),
     Check("output_layout", "wrong shape (also one that would broadcast), dtype or strides"),
     Check("lazy_output", "an output that is not a plain tensor with its values in memory (a "
