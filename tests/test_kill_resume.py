@@ -3,7 +3,8 @@ same archive as an uninterrupted run (the offline proposer's answers are its see
 an LLM campaign's are its recorded answers).
 
 "The same" is every column that does not measure something: runtimes, speedups, the largest
-error on the verifier's secret inputs and the profiles differ between any two runs of a kernel,
+error on the verifier's secret inputs and the profiles (clang-tidy's too: only the fastest
+kernel is profiled) differ between any two runs of a kernel,
 killed or not. The campaign keeps its choices independent of those measurements: one
 translation, one round of evolution from it (selection between parents by speed would let
 timing noise pick a different parent in two uninterrupted runs too).
@@ -28,7 +29,9 @@ OVERRIDES = ["campaign=kr", "tasks=ci", "tasks.include=[L1_10_Softmax]", "evolve
              "baselines.compile=false"]
 MEASURED = {"CUDA_Runtime", "PyTorch_Native_Runtime", "PyTorch_Compile_Runtime",
             "CUDA_Speedup_Native", "CUDA_Speedup_Compile", "Max_Diff", "NCU_Profile",
-            "Torch_Profile"}
+            "Torch_Profile",
+            # filled for the profiled kernel only, which the campaign picks by its runtime
+            "Clang_Tidy"}
 KILLS = 10
 
 

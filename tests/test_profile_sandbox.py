@@ -173,7 +173,9 @@ ALLOWED = {
     ("assay/tasks/__main__.py", "analyze_file"): "runs a task file (the trusted reference), "
                                                  "not a candidate",
     ("assay/cli.py", "_run"): "starts snakemake",
-    ("assay/cli.py", "_in_child"): "baseline timing of the reference in a child process",
+    ("assay/bench/baseline_cache.py", "__init__"): "TrustedChild: times the task's reference "
+                                                    "(trusted) in a process that never loads a "
+                                                    "candidate",
     ("assay/gpu.py", "visible_gpus"): "nvidia-smi -L",
 }
 

@@ -18,7 +18,6 @@ argparse keeps `assay verify` light: it runs on the GPU machine with torch and s
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shlex
 import subprocess
@@ -49,7 +48,9 @@ def _verify(args: argparse.Namespace) -> int:
         print("error: --device cuda: no CUDA device is visible on this machine "
               "(use --device cpu or auto)", file=sys.stderr)
         return 2
-    child = None if args.no_baseline or refused else _Child()
+    from assay.bench.baseline_cache import TrustedChild
+
+    child = None if args.no_baseline or refused else TrustedChild()
     try:
         cand.read_text()
         task = Task.from_file(args.task, size=resolve_size(args.size, device))
@@ -144,51 +145,6 @@ def _device(name: str) -> str | None:
     if name == "cuda" and not torch.cuda.is_available():
         return None
     return name
-
-
-def _child(conn) -> None:
-    import torch  # noqa: F401 - imported while the parent loads and plans, not after
-
-    job = conn.recv()
-    if job is None:
-        return
-    fn, args = job
-    try:
-        conn.send(("ok", fn(*args)))
-    except BaseException as e:  # noqa: BLE001
-        conn.send(("error", f"{type(e).__name__}: {e}"))
-
-
-class _Child:
-    """A spawned process that imports torch at once and runs one function when asked: the
-    baseline is timed in a process that never loads the candidate, and its imports overlap
-    the parent's loading and planning."""
-
-    def __init__(self):
-        import multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_child, args=(child,), daemon=True)
-        self.proc.start()
-
-    def run(self, fn, *args):
-        self.conn.send((fn, args))
-        try:
-            status, value = self.conn.recv()
-        except EOFError:
-            self.proc.join()
-            status, value = "error", f"the process died (exit status {self.proc.exitcode})"
-        self.proc.join()
-        if status != "ok":
-            raise RuntimeError(value)
-        return value
-
-    def close(self) -> None:
-        if self.proc.is_alive():
-            with contextlib.suppress(OSError, BrokenPipeError):
-                self.conn.send(None)
-            self.proc.join()
 
 
 def _campaigns(args: argparse.Namespace):

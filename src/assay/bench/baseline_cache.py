@@ -11,6 +11,7 @@ everything; ``refresh=True`` re-times one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -72,24 +73,51 @@ def cached_baseline(task: Task, device: str, cfg: TimingConfig, compile_: bool,
     return data, False
 
 
-def _child(conn, fn, args) -> None:
+def _serve(conn) -> None:
+    import torch  # noqa: F401 - imported while the parent loads and plans, not after
+
+    job = conn.recv()
+    if job is None:
+        return
+    fn, args = job
     try:
         conn.send(("ok", fn(*args)))
     except BaseException as e:  # noqa: BLE001
         conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
-def in_child(fn, *args):
-    """``fn(*args)`` in a fresh (spawned) process: baselines are timed in a process that never
-    loads a candidate."""
-    import multiprocessing as mp
+class TrustedChild:
+    """A spawned process that imports torch at once and runs one trusted function (the
+    reference's timing) when asked: baselines are timed in a process that never loads a
+    candidate, and its imports overlap the parent's loading and planning. Started early, used
+    once, closed when not needed."""
 
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_child, args=(child, fn, args))
-    proc.start()
-    status, value = parent.recv()
-    proc.join()
-    if status != "ok":
-        raise RuntimeError(f"baseline timing failed: {value}")
-    return value
+    def __init__(self):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True)
+        self.proc.start()
+
+    def run(self, fn, *args):
+        self.conn.send((fn, args))
+        try:
+            status, value = self.conn.recv()
+        except EOFError:
+            status, value = "error", f"the process died (exit status {self.proc.exitcode})"
+        self.proc.join()
+        if status != "ok":
+            raise RuntimeError(f"baseline timing failed: {value}")
+        return value
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            with contextlib.suppress(OSError, BrokenPipeError):
+                self.conn.send(None)
+            self.proc.join()
+
+
+def in_child(fn, *args):
+    """``fn(*args)`` in a fresh trusted process (see TrustedChild)."""
+    return TrustedChild().run(fn, *args)
