@@ -251,6 +251,9 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
         v.verify_s = time.perf_counter() - t0
         return v.finish()
     times["prepare_s"] = time.perf_counter() - t if prepared is None else 0.0
+    if prep.reductions:  # lighter than the config's protocol, to fit memory: said, never silent
+        checks.record(v, "memory_plan", True,
+                      "lighter protocol to fit memory: " + "; ".join(prep.reductions.values()))
     if prep.degenerate and not degenerate:
         if not checks.record(v, "task_not_degenerate", cfg.on_degenerate != "reject",
                              prep.degenerate):
@@ -336,7 +339,7 @@ def _judge_report(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -
     _check_parameters(v, result)
     found = _compare_outputs(prep, w, cfg)
     v.max_abs_err, v.rel_err = found.max_abs, found.rel
-    _check_outputs(v, found)
+    _check_outputs(v, found, prep.reductions)
     _check_timing(v, result, found.unsettled)
     _check_integrity(v, result, w.tampered_inputs)
     _check_speed(v, cfg)
@@ -459,22 +462,42 @@ def _layout_mismatches(m: dict[str, Any], r: torch.Tensor, dev_type: str,
     return bad
 
 
-def _check_outputs(v: Verdict, found: _OutputFindings) -> None:
+# The memory plan's steps (assay.verify.memory.Protocol.reductions) each check lost a part to.
+_LIGHTER = {"correctness": ("check",), "stale_results": ("check",),
+            "timed_outputs": ("float64", "timing", "swap")}
+
+
+def _lighter(name: str, reductions: dict[str, str], detail: str) -> str:
+    """``detail``, followed by what the memory plan left out of check ``name``."""
+    lost = [reductions[k] for k in _LIGHTER.get(name, ()) if k in reductions]
+    if not lost:
+        return detail
+    return "; ".join(([detail] if detail else [])
+                     + ["lighter protocol (memory plan): " + "; ".join(lost)])
+
+
+def _check_outputs(v: Verdict, found: _OutputFindings,
+                   reductions: dict[str, str] | None = None) -> None:
     """The output checks: layout, lazy outputs, correctness, precision, stale results, inputs
-    unchanged, no aliasing, and the timed calls' outputs."""
+    unchanged, no aliasing, and the timed calls' outputs. ``reductions``: what the memory plan
+    left out of the protocol, named in the details of the checks that lost it."""
     problems, changed, aliased = found.problems, found.changed, found.aliased
+    red = reductions or {}
     checks.record(v, "output_layout", not found.layout, "; ".join(found.layout[:4]))
     checks.record(v, "lazy_output", not found.lazy, "; ".join(found.lazy[:3]))
-    checks.record(v, "correctness", not problems["check"], "; ".join(problems["check"][:4]))
+    checks.record(v, "correctness", not problems["check"],
+                  _lighter("correctness", red, "; ".join(problems["check"][:4])))
     checks.record(v, "precision", not found.precision, "; ".join(found.precision[:3]) or
             "candidate within the allowed error against float64")
-    checks.record(v, "stale_results", not problems["stale"], "; ".join(problems["stale"][:3]))
+    checks.record(v, "stale_results", not problems["stale"],
+                  _lighter("stale_results", red, "; ".join(problems["stale"][:3])))
     checks.record(v, "inputs_unchanged", not changed,
             f"inputs modified in place: {', '.join(changed[:4])}" if changed else "")
     checks.record(v, "no_output_aliasing", not aliased,
             f"output shares memory with an input: {', '.join(aliased[:3])}" if aliased else "")
     timed = problems["timed"] + problems["after"]
-    checks.record(v, "timed_outputs", not timed, "; ".join(timed[:3]))
+    checks.record(v, "timed_outputs", not timed, _lighter("timed_outputs", red,
+                                                           "; ".join(timed[:3])))
 
 
 def _check_timing(v: Verdict, result: dict[str, Any], unsettled: list[str]) -> None:

@@ -134,7 +134,10 @@ def _release(device: str) -> None:
 
 
 def _memory_plan(task: Task, device: str, cfg: VerifyConfig, share: int):
-    """(the verifier's plan for the whole machine, whether it fits a 1/share part of it)."""
+    """(the plan to verify with, whether it fits a 1/share part of the machine). The plan is
+    the 1/share part's when that holds the same protocol as the whole machine's (its
+    placement keeps the task within its part), else the whole machine's: a task that would
+    need a lighter protocol to share the machine runs alone, with the fuller one."""
     from assay.verify import memory
 
     plan = memory.plan_task(task, device, cfg)
@@ -145,7 +148,8 @@ def _memory_plan(task: Task, device: str, cfg: VerifyConfig, share: int):
     part = memory.plan(shapes, memory.Protocol.of(cfg), device.split(":")[0],
                        None if dev_free is None else dev_free // share,
                        None if host_free is None else host_free // share)
-    return plan, part.fits
+    shared = part.fits and part.reductions == plan.reductions
+    return (part if shared else plan), shared
 
 
 def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
@@ -179,6 +183,7 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
         cand.unlink(missing_ok=True)
     d = v.to_dict()
     failed = {n: c.get("detail", "") for n, c in d["checks"].items() if not c.get("passed")}
+    lighter = plan.reductions if plan is not None else {}
     harness_degenerate = d["checks"].get("task_not_degenerate", {}).get("detail", "")
     row: dict[str, Any] = {
         "task": task.id, "accepted": bool(v.accepted), "reasons": list(v.reasons),
@@ -189,6 +194,8 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
         "harness_degenerate": harness_degenerate,
         "times": {k: round(x, 3) if isinstance(x, float) else x for k, x in times.items()},
     }
+    if lighter:  # verified with a lighter protocol to fit memory (the memory_plan check)
+        row["lighter"] = lighter
     # helper `mem`'s memory plan: a task that cannot fit gets a `too_large` check or verdict
     if "too_large" in [*v.reasons, *d["checks"], str(d.get("verdict")), str(d.get("status"))]:
         row["status"] = "too_large"
@@ -354,6 +361,14 @@ def summary_markdown(rows: list[dict[str, Any]], title: str = "Reference self-ch
             out.append(f"| {name(r)} | {_g(d.get('output_spread'))} | "
                        f"{_g(d.get('input_sensitivity'))} | {_g(d.get('weight_sensitivity'))} | "
                        f"{d.get('finite', '-')} | {r.get('accepted', '-')} | {why[:160]} |")
+        out.append("")
+    lighter = [r for r in rows if r.get("lighter")]
+    if lighter:
+        out += ["## Verified with a lighter protocol (to fit memory)", "",
+                "| task | status | steps taken |", "| --- | --- | --- |"]
+        for r in lighter:
+            steps = "; ".join(r["lighter"].values()).replace("|", "\\|")
+            out.append(f"| {name(r)} | {r.get('status')} | {steps} |")
         out.append("")
     for status, head in (("rejected", "Rejected (a finding: honest work refused)"),
                          ("too_large", "Too large for the device"), ("error", "Errors")):
