@@ -388,7 +388,8 @@ def _call_label(prep: Prepared, slot: str, phase: str, s: int) -> str:
     if phase == "stale":
         return f"{_STALE_LABELS.get(slot, slot)} (set {s})"
     if phase == "timed":
-        return f"timed call with a fresh set (set {s})"
+        fresh = "a fresh set" if s not in prep.check_sets else "a correctness set's data"
+        return f"timed call with {fresh} (set {s})"
     return f"timing buffer after timing (set {s})"
 
 

@@ -194,8 +194,8 @@ class Protocol:
         from assay.verify.worker import plan_slots
 
         c, t = self.check_sets, self.timing_sets
-        return len(plan_slots(list(range(c)), list(range(c, c + t)),
-                              list(range(c + t, self.sets)), self.min_runs))
+        swaps = list(range(c + t, self.sets)) or [0]  # else a correctness set (prepare)
+        return len(plan_slots(list(range(c)), list(range(c, c + t)), swaps, self.min_runs))
 
     def reductions(self, full: "Protocol") -> dict[str, str]:
         """What this protocol leaves out of ``full``: {step: one line for the verdict}, steps
@@ -213,8 +213,10 @@ class Protocol:
         if self.swap_sets < full.swap_sets:
             out["swap"] = (f"{self.swap_sets} independent sets swapped into timed calls "
                            f"instead of {full.swap_sets}"
-                           + (" (no timed call is compared on independent data; the buffers "
-                              "are still checked after timing)" if self.swap_sets == 0 else ""))
+                           + (" (a correctness set's data is swapped into a timed call "
+                              "instead: a cache keyed on pointers still shows, one keyed on "
+                              "content replays a right answer)" if self.swap_sets == 0
+                              else ""))
         if self.check_sets < full.check_sets:
             out["check"] = f"{self.check_sets} correctness sets instead of {full.check_sets}"
         return out
@@ -223,26 +225,36 @@ class Protocol:
 MIN_CHECK_SETS = 2  # the staleness protocol puts one set's data into another's buffers
 
 
+def _no_float64(p: Protocol) -> Protocol | None:
+    return replace(p, wide_all=False) if p.wide_all and p.sets > p.check_sets else None
+
+
+def _fewer_timing(p: Protocol) -> Protocol | None:
+    return replace(p, timing_sets=p.timing_sets - 1) if p.timing_sets > 1 else None
+
+
+def _fewer_swaps(p: Protocol) -> Protocol | None:
+    return replace(p, swap_sets=p.swap_sets - 1) if p.swap_sets > 0 else None
+
+
+def _fewer_checks(p: Protocol) -> Protocol | None:
+    return replace(p, check_sets=p.check_sets - 1) if p.check_sets > MIN_CHECK_SETS else None
+
+
+# The steps of a lighter protocol, in the order they are taken, each as often as it applies.
+STEPS = (_no_float64, _fewer_timing, _fewer_swaps, _fewer_checks)
+
+
 def lighter_protocols(full: Protocol) -> list[Protocol]:
-    """``full``, then each step lighter than the one before, in the order they are taken:
-    float64 references for the correctness sets only; fewer timing buffers (down to one);
-    fewer swapped sets (down to none); fewer correctness sets (down to two). Each step keeps
-    every earlier one: the list ends with the lightest protocol the verifier runs."""
-    steps = [full]
-    p = full
-    if p.wide_all and p.sets > p.check_sets:
-        p = replace(p, wide_all=False)
-        steps.append(p)
-    while p.timing_sets > 1:
-        p = replace(p, timing_sets=p.timing_sets - 1)
-        steps.append(p)
-    while p.swap_sets > 0:
-        p = replace(p, swap_sets=p.swap_sets - 1)
-        steps.append(p)
-    while p.check_sets > MIN_CHECK_SETS:
-        p = replace(p, check_sets=p.check_sets - 1)
-        steps.append(p)
-    return steps
+    """``full``, then each step lighter than the one before, in the order :func:`plan` tries
+    them: float64 references for the correctness sets only; fewer timing buffers (down to
+    one); fewer swapped sets (down to none); fewer correctness sets (down to two). Each keeps
+    every earlier step: the list ends with the lightest protocol the verifier runs."""
+    out = [full]
+    for step in STEPS:
+        while (q := step(out[-1])) is not None:
+            out.append(q)
+    return out
 
 
 def check_distributions(distributions: list, n: int) -> list:
@@ -358,21 +370,42 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     return Plan("host", device, host_need, host_need, None, host_free_b, parts, proto)
 
 
+def _shortfall(p: Plan) -> int:
+    """Bytes over the usable free memory, both sides together (0: it fits)."""
+    return sum(max(0, need - _usable(free)) for need, free in
+               ((p.device_need_b, p.device_free_b), (p.host_need_b, p.host_free_b))
+               if free is not None)
+
+
 def plan(shapes: TaskShapes, proto: Protocol, device: str, device_free_b: int | None,
          host_free_b: int | None, adapt: bool = True) -> Plan:
     """The first plan that fits: the config's protocol with the references on the device, else
-    on the host (slower, no lighter), else each lighter protocol in turn
-    (:func:`lighter_protocols`; ``adapt=False``: none), whose plan lists its ``reductions``.
-    If none fits, the lightest protocol's host plan, whose ``fits`` is False."""
+    on the host (slower, no lighter); else (``adapt``) the steps of :func:`lighter_protocols`
+    one at a time, each kept only when it lowers the bytes that do not fit (float64
+    references live on the host side only: that step does not help a short device), until a
+    plan fits; its ``reductions`` list the steps kept. If none fits, the lightest protocol's
+    host plan (the smaller device need), whose ``fits`` is False."""
     placements = ["device", "host"] if device == "cuda" else ["host"]
-    last = None
-    for p in lighter_protocols(proto) if adapt else [proto]:
-        for where in placements:
-            last = plan_for(shapes, p, device, where, device_free_b, host_free_b)
-            last.reductions = p.reductions(proto)
-            if last.fits:
-                return last
-    return last
+
+    def best(p: Protocol) -> Plan:
+        plans = [plan_for(shapes, p, device, where, device_free_b, host_free_b)
+                 for where in placements]
+        for x in plans:
+            x.reductions = p.reductions(proto)
+        return next((x for x in plans if x.fits), None) or \
+            min(reversed(plans), key=_shortfall)
+
+    cur, cur_plan = proto, best(proto)
+    for step in STEPS if adapt else ():
+        while not cur_plan.fits and (q := step(cur)) is not None:
+            q_plan = best(q)
+            if not q_plan.fits and _shortfall(q_plan) >= _shortfall(cur_plan):
+                break  # this step frees nothing that is short: not taken
+            cur, cur_plan = q, q_plan
+    if not cur_plan.fits:
+        cur_plan = plan_for(shapes, cur, device, "host", device_free_b, host_free_b)
+        cur_plan.reductions = cur.reductions(proto)
+    return cur_plan
 
 
 def free_memory(device: str) -> tuple[int | None, int | None]:

@@ -105,7 +105,7 @@ class Prepared:
     distributions: list[str]         # the distribution each set was drawn from
     check_sets: list[int]            # correctness sets (cfg.input_distributions)
     timing_sets: list[int]
-    swap_sets: list[int]
+    swap_sets: list[int]             # sets swapped into timed calls (else a correctness set)
     refs: list[list[torch.Tensor]]   # task-dtype reference outputs per set, on ``placement``
     refs64: list[list[torch.Tensor | None]]  # float64 references (None where not computable)
     stats: list[list[dict[str, float]]]
@@ -234,7 +234,9 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
     n = len(check_dists)
     check = list(range(n))
     timing_ids = list(range(n, n + proto.timing_sets))
-    swap_ids = list(range(n + cfg.timing_sets, len(dists)))
+    # Without sets of their own (a lighter protocol, or swap_sets 0), the first correctness
+    # set's data is swapped into a timed call: a cache keyed on pointers still shows there.
+    swap_ids = list(range(n + proto.timing_sets, len(dists))) or check[:1]
 
     def run_ref(inputs: list) -> list[torch.Tensor]:
         with torch.no_grad():
