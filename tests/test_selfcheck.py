@@ -125,6 +125,26 @@ def test_budget_stops_before_starting_what_cannot_finish(tmp_path):
                  "--budget-s", "5"]) == 3
 
 
+def test_budget_kills_a_task_in_flight_and_a_rerun_redoes_it(tmp_path, monkeypatch):
+    import time
+
+    slow = tmp_path / "level1" / "1_slow.py"
+    slow.parent.mkdir()
+    # the task's module sleeps when the self-check process loads it (the run's own process
+    # never imports it): a task in flight past the budget
+    slow.write_text("import time\ntime.sleep(120)\n" + (ZOO / "level1" / "1_gelu.py").read_text())
+    monkeypatch.setattr(selfcheck, "MIN_START_S", 0.0)
+    monkeypatch.setattr(selfcheck, "BUDGET_RESERVE_S", 1.0)
+    seen: list = []
+    t = time.perf_counter()
+    out = selfcheck.run_selfcheck([slow], "cpu", "small", jsonl=tmp_path / "s.jsonl",
+                                  budget_s=8, progress=seen.append)
+    assert time.perf_counter() - t < 25
+    assert out["killed"] == [str(slow)] and out["remaining"] == 1
+    assert out["stopped"].startswith("time budget") and "killed" in out["stopped"]
+    assert not (tmp_path / "s.jsonl").exists()  # not done: a rerun with the JSONL redoes it
+
+
 def test_bad_usage_exits_2(tmp_path):
     assert main(["selfcheck", "--tasks", str(tmp_path / "nope.py")]) == 2
     (tmp_path / "empty").mkdir()

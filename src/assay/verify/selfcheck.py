@@ -223,15 +223,37 @@ def _pool_init(env: dict[str, str]) -> None:
         ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
+# Seconds of a time budget kept for what comes after the last task (summaries, shutdown),
+# and the least time left in which a task is started.
+BUDGET_RESERVE_S = 10.0
+MIN_START_S = 30.0
+
+
+def _kill_pool(pool: ProcessPoolExecutor, before: set) -> None:
+    """SIGKILL the pool's worker processes (the multiprocessing children started since
+    ``before``); their sandboxed workers die with them (PDEATHSIG)."""
+    import multiprocessing as mp
+
+    for proc in mp.active_children():
+        if proc not in before:
+            proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 def run_selfcheck(paths: list[Path], device: str, size: str = "large",
                   cfg: VerifyConfig | None = None, jsonl: Path | None = None, jobs: int = 1,
                   budget_s: float | None = None, retry_errors: bool = False,
                   workdir: Path | None = None,
-                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Self-check ``paths``; returns {"rows": latest row per task, "stopped": reason or ""}.
+                  progress: Callable[[str], None] | None = None,
+                  on_row: Callable[[dict[str, dict]], None] | None = None) -> dict[str, Any]:
+    """Self-check ``paths``; returns {"rows": latest row per task, "stopped": reason or "",
+    "killed": tasks stopped in flight, "seconds", "remaining"}.
 
-    ``budget_s``: no task starts once the time left is under 1.5x the slowest task so far (at
-    least 30 s); tasks in flight finish, so the run ends cleanly and a rerun resumes."""
+    ``budget_s`` bounds the whole call: no task starts once the time left (less
+    ``BUDGET_RESERVE_S`` for the caller's summaries) is under 1.5x the median task so far (at
+    least 30 s), and tasks still in flight when it runs out are killed and left out of the
+    JSONL, so a rerun redoes them. ``on_row(rows)``: called with the latest row per task after
+    each one is written (the caller's summaries stay current)."""
     import multiprocessing as mp
 
     from assay.verify.harness import resolve_device
@@ -257,12 +279,15 @@ def run_selfcheck(paths: list[Path], device: str, size: str = "large",
     queue = list(todo)
     alone: list[Path] = []  # tasks whose plan does not fit a 1/jobs part of the machine
     died: dict[str, int] = {}
-    slowest = 0.0
+    seconds: list[float] = []
     stopped = ""
+    killed: list[str] = []
     n_done = 0
+    deadline = None if budget_s is None else t0 + budget_s - BUDGET_RESERVE_S
     while queue or alone:
         if not queue:  # the deferred ones, one at a time
             queue, alone, jobs = alone, [], 1
+        before = set(mp.active_children())
         pool = ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx,
                                    initializer=_pool_init, initargs=(env,))
         running: dict[Future, Path] = {}
@@ -270,17 +295,28 @@ def run_selfcheck(paths: list[Path], device: str, size: str = "large",
         try:
             while (queue or running) and not broken:
                 while queue and len(running) < max(1, jobs) and not stopped:
-                    left = None if budget_s is None else budget_s - (time.perf_counter() - t0)
-                    if left is not None and left < max(30.0, 1.5 * slowest):
-                        stopped = (f"time budget: {left:.0f} s left of {budget_s:.0f} s, the "
-                                   f"slowest task took {slowest:.0f} s")
+                    left = None if deadline is None else deadline - time.perf_counter()
+                    typical = sorted(seconds)[len(seconds) // 2] if seconds else 0.0
+                    if left is not None and left < max(MIN_START_S, 1.5 * typical):
+                        stopped = (f"time budget: {left:.0f} s left of {budget_s:.0f} s, a "
+                                   f"typical task takes {typical:.0f} s")
                         break
                     p = queue.pop(0)
                     running[pool.submit(check_task, p, device, size, cfg, workdir, peaks,
                                         max(1, jobs))] = p
                 if not running:
                     break
-                finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                timeout = None if deadline is None else max(deadline - time.perf_counter(), 0)
+                finished, _ = wait(list(running), timeout=timeout, return_when=FIRST_COMPLETED)
+                if not finished:  # the budget ran out with tasks in flight: killed, not done
+                    killed = [str(p) for p in running.values()]
+                    stopped = (f"time budget: {budget_s:.0f} s ran out with {len(killed)} "
+                               f"task(s) in flight, killed (a rerun redoes them)")
+                    say(stopped + ": " + ", ".join(Path(k).stem for k in killed))
+                    _kill_pool(pool, before)
+                    running = {}
+                    broken = True
+                    break
                 for fut in finished:
                     p = running.pop(fut)
                     try:
@@ -299,10 +335,12 @@ def run_selfcheck(paths: list[Path], device: str, size: str = "large",
                         alone.append(p)  # too big to share the machine: run it alone, last
                         say(f"{row.get('task')}: deferred, runs alone after the others")
                         continue
-                    slowest = max(slowest, row.get("seconds") or 0.0)
+                    seconds.append(row.get("seconds") or 0.0)
                     n_done += 1
                     append_row(jsonl, row)
                     done[row["key"]] = row
+                    if on_row is not None:
+                        on_row(done)
                     say(_progress_line(row, n_done, len(todo), time.perf_counter() - t0))
             if broken:  # the in-flight tasks of a dead pool are retried in a fresh one
                 for fut, p in running.items():
@@ -314,8 +352,8 @@ def run_selfcheck(paths: list[Path], device: str, size: str = "large",
             break
     rows = {row_key(p, size, device): done[row_key(p, size, device)] for p in paths
             if row_key(p, size, device) in done}
-    return {"rows": rows, "stopped": stopped, "seconds": time.perf_counter() - t0,
-            "remaining": len(paths) - len(rows)}
+    return {"rows": rows, "stopped": stopped, "killed": killed,
+            "seconds": time.perf_counter() - t0, "remaining": len(paths) - len(rows)}
 
 
 def _progress_line(row: dict[str, Any], i: int, n: int, elapsed: float) -> str:
@@ -460,7 +498,8 @@ def add_parser(sub) -> None:
     s.add_argument("--jobs", type=int, default=1,
                    help="tasks in flight at once (each in its own process)")
     s.add_argument("--budget-s", type=float, default=None,
-                   help="start no task that could end past this many seconds")
+                   help="bound the whole run: start no task that would likely end past "
+                        "it, kill what is in flight when it runs out (a rerun redoes it)")
     s.add_argument("--retry-errors", action="store_true",
                    help="redo tasks whose JSONL row is an error")
     s.set_defaults(fn=cli)
