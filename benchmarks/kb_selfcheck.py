@@ -50,6 +50,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=2, help="tasks in flight at once")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--size", default="large", choices=["large", "small"])
+    p.add_argument("--transfer", default="host", choices=["host", "cuda_ipc"],
+                   help="how inputs and outputs reach the worker: host (shared-memory files, "
+                        "the verifier's default) or cuda_ipc (device memory: no host copies; "
+                        "a task whose plan is lighter with it uses host)")
     p.add_argument("--limit", type=int, default=None, help="first N tasks per level (a trial)")
     p.add_argument("--only", nargs="+", default=None, metavar="GLOB",
                    help="task ids to run, as globs (e.g. L1_23_* L3_*): a rerun of a few")
@@ -125,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
                         torch.__version__)
 
     budget = None if a.budget_s is None else a.budget_s - (time.perf_counter() - t0)
-    res = selfcheck.run_selfcheck(paths, a.device, a.size, jsonl=jsonl, jobs=a.jobs,
-                                  budget_s=budget, retry_errors=a.retry_errors, on_row=on_row)
+    from assay.verify.settings import VerifyConfig
+
+    res = selfcheck.run_selfcheck(paths, a.device, a.size, VerifyConfig(transfer=a.transfer),
+                                  jsonl=jsonl, jobs=a.jobs, budget_s=budget,
+                                  retry_errors=a.retry_errors, on_row=on_row)
     rows = list(res["rows"].values())
     write_summaries(out, a, paths, rows, res, t0, gpu, torch.__version__)
     counts = {s: sum(r.get("status") == s for r in rows) for s in selfcheck.STATUSES}

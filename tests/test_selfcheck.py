@@ -186,10 +186,20 @@ def test_memory_plan_decides_too_large_and_defers_what_cannot_share(monkeypatch)
     assert selfcheck._memory_plan(task, "cpu", cfg, 1)[1] is True
     row = selfcheck.check_task(task.path, "cpu", "small", share=2)
     assert row["status"] == "deferred"
+    # room for a lighter protocol only: accepted, the row says how it was lighter
+    lightest = memory.plan_for(memory.task_shapes(task.module()),
+                               memory.lighter_protocols(memory.Protocol.of(cfg))[-1], "cpu",
+                               "host", None, None).host_need_b
+    monkeypatch.setattr(memory, "free_memory", lambda device: (None, int(lightest / 0.9) + 64))
+    row = selfcheck.check_task(task.path, "cpu", "small")
+    assert row["status"] == "accepted" and set(row["lighter"]) == {"float64", "timing",
+                                                                    "swap", "check"}
+    assert "memory_plan" not in row["failed"]
     # no room at all: too_large with the numbers, before anything of the task's size exists
-    monkeypatch.setattr(memory, "free_memory", lambda device: (None, need // 2))
+    monkeypatch.setattr(memory, "free_memory", lambda device: (None, int(lightest * 0.8)))
     row = selfcheck.check_task(task.path, "cpu", "small")
     assert row["status"] == "too_large" and "host memory" in row["detail"]
+    assert "even with the lightest protocol" in row["detail"]
 
 
 def test_rows_are_keyed_by_level_name_and_content_not_absolute_path(tmp_path):

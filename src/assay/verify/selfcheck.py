@@ -134,22 +134,37 @@ def _release(device: str) -> None:
 
 
 def _memory_plan(task: Task, device: str, cfg: VerifyConfig, share: int):
-    """(the plan to verify with, whether it fits a 1/share part of the machine). The plan is
-    the 1/share part's when that holds the same protocol as the whole machine's (its
-    placement keeps the task within its part), else the whole machine's: a task that would
-    need a lighter protocol to share the machine runs alone, with the fuller one."""
+    """(the plan to verify with, whether it fits a 1/share part of the machine, the config
+    with the transfer the plan is for). The plan is the 1/share part's when that holds the
+    same protocol as the whole machine's (its placement keeps the task within its part), else
+    the whole machine's: a task that would need a lighter protocol to share the machine runs
+    alone, with the fuller one. With ``transfer: cuda_ipc`` (arenas in device memory), the
+    host transfer is planned too and taken when it needs fewer reductions."""
     from assay.verify import memory
 
-    plan = memory.plan_task(task, device, cfg)
-    if plan is None or not plan.fits or share <= 1:
-        return plan, True
-    shapes, _ = memory.shapes_or_none(task.module())
+    shapes, _ = memory.shapes_or_none(task.module())  # one meta pass for every plan below
+    if shapes is None:
+        return None, True, cfg
     dev_free, host_free = memory.free_memory(device)
-    part = memory.plan(shapes, memory.Protocol.of(cfg), device.split(":")[0],
-                       None if dev_free is None else dev_free // share,
-                       None if host_free is None else host_free // share)
-    shared = part.fits and part.reductions == plan.reductions
-    return (part if shared else plan), shared
+    kind = device.split(":")[0]
+    cfgs = [cfg] + ([dataclasses.replace(cfg, transfer="host")]
+                    if kind == "cuda" and cfg.transfer != "host" else [])
+
+    def lightness(p) -> tuple:
+        return (not p.fits, len(p.reductions))
+
+    def best(d: int | None, h: int | None):
+        plans = [(memory.plan(shapes, memory.Protocol.of(c), kind, d, h), c) for c in cfgs]
+        return min(plans, key=lambda pc: lightness(pc[0]))  # ties: the first (cfg's own)
+
+    plan, use = best(dev_free, host_free)
+    if not plan.fits or share <= 1:
+        return plan, True, use
+    part, part_cfg = best(None if dev_free is None else dev_free // share,
+                          None if host_free is None else host_free // share)
+    if part.fits and part.reductions == plan.reductions:
+        return part, True, part_cfg
+    return plan, False, use
 
 
 def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
@@ -162,7 +177,7 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
     task = Task.from_file(path, size=size)
     times: dict[str, Any] = {}
     t = time.perf_counter()
-    plan, fits_part = _memory_plan(task, device, cfg, share)
+    plan, fits_part, cfg = _memory_plan(task, device, cfg, share)
     times["plan_s"] = round(time.perf_counter() - t, 3)
     if plan is not None and not plan.fits:  # decided before anything of its size exists
         return {"task": task.id, "status": "too_large", "accepted": False,
@@ -173,7 +188,9 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
     t = time.perf_counter()
     deg = degeneracy(task, device)
     times["degeneracy_s"] = round(time.perf_counter() - t, 2)
+    t = time.perf_counter()
     record = {**cost(task), "degeneracy": {**deg, "degenerate": False}}  # flagged, judged below
+    times["cost_s"] = round(time.perf_counter() - t, 2)
     workdir.mkdir(parents=True, exist_ok=True)
     cand = workdir / f"selfcheck_{task.id}_{os.getpid()}.py"
     cand.write_text(candidate_source(task))
@@ -419,12 +436,44 @@ def summary_markdown(rows: list[dict[str, Any]], title: str = "Reference self-ch
                 out.append(f"| {name(r)} | {', '.join(r.get('reasons', [])) or '-'} | "
                            f"{detail} |")
             out.append("")
+    out += seconds_table(rows)
     out += ["## Every task", "", "| task | status | seconds | max abs err | rel err |",
             "| --- | --- | --- | --- | --- |"]
     for r in rows:
         out.append(f"| {name(r)} | {r.get('status')} | {_g(r.get('seconds'))} | "
                    f"{_g(r.get('max_abs_err'))} | {_g(r.get('rel_err'))} |")
     return "\n".join(out) + "\n"
+
+
+# Where a task's seconds go: the row's ``times`` (assay.verify.harness.verify's breakdown).
+PHASES = (("plan_s", "memory plan (meta pass)"), ("cost_s", "cost record (FLOPs, bytes)"),
+          ("degeneracy_s", "degeneracy record"),
+          ("prepare_s", "reference preparation (every set, float64 included)"),
+          ("inputs_arena_s", "input arena (host transfer)"), ("spawn_s", "worker start"),
+          ("import_s", "worker imports torch"), ("worker.materialize_s", "worker: inputs in"),
+          ("worker.load_s", "worker: candidate load"),
+          ("worker.correctness_s", "worker: correctness and staleness calls"),
+          ("worker.timing_s", "worker: timing"), ("worker.after_s", "worker: after timing"),
+          ("exit_s", "worker exit"), ("compare_s", "comparison (landing to references)"))
+
+
+def seconds_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: per phase, the median and the total over the tasks that ran it."""
+    timed = [r for r in rows if isinstance(r.get("times"), dict)]
+    if not timed:
+        return []
+    out = ["## Where the seconds go", "", "| phase | median s | total s | share |",
+           "| --- | --- | --- | --- |"]
+    total = sum(r.get("seconds") or 0.0 for r in timed) or 1.0
+    for key, label in PHASES:
+        xs = sorted(float(r["times"][key]) for r in timed
+                    if isinstance(r["times"].get(key), (int, float)))
+        if xs:
+            out.append(f"| {label} | {xs[len(xs) // 2]:.2f} | {sum(xs):.1f} | "
+                       f"{sum(xs) / total:.0%} |")
+    out.append(f"| whole task | {sorted(r.get('seconds') or 0.0 for r in timed)[len(timed) // 2]:.2f}"
+               f" | {total:.1f} | 100% |")
+    return out + [""]
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:
