@@ -187,13 +187,14 @@ def test_memory_plan_decides_too_large_and_defers_what_cannot_share(monkeypatch)
     row = selfcheck.check_task(task.path, "cpu", "small", share=2)
     assert row["status"] == "deferred"
     # room for a lighter protocol only: accepted, the row says how it was lighter
-    lightest = memory.plan_for(memory.task_shapes(task.module()),
-                               memory.lighter_protocols(memory.Protocol.of(cfg))[-1], "cpu",
-                               "host", None, None).host_need_b
-    monkeypatch.setattr(memory, "free_memory", lambda device: (None, int(lightest / 0.9) + 64))
+    shapes = memory.task_shapes(task.module())
+    lightest = memory.plan_for(shapes, memory.lighter_protocols(memory.Protocol.of(cfg))[-1],
+                               "cpu", "host", None, None).host_need_b
+    free = int(lightest / 0.9) + 64
+    monkeypatch.setattr(memory, "free_memory", lambda device: (None, free))
     row = selfcheck.check_task(task.path, "cpu", "small")
-    assert row["status"] == "accepted" and set(row["lighter"]) == {"float64", "timing",
-                                                                    "swap", "check"}
+    steps = memory.plan(shapes, memory.Protocol.of(cfg), "cpu", None, free).reductions
+    assert row["status"] == "accepted" and row["lighter"] == steps and "float64" in steps
     assert "memory_plan" not in row["failed"]
     # no room at all: too_large with the numbers, before anything of the task's size exists
     monkeypatch.setattr(memory, "free_memory", lambda device: (None, int(lightest * 0.8)))

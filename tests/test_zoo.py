@@ -186,14 +186,43 @@ def test_zoo_verdict_under_the_lightest_protocol(name):
     prep = prepared_lightest(task)
     assert (len(prep.check_sets), len(prep.timing_sets), prep.swap_sets) == (2, 1, [0])
     assert all(r is None for s in prep.timing_sets for r in prep.refs64[s])
+    assert prep.one_landing
+    times: dict = {}
     v = verify(task, meta["path"], "cpu", zoo_config(meta), record=record(task),
-               peaks=GENEROUS_PEAKS, prepared=prep)
-    assert_verdict(meta, v)
-    if "timed_outputs" in v.checks:
+               peaks=GENEROUS_PEAKS, prepared=prep, times=times)
+    # One timing buffer instead of three changes what a candidate whose behaviour depends on
+    # its surroundings does between timed calls: audit_consistency may join its reasons.
+    assert_verdict({**meta, "ALSO": meta["ALSO"] + ["audit_consistency"] * bool(meta["EXPECT"])},
+                   v)
+    if "timed_outputs" in v.checks:  # the worker ran the protocol: each call handed over
+        assert "landing_compare_s" in times
         assert v.checks["memory_plan"]["passed"]
+        assert "one landing buffer" in v.checks["memory_plan"]["detail"]
         assert "2 correctness sets instead of 3" in v.checks["memory_plan"]["detail"]
         assert "lighter protocol (memory plan)" in v.checks["timed_outputs"]["detail"]
         assert "still shows" in v.checks["timed_outputs"]["detail"]
+
+
+def test_the_landing_handshake_compares_only_the_call_that_is_due(tmp_path):
+    """With one landing buffer, a marker the candidate writes ahead of its call (naming a slot
+    not yet due) gets that slot no comparison (a failure), never a right answer twice."""
+    from assay.verify.harness import _LandingJudge
+    from assay.verify.worker import hand_over, plan_slots
+
+    slots = plan_slots([0, 1], [2], [0], 10)
+    seen: list = []
+    judge = _LandingJudge(tmp_path, slots, ["view"], lambda s, views: seen.append(s) or [s])
+    judge.start()
+    try:
+        hand_over(tmp_path, 0, "check0", timeout_s=10)
+        hand_over(tmp_path, 1, "stale_new_data", timeout_s=10)  # forged: check1 is due
+        hand_over(tmp_path, 2, "check1", timeout_s=10)
+        hand_over(tmp_path, 3, "after0", timeout_s=10)  # forged: staleness calls are due
+    finally:
+        judge.stop()
+    assert judge.compared == {"check0": [0], "stale_new_data": [], "check1": [1],
+                              "after0": []}
+    assert seen == [0, 1]
 
 
 @pytest.fixture(scope="module")

@@ -119,10 +119,15 @@ class WorkerRun:
         self.outcome = ""
         self.landing: dict[str, list[torch.Tensor]] = {}
         self.tampered_inputs = False
+        # One landing buffer for every call (a lighter memory protocol): each call's outputs
+        # are compared while the worker waits (:class:`_LandingJudge`), kept here per slot.
+        self.compared: dict[str, list[Any]] | None = None
         self._arenas: list[Any] = []
         # The landing arena lives in the scratch folder (the one place the worker may write):
         # on /dev/shm when it has room for it, so nothing goes through a disk.
         landing = sum(tensor_nbytes(r.shape, r.dtype) + ALIGN for rs in prep.refs for r in rs)
+        if prep.one_landing:
+            landing = sum(tensor_nbytes(r.shape, r.dtype) + ALIGN for r in prep.refs[0])
         self.scratch = Path(tempfile.mkdtemp(prefix=f"assay-verify-{os.getpid()}-",
                                              dir=shm_dir(2 * landing)))
         self.candidate = candidate
@@ -149,8 +154,12 @@ class WorkerRun:
         job = _job_base(prep, cand_copy, cfg)
         slots = plan_slots(prep.check_sets, prep.timing_sets, prep.swap_sets, cfg.min_runs)
         out_layout = Layout("out")
-        landing_descs = {name: [out_layout.add(r.shape, r.dtype) for r in prep.refs[s]]
-                         for name, _, s in slots}
+        if prep.one_landing:  # every set's outputs have the same shapes and dtypes
+            shared = [out_layout.add(r.shape, r.dtype) for r in prep.refs[slots[0][2]]]
+            landing_descs = {name: shared for name, _, _ in slots}
+        else:
+            landing_descs = {name: [out_layout.add(r.shape, r.dtype) for r in prep.refs[s]]
+                             for name, _, s in slots}
         if self.transfer == "cuda_ipc":
             in_layout = Layout("in")
             descs = describe_inputs(prep, in_layout)
@@ -170,15 +179,28 @@ class WorkerRun:
             a_out = FileArena(out_layout.size, "landing-", self.scratch)
             self._arenas.append(a_out)
             arenas = {"in": inputs["arena"].spec(writable=False), "out": a_out.spec(True)}
-        job.update(arenas=arenas, landing=landing_descs, result_format="json", **descs)
+        job.update(arenas=arenas, landing=landing_descs, result_format="json",
+                   landing_handshake=prep.one_landing, **descs)
         torch.save(job, self.scratch / "job.pt")
         times["job_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        with _private_memory():
-            self.outcome = run_sandboxed([sys.executable, "-m", "assay.verify.worker",
-                                          str(self.scratch)], self.scratch, cfg.timeout_s,
-                                         cfg.limits, device=prep.device)
+        judge = None
+        if prep.one_landing:
+            judge = _LandingJudge(self.scratch, slots, [arena_view(a_out.buf, d)
+                                                        for d in landing_descs[slots[0][0]]],
+                                  lambda s, vals: _compare_landed(prep, s, vals, self.cfg))
+            self.compared = judge.compared
+            judge.start()
+        try:
+            with _private_memory():
+                self.outcome = run_sandboxed([sys.executable, "-m", "assay.verify.worker",
+                                              str(self.scratch)], self.scratch, cfg.timeout_s,
+                                             cfg.limits, device=prep.device)
+        finally:
+            if judge is not None:
+                judge.stop()
+                times["landing_compare_s"] = judge.seconds
         t_done = time.perf_counter()
         times["worker_s"] = t_done - t
         self.tampered_inputs = self.transfer != "cuda_ipc" and prep.inputs_tampered()
@@ -202,9 +224,66 @@ class WorkerRun:
             self.result = {"stage": "report", "error": "the landing arena was truncated"}
             return
         t = time.perf_counter()
-        self.landing = {name: [arena_view(a_out.buf, d) for d in ds]
-                        for name, ds in landing_descs.items()}
+        if not prep.one_landing:  # (one landing buffer: compared during the run)
+            self.landing = {name: [arena_view(a_out.buf, d) for d in ds]
+                            for name, ds in landing_descs.items()}
         times["landing_map_s"] = time.perf_counter() - t
+
+
+class _LandingJudge(threading.Thread):
+    """The harness's side of the landing handshake (``assay.verify.worker.hand_over``): waits
+    for each ``landed-<n>`` the worker writes, compares the landing buffer with the
+    references of the slot it names, then lets the worker go on (``ack-<n>``).
+
+    The slot must be the next in the protocol's order (the after-timing calls in any order),
+    so a marker written ahead of its call by the candidate compares the previous call's
+    outputs against another set's references, never a right answer twice."""
+
+    def __init__(self, scratch: Path, slots: list, views: list, compare):
+        super().__init__(daemon=True)
+        self.scratch, self.views, self.compare = scratch, views, compare
+        self.order = [(name, s) for name, phase, s in slots if phase != "after"]
+        self.after = {name: s for name, phase, s in slots if phase == "after"}
+        self.compared: dict[str, list[Any]] = {}
+        self.seconds = 0.0
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=60)
+
+    def _expected(self, name: str) -> int | None:
+        """The set of slot ``name`` if it is the one due now, else None."""
+        due = next(((n, s) for n, s in self.order if n not in self.compared), None)
+        if due is not None:
+            return due[1] if name == due[0] else None
+        return self.after.get(name) if name not in self.compared else None
+
+    def run(self) -> None:
+        seq = 0
+        while not self._halt.is_set():
+            marker = self.scratch / f"landed-{seq}"
+            if not marker.exists():
+                time.sleep(0.0005)
+                continue
+            t = time.perf_counter()
+            try:
+                name = marker.read_text()[:64]
+                s = self._expected(name)
+                self.compared.setdefault(name, [] if s is None else self.compare(s, self.views))
+            except Exception as e:  # noqa: BLE001 - recorded as that slot's finding
+                self.compared.setdefault(f"error-{seq}", [f"{type(e).__name__}: {e}"])
+            finally:
+                (self.scratch / f"ack-{seq}").touch()
+                self.seconds += time.perf_counter() - t
+            seq += 1
+
+
+def _compare_landed(prep: Prepared, s: int, values: list, cfg: VerifyConfig) -> list:
+    """Each landed output of a call on input set ``s`` against that set's references."""
+    return [compare_tensor(v.to(r.device), r, prep.refs64[s][j], prep.stats[s][j], cfg,
+                           prep.reduction, device=prep.device)
+            for j, (v, r) in enumerate(zip(values, prep.refs[s]))]
 
 
 
@@ -431,12 +510,19 @@ def _compare_outputs(prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -> _Output
                 found.layout += [f"{tag}: {b}" for b in bad]
                 problems += [f"{tag}: {b}" for b in bad]
                 continue
-            if not m["written"] or slot not in w.landing or j >= len(w.landing[slot]):
-                problems.append(f"{tag}: not returned")
+            if w.compared is not None:  # one landing buffer: compared during the run
+                done = w.compared.get(slot) or []
+                c = done[j] if m["written"] and j < len(done) else None
+            elif m["written"] and slot in w.landing and j < len(w.landing[slot]):
+                c = compare_tensor(w.landing[slot][j].to(r.device), r, prep.refs64[s][j],
+                                   prep.stats[s][j], cfg, prep.reduction, device=prep.device)
+            else:
+                c = None
+            if c is None:
+                problems.append(f"{tag}: not returned" + (
+                    " (not handed over in the protocol's order)"
+                    if w.compared is not None and m["written"] else ""))
                 continue
-            val = w.landing[slot][j].to(r.device)
-            c = compare_tensor(val, r, prep.refs64[s][j], prep.stats[s][j], cfg, prep.reduction,
-                               device=prep.device)
             if phase == "check":
                 found.max_abs, found.rel = max(found.max_abs, c.max_abs), max(found.rel, c.rel)
                 if not c.precision_ok:

@@ -12,7 +12,8 @@ call. This module answers, from shapes alone, whether that fits, and where the r
   references (``device``, else ``host``, compared on the device a chunk at a time) and picks
   the first that fits in the free memory given. When neither fits, the protocol gets lighter
   a step at a time (:func:`lighter_protocols`: float64 references for the correctness sets
-  only, fewer timing buffers, fewer swapped sets, fewer correctness sets, never under two) and
+  only, one landing buffer reused by every verified call, fewer timing buffers, fewer
+  swapped sets, fewer correctness sets, never under two) and
   the plan lists every step taken (``Plan.reductions``: the verdict's ``memory_plan`` check
   and the checks that lost a part say so). Only when the lightest protocol does not fit is the
   plan's ``fits`` False, and :meth:`Plan.too_large_detail` says by how much (the verdict
@@ -173,6 +174,7 @@ class Protocol:
     min_runs: int = 10
     transfer: str = "host"  # host | cuda_ipc
     wide_all: bool = True   # float64 references for every set (else the correctness sets only)
+    one_landing: bool = False  # one landing buffer reused by every verified call
 
     @classmethod
     def of(cls, cfg) -> "Protocol":
@@ -206,6 +208,9 @@ class Protocol:
                        f"(timed and after-timing calls compared against the task-dtype "
                               f"reference, with the reference error measured on a correctness "
                               f"set)")
+        if self.one_landing and not full.one_landing:
+            out["landing"] = ("one landing buffer reused by every verified call (each call's "
+                              "outputs compared while the worker waits)")
         if self.timing_sets < full.timing_sets:
             out["timing"] = (f"{self.timing_sets} timing buffer(s) instead of "
                              f"{full.timing_sets}" + (" (the timed calls perturb one buffer)"
@@ -229,6 +234,10 @@ def _no_float64(p: Protocol) -> Protocol | None:
     return replace(p, wide_all=False) if p.wide_all and p.sets > p.check_sets else None
 
 
+def _one_landing(p: Protocol) -> Protocol | None:
+    return replace(p, one_landing=True) if not p.one_landing and p.slots > 1 else None
+
+
 def _fewer_timing(p: Protocol) -> Protocol | None:
     return replace(p, timing_sets=p.timing_sets - 1) if p.timing_sets > 1 else None
 
@@ -242,13 +251,13 @@ def _fewer_checks(p: Protocol) -> Protocol | None:
 
 
 # The steps of a lighter protocol, in the order they are taken, each as often as it applies.
-STEPS = (_no_float64, _fewer_timing, _fewer_swaps, _fewer_checks)
+STEPS = (_no_float64, _one_landing, _fewer_timing, _fewer_swaps, _fewer_checks)
 
 
 def lighter_protocols(full: Protocol) -> list[Protocol]:
     """``full``, then each step lighter than the one before, in the order :func:`plan` tries
-    them: float64 references for the correctness sets only; fewer timing buffers (down to
-    one); fewer swapped sets (down to none); fewer correctness sets (down to two). Each keeps
+    them: float64 references for the correctness sets only; one landing buffer reused by
+    every verified call; fewer timing buffers (down to one); fewer swapped sets (down to none); fewer correctness sets (down to two). Each keeps
     every earlier step: the list ends with the lightest protocol the verifier runs."""
     out = [full]
     for step in STEPS:
@@ -346,7 +355,7 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     worker_call = s.params_b + (proto.check_sets + 1) * s.inputs_b + fwd + s.outputs_b
     worker_timing = s.params_b + proto.timing_sets * s.inputs_b + 2 * fwd + FLUSH_B[device]
     worker = worker_sets + max(worker_call, worker_timing)
-    landing = proto.slots * s.outputs_b
+    landing = (1 if proto.one_landing else proto.slots) * s.outputs_b
     in_arena = proto.sets * s.inputs_b + s.params_b
 
     parts = {"input sets (harness)": proto.sets * s.inputs_b,
@@ -357,16 +366,19 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     held_dev = s.params_b + (refs if placement == "device" else 0)
     if cuda:
         ipc = in_arena + landing if proto.transfer == "cuda_ipc" else 0
+        # one landing buffer: each call is compared while the worker holds its memory
+        during = compare if proto.one_landing else 0
         device_need = max(held_dev + prepare,
-                          held_dev + ipc + worker + CUDA_CONTEXT_B,
+                          held_dev + ipc + worker + CUDA_CONTEXT_B + during,
                           held_dev + compare) + CUDA_CONTEXT_B
         host_need = (2 * PROCESS_B + s.params_b + (refs if placement == "host" else 0)
                      + (0 if proto.transfer == "cuda_ipc" else in_arena + landing))
         return Plan(placement, device, device_need, host_need, device_free_b, host_free_b,
                     parts, proto)
     # cpu: one memory holds the harness, both arenas and the worker's private copies.
+    during = compare if proto.one_landing else 0
     host_need = (2 * PROCESS_B + s.params_b + refs + in_arena + landing
-                 + max(prepare, worker, compare))
+                 + max(prepare, worker + during, compare))
     return Plan("host", device, host_need, host_need, None, host_free_b, parts, proto)
 
 

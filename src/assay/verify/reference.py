@@ -117,6 +117,7 @@ class Prepared:
     prepare_s: float = 0.0
     placement: str = ""              # where sets and references live: the device, or "cpu"
     reductions: dict[str, str] = field(default_factory=dict)  # the memory plan's lighter protocol
+    one_landing: bool = False        # one landing buffer for every verified call (handshake)
     _inputs: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
@@ -298,7 +299,8 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
                     timing_ids, swap_ids, refs, refs64, stats, ops, ref_alias, reduction,
                     _degenerate(refs, refs64, stats, dists, check, cfg, device),
                     max(out_bytes, 1 << 20), placement=keep,
-                    reductions=dict(plan.reductions) if plan is not None else {})
+                    reductions=dict(plan.reductions) if plan is not None else {},
+                    one_landing=proto.one_landing)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     prep.prepare_s = time.perf_counter() - t0
