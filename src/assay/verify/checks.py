@@ -35,7 +35,7 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           "inputs (`verify.on_degenerate: reject`)",
           when="the task is degenerate (its degeneracy record or the harness's own test says so)"),
     Check("too_large", "not the candidate: the task at this size does not fit in this "
-          "machine's memory (input sets, references in the task's dtype and float64, the "
+          "machine's memory, even with the lightest protocol (input sets, references in the task's dtype and float64, the "
           "worker's buffers and arenas, planned from the shapes before anything is allocated); "
           "the detail names the bytes needed and free",
           when="the memory plan finds no placement that fits, even with the lightest protocol"),
