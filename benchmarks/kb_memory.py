@@ -10,7 +10,8 @@ before planning existed) it verifies the task's own ``Model`` as the candidate (
 permissive, reference ops allowed: the candidate is honest by construction, so every check
 and buffer of the protocol is exercised) in a child process of its own, and records
 
-- the plan: placement of the references, device and host bytes needed, free at the start;
+- the plan: placement of the references, device and host bytes needed, free at the start, and
+  the steps of a lighter protocol where the configured one does not fit (``memory_plan``);
 - measured: the harness's ``torch.cuda.max_memory_allocated``, the device-wide peak in use
   (``torch.cuda.mem_get_info`` polled every 10 ms while it ran, harness and worker together,
   CUDA contexts included), and the host's peak in use over its level before the task;
@@ -132,6 +133,8 @@ def table(rows: list[dict]) -> str:
             continue
         p = r["plan"] or {}
         verdict = "accepted" if r["accepted"] else "rejected: " + ", ".join(r["reasons"])
+        if p.get("reductions"):  # verified with a lighter protocol: which steps
+            verdict += " (lighter: " + ", ".join(p["reductions"]) + ")"
         out.append(
             f"| {r['task']} | {verdict} | {p.get('placement', 'unplanned')} "
             f"| {_gib(p.get('device_need_b'))} | {_gib(r['device_peak_used_b'])} "

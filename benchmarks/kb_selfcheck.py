@@ -9,8 +9,10 @@ Writes ``DIR/selfcheck.jsonl`` (one line per task, as soon as it is decided), ``
 and ``DIR/summary.json`` (counts, GPU, torch, seconds). Resumable across device calls: carry DIR
 back and forth and pass ``--resume``; tasks already in the JSONL are skipped (``--retry-errors``
 redoes those that ended in an error, e.g. with ``--jobs 1`` after a memory error at ``--jobs 2``).
-``--budget-s`` starts no task that could end past it, so a call under a device time limit ends
-cleanly with everything decided so far written. Exit 0 when the run reached the end (whatever
+``--budget-s`` bounds the whole call: no task starts that would likely end past it, a task still
+in flight when it runs out is killed and left out of the JSONL (``--resume`` redoes it), and the
+summaries are rewritten after every task, so a call under a device time limit ends cleanly with
+everything decided so far written. Exit 0 when the run reached the end (whatever
 the verdicts), 3 when the budget stopped it (run again with ``--resume``), 2 on bad usage.
 
 Needs torch and assay only (argparse, no Hydra): ``PYTHONPATH=src python benchmarks/...``.
@@ -48,15 +50,52 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=2, help="tasks in flight at once")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--size", default="large", choices=["large", "small"])
+    p.add_argument("--transfer", default="host", choices=["host", "cuda_ipc"],
+                   help="how inputs and outputs reach the worker: host (shared-memory files, "
+                        "the verifier's default) or cuda_ipc (device memory: no host copies; "
+                        "a task whose plan is lighter with it uses host)")
     p.add_argument("--limit", type=int, default=None, help="first N tasks per level (a trial)")
     p.add_argument("--only", nargs="+", default=None, metavar="GLOB",
                    help="task ids to run, as globs (e.g. L1_23_* L3_*): a rerun of a few")
     return p.parse_args(argv)
 
 
+def write_summaries(out: Path, a: argparse.Namespace, paths: list, rows: list[dict],
+                    res: dict, t0: float, gpu: str, torch_version: str) -> None:
+    """DIR/summary.md and DIR/summary.json from the rows so far (rewritten after every task, so
+    a call cut off by the device's time limit still leaves them current)."""
+    from assay.verify import selfcheck
+
+    counts = {s: sum(r.get("status") == s for r in rows) for s in selfcheck.STATUSES}
+    device = rows[0]["device"] if rows else a.device
+    title = (f"KernelBench reference self-check (levels {' '.join(map(str, a.levels))}, "
+             f"{a.size} sizes, {device}: {gpu}, torch {torch_version})")
+    text = selfcheck.summary_markdown(rows, title)
+    remaining = len(paths) - len(rows)
+    if remaining:
+        text += (f"\n{remaining} of {len(paths)} tasks not yet run "
+                 f"({res.get('stopped') or 'in progress or interrupted'}); rerun with "
+                 f"--resume.\n")
+    if res.get("killed"):
+        text += ("Killed in flight when the time budget ran out (not in the JSONL; --resume "
+                 "redoes them): " + ", ".join(Path(k).stem for k in res["killed"]) + "\n")
+    secs = sum(r.get("seconds") or 0 for r in rows)
+    for name, body in (("summary.md", text), ("summary.json", json.dumps({
+            "tasks": len(paths), "decided": len(rows), "remaining": remaining,
+            "counts": counts, "device": device, "gpu": gpu, "torch": torch_version,
+            "task_seconds": secs, "this_call_s": time.perf_counter() - t0, "jobs": a.jobs,
+            "stopped": res.get("stopped", ""), "killed": res.get("killed", [])},
+            indent=2) + "\n")):
+        tmp = out / (name + ".tmp")
+        tmp.write_text(body)
+        tmp.replace(out / name)
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     t0 = time.perf_counter()
+    import torch  # before the budget's clock matters: the summaries name the GPU and torch
+
     from assay.verify import selfcheck
 
     src = Path(a.source)
@@ -81,28 +120,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {jsonl} exists; pass --resume to continue it", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    budget = None if a.budget_s is None else a.budget_s - (time.perf_counter() - t0)
-    res = selfcheck.run_selfcheck(paths, a.device, a.size, jsonl=jsonl, jobs=a.jobs,
-                                  budget_s=budget, retry_errors=a.retry_errors)
-    rows = list(res["rows"].values())
-    import torch
-
-    counts = {s: sum(r.get("status") == s for r in rows) for s in selfcheck.STATUSES}
-    device = rows[0]["device"] if rows else a.device
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
-    title = (f"KernelBench reference self-check (levels {' '.join(map(str, a.levels))}, "
-             f"{a.size} sizes, {device}: {gpu}, torch {torch.__version__})")
-    text = selfcheck.summary_markdown(rows, title)
-    if res["remaining"]:
-        text += (f"\n{res['remaining']} of {len(paths)} tasks not yet run "
-                 f"({res['stopped'] or 'interrupted'}); rerun with --resume.\n")
-    (out / "summary.md").write_text(text)
-    secs = sum(r.get("seconds") or 0 for r in rows)
-    (out / "summary.json").write_text(json.dumps({
-        "tasks": len(paths), "decided": len(rows), "remaining": res["remaining"],
-        "counts": counts, "device": device, "gpu": gpu, "torch": torch.__version__,
-        "task_seconds": secs, "this_call_s": time.perf_counter() - t0, "jobs": a.jobs,
-        "stopped": res["stopped"]}, indent=2) + "\n")
+    keys = {selfcheck.row_key(p, a.size, a.device if a.device != "auto" else
+                              ("cuda" if torch.cuda.is_available() else "cpu")) for p in paths}
+
+    def on_row(done: dict) -> None:
+        write_summaries(out, a, paths, [r for k, r in done.items() if k in keys], {}, t0, gpu,
+                        torch.__version__)
+
+    budget = None if a.budget_s is None else a.budget_s - (time.perf_counter() - t0)
+    from assay.verify.settings import VerifyConfig
+
+    res = selfcheck.run_selfcheck(paths, a.device, a.size, VerifyConfig(transfer=a.transfer),
+                                  jsonl=jsonl, jobs=a.jobs, budget_s=budget,
+                                  retry_errors=a.retry_errors, on_row=on_row)
+    rows = list(res["rows"].values())
+    write_summaries(out, a, paths, rows, res, t0, gpu, torch.__version__)
+    counts = {s: sum(r.get("status") == s for r in rows) for s in selfcheck.STATUSES}
     print(f"{len(rows)}/{len(paths)} decided: " + ", ".join(f"{n} {s}" for s, n in counts.items())
           + f"; summary in {out / 'summary.md'}")
     if res["stopped"]:

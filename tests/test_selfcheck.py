@@ -125,6 +125,26 @@ def test_budget_stops_before_starting_what_cannot_finish(tmp_path):
                  "--budget-s", "5"]) == 3
 
 
+def test_budget_kills_a_task_in_flight_and_a_rerun_redoes_it(tmp_path, monkeypatch):
+    import time
+
+    slow = tmp_path / "level1" / "1_slow.py"
+    slow.parent.mkdir()
+    # the task's module sleeps when the self-check process loads it (the run's own process
+    # never imports it): a task in flight past the budget
+    slow.write_text("import time\ntime.sleep(120)\n" + (ZOO / "level1" / "1_gelu.py").read_text())
+    monkeypatch.setattr(selfcheck, "MIN_START_S", 0.0)
+    monkeypatch.setattr(selfcheck, "BUDGET_RESERVE_S", 1.0)
+    seen: list = []
+    t = time.perf_counter()
+    out = selfcheck.run_selfcheck([slow], "cpu", "small", jsonl=tmp_path / "s.jsonl",
+                                  budget_s=8, progress=seen.append)
+    assert time.perf_counter() - t < 25
+    assert out["killed"] == [str(slow)] and out["remaining"] == 1
+    assert out["stopped"].startswith("time budget") and "killed" in out["stopped"]
+    assert not (tmp_path / "s.jsonl").exists()  # not done: a rerun with the JSONL redoes it
+
+
 def test_bad_usage_exits_2(tmp_path):
     assert main(["selfcheck", "--tasks", str(tmp_path / "nope.py")]) == 2
     (tmp_path / "empty").mkdir()
@@ -166,10 +186,21 @@ def test_memory_plan_decides_too_large_and_defers_what_cannot_share(monkeypatch)
     assert selfcheck._memory_plan(task, "cpu", cfg, 1)[1] is True
     row = selfcheck.check_task(task.path, "cpu", "small", share=2)
     assert row["status"] == "deferred"
+    # room for a lighter protocol only: accepted, the row says how it was lighter
+    shapes = memory.task_shapes(task.module())
+    lightest = memory.plan_for(shapes, memory.lighter_protocols(memory.Protocol.of(cfg))[-1],
+                               "cpu", "host", None, None).host_need_b
+    free = int(lightest / 0.9) + 64
+    monkeypatch.setattr(memory, "free_memory", lambda device: (None, free))
+    row = selfcheck.check_task(task.path, "cpu", "small")
+    steps = memory.plan(shapes, memory.Protocol.of(cfg), "cpu", None, free).reductions
+    assert row["status"] == "accepted" and row["lighter"] == steps and "float64" in steps
+    assert "memory_plan" not in row["failed"]
     # no room at all: too_large with the numbers, before anything of the task's size exists
-    monkeypatch.setattr(memory, "free_memory", lambda device: (None, need // 2))
+    monkeypatch.setattr(memory, "free_memory", lambda device: (None, int(lightest * 0.8)))
     row = selfcheck.check_task(task.path, "cpu", "small")
     assert row["status"] == "too_large" and "host memory" in row["detail"]
+    assert "even with the lightest protocol" in row["detail"]
 
 
 def test_rows_are_keyed_by_level_name_and_content_not_absolute_path(tmp_path):

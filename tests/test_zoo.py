@@ -156,6 +156,75 @@ def naive_once(task: Path, candidate: Path, timeout_s: float = 180.0) -> dict:
     return json.loads(r.stdout.splitlines()[-1])
 
 
+# The lightest protocol the memory plan runs (float64 references for the correctness sets only,
+# one timing buffer, no swapped sets, two correctness sets): the cases whose checks lose a part
+# keep their verdicts, and the verdict says the protocol was lighter.
+LIGHT_CASES = [n for n, m in CASES.items() if not m.get("SLOW") and not m.get("GAP") and (
+    not m["EXPECT"] or {"correctness", "stale_results", "timed_outputs", "precision"}
+    & set(m["EXPECT"]))]
+_LIGHT: dict[str, Prepared] = {}
+
+
+def prepared_lightest(task: Task) -> Prepared:
+    from assay.verify.memory import Protocol, lighter_protocols, plan_for, task_shapes
+
+    key = str(task.path)
+    if key not in _LIGHT:
+        cfg = zoo_config({"POLICY": "strict", "CONFIG": {}})
+        full = Protocol.of(cfg)
+        light = lighter_protocols(full)[-1]
+        plan = plan_for(task_shapes(task.module()), light, "cpu", "host", None, None)
+        plan.reductions = light.reductions(full)
+        _LIGHT[key] = prepare(task, "cpu", cfg, plan)
+    return _LIGHT[key]
+
+
+@pytest.mark.parametrize("name", LIGHT_CASES)
+def test_zoo_verdict_under_the_lightest_protocol(name):
+    meta = CASES[name]
+    task = zoo_task(meta["TASK"])
+    prep = prepared_lightest(task)
+    assert (len(prep.check_sets), len(prep.timing_sets), prep.swap_sets) == (2, 1, [0])
+    assert all(r is None for s in prep.timing_sets for r in prep.refs64[s])
+    assert prep.one_landing
+    times: dict = {}
+    v = verify(task, meta["path"], "cpu", zoo_config(meta), record=record(task),
+               peaks=GENEROUS_PEAKS, prepared=prep, times=times)
+    # One timing buffer instead of three changes what a candidate whose behaviour depends on
+    # its surroundings does between timed calls: audit_consistency may join its reasons.
+    assert_verdict({**meta, "ALSO": meta["ALSO"] + ["audit_consistency"] * bool(meta["EXPECT"])},
+                   v)
+    if "timed_outputs" in v.checks:  # the worker ran the protocol: each call handed over
+        assert "landing_compare_s" in times
+        assert v.checks["memory_plan"]["passed"]
+        assert "one landing buffer" in v.checks["memory_plan"]["detail"]
+        assert "2 correctness sets instead of 3" in v.checks["memory_plan"]["detail"]
+        assert "lighter protocol (memory plan)" in v.checks["timed_outputs"]["detail"]
+        assert "still shows" in v.checks["timed_outputs"]["detail"]
+
+
+def test_the_landing_handshake_compares_only_the_call_that_is_due(tmp_path):
+    """With one landing buffer, a marker the candidate writes ahead of its call (naming a slot
+    not yet due) gets that slot no comparison (a failure), never a right answer twice."""
+    from assay.verify.harness import _LandingJudge
+    from assay.verify.worker import hand_over, plan_slots
+
+    slots = plan_slots([0, 1], [2], [0], 10)
+    seen: list = []
+    judge = _LandingJudge(tmp_path, slots, ["view"], lambda s, views: seen.append(s) or [s])
+    judge.start()
+    try:
+        hand_over(tmp_path, 0, "check0", timeout_s=10)
+        hand_over(tmp_path, 1, "stale_new_data", timeout_s=10)  # forged: check1 is due
+        hand_over(tmp_path, 2, "check1", timeout_s=10)
+        hand_over(tmp_path, 3, "after0", timeout_s=10)  # forged: staleness calls are due
+    finally:
+        judge.stop()
+    assert judge.compared == {"check0": [0], "stale_new_data": [], "check1": [1],
+                              "after0": []}
+    assert seen == [0, 1]
+
+
 @pytest.fixture(scope="module")
 def naive():
     proc = subprocess.Popen([sys.executable, str(ZOO / "naive.py")], stdin=subprocess.PIPE,

@@ -35,10 +35,17 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           "inputs (`verify.on_degenerate: reject`)",
           when="the task is degenerate (its degeneracy record or the harness's own test says so)"),
     Check("too_large", "not the candidate: the task at this size does not fit in this "
-          "machine's memory (input sets, references in the task's dtype and float64, the "
+          "machine's memory, even with the lightest protocol (input sets, references in the task's dtype and float64, the "
           "worker's buffers and arenas, planned from the shapes before anything is allocated); "
           "the detail names the bytes needed and free",
-          when="the memory plan finds no placement that fits"),
+          when="the memory plan finds no placement that fits, even with the lightest protocol"),
+    Check("memory_plan", "never rejects: the memory plan could not hold the configured "
+          "protocol and verified with a lighter one, a step at a time (float64 references for "
+          "the correctness sets only, one landing buffer reused by every call, fewer timing "
+          "buffers, fewer swapped sets, fewer "
+          "correctness sets, never under two); lists every step taken, and each check that "
+          "lost a part says so in its detail", informational=True,
+          when="the memory plan chose a lighter protocol than the config's"),
     Check("sandbox", "never rejects: records which isolation layers (pid/network/mount "
           "namespaces, unprivileged uid, cgroup memory and pids, rlimits) the machine allowed, "
           "and why any was refused", informational=True),

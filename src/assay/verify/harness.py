@@ -119,10 +119,15 @@ class WorkerRun:
         self.outcome = ""
         self.landing: dict[str, list[torch.Tensor]] = {}
         self.tampered_inputs = False
+        # One landing buffer for every call (a lighter memory protocol): each call's outputs
+        # are compared while the worker waits (:class:`_LandingJudge`), kept here per slot.
+        self.compared: dict[str, list[Any]] | None = None
         self._arenas: list[Any] = []
         # The landing arena lives in the scratch folder (the one place the worker may write):
         # on /dev/shm when it has room for it, so nothing goes through a disk.
         landing = sum(tensor_nbytes(r.shape, r.dtype) + ALIGN for rs in prep.refs for r in rs)
+        if prep.one_landing:
+            landing = sum(tensor_nbytes(r.shape, r.dtype) + ALIGN for r in prep.refs[0])
         self.scratch = Path(tempfile.mkdtemp(prefix=f"assay-verify-{os.getpid()}-",
                                              dir=shm_dir(2 * landing)))
         self.candidate = candidate
@@ -149,8 +154,12 @@ class WorkerRun:
         job = _job_base(prep, cand_copy, cfg)
         slots = plan_slots(prep.check_sets, prep.timing_sets, prep.swap_sets, cfg.min_runs)
         out_layout = Layout("out")
-        landing_descs = {name: [out_layout.add(r.shape, r.dtype) for r in prep.refs[s]]
-                         for name, _, s in slots}
+        if prep.one_landing:  # every set's outputs have the same shapes and dtypes
+            shared = [out_layout.add(r.shape, r.dtype) for r in prep.refs[slots[0][2]]]
+            landing_descs = {name: shared for name, _, _ in slots}
+        else:
+            landing_descs = {name: [out_layout.add(r.shape, r.dtype) for r in prep.refs[s]]
+                             for name, _, s in slots}
         if self.transfer == "cuda_ipc":
             in_layout = Layout("in")
             descs = describe_inputs(prep, in_layout)
@@ -170,15 +179,28 @@ class WorkerRun:
             a_out = FileArena(out_layout.size, "landing-", self.scratch)
             self._arenas.append(a_out)
             arenas = {"in": inputs["arena"].spec(writable=False), "out": a_out.spec(True)}
-        job.update(arenas=arenas, landing=landing_descs, result_format="json", **descs)
+        job.update(arenas=arenas, landing=landing_descs, result_format="json",
+                   landing_handshake=prep.one_landing, **descs)
         torch.save(job, self.scratch / "job.pt")
         times["job_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        with _private_memory():
-            self.outcome = run_sandboxed([sys.executable, "-m", "assay.verify.worker",
-                                          str(self.scratch)], self.scratch, cfg.timeout_s,
-                                         cfg.limits, device=prep.device)
+        judge = None
+        if prep.one_landing:
+            judge = _LandingJudge(self.scratch, slots, [arena_view(a_out.buf, d)
+                                                        for d in landing_descs[slots[0][0]]],
+                                  lambda s, vals: _compare_landed(prep, s, vals, self.cfg))
+            self.compared = judge.compared
+            judge.start()
+        try:
+            with _private_memory():
+                self.outcome = run_sandboxed([sys.executable, "-m", "assay.verify.worker",
+                                              str(self.scratch)], self.scratch, cfg.timeout_s,
+                                             cfg.limits, device=prep.device)
+        finally:
+            if judge is not None:
+                judge.stop()
+                times["landing_compare_s"] = judge.seconds
         t_done = time.perf_counter()
         times["worker_s"] = t_done - t
         self.tampered_inputs = self.transfer != "cuda_ipc" and prep.inputs_tampered()
@@ -202,9 +224,66 @@ class WorkerRun:
             self.result = {"stage": "report", "error": "the landing arena was truncated"}
             return
         t = time.perf_counter()
-        self.landing = {name: [arena_view(a_out.buf, d) for d in ds]
-                        for name, ds in landing_descs.items()}
+        if not prep.one_landing:  # (one landing buffer: compared during the run)
+            self.landing = {name: [arena_view(a_out.buf, d) for d in ds]
+                            for name, ds in landing_descs.items()}
         times["landing_map_s"] = time.perf_counter() - t
+
+
+class _LandingJudge(threading.Thread):
+    """The harness's side of the landing handshake (``assay.verify.worker.hand_over``): waits
+    for each ``landed-<n>`` the worker writes, compares the landing buffer with the
+    references of the slot it names, then lets the worker go on (``ack-<n>``).
+
+    The slot must be the next in the protocol's order (the after-timing calls in any order),
+    so a marker written ahead of its call by the candidate compares the previous call's
+    outputs against another set's references, never a right answer twice."""
+
+    def __init__(self, scratch: Path, slots: list, views: list, compare):
+        super().__init__(daemon=True)
+        self.scratch, self.views, self.compare = scratch, views, compare
+        self.order = [(name, s) for name, phase, s in slots if phase != "after"]
+        self.after = {name: s for name, phase, s in slots if phase == "after"}
+        self.compared: dict[str, list[Any]] = {}
+        self.seconds = 0.0
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=60)
+
+    def _expected(self, name: str) -> int | None:
+        """The set of slot ``name`` if it is the one due now, else None."""
+        due = next(((n, s) for n, s in self.order if n not in self.compared), None)
+        if due is not None:
+            return due[1] if name == due[0] else None
+        return self.after.get(name) if name not in self.compared else None
+
+    def run(self) -> None:
+        seq = 0
+        while not self._halt.is_set():
+            marker = self.scratch / f"landed-{seq}"
+            if not marker.exists():
+                time.sleep(0.002)  # a light poll: the worker may be timing on these cores
+                continue
+            t = time.perf_counter()
+            try:
+                name = marker.read_text()[:64]
+                s = self._expected(name)
+                self.compared.setdefault(name, [] if s is None else self.compare(s, self.views))
+            except Exception as e:  # noqa: BLE001 - recorded as that slot's finding
+                self.compared.setdefault(f"error-{seq}", [f"{type(e).__name__}: {e}"])
+            finally:
+                (self.scratch / f"ack-{seq}").touch()
+                self.seconds += time.perf_counter() - t
+            seq += 1
+
+
+def _compare_landed(prep: Prepared, s: int, values: list, cfg: VerifyConfig) -> list:
+    """Each landed output of a call on input set ``s`` against that set's references."""
+    return [compare_tensor(v.to(r.device), r, prep.refs64[s][j], prep.stats[s][j], cfg,
+                           prep.reduction, device=prep.device)
+            for j, (v, r) in enumerate(zip(values, prep.refs[s]))]
 
 
 
@@ -251,6 +330,9 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
         v.verify_s = time.perf_counter() - t0
         return v.finish()
     times["prepare_s"] = time.perf_counter() - t if prepared is None else 0.0
+    if prep.reductions:  # lighter than the config's protocol, to fit memory: said, never silent
+        checks.record(v, "memory_plan", True,
+                      "lighter protocol to fit memory: " + "; ".join(prep.reductions.values()))
     if prep.degenerate and not degenerate:
         if not checks.record(v, "task_not_degenerate", cfg.on_degenerate != "reject",
                              prep.degenerate):
@@ -336,7 +418,7 @@ def _judge_report(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -
     _check_parameters(v, result)
     found = _compare_outputs(prep, w, cfg)
     v.max_abs_err, v.rel_err = found.max_abs, found.rel
-    _check_outputs(v, found)
+    _check_outputs(v, found, prep.reductions)
     _check_timing(v, result, found.unsettled)
     _check_integrity(v, result, w.tampered_inputs)
     _check_speed(v, cfg)
@@ -385,7 +467,8 @@ def _call_label(prep: Prepared, slot: str, phase: str, s: int) -> str:
     if phase == "stale":
         return f"{_STALE_LABELS.get(slot, slot)} (set {s})"
     if phase == "timed":
-        return f"timed call with a fresh set (set {s})"
+        fresh = "a fresh set" if s not in prep.check_sets else "a correctness set's data"
+        return f"timed call with {fresh} (set {s})"
     return f"timing buffer after timing (set {s})"
 
 
@@ -427,12 +510,19 @@ def _compare_outputs(prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -> _Output
                 found.layout += [f"{tag}: {b}" for b in bad]
                 problems += [f"{tag}: {b}" for b in bad]
                 continue
-            if not m["written"] or slot not in w.landing or j >= len(w.landing[slot]):
-                problems.append(f"{tag}: not returned")
+            if w.compared is not None:  # one landing buffer: compared during the run
+                done = w.compared.get(slot) or []
+                c = done[j] if m["written"] and j < len(done) else None
+            elif m["written"] and slot in w.landing and j < len(w.landing[slot]):
+                c = compare_tensor(w.landing[slot][j].to(r.device), r, prep.refs64[s][j],
+                                   prep.stats[s][j], cfg, prep.reduction, device=prep.device)
+            else:
+                c = None
+            if c is None:
+                problems.append(f"{tag}: not returned" + (
+                    " (not handed over in the protocol's order)"
+                    if w.compared is not None and m["written"] else ""))
                 continue
-            val = w.landing[slot][j].to(r.device)
-            c = compare_tensor(val, r, prep.refs64[s][j], prep.stats[s][j], cfg, prep.reduction,
-                               device=prep.device)
             if phase == "check":
                 found.max_abs, found.rel = max(found.max_abs, c.max_abs), max(found.rel, c.rel)
                 if not c.precision_ok:
@@ -459,22 +549,42 @@ def _layout_mismatches(m: dict[str, Any], r: torch.Tensor, dev_type: str,
     return bad
 
 
-def _check_outputs(v: Verdict, found: _OutputFindings) -> None:
+# The memory plan's steps (assay.verify.memory.Protocol.reductions) each check lost a part to.
+_LIGHTER = {"correctness": ("check",), "stale_results": ("check",),
+            "timed_outputs": ("float64", "timing", "swap")}
+
+
+def _lighter(name: str, reductions: dict[str, str], detail: str) -> str:
+    """``detail``, followed by what the memory plan left out of check ``name``."""
+    lost = [reductions[k] for k in _LIGHTER.get(name, ()) if k in reductions]
+    if not lost:
+        return detail
+    return "; ".join(([detail] if detail else [])
+                     + ["lighter protocol (memory plan): " + "; ".join(lost)])
+
+
+def _check_outputs(v: Verdict, found: _OutputFindings,
+                   reductions: dict[str, str] | None = None) -> None:
     """The output checks: layout, lazy outputs, correctness, precision, stale results, inputs
-    unchanged, no aliasing, and the timed calls' outputs."""
+    unchanged, no aliasing, and the timed calls' outputs. ``reductions``: what the memory plan
+    left out of the protocol, named in the details of the checks that lost it."""
     problems, changed, aliased = found.problems, found.changed, found.aliased
+    red = reductions or {}
     checks.record(v, "output_layout", not found.layout, "; ".join(found.layout[:4]))
     checks.record(v, "lazy_output", not found.lazy, "; ".join(found.lazy[:3]))
-    checks.record(v, "correctness", not problems["check"], "; ".join(problems["check"][:4]))
+    checks.record(v, "correctness", not problems["check"],
+                  _lighter("correctness", red, "; ".join(problems["check"][:4])))
     checks.record(v, "precision", not found.precision, "; ".join(found.precision[:3]) or
             "candidate within the allowed error against float64")
-    checks.record(v, "stale_results", not problems["stale"], "; ".join(problems["stale"][:3]))
+    checks.record(v, "stale_results", not problems["stale"],
+                  _lighter("stale_results", red, "; ".join(problems["stale"][:3])))
     checks.record(v, "inputs_unchanged", not changed,
             f"inputs modified in place: {', '.join(changed[:4])}" if changed else "")
     checks.record(v, "no_output_aliasing", not aliased,
             f"output shares memory with an input: {', '.join(aliased[:3])}" if aliased else "")
     timed = problems["timed"] + problems["after"]
-    checks.record(v, "timed_outputs", not timed, "; ".join(timed[:3]))
+    checks.record(v, "timed_outputs", not timed, _lighter("timed_outputs", red,
+                                                           "; ".join(timed[:3])))
 
 
 def _check_timing(v: Verdict, result: dict[str, Any], unsettled: list[str]) -> None:

@@ -10,8 +10,14 @@ call. This module answers, from shapes alone, whether that fits, and where the r
   intermediates is tracked on the way. Nothing of the task's size is allocated here.
 - :func:`plan` counts every buffer of the harness and the worker for each placement of the
   references (``device``, else ``host``, compared on the device a chunk at a time) and picks
-  the first that fits in the free memory given; when none does, the plan's ``fits`` is False
-  and :meth:`Plan.too_large_detail` says by how much (the verdict ``too_large``).
+  the first that fits in the free memory given. When neither fits, the protocol gets lighter
+  a step at a time (:func:`lighter_protocols`: float64 references for the correctness sets
+  only, one landing buffer reused by every verified call, fewer timing buffers, fewer
+  swapped sets, fewer correctness sets, never under two) and
+  the plan lists every step taken (``Plan.reductions``: the verdict's ``memory_plan`` check
+  and the checks that lost a part say so). Only when the lightest protocol does not fit is the
+  plan's ``fits`` False, and :meth:`Plan.too_large_detail` says by how much (the verdict
+  ``too_large``).
 
 Pure arithmetic apart from :func:`task_shapes` and :func:`free_memory`: unit tests feed fake
 free-memory numbers.
@@ -20,7 +26,7 @@ free-memory numbers.
 from __future__ import annotations
 
 import weakref
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 # Device memory no tensor gets: the CUDA context and cuBLAS/cuDNN workspaces of one process.
@@ -159,24 +165,115 @@ def shapes_or_none(module: Any) -> tuple[TaskShapes | None, str]:
 
 @dataclass(frozen=True)
 class Protocol:
-    """How many of each buffer one verification holds (from the verify config)."""
+    """How many of each buffer one verification holds: the verify config's protocol, or a
+    lighter one the plan chose to fit memory (:func:`lighter_protocols`)."""
 
-    sets: int          # input sets: correctness + timing + swap
-    check_sets: int
-    timing_sets: int
-    slots: int         # verified calls, each with a landing buffer for its outputs
+    check_sets: int    # correctness sets (the staleness protocol needs two)
+    timing_sets: int   # timing buffers the timed calls rotate over
+    swap_sets: int     # independent verified sets swapped into timed calls
+    min_runs: int = 10
     transfer: str = "host"  # host | cuda_ipc
+    wide_all: bool = True   # float64 references for every set (else the correctness sets only)
+    one_landing: bool = False  # one landing buffer reused by every verified call
 
     @classmethod
     def of(cls, cfg) -> "Protocol":
+        return cls(len(cfg.input_distributions), cfg.timing_sets, cfg.swap_sets, cfg.min_runs,
+                   str(cfg.transfer))
+
+    @property
+    def sets(self) -> int:
+        return self.check_sets + self.timing_sets + self.swap_sets
+
+    @property
+    def wide_sets(self) -> int:
+        """Sets with a float64 reference."""
+        return self.sets if self.wide_all else self.check_sets
+
+    @property
+    def slots(self) -> int:
+        """Verified calls, each with a landing buffer for its outputs."""
         from assay.verify.worker import plan_slots
 
-        n = len(cfg.input_distributions)
-        timing = list(range(n, n + cfg.timing_sets))
-        swap = list(range(n + cfg.timing_sets, n + cfg.timing_sets + cfg.swap_sets))
-        slots = plan_slots(list(range(n)), timing, swap, cfg.min_runs)
-        return cls(n + cfg.timing_sets + cfg.swap_sets, n, cfg.timing_sets, len(slots),
-                   cfg.transfer)
+        c, t = self.check_sets, self.timing_sets
+        swaps = list(range(c + t, self.sets)) or [0]  # else a correctness set (prepare)
+        return len(plan_slots(list(range(c)), list(range(c, c + t)), swaps, self.min_runs))
+
+    def reductions(self, full: "Protocol") -> dict[str, str]:
+        """What this protocol leaves out of ``full``: {step: one line for the verdict}, steps
+        ``float64``, ``timing``, ``swap``, ``check`` (the checks that lose a part say so)."""
+        out = {}
+        if full.wide_all and not self.wide_all:
+            out["float64"] = (f"float64 references for the {self.check_sets} correctness sets only "
+                       f"(timed and after-timing calls compared against the task-dtype "
+                              f"reference, with the reference error measured on a correctness "
+                              f"set)")
+        if self.one_landing and not full.one_landing:
+            out["landing"] = ("one landing buffer reused by every verified call (each call's "
+                              "outputs compared while the worker waits)")
+        if self.timing_sets < full.timing_sets:
+            out["timing"] = (f"{self.timing_sets} timing buffer(s) instead of "
+                             f"{full.timing_sets}" + (" (the timed calls perturb one buffer)"
+                                                      if self.timing_sets == 1 else ""))
+        if self.swap_sets < full.swap_sets:
+            out["swap"] = (f"{self.swap_sets} independent sets swapped into timed calls "
+                           f"instead of {full.swap_sets}"
+                           + (" (a correctness set's data is swapped into a timed call "
+                              "instead: a cache keyed on pointers still shows, one keyed on "
+                              "content replays a right answer)" if self.swap_sets == 0
+                              else ""))
+        if self.check_sets < full.check_sets:
+            out["check"] = f"{self.check_sets} correctness sets instead of {full.check_sets}"
+        return out
+
+
+MIN_CHECK_SETS = 2  # the staleness protocol puts one set's data into another's buffers
+
+
+def _no_float64(p: Protocol) -> Protocol | None:
+    return replace(p, wide_all=False) if p.wide_all and p.sets > p.check_sets else None
+
+
+def _one_landing(p: Protocol) -> Protocol | None:
+    return replace(p, one_landing=True) if not p.one_landing and p.slots > 1 else None
+
+
+def _fewer_timing(p: Protocol) -> Protocol | None:
+    return replace(p, timing_sets=p.timing_sets - 1) if p.timing_sets > 1 else None
+
+
+def _fewer_swaps(p: Protocol) -> Protocol | None:
+    return replace(p, swap_sets=p.swap_sets - 1) if p.swap_sets > 0 else None
+
+
+def _fewer_checks(p: Protocol) -> Protocol | None:
+    return replace(p, check_sets=p.check_sets - 1) if p.check_sets > MIN_CHECK_SETS else None
+
+
+# The steps of a lighter protocol, in the order they are taken, each as often as it applies.
+STEPS = (_no_float64, _one_landing, _fewer_timing, _fewer_swaps, _fewer_checks)
+
+
+def lighter_protocols(full: Protocol) -> list[Protocol]:
+    """``full``, then each step lighter than the one before, in the order :func:`plan` tries
+    them: float64 references for the correctness sets only; one landing buffer reused by
+    every verified call; fewer timing buffers (down to one); fewer swapped sets (down to none); fewer correctness sets (down to two). Each keeps
+    every earlier step: the list ends with the lightest protocol the verifier runs."""
+    out = [full]
+    for step in STEPS:
+        while (q := step(out[-1])) is not None:
+            out.append(q)
+    return out
+
+
+def check_distributions(distributions: list, n: int) -> list:
+    """The first ``n`` correctness distributions to keep when a lighter protocol drops sets:
+    repeated distributions go first (the last repeat first), so the kinds of data stay."""
+    keep = list(distributions)
+    while len(keep) > max(n, 0):
+        repeats = [i for i, d in enumerate(keep) if d in keep[:i]]
+        keep.pop(repeats[-1] if repeats else len(keep) - 1)
+    return keep
 
 
 @dataclass
@@ -190,6 +287,8 @@ class Plan:
     device_free_b: int | None
     host_free_b: int | None
     parts: dict[str, int] = field(default_factory=dict)  # named buffers, for the report
+    protocol: Protocol | None = None     # the protocol these bytes are for
+    reductions: dict[str, str] = field(default_factory=dict)  # lighter than the config's
 
     @property
     def fits(self) -> bool:
@@ -208,10 +307,12 @@ class Plan:
             short.append(f"{gib(self.host_need_b)} of host memory where {gib(self.host_free_b)} "
                          f"is available")
         big = sorted(self.parts.items(), key=lambda kv: -kv[1])[:4]
+        lightest = (f"; even with the lightest protocol: {'; '.join(self.reductions.values())}"
+                    if self.reductions else "")
         return (f"verifying this task needs {' and '.join(short)} ({HEADROOM:.0%} of it kept "
                 f"free for the allocator; references on the "
                 f"{self.placement}; largest parts: "
-                + ", ".join(f"{k} {gib(v)}" for k, v in big) + ")")
+                + ", ".join(f"{k} {gib(v)}" for k, v in big) + lightest + ")")
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "fits": self.fits}
@@ -244,7 +345,7 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     cuda = device == "cuda"
     fwd = s.forward_peak_b
     fwd64 = s.params64_b + s.inputs64_b + s.forward64_peak_b
-    refs = proto.sets * (s.inputs_b + s.outputs_b + s.outputs64_b)
+    refs = proto.sets * (s.inputs_b + s.outputs_b) + proto.wide_sets * s.outputs64_b
     chunk_b = min(s.outputs_numel, COMPARE_CHUNK) * 16  # complex128 at most
     # device placement: the landing output is copied to the device whole, then compared
     compare = COMPARE_TEMPS * chunk_b + (s.outputs_b if placement == "device" else 0)
@@ -254,37 +355,69 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     worker_call = s.params_b + (proto.check_sets + 1) * s.inputs_b + fwd + s.outputs_b
     worker_timing = s.params_b + proto.timing_sets * s.inputs_b + 2 * fwd + FLUSH_B[device]
     worker = worker_sets + max(worker_call, worker_timing)
-    landing = proto.slots * s.outputs_b
+    landing = (1 if proto.one_landing else proto.slots) * s.outputs_b
     in_arena = proto.sets * s.inputs_b + s.params_b
 
     parts = {"input sets (harness)": proto.sets * s.inputs_b,
              "references": proto.sets * s.outputs_b,
-             "float64 references": proto.sets * s.outputs64_b,
+             "float64 references": proto.wide_sets * s.outputs64_b,
              "worker": worker, "landing arena": landing, "input arena": in_arena,
              "preparation transient": prepare, "comparison transient": compare}
     held_dev = s.params_b + (refs if placement == "device" else 0)
     if cuda:
         ipc = in_arena + landing if proto.transfer == "cuda_ipc" else 0
+        # one landing buffer: each call is compared while the worker holds its memory
+        during = compare if proto.one_landing else 0
         device_need = max(held_dev + prepare,
-                          held_dev + ipc + worker + CUDA_CONTEXT_B,
+                          held_dev + ipc + worker + CUDA_CONTEXT_B + during,
                           held_dev + compare) + CUDA_CONTEXT_B
         host_need = (2 * PROCESS_B + s.params_b + (refs if placement == "host" else 0)
                      + (0 if proto.transfer == "cuda_ipc" else in_arena + landing))
         return Plan(placement, device, device_need, host_need, device_free_b, host_free_b,
-                    parts)
+                    parts, proto)
     # cpu: one memory holds the harness, both arenas and the worker's private copies.
+    during = compare if proto.one_landing else 0
     host_need = (2 * PROCESS_B + s.params_b + refs + in_arena + landing
-                 + max(prepare, worker, compare))
-    return Plan("host", device, host_need, host_need, None, host_free_b, parts)
+                 + max(prepare, worker + during, compare))
+    return Plan("host", device, host_need, host_need, None, host_free_b, parts, proto)
+
+
+def _shortfall(p: Plan) -> int:
+    """Bytes over the usable free memory, both sides together (0: it fits)."""
+    return sum(max(0, need - _usable(free)) for need, free in
+               ((p.device_need_b, p.device_free_b), (p.host_need_b, p.host_free_b))
+               if free is not None)
 
 
 def plan(shapes: TaskShapes, proto: Protocol, device: str, device_free_b: int | None,
-         host_free_b: int | None) -> Plan:
-    """The first placement that fits (references on the device, else on the host); if none
-    does, the host placement's plan (the smaller device need), whose ``fits`` is False."""
+         host_free_b: int | None, adapt: bool = True) -> Plan:
+    """The first plan that fits: the config's protocol with the references on the device, else
+    on the host (slower, no lighter); else (``adapt``) the steps of :func:`lighter_protocols`
+    one at a time, each kept only when it lowers the bytes that do not fit (float64
+    references live on the host side only: that step does not help a short device), until a
+    plan fits; its ``reductions`` list the steps kept. If none fits, the lightest protocol's
+    host plan (the smaller device need), whose ``fits`` is False."""
     placements = ["device", "host"] if device == "cuda" else ["host"]
-    plans = [plan_for(shapes, proto, device, p, device_free_b, host_free_b) for p in placements]
-    return next((p for p in plans if p.fits), plans[-1])
+
+    def best(p: Protocol) -> Plan:
+        plans = [plan_for(shapes, p, device, where, device_free_b, host_free_b)
+                 for where in placements]
+        for x in plans:
+            x.reductions = p.reductions(proto)
+        return next((x for x in plans if x.fits), None) or \
+            min(reversed(plans), key=_shortfall)
+
+    cur, cur_plan = proto, best(proto)
+    for step in STEPS if adapt else ():
+        while not cur_plan.fits and (q := step(cur)) is not None:
+            q_plan = best(q)
+            if not q_plan.fits and _shortfall(q_plan) >= _shortfall(cur_plan):
+                break  # this step frees nothing that is short: not taken
+            cur, cur_plan = q, q_plan
+    if not cur_plan.fits:
+        cur_plan = plan_for(shapes, cur, device, "host", device_free_b, host_free_b)
+        cur_plan.reductions = cur.reductions(proto)
+    return cur_plan
 
 
 def free_memory(device: str) -> tuple[int | None, int | None]:

@@ -20,7 +20,7 @@ from assay.verify import policy as policy_mod
 from assay.verify.arenas import FileArena, Layout, describe_inputs, fill_inputs
 from assay.verify.compare import compare_tensor, is_inexact, reference_stats, wide_dtype
 from assay.verify.quiet import no_kineto_markers
-from assay.verify.memory import Plan, TooLarge, plan_task
+from assay.verify.memory import Plan, Protocol, TooLarge, check_distributions, plan_task
 from assay.verify.settings import VerifyConfig
 
 
@@ -105,7 +105,7 @@ class Prepared:
     distributions: list[str]         # the distribution each set was drawn from
     check_sets: list[int]            # correctness sets (cfg.input_distributions)
     timing_sets: list[int]
-    swap_sets: list[int]
+    swap_sets: list[int]             # sets swapped into timed calls (else a correctness set)
     refs: list[list[torch.Tensor]]   # task-dtype reference outputs per set, on ``placement``
     refs64: list[list[torch.Tensor | None]]  # float64 references (None where not computable)
     stats: list[list[dict[str, float]]]
@@ -116,6 +116,8 @@ class Prepared:
     poison_bytes: int
     prepare_s: float = 0.0
     placement: str = ""              # where sets and references live: the device, or "cpu"
+    reductions: dict[str, str] = field(default_factory=dict)  # the memory plan's lighter protocol
+    one_landing: bool = False        # one landing buffer for every verified call (handshake)
     _inputs: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
@@ -193,18 +195,31 @@ def _to(values: list, device: str) -> list:
     return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
 
 
+def borrowed_error(stats: list[dict[str, float]], rms: float) -> dict[str, float]:
+    """For a set without a float64 reference: the task-dtype reference's own error, estimated
+    from the correctness sets' (``stats``: theirs) as the largest relative error among them
+    times this set's RMS (``err_rms_est``, read by :func:`compare_tensor`)."""
+    rel = [st["err_rms"] / st["rms64"] for st in stats
+           if st.get("rms64", 0.0) > 0 and "err_rms" in st]
+    return {"err_rms_est": max(rel) * rms} if rel else {}
+
+
 def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None) -> Prepared:
     """Draw secret seeds, build the reference and compute the expected outputs (task dtype and
     float64) on ``device``, one input set at a time. The memory plan (made here unless given)
     says where the sets and references are kept: on the device, or on the host when the device
-    cannot hold them (compared on the device a chunk at a time). Raises :class:`TooLarge`,
-    before anything of the task's size is allocated, when neither fits."""
+    cannot hold them (compared on the device a chunk at a time), and which protocol fits: the
+    config's, or a lighter one (fewer sets; float64 references for the correctness sets only,
+    the other sets compared with the reference error the correctness sets measured). Raises
+    :class:`TooLarge`, before anything of the task's size is allocated, when nothing fits."""
     t0 = time.perf_counter()
     set_reference_numerics(cfg.allow_tf32)
     device = resolve_device(device)
     plan = plan or plan_task(task, device, cfg)
     if plan is not None and not plan.fits:
         raise TooLarge(plan)
+    proto = plan.protocol if plan is not None and plan.protocol is not None \
+        else Protocol.of(cfg)
     keep = "cpu" if plan is not None and plan.placement == "host" else device
     module = task.module()
     init_seed = secrets.randbits(31)
@@ -215,11 +230,14 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
         with torch.device(device):  # factories in get_inputs() allocate on the device
             return make_inputs(module, secrets.randbits(31), device, distribution)
 
-    dists = list(cfg.input_distributions) + ["native"] * (cfg.timing_sets + cfg.swap_sets)
-    n = len(cfg.input_distributions)
+    check_dists = check_distributions(cfg.input_distributions, proto.check_sets)
+    dists = check_dists + ["native"] * (proto.timing_sets + proto.swap_sets)
+    n = len(check_dists)
     check = list(range(n))
-    timing_ids = list(range(n, n + cfg.timing_sets))
-    swap_ids = list(range(n + cfg.timing_sets, len(dists)))
+    timing_ids = list(range(n, n + proto.timing_sets))
+    # Without sets of their own (a lighter protocol, or swap_sets 0), the first correctness
+    # set's data is swapped into a timed call: a cache keyed on pointers still shows there.
+    swap_ids = list(range(n + proto.timing_sets, len(dists))) or check[:1]
 
     def run_ref(inputs: list) -> list[torch.Tensor]:
         with torch.no_grad():
@@ -258,8 +276,19 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
             ops = _profile_ops(model, xs) if cfg.reject_reference_ops else []
         else:
             r = run_ref(xs)
-        r64 = run_ref64(xs, r)
-        stats.append([reference_stats(a, b) for a, b in zip(r, r64)])
+        if proto.wide_all or i < n:
+            r64 = run_ref64(xs, r)
+            stats.append([reference_stats(a, b) for a, b in zip(r, r64)])
+        else:  # a lighter protocol: this set's float64 reference is never made
+            r64 = [None] * len(r)
+            stats.append([])
+            for j, a in enumerate(r):
+                st = reference_stats(a, None)
+                if st:
+                    st.update(borrowed_error([stats[c][j] for c in check
+                                              if dists[c] == dist] or
+                                             [stats[c][j] for c in check], st["rms"]))
+                stats[-1].append(st)
         sets.append(_to(xs, keep))
         refs.append(_to(r, keep))
         refs64.append(_to(r64, keep))
@@ -269,7 +298,9 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
     prep = Prepared(task, device, init_inputs(module), init_seed, sd, sets, dists, check,
                     timing_ids, swap_ids, refs, refs64, stats, ops, ref_alias, reduction,
                     _degenerate(refs, refs64, stats, dists, check, cfg, device),
-                    max(out_bytes, 1 << 20), placement=keep)
+                    max(out_bytes, 1 << 20), placement=keep,
+                    reductions=dict(plan.reductions) if plan is not None else {},
+                    one_landing=proto.one_landing)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     prep.prepare_s = time.perf_counter() - t0

@@ -134,18 +134,37 @@ def _release(device: str) -> None:
 
 
 def _memory_plan(task: Task, device: str, cfg: VerifyConfig, share: int):
-    """(the verifier's plan for the whole machine, whether it fits a 1/share part of it)."""
+    """(the plan to verify with, whether it fits a 1/share part of the machine, the config
+    with the transfer the plan is for). The plan is the 1/share part's when that holds the
+    same protocol as the whole machine's (its placement keeps the task within its part), else
+    the whole machine's: a task that would need a lighter protocol to share the machine runs
+    alone, with the fuller one. With ``transfer: cuda_ipc`` (arenas in device memory), the
+    host transfer is planned too and taken when it needs fewer reductions."""
     from assay.verify import memory
 
-    plan = memory.plan_task(task, device, cfg)
-    if plan is None or not plan.fits or share <= 1:
-        return plan, True
-    shapes, _ = memory.shapes_or_none(task.module())
+    shapes, _ = memory.shapes_or_none(task.module())  # one meta pass for every plan below
+    if shapes is None:
+        return None, True, cfg
     dev_free, host_free = memory.free_memory(device)
-    part = memory.plan(shapes, memory.Protocol.of(cfg), device.split(":")[0],
-                       None if dev_free is None else dev_free // share,
-                       None if host_free is None else host_free // share)
-    return plan, part.fits
+    kind = device.split(":")[0]
+    cfgs = [cfg] + ([dataclasses.replace(cfg, transfer="host")]
+                    if kind == "cuda" and cfg.transfer != "host" else [])
+
+    def lightness(p) -> tuple:
+        return (not p.fits, len(p.reductions))
+
+    def best(d: int | None, h: int | None):
+        plans = [(memory.plan(shapes, memory.Protocol.of(c), kind, d, h), c) for c in cfgs]
+        return min(plans, key=lambda pc: lightness(pc[0]))  # ties: the first (cfg's own)
+
+    plan, use = best(dev_free, host_free)
+    if not plan.fits or share <= 1:
+        return plan, True, use
+    part, part_cfg = best(None if dev_free is None else dev_free // share,
+                          None if host_free is None else host_free // share)
+    if part.fits and part.reductions == plan.reductions:
+        return part, True, part_cfg
+    return plan, False, use
 
 
 def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
@@ -158,7 +177,7 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
     task = Task.from_file(path, size=size)
     times: dict[str, Any] = {}
     t = time.perf_counter()
-    plan, fits_part = _memory_plan(task, device, cfg, share)
+    plan, fits_part, cfg = _memory_plan(task, device, cfg, share)
     times["plan_s"] = round(time.perf_counter() - t, 3)
     if plan is not None and not plan.fits:  # decided before anything of its size exists
         return {"task": task.id, "status": "too_large", "accepted": False,
@@ -169,7 +188,9 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
     t = time.perf_counter()
     deg = degeneracy(task, device)
     times["degeneracy_s"] = round(time.perf_counter() - t, 2)
+    t = time.perf_counter()
     record = {**cost(task), "degeneracy": {**deg, "degenerate": False}}  # flagged, judged below
+    times["cost_s"] = round(time.perf_counter() - t, 2)
     workdir.mkdir(parents=True, exist_ok=True)
     cand = workdir / f"selfcheck_{task.id}_{os.getpid()}.py"
     cand.write_text(candidate_source(task))
@@ -179,6 +200,7 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
         cand.unlink(missing_ok=True)
     d = v.to_dict()
     failed = {n: c.get("detail", "") for n, c in d["checks"].items() if not c.get("passed")}
+    lighter = plan.reductions if plan is not None else {}
     harness_degenerate = d["checks"].get("task_not_degenerate", {}).get("detail", "")
     row: dict[str, Any] = {
         "task": task.id, "accepted": bool(v.accepted), "reasons": list(v.reasons),
@@ -189,6 +211,8 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
         "harness_degenerate": harness_degenerate,
         "times": {k: round(x, 3) if isinstance(x, float) else x for k, x in times.items()},
     }
+    if lighter:  # verified with a lighter protocol to fit memory (the memory_plan check)
+        row["lighter"] = lighter
     # helper `mem`'s memory plan: a task that cannot fit gets a `too_large` check or verdict
     if "too_large" in [*v.reasons, *d["checks"], str(d.get("verdict")), str(d.get("status"))]:
         row["status"] = "too_large"
@@ -216,15 +240,37 @@ def _pool_init(env: dict[str, str]) -> None:
         ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
+# Seconds of a time budget kept for what comes after the last task (summaries, shutdown),
+# and the least time left in which a task is started.
+BUDGET_RESERVE_S = 10.0
+MIN_START_S = 30.0
+
+
+def _kill_pool(pool: ProcessPoolExecutor, before: set) -> None:
+    """SIGKILL the pool's worker processes (the multiprocessing children started since
+    ``before``); their sandboxed workers die with them (PDEATHSIG)."""
+    import multiprocessing as mp
+
+    for proc in mp.active_children():
+        if proc not in before:
+            proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 def run_selfcheck(paths: list[Path], device: str, size: str = "large",
                   cfg: VerifyConfig | None = None, jsonl: Path | None = None, jobs: int = 1,
                   budget_s: float | None = None, retry_errors: bool = False,
                   workdir: Path | None = None,
-                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Self-check ``paths``; returns {"rows": latest row per task, "stopped": reason or ""}.
+                  progress: Callable[[str], None] | None = None,
+                  on_row: Callable[[dict[str, dict]], None] | None = None) -> dict[str, Any]:
+    """Self-check ``paths``; returns {"rows": latest row per task, "stopped": reason or "",
+    "killed": tasks stopped in flight, "seconds", "remaining"}.
 
-    ``budget_s``: no task starts once the time left is under 1.5x the slowest task so far (at
-    least 30 s); tasks in flight finish, so the run ends cleanly and a rerun resumes."""
+    ``budget_s`` bounds the whole call: no task starts once the time left (less
+    ``BUDGET_RESERVE_S`` for the caller's summaries) is under 1.5x the median task so far (at
+    least 30 s), and tasks still in flight when it runs out are killed and left out of the
+    JSONL, so a rerun redoes them. ``on_row(rows)``: called with the latest row per task after
+    each one is written (the caller's summaries stay current)."""
     import multiprocessing as mp
 
     from assay.verify.harness import resolve_device
@@ -250,12 +296,15 @@ def run_selfcheck(paths: list[Path], device: str, size: str = "large",
     queue = list(todo)
     alone: list[Path] = []  # tasks whose plan does not fit a 1/jobs part of the machine
     died: dict[str, int] = {}
-    slowest = 0.0
+    seconds: list[float] = []
     stopped = ""
+    killed: list[str] = []
     n_done = 0
+    deadline = None if budget_s is None else t0 + budget_s - BUDGET_RESERVE_S
     while queue or alone:
         if not queue:  # the deferred ones, one at a time
             queue, alone, jobs = alone, [], 1
+        before = set(mp.active_children())
         pool = ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx,
                                    initializer=_pool_init, initargs=(env,))
         running: dict[Future, Path] = {}
@@ -263,17 +312,28 @@ def run_selfcheck(paths: list[Path], device: str, size: str = "large",
         try:
             while (queue or running) and not broken:
                 while queue and len(running) < max(1, jobs) and not stopped:
-                    left = None if budget_s is None else budget_s - (time.perf_counter() - t0)
-                    if left is not None and left < max(30.0, 1.5 * slowest):
-                        stopped = (f"time budget: {left:.0f} s left of {budget_s:.0f} s, the "
-                                   f"slowest task took {slowest:.0f} s")
+                    left = None if deadline is None else deadline - time.perf_counter()
+                    typical = sorted(seconds)[len(seconds) // 2] if seconds else 0.0
+                    if left is not None and left < max(MIN_START_S, 1.5 * typical):
+                        stopped = (f"time budget: {left:.0f} s left of {budget_s:.0f} s, a "
+                                   f"typical task takes {typical:.0f} s")
                         break
                     p = queue.pop(0)
                     running[pool.submit(check_task, p, device, size, cfg, workdir, peaks,
                                         max(1, jobs))] = p
                 if not running:
                     break
-                finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                timeout = None if deadline is None else max(deadline - time.perf_counter(), 0)
+                finished, _ = wait(list(running), timeout=timeout, return_when=FIRST_COMPLETED)
+                if not finished:  # the budget ran out with tasks in flight: killed, not done
+                    killed = [str(p) for p in running.values()]
+                    stopped = (f"time budget: {budget_s:.0f} s ran out with {len(killed)} "
+                               f"task(s) in flight, killed (a rerun redoes them)")
+                    say(stopped + ": " + ", ".join(Path(k).stem for k in killed))
+                    _kill_pool(pool, before)
+                    running = {}
+                    broken = True
+                    break
                 for fut in finished:
                     p = running.pop(fut)
                     try:
@@ -292,10 +352,12 @@ def run_selfcheck(paths: list[Path], device: str, size: str = "large",
                         alone.append(p)  # too big to share the machine: run it alone, last
                         say(f"{row.get('task')}: deferred, runs alone after the others")
                         continue
-                    slowest = max(slowest, row.get("seconds") or 0.0)
+                    seconds.append(row.get("seconds") or 0.0)
                     n_done += 1
                     append_row(jsonl, row)
                     done[row["key"]] = row
+                    if on_row is not None:
+                        on_row(done)
                     say(_progress_line(row, n_done, len(todo), time.perf_counter() - t0))
             if broken:  # the in-flight tasks of a dead pool are retried in a fresh one
                 for fut, p in running.items():
@@ -307,8 +369,8 @@ def run_selfcheck(paths: list[Path], device: str, size: str = "large",
             break
     rows = {row_key(p, size, device): done[row_key(p, size, device)] for p in paths
             if row_key(p, size, device) in done}
-    return {"rows": rows, "stopped": stopped, "seconds": time.perf_counter() - t0,
-            "remaining": len(paths) - len(rows)}
+    return {"rows": rows, "stopped": stopped, "killed": killed,
+            "seconds": time.perf_counter() - t0, "remaining": len(paths) - len(rows)}
 
 
 def _progress_line(row: dict[str, Any], i: int, n: int, elapsed: float) -> str:
@@ -355,6 +417,14 @@ def summary_markdown(rows: list[dict[str, Any]], title: str = "Reference self-ch
                        f"{_g(d.get('input_sensitivity'))} | {_g(d.get('weight_sensitivity'))} | "
                        f"{d.get('finite', '-')} | {r.get('accepted', '-')} | {why[:160]} |")
         out.append("")
+    lighter = [r for r in rows if r.get("lighter")]
+    if lighter:
+        out += ["## Verified with a lighter protocol (to fit memory)", "",
+                "| task | status | steps taken |", "| --- | --- | --- |"]
+        for r in lighter:
+            steps = "; ".join(r["lighter"].values()).replace("|", "\\|")
+            out.append(f"| {name(r)} | {r.get('status')} | {steps} |")
+        out.append("")
     for status, head in (("rejected", "Rejected (a finding: honest work refused)"),
                          ("too_large", "Too large for the device"), ("error", "Errors")):
         if by[status]:
@@ -366,12 +436,44 @@ def summary_markdown(rows: list[dict[str, Any]], title: str = "Reference self-ch
                 out.append(f"| {name(r)} | {', '.join(r.get('reasons', [])) or '-'} | "
                            f"{detail} |")
             out.append("")
+    out += seconds_table(rows)
     out += ["## Every task", "", "| task | status | seconds | max abs err | rel err |",
             "| --- | --- | --- | --- | --- |"]
     for r in rows:
         out.append(f"| {name(r)} | {r.get('status')} | {_g(r.get('seconds'))} | "
                    f"{_g(r.get('max_abs_err'))} | {_g(r.get('rel_err'))} |")
     return "\n".join(out) + "\n"
+
+
+# Where a task's seconds go: the row's ``times`` (assay.verify.harness.verify's breakdown).
+PHASES = (("plan_s", "memory plan (meta pass)"), ("cost_s", "cost record (FLOPs, bytes)"),
+          ("degeneracy_s", "degeneracy record"),
+          ("prepare_s", "reference preparation (every set, float64 included)"),
+          ("inputs_arena_s", "input arena (host transfer)"), ("spawn_s", "worker start"),
+          ("import_s", "worker imports torch"), ("worker.materialize_s", "worker: inputs in"),
+          ("worker.load_s", "worker: candidate load"),
+          ("worker.correctness_s", "worker: correctness and staleness calls"),
+          ("worker.timing_s", "worker: timing"), ("worker.after_s", "worker: after timing"),
+          ("exit_s", "worker exit"), ("compare_s", "comparison (landing to references)"))
+
+
+def seconds_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: per phase, the median and the total over the tasks that ran it."""
+    timed = [r for r in rows if isinstance(r.get("times"), dict)]
+    if not timed:
+        return []
+    out = ["## Where the seconds go", "", "| phase | median s | total s | share |",
+           "| --- | --- | --- | --- |"]
+    total = sum(r.get("seconds") or 0.0 for r in timed) or 1.0
+    for key, label in PHASES:
+        xs = sorted(float(r["times"][key]) for r in timed
+                    if isinstance(r["times"].get(key), (int, float)))
+        if xs:
+            out.append(f"| {label} | {xs[len(xs) // 2]:.2f} | {sum(xs):.1f} | "
+                       f"{sum(xs) / total:.0%} |")
+    out.append(f"| whole task | {sorted(r.get('seconds') or 0.0 for r in timed)[len(timed) // 2]:.2f}"
+               f" | {total:.1f} | 100% |")
+    return out + [""]
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:
@@ -445,7 +547,8 @@ def add_parser(sub) -> None:
     s.add_argument("--jobs", type=int, default=1,
                    help="tasks in flight at once (each in its own process)")
     s.add_argument("--budget-s", type=float, default=None,
-                   help="start no task that could end past this many seconds")
+                   help="bound the whole run: start no task that would likely end past "
+                        "it, kill what is in flight when it runs out (a rerun redoes it)")
     s.add_argument("--retry-errors", action="store_true",
                    help="redo tasks whose JSONL row is an error")
     s.set_defaults(fn=cli)

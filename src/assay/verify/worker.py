@@ -81,6 +81,9 @@ except ImportError:  # older torch: the same range through the dispatcher (~10 u
 _PROFILE_ENTER = torch.autograd.profiler.profile.__enter__
 _PROFILE_EXIT = torch.autograd.profiler.profile.__exit__
 _CPU = torch.autograd.DeviceType.CPU
+# The landing handshake's file operations, for the same reason.
+_EXISTS = os.path.exists
+_REPLACE = os.replace
 _RESULT_FORMAT = ["pt"]  # the harness asks for "json" only; older readers load result.pt
 PERTURB_RANGE = (0.8, 1.0)  # rescaling toward zero keeps every domain that contains 0
 
@@ -552,15 +555,33 @@ def merge_rows(calls: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------------
 # The run.
 
+def hand_over(job_dir: Path, seq: int, slot: str, timeout_s: float = 3600.0) -> None:
+    """The landing handshake (one landing buffer reused by every verified call): say that
+    ``slot``'s outputs are in the landing buffer (``landed-<seq>``, naming the slot) and wait
+    until the harness has compared them (``ack-<seq>``) before anything overwrites them."""
+    tmp = job_dir / f".landed-{seq}"
+    tmp.write_text(slot)
+    _REPLACE(tmp, job_dir / f"landed-{seq}")
+    ack = str(job_dir / f"ack-{seq}")
+    start = _CLOCK()
+    while not _EXISTS(ack):
+        if _CLOCK() - start > timeout_s:
+            raise TimeoutError(f"the harness did not take the landing of {slot}")
+        _SLEEP(0.0005)
+
+
 class Recorder:
-    """Takes each verified call's outputs: type check, snapshot, settle, landing copy."""
+    """Takes each verified call's outputs: type check, snapshot, settle, landing copy (and,
+    with one landing buffer for every call, the handshake: :func:`hand_over`)."""
 
     def __init__(self, device: torch.device, landing: dict[str, list[torch.Tensor]],
-                 settle_s: float):
+                 settle_s: float, handshake_dir: Path | None = None):
         self.device = device
         self.landing = landing
         self.settle_s = settle_s
         self.calls: dict[str, dict[str, Any]] = {}
+        self.handshake_dir = handshake_dir
+        self.seq = 0
 
     def record(self, slot: str, set_id: int, out: Any, inputs: list,
                pristine: list | None) -> None:
@@ -595,6 +616,9 @@ class Recorder:
                        for x, p in zip(inputs, pristine)]
         timing.sync(self.device)
         self.calls[slot] = {"set": set_id, "outputs": metas, "inputs_changed": changed}
+        if self.handshake_dir is not None:
+            hand_over(self.handshake_dir, self.seq, slot)
+            self.seq += 1
 
 
 def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
@@ -675,7 +699,8 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     check, timing_ids, swaps = job["check_sets"], job["timing_sets"], job["swap_sets"]
     tcfg = timing.TimingConfig(**job["timing"])
     slots = plan_slots(check, timing_ids, swaps, tcfg.min_runs)
-    rec = Recorder(device, landing, float(job.get("settle_s", 0.0)))
+    rec = Recorder(device, landing, float(job.get("settle_s", 0.0)),
+                   job_dir if job.get("landing_handshake") else None)
     poison = int(job["poison_bytes"])
 
     def verified(slot: str, phase: str, set_id: int, xs: list, pristine: list | None,
