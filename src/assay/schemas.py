@@ -114,6 +114,9 @@ class EvolveConfig:
 @dataclass
 class TargetConfig:
     name: TargetName = TargetName.auto
+    # cpu target: threads every timing step computes on (eager, compile and candidates alike);
+    # 0 = one per core. See config/target/cpu.yaml.
+    cpu_threads: int = 1
 
 
 @dataclass
