@@ -29,8 +29,9 @@ class LLMKind(StrEnum):
 
 
 class TaskSize(StrEnum):
-    auto = "auto"  # small on cpu, large on cuda
+    auto = "auto"  # medium on cpu, large on cuda
     small = "small"
+    medium = "medium"
     large = "large"
 
 
