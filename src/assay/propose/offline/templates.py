@@ -106,6 +106,26 @@ CPP_PREAMBLE = r"""// Assay offline synthesizer v1: {{ template }} kernel (cpu, 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(ASSAY_LIBMVEC) && defined(_OPENMP)
+// glibc's vector math (libmvec, linked by assay.bench.build where present): `omp simd` loops
+// call 4/8/16-lane exp, log, erf, tanh, ... (within 4 ulp) instead of one scalar libm call per
+// element, which made GELU 7x and tanh 8x slower than ATen's vectorized math. glibc declares
+// these itself only under -ffast-math, which the kernels must not use (NaN and rounding).
+#pragma omp declare simd notinbranch
+extern "C" float expf(float);
+#pragma omp declare simd notinbranch
+extern "C" float logf(float);
+#if __GLIBC_PREREQ(2, 35)
+#pragma omp declare simd notinbranch
+extern "C" float erff(float);
+#pragma omp declare simd notinbranch
+extern "C" float tanhf(float);
+#pragma omp declare simd notinbranch
+extern "C" float expm1f(float);
+#pragma omp declare simd notinbranch
+extern "C" float log1pf(float);
+#endif
+#endif
 
 #define ASSAY_FN static inline
 {{ helpers }}
