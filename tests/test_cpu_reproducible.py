@@ -70,3 +70,49 @@ def test_the_same_cpu_kernel_verified_five_times_gives_the_same_speedup_within_5
     med = statistics.median(speedups)
     worst = max(abs(s - med) / med for s in speedups)
     assert worst <= 0.05, f"speedups {speedups} spread {worst:.1%} from their median {med:.3f}"
+
+
+HOLD = """
+import subprocess, sys, torch
+from assay import gpu
+print("threads", gpu.hold_cpu_threads(1), torch.get_num_threads(), flush=True)
+subprocess.run([sys.executable, "-c", "import os, torch; "
+                "print('child', os.environ['OMP_NUM_THREADS'], torch.get_num_threads())"])
+"""
+
+
+def test_the_lease_sets_the_threads_of_the_step_and_of_the_processes_it_starts():
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("OMP_NUM_THREADS", None)
+    env.pop("MKL_NUM_THREADS", None)
+    out = subprocess.run([sys.executable, "-c", HOLD], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert "threads 1 1" in out.stdout and "child 1 1" in out.stdout, out.stdout + out.stderr
+
+
+def test_cpu_sizes_default_to_medium_and_fall_back_to_small():
+    from assay.resources import resolve_data
+    from assay.tasks.model import Task, resolve_size
+
+    assert resolve_size("auto", "cpu") == "medium" and resolve_size("auto", "cuda") == "large"
+    tasks = resolve_data("data/tasks")
+    relu = Task.from_file(tasks / "level1" / "1_ReLU.py", size="medium").module()
+    assert (relu.batch_size, relu.dim) == (1024, 4096)
+    # A task with no medium variant runs at its small one there, not at its large one.
+    mlp = tasks / "level3" / "1_MLP.py"
+    small = Task.from_file(mlp, size="small").module()
+    medium = Task.from_file(mlp, size="medium").module()
+    assert "medium" not in small.ASSAY_SIZES and medium.batch_size == small.batch_size
+
+
+def test_cpu_kernels_build_for_the_host_and_are_cached_per_cpu(monkeypatch):
+    from assay.bench import build
+
+    spec = build.BuildSpec("int f() { return 0; }", "cpp")
+    cmd = spec.command(Path("k.cpp"), Path("k.so"))
+    assert "-march=native" in cmd and cmd.index("k.cpp") < len(cmd) - 2
+    if "-lmvec" in cmd:  # linked after the source, declared to the kernel by a macro
+        assert cmd[-1] == "-lmvec" and "-DASSAY_LIBMVEC" in cmd
+    key = spec.key()
+    monkeypatch.setattr(build, "host_cpu", lambda: "another cpu")
+    assert spec.key() != key
