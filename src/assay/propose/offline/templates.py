@@ -1685,10 +1685,13 @@ def _tensor(t, what):
     """A contiguous DTYPE tensor on this candidate's device (a copy only if it was strided)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what}: expected a tensor, got {type(t).__name__}")
-    if t.dtype != DTYPE or t.device.type != {{ device_type|tojson }}:
+    # Attribute reads, not dispatcher calls (t.device builds an object, t.contiguous() goes
+    # through the dispatcher even when it returns t): after the timing's cache flush each of
+    # those costs ~10 us, as much as a small kernel.
+    if t.dtype != DTYPE or not t.{{ "is_cuda" if device_type == "cuda" else "is_cpu" }}:
         raise TypeError(f"{what}: expected a {DTYPE} {{ device_type }} tensor, got {t.dtype} on "
                         f"{t.device}")
-    return t.contiguous()
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def _attr(module, path):
