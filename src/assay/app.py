@@ -92,7 +92,9 @@ def take_lease(cfg: DictConfig, gpu: bool, timing: bool) -> None:
     if tgt == "cpu":
         if timing:
             waited = lease.acquire_cpu()
-            log.info("CPU lease taken%s", f" after {waited:.0f} s" if waited >= 1 else "")
+            threads = lease.hold_cpu_threads(int(cfg.target.cpu_threads))
+            log.info("CPU lease taken%s; timing on %d thread(s)",
+                     f" after {waited:.0f} s" if waited >= 1 else "", threads)
     elif gpu:
         dev = lease.acquire()
         if dev is not None:

@@ -287,9 +287,9 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--policy", default="strict", choices=["strict", "permissive"],
                    help="strict: custom kernels only, any library or ATen compute op "
                         "rejects; permissive: library calls allowed and reported")
-    v.add_argument("--size", default="auto", choices=["auto", "large", "small"],
-                   help="task size (auto: the task's own on cuda, its small variant on cpu "
-                        "where it has one)")
+    v.add_argument("--size", default="auto", choices=["auto", "large", "medium", "small"],
+                   help="task size (auto: the task's own on cuda, its medium variant on cpu "
+                        "where it has one, else its small one)")
     v.add_argument("--no-baseline", action="store_true", help="skip eager/compile timing")
     v.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     v.add_argument("--retime-baseline", action="store_true",

@@ -29,8 +29,9 @@ class LLMKind(StrEnum):
 
 
 class TaskSize(StrEnum):
-    auto = "auto"  # small on cpu, large on cuda
+    auto = "auto"  # medium on cpu, large on cuda
     small = "small"
+    medium = "medium"
     large = "large"
 
 
@@ -114,6 +115,9 @@ class EvolveConfig:
 @dataclass
 class TargetConfig:
     name: TargetName = TargetName.auto
+    # cpu target: threads every timing step computes on (eager, compile and candidates alike);
+    # 0 = one per core. See config/target/cpu.yaml.
+    cpu_threads: int = 1
 
 
 @dataclass

@@ -26,6 +26,9 @@ OVR = " ".join(shlex.quote(o) for o in OVERRIDES)
 # resource, which the default profile caps at 1: two timings never share the cores. The steps
 # also take the CPU lease of assay.gpu, which holds without the profile too.
 CPU_TIMING = 1 - GPU
+# ... and as many of Snakemake's cores as it computes on (`target.cpu_threads`; 0: all of them),
+# so no other job of the campaign shares those cores while it times.
+TIMING_THREADS = 1 if GPU else (int(CFG.target.cpu_threads) or workflow.cores)
 # `--use-conda` builds this environment for each step; by default the current one is used.
 ENV = "../../environment.yml"
 

@@ -11,6 +11,7 @@ rule profile:
         ENV
     log:
         f"{C}/logs/profile/{{llm}}/{{task}}.log",
+    threads: TIMING_THREADS
     resources:
         gpu=GPU,
         cpu_timing=CPU_TIMING,

@@ -24,6 +24,7 @@ rule device:
         ENV
     log:
         f"{C}/logs/device.log",
+    threads: TIMING_THREADS
     resources:
         gpu=GPU,
         cpu_timing=CPU_TIMING,
@@ -44,6 +45,7 @@ rule baseline:
         ENV
     log:
         f"{C}/logs/baseline/{{task}}.log",
+    threads: TIMING_THREADS
     resources:
         gpu=GPU,
         cpu_timing=CPU_TIMING,

@@ -16,6 +16,7 @@ rule verify:
         ENV
     log:
         f"{C}/logs/verify/{{llm}}/{{task}}/gen_{{gen}}.log",
+    threads: TIMING_THREADS
     resources:
         gpu=GPU,
         cpu_timing=CPU_TIMING,

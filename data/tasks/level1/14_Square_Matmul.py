@@ -14,7 +14,8 @@ class Model(nn.Module):
 
 n = 4096
 
-ASSAY_SIZES = {"small": {"n": 100}}
+ASSAY_SIZES = {"small": {"n": 100},
+               "medium": {"n": 256}}
 
 
 def get_inputs():

@@ -17,7 +17,8 @@ m = 512
 k = 1024
 n = 768
 
-ASSAY_SIZES = {"small": {"batch": 4, "m": 33, "k": 65, "n": 47}}
+ASSAY_SIZES = {"small": {"batch": 4, "m": 33, "k": 65, "n": 47},
+               "medium": {"batch": 8, "m": 128, "k": 128, "n": 128}}
 
 
 def get_inputs():

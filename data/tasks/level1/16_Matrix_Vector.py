@@ -15,7 +15,8 @@ class Model(nn.Module):
 m = 8192
 k = 16384
 
-ASSAY_SIZES = {"small": {"m": 100, "k": 777}}
+ASSAY_SIZES = {"small": {"m": 100, "k": 777},
+               "medium": {"m": 1024, "k": 4096}}
 
 
 def get_inputs():

@@ -22,7 +22,9 @@ kernel_size = 3
 padding = 1
 
 ASSAY_SIZES = {"small": {"batch_size": 2, "in_channels": 8, "out_channels": 12,
-                         "height": 17, "width": 15}}
+                         "height": 17, "width": 15},
+               "medium": {"batch_size": 4, "in_channels": 16, "out_channels": 32,
+                          "height": 32, "width": 32}}
 
 
 def get_inputs():

@@ -21,7 +21,8 @@ kernel_size = 3
 stride = 2
 padding = 1
 
-ASSAY_SIZES = {"small": {"batch_size": 2, "channels": 8, "height": 17, "width": 15}}
+ASSAY_SIZES = {"small": {"batch_size": 2, "channels": 8, "height": 17, "width": 15},
+               "medium": {"batch_size": 8, "channels": 32, "height": 64, "width": 64}}
 
 
 def get_inputs():

@@ -19,7 +19,8 @@ class Model(nn.Module):
 batch_size = 4096
 dim = 16384
 
-ASSAY_SIZES = {"small": {"batch_size": 16, "dim": 777}}
+ASSAY_SIZES = {"small": {"batch_size": 16, "dim": 777},
+               "medium": {"batch_size": 1024, "dim": 4096}}
 
 
 def get_inputs():

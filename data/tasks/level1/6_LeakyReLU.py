@@ -18,7 +18,8 @@ batch_size = 4096
 dim = 16384
 negative_slope = 0.05
 
-ASSAY_SIZES = {"small": {"batch_size": 8, "dim": 777}}
+ASSAY_SIZES = {"small": {"batch_size": 8, "dim": 777},
+               "medium": {"batch_size": 1024, "dim": 4096}}
 
 
 def get_inputs():

@@ -17,7 +17,8 @@ batch_size = 4096
 dim = 16384
 reduce_dim = -1
 
-ASSAY_SIZES = {"small": {"batch_size": 16, "dim": 777}}
+ASSAY_SIZES = {"small": {"batch_size": 16, "dim": 777},
+               "medium": {"batch_size": 1024, "dim": 4096}}
 
 
 def get_inputs():

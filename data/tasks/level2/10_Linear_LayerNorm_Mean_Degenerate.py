@@ -25,7 +25,8 @@ batch_size = 4096
 in_features = 4096
 out_features = 4096
 
-ASSAY_SIZES = {"small": {"batch_size": 32, "in_features": 100, "out_features": 64}}
+ASSAY_SIZES = {"small": {"batch_size": 32, "in_features": 100, "out_features": 64},
+               "medium": {"batch_size": 256, "in_features": 512, "out_features": 256}}
 
 
 def get_inputs():

@@ -20,7 +20,8 @@ in_features = 4096
 out_features = 8192
 scale = 1.702
 
-ASSAY_SIZES = {"small": {"batch_size": 33, "in_features": 100, "out_features": 77}}
+ASSAY_SIZES = {"small": {"batch_size": 33, "in_features": 100, "out_features": 77},
+               "medium": {"batch_size": 256, "in_features": 512, "out_features": 256}}
 
 
 def get_inputs():

@@ -17,7 +17,8 @@ batch_size = 4096
 in_features = 4096
 out_features = 4096
 
-ASSAY_SIZES = {"small": {"batch_size": 50, "in_features": 128, "out_features": 99}}
+ASSAY_SIZES = {"small": {"batch_size": 50, "in_features": 128, "out_features": 99},
+               "medium": {"batch_size": 256, "in_features": 512, "out_features": 256}}
 
 
 def get_inputs():

@@ -22,7 +22,9 @@ width = 64
 kernel_size = 3
 
 ASSAY_SIZES = {"small": {"batch_size": 2, "in_channels": 8, "out_channels": 8,
-                         "height": 16, "width": 13}}
+                         "height": 16, "width": 13},
+               "medium": {"batch_size": 4, "in_channels": 16, "out_channels": 16,
+                          "height": 32, "width": 32}}
 
 
 def get_inputs():

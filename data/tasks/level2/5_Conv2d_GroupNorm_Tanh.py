@@ -23,7 +23,9 @@ kernel_size = 3
 num_groups = 8
 
 ASSAY_SIZES = {"small": {"batch_size": 2, "in_channels": 3, "out_channels": 12,
-                         "height": 15, "width": 17, "num_groups": 4}}
+                         "height": 15, "width": 17, "num_groups": 4},
+               "medium": {"batch_size": 4, "in_channels": 3, "out_channels": 16,
+                          "height": 32, "width": 32, "num_groups": 4}}
 
 
 def get_inputs():

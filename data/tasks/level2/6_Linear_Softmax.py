@@ -17,7 +17,8 @@ batch_size = 4096
 in_features = 4096
 out_features = 8192
 
-ASSAY_SIZES = {"small": {"batch_size": 32, "in_features": 96, "out_features": 1000}}
+ASSAY_SIZES = {"small": {"batch_size": 32, "in_features": 96, "out_features": 1000},
+               "medium": {"batch_size": 128, "in_features": 256, "out_features": 1000}}
 
 
 def get_inputs():

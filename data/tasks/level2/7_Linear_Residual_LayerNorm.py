@@ -17,7 +17,8 @@ class Model(nn.Module):
 batch_size = 4096
 features = 4096
 
-ASSAY_SIZES = {"small": {"batch_size": 40, "features": 200}}
+ASSAY_SIZES = {"small": {"batch_size": 40, "features": 200},
+               "medium": {"batch_size": 256, "features": 512}}
 
 
 def get_inputs():

@@ -13,8 +13,11 @@ library built on a machine without a GPU (nvcc only) is reused on the GPU machin
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
+import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -54,6 +57,29 @@ def cuda_arch() -> str:
     return "sm_90"  # H100/H200: the product's device
 
 
+@functools.cache
+def host_cpu() -> str:
+    """What -march=native compiles for: the CPU's model and feature flags (a cache shared by
+    machines of different CPUs keeps a library per kind)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine() + " " + platform.processor()
+    keep = [ln for ln in info if ln.split(":")[0].strip() in ("model name", "flags", "Features")]
+    return platform.machine() + "\n" + "\n".join(dict.fromkeys(keep))
+
+
+@functools.cache
+def host_cpu_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Compiler and linker flags of cpu kernels: the host's instruction set (AVX2, AVX-512, FMA,
+    as ATen's own kernels pick at run time), and glibc's vector math where it is there (x86-64:
+    ``omp simd`` loops then call vector exp/erf/tanh; see the offline synthesizer's preamble)."""
+    libs: tuple[str, ...] = ()
+    if platform.machine() == "x86_64" and ctypes.util.find_library("mvec"):
+        libs = ("-lmvec",)
+    return ("-march=native", *(("-DASSAY_LIBMVEC",) if libs else ())), libs
+
+
 def nvcc_path() -> str | None:
     """The CUDA compiler builds use: $NVCC, else nvcc on PATH; None where there is none."""
     return os.environ.get("NVCC") or shutil.which("nvcc")
@@ -68,8 +94,9 @@ class BuildSpec:
     def command(self, src: Path, out: Path) -> list[str]:
         if self.lang == "cpp":
             cxx = os.environ.get("CXX", "g++")
-            return [cxx, "-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", *self.flags,
-                    str(src), "-o", str(out)]
+            isa, libs = host_cpu_flags()
+            return [cxx, "-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", *isa, *self.flags,
+                    str(src), "-o", str(out), *libs]
         if self.lang == "cuda":
             nvcc = nvcc_path() or "nvcc"
             return [nvcc, "-O3", "-std=c++17", f"-arch={cuda_arch()}", "--shared",
@@ -84,6 +111,8 @@ class BuildSpec:
         h = hashlib.sha256()
         h.update(self.source.encode())
         h.update(" ".join(self.command(Path("src"), Path("out"))).encode())
+        if self.lang == "cpp":  # -march=native: a library is for this kind of CPU only
+            h.update(host_cpu().encode())
         return h.hexdigest()[:24]
 
 

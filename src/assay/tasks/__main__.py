@@ -215,7 +215,7 @@ def analyze(spec: dict) -> dict[str, Any]:
     """Load, validate and measure one task in this (child) process."""
     path = Path(spec["path"])
     _stage(spec, "reading the file")
-    from assay.tasks.model import Task
+    from assay.tasks.model import Task, resolve_size
 
     target = spec["target"]
     if target == "auto":
@@ -223,9 +223,7 @@ def analyze(spec: dict) -> dict[str, Any]:
         import torch
 
         target = "cuda" if torch.cuda.is_available() else "cpu"
-    size = spec["size"]
-    if size == "auto":
-        size = "large" if target == "cuda" else "small"
+    size = resolve_size(spec["size"], target)
     task = Task.from_file(path, size=size, level=spec["level"])
     device = "cuda" if target == "cuda" else "cpu"
 

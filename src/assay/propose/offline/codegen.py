@@ -937,7 +937,7 @@ def _forward_lines(plan: Plan, target: str, template: str, layout: int = 0
     what = ("the product" if g is not None else "the pooled tensor" if pooled
             else plan.leaves[a].name)
     lines.append("shape = gshape" if g is not None or pooled else f"shape = tuple(l{a}.shape)")
-    lines.append(f"_expect(len(shape) == {nd}, f'{what} has {{len(shape)}} dims, expected {nd}')")
+    lines.append(f"_expect(len(shape) == {nd}, {what + f' does not have {nd} dims'!r})")
     lines.append("n = math.prod(shape)")
     for j, lf in enumerate(plan.leaves):
         if j == gk:

@@ -160,9 +160,12 @@ def template_space(target: str, analysis: Analysis, lib: int | None,
 def _fused_defaults(target: str, analysis: Analysis, kind: str) -> dict[str, int]:
     plan = analysis.plan
     if target == "cpu":
+        # unroll 4: `omp simd simdlen(16)`, one AVX-512 vector or two AVX2 ones, and libmvec's
+        # 16-lane exp. Sigmoid over 1024 x 4096 on one core of the 2-core EPYC (cache flushed
+        # before each call): 1.67 ms with simdlen(8), 1.18 ms with 16; eager 1.05 ms.
         if kind == "elementwise":
-            return {"threads": 0, "chunk": 16384, "unroll": 2}
-        return {"threads": 0, "chunk": 0, "unroll": 2}
+            return {"threads": 0, "chunk": 16384, "unroll": 4}
+        return {"threads": 0, "chunk": 0, "unroll": 4}
     if kind == "elementwise":
         # Measured on H200 (ReLU and GELU over 4096 x 16384): within 1% of eager torch, the
         # best of the 56 variants tried; a persistent grid was ~4% slower.
@@ -223,7 +226,7 @@ def default_knobs(target: str, analysis: Analysis, lib: int | None = None,
             knobs["layout"] = 0
         return knobs
     if target == "cpu":
-        knobs = {"lib": 0, "threads": 0, "tile_m": 32, "tile_n": 128, "k_step": 128, "unroll": 2}
+        knobs = {"lib": 0, "threads": 0, "tile_m": 32, "tile_n": 128, "k_step": 128, "unroll": 4}
     elif plan.dtype != "float32":
         knobs = {"lib": 0, "tile_m": 128, "tile_n": 128, "k_step": 32, "warp_m": 64,
                  "warp_n": 32, "load_vec": 8, "stages": 2}
