@@ -34,4 +34,4 @@ rule export:
     log:
         f"{C}/logs/export.log",
     shell:
-        assay_step("archive") + " > {log} 2>&1"
+        assay_step("export") + " > {log} 2>&1"

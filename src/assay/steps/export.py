@@ -1,6 +1,6 @@
 """Step `export`: the campaign's archive as one parquet file per level (polars).
 
-python -m assay.archive [overrides]
+python -m assay.steps.export [overrides]
 """
 
 from __future__ import annotations

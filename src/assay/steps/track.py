@@ -1,6 +1,6 @@
 """Step `track`: log one LLM backend's tasks of the campaign to MLflow.
 
-python -m assay.track llm=offline [overrides]
+python -m assay.steps.track llm=offline [overrides]
 One experiment per campaign, a parent run per backend, a child run per task with metrics per
 generation (step = generation). Safe to rerun: runs are found by their tags and updated.
 """
