@@ -30,9 +30,9 @@ CPU_TIMING = 1 - GPU
 ENV = "../../environment.yml"
 
 
-def assay_step(rule, **params):
-    """The shell command of rule ``rule``: its step ``python -m assay.steps.<rule>`` with the
-    campaign's overrides plus this job's own."""
+def assay_step(step, **params):
+    """The shell command of one rule: its step ``python -m assay.steps.<step>`` (named after
+    the rule) with the campaign's overrides plus this job's own."""
     own = " ".join(f"{k}={v}" for k, v in params.items())
     # The interpreter running Snakemake: the one with assay installed (`python` may not exist).
-    return f"{shlex.quote(sys.executable)} -m assay.steps.{rule} {{params.overrides}} {own}"
+    return f"{shlex.quote(sys.executable)} -m assay.steps.{step} {{params.overrides}} {own}"
