@@ -31,7 +31,7 @@ def track(cfg: DictConfig) -> dict:
         runs[ref.id] = log_task(cfg.mlflow.tracking_uri, c, llm, ref.id, params)
         log.info("[%d/%d] %s/%s -> run %s", i, len(refs), llm, ref.id, runs[ref.id]["run_id"])
     out = {"llm": llm, "tracking_uri": cfg.mlflow.tracking_uri, "runs": runs}
-    write_json(c.root / llm / "tracked.json", out)
+    write_json(c.backend_tracked(llm), out)
     return out
 
 

@@ -26,7 +26,7 @@ def drop_stale_verdicts(c: Campaign, llm: str, task: str, gen: int,
     or another baseline), so that nothing reads them as current: the population, another task's
     stepping stones, the archive; returns how many."""
     n = 0
-    vdir = c.gen_dir(llm, task, gen) / "verdicts"
+    vdir = c.verdicts_dir(llm, task, gen)
     for path in sorted(vdir.glob("*.json")) if vdir.is_dir() else []:
         if not is_fresh(path, *inputs):
             path.unlink()
