@@ -298,7 +298,7 @@ def runs_alone_with_its_declared_inputs(workdir: Path, target: Path, check) -> N
     found = re.search(r"\n\s+input: (.*)", block)
     inputs = found.group(1).split(", ") if found else []
     command = re.search(r"Shell command: (.*)", block).group(1)
-    alone = workdir / f"alone-{target.name}"
+    alone = workdir / "alone" / re.match(r"(?:local)?rule (\w+):", block).group(1)
     for name in inputs:
         src, dst = workdir / name, alone / name
         dst.parent.mkdir(parents=True, exist_ok=True)
