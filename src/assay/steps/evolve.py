@@ -19,9 +19,9 @@ from omegaconf import DictConfig
 
 from assay import app
 from assay.evolve.budget import STOPPED, Budget
+from assay.evolve.context import context
 from assay.evolve.population import plan
 from assay.evolve.state import as_parent, known_ids, load_members, write_generation
-from assay.evolve.context import context
 from assay.propose import make_proposer
 
 log = logging.getLogger("assay.evolve")

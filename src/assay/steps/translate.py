@@ -17,8 +17,8 @@ from omegaconf import DictConfig
 
 from assay import app
 from assay.evolve.budget import STOPPED, Budget
-from assay.evolve.state import known_ids, write_generation
 from assay.evolve.context import context
+from assay.evolve.state import known_ids, write_generation
 from assay.propose import make_proposer
 
 log = logging.getLogger("assay.translate")
