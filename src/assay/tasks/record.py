@@ -24,7 +24,7 @@ from typing import Any
 from assay.tasks.model import TaskError, one_line
 
 
-# --- the parent: runs the child ---------------------------------------------------------------
+# --- the parent: runs the child ----------------------------------------------------------------
 
 
 def analyze_file(path: str | Path, level: int, size: str, target: str, *, timeout_s: float,
