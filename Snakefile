@@ -1,5 +1,5 @@
-# Assay's campaign DAG. Every step is a Hydra-configured `python -m assay.<step>` command that
-# writes files under results/<campaign>/; those files make every step resumable.
+# Assay's campaign DAG. Every step is a Hydra-configured `python -m assay.steps.<rule>` command
+# that writes files under results/<campaign>/; those files make every step resumable.
 # The overrides every step runs with come from config/workflow.yaml unless `--config` gives them;
 # `make run`, `assay run` and a bare `snakemake` agree on them (README, "Running campaigns"):
 #

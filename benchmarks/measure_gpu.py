@@ -622,7 +622,7 @@ def free_device_memory() -> None:
 
 def part_build(ctx: Ctx) -> None:
     from assay.bench.build import build, cuda_arch, is_cached
-    from assay.bench.compile_service import CompileService, pin_cuda_arch
+    from assay.verify.compile_service import CompileService, pin_cuda_arch
 
     a = ctx.args
     lang = a.build_lang
@@ -686,7 +686,7 @@ def part_build(ctx: Ctx) -> None:
           f"{len(cands)} distinct {lang} kernels (ReLU / row softmax / tiled matmul with different "
           f"knobs; sources in `build/candidates/`), each a candidate file that calls "
           f"`load_library` at import, built by the compile service "
-          f"(`assay.bench.compile_service`: sandboxed `python -m assay.bench.prebuild`, no GPU "
+          f"(`assay.verify.compile_service`: sandboxed `python -m assay.bench.prebuild`, no GPU "
           f"visible, {a.build_workers} at a time) into a fresh kernel cache. Time per "
           f"candidate = its own build process, start to exit (sandbox, python + torch import, "
           f"nvcc), not the queue wait.", "",
@@ -785,7 +785,7 @@ def kb_evaluate(c: Candidate, task, ctx: Ctx, index: int, trials: int = 5,
 
 
 def part_throughput(ctx: Ctx) -> None:
-    from assay.bench.compile_service import CompileService, pin_cuda_arch
+    from assay.verify.compile_service import CompileService, pin_cuda_arch
     from assay.bench.device import peaks
     from assay.tasks.analyze import cost
     from assay.tasks.model import Task
@@ -1017,7 +1017,7 @@ def part_sanity(ctx: Ctx) -> None:
 
     from assay.bench.baseline import time_reference
     from assay.bench.build import build
-    from assay.bench.compile_service import pin_cuda_arch
+    from assay.verify.compile_service import pin_cuda_arch
     from assay.bench.device import peaks
     from assay.bench.timing import time_calls
     from assay.tasks.analyze import cost

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from assay.tasks.__main__ import analyze_file
+from assay.tasks.record import analyze_file
 from assay.tasks.suite import discover
 from helpers import REPO, env, snakemake
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from assay.bench.build import BuildError, build, is_cached, load_library
-from assay.bench.compile_service import CompileService
+from assay.verify.compile_service import CompileService
 
 SOURCE = r"""
 #include <cstdint>

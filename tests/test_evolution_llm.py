@@ -514,7 +514,7 @@ def check_budget(world: dict) -> None:
 
 def test_evolve_step_stops_mid_generation_at_the_budget(tmp_path, monkeypatch):
     from assay.app import compose
-    from assay.evolve.__main__ import evolve
+    from assay.steps.evolve import evolve
     from assay.layout import Campaign, write_json
 
     script = Script()

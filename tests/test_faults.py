@@ -174,7 +174,7 @@ def tiny_disk():
 def test_a_step_on_a_full_disk_fails_with_a_clear_message(tiny_disk):
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
-    r = subprocess.run([sys.executable, "-m", "assay.tasks", "campaign=full", "tasks=ci",
+    r = subprocess.run([sys.executable, "-m", "assay.steps.extract", "campaign=full", "tasks=ci",
                         "task=L1_1_ReLU", f"results_dir={tiny_disk / 'results'}",
                         "target=cpu"], capture_output=True, text=True, env=env, cwd=REPO,
                        timeout=300)

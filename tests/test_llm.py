@@ -296,7 +296,8 @@ def test_render_functional_and_prompts_dir_override(task, tmp_path):
     # The bundled templates are the package's, which in the checkout are the top-level prompts/.
     assert P.prompts_dir().resolve() == (REPO / "prompts").resolve()
     # llm.prompts_dir reaches the proposer.
-    from assay.app import compose, make_proposer
+    from assay.app import compose
+    from assay.propose import make_proposer
 
     cfg = compose(["llm=openai", f"llm.prompts_dir={tmp_path}"])
     assert make_proposer(cfg, "cpu").prompts_dir == tmp_path

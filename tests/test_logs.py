@@ -66,7 +66,7 @@ def test_profile_says_why_a_tool_does_not_run(monkeypatch) -> None:
     import pytest
 
     from assay.app import UserError
-    from assay.profile.__main__ import tool_missing
+    from assay.steps.profile import tool_missing
 
     monkeypatch.setattr(shutil, "which", lambda name: None)  # neither tool installed
     assert tool_missing("ncu", "auto", "cpu") == (

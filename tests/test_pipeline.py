@@ -196,8 +196,9 @@ def test_readme_recipes_on_the_ci_campaign(tmp_path):
     r = subprocess.run(snakemake(tmp_path, "-n"), capture_output=True, text=True, env=env())
     assert r.returncode == 0 and "Nothing to be done" in r.stdout + r.stderr, r.stderr[-3000:]
 
-    # One step in an empty folder with only the files its rule declares (issue 22, part 3).
-    runs_alone_with_its_declared_inputs(tmp_path, c / "offline/L1_1_ReLU/gen_0/verdicts.json")
+    # Every step in an empty folder with only the files its rule declares (issue 22, part 3).
+    for target, check in ALONE.items():
+        runs_alone_with_its_declared_inputs(tmp_path, c / target, check)
 
     # make rerun TASK=L1_1_ReLU: that task's jobs and the campaign-wide ones, nothing else.
     verdicts = files(c, "offline/*/gen_*/verdicts/*.json")
@@ -236,28 +237,78 @@ def test_readme_recipes_on_the_ci_campaign(tmp_path):
     assert r.returncode == 0 and "Nothing to be done" in r.stdout, r.stdout[-3000:]
 
 
-def runs_alone_with_its_declared_inputs(workdir: Path, target: Path) -> None:
+def _same_candidates(made: Path, original: Path) -> None:
+    assert json.loads(made.read_text())["candidates"] == \
+        json.loads(original.read_text())["candidates"]
+
+
+def _verdicts_made(made: Path, original: Path) -> None:
+    _same_candidates(made, original)
+    ids = json.loads(made.read_text())["candidates"]
+    assert sorted(p.name for p in made.parent.glob("verdicts/*.json")) == \
+        sorted(f"{cid}.json" for cid in ids)
+
+
+def _same_keys(*keys: str):
+    def check(made: Path, original: Path) -> None:
+        got, want = json.loads(made.read_text()), json.loads(original.read_text())
+        assert {k: got.get(k) for k in keys} == {k: want.get(k) for k in keys}
+    return check
+
+
+def _same_rows(made: Path, original: Path) -> None:
+    import polars as pl
+
+    assert pl.read_parquet(made).height == pl.read_parquet(original).height > 0
+
+
+def _same_tasks(made: Path, original: Path) -> None:
+    for task in ("L1_1_ReLU", "L1_10_Softmax", "L1_14_Square_Matmul"):
+        assert task in made.read_text()
+
+
+# One output of every rule of the CI campaign (all run on the cpu target), and how the output
+# made in an empty folder must match the campaign's own.
+ALONE = {
+    "tasks/L1_1_ReLU.json": _same_keys("source_hash", "flops", "min_bytes", "error"),
+    "device.json": _same_keys("device"),
+    "baselines/L1_1_ReLU.json": _same_keys("task", "target"),
+    "offline/L1_1_ReLU/gen_0/proposals.json": _same_candidates,
+    "offline/L1_1_ReLU/gen_0/verdicts.json": _verdicts_made,
+    "offline/L1_1_ReLU/gen_1/proposals.json": _same_candidates,
+    "offline/L1_1_ReLU/profile.json": _same_keys("task", "llm", "candidate"),
+    "offline/tracked.json": _same_keys("llm"),
+    "archive/level_1.parquet": _same_rows,
+    "report.html": _same_tasks,
+}
+
+
+def runs_alone_with_its_declared_inputs(workdir: Path, target: Path, check) -> None:
     """Copy only the inputs Snakemake lists for the job making ``target`` into an empty folder,
-    run the job's own command there, and check it makes its output: the step reads nothing
-    its rule does not declare."""
+    run the job's own command there, and ``check(made, target)`` its output: the
+    step reads nothing under the campaign folder that its rule does not declare. A declared
+    ``verdicts.json`` brings its generation's per-candidate ``verdicts/`` along: verify writes
+    them together (undeclared, see workflow/rules/verify.smk)."""
     rel = target.relative_to(workdir)
     r = subprocess.run(snakemake(workdir, "-n", "-p", "--forcerun", str(rel)),
                        capture_output=True, text=True, env=env())
     assert r.returncode == 0, r.stderr[-3000:]
-    block = next(b for b in job_blocks(r.stdout + r.stderr) if f"output: {rel}\n" in b)
-    inputs = re.search(r"\n\s+input: (.*)", block).group(1).split(", ")
+    block = next(b for b in job_blocks(r.stdout + r.stderr)
+                 if str(rel) in re.search(r"\n\s+output: (.*)", b).group(1).split(", "))
+    found = re.search(r"\n\s+input: (.*)", block)
+    inputs = found.group(1).split(", ") if found else []
     command = re.search(r"Shell command: (.*)", block).group(1)
-    alone = workdir / "alone"
+    alone = workdir / "alone" / re.match(r"(?:local)?rule (\w+):", block).group(1)
     for name in inputs:
         src, dst = workdir / name, alone / name
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+        if src.name == "verdicts.json" and (src.parent / "verdicts").is_dir():
+            shutil.copytree(src.parent / "verdicts", dst.parent / "verdicts")
     log_file = re.search(r"> (\S+) 2>&1", command).group(1)
     (alone / log_file).parent.mkdir(parents=True, exist_ok=True)
     r = subprocess.run(["bash", "-c", command], cwd=alone, capture_output=True, text=True,
                        env=env(), timeout=900)
-    assert r.returncode == 0, (alone / log_file).read_text()[-3000:]
-    made = json.loads((alone / rel).read_text())
-    assert made["candidates"] == json.loads(target.read_text())["candidates"]
-    assert sorted(p.name for p in (alone / rel).parent.glob("verdicts/*.json")) == \
-        sorted(f"{cid}.json" for cid in made["candidates"])
+    assert r.returncode == 0, f"{rel}: " + (alone / log_file).read_text()[-3000:]
+    assert (alone / rel).exists(), f"{rel}: not made"
+    check(alone / rel, target)

@@ -170,7 +170,7 @@ ALLOWED = {
                                        "service's prebuild, both sandboxed (checked below)",
     ("assay/profile/tools.py", "clang_tidy"): "clang-tidy reads the candidate's C sources as "
                                               "text; it runs none of the candidate's code",
-    ("assay/tasks/__main__.py", "analyze_file"): "runs a task file (the trusted reference), "
+    ("assay/tasks/record.py", "analyze_file"): "runs a task file (the trusted reference), "
                                                  "not a candidate",
     ("assay/cli.py", "_run"): "starts snakemake",
     ("assay/bench/baseline_cache.py", "__init__"): "TrustedChild: times the task's reference "

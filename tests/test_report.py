@@ -343,7 +343,7 @@ def test_report_step(tmp_path: Path) -> None:
 
     make_fake_campaign(tmp_path, name="main", tasks=1, gens=1, tracked=True)
     make_fake_campaign(tmp_path, name="other", tasks=1, gens=1, llms=("offline",))
-    cmd = [sys.executable, "-m", "assay.report", f"results_dir={tmp_path}", "campaign=main"]
+    cmd = [sys.executable, "-m", "assay.steps.report", f"results_dir={tmp_path}", "campaign=main"]
     done = subprocess.run(cmd + ["mlflow.ui_url=http://ui:9", "report.compare_with=[other]"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

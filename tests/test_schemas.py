@@ -73,7 +73,7 @@ def test_a_bad_value_in_a_config_file_fails_too(tmp_path, monkeypatch):
 
 
 def test_a_step_exits_2_with_one_line_before_any_work(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "assay.tasks", "task=L1_1_ReLU",
+    r = subprocess.run([sys.executable, "-m", "assay.steps.extract", "task=L1_1_ReLU",
                         f"results_dir={tmp_path}", "verify.policy=lenient"],
                        capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=120)
     assert r.returncode == 2, r.stderr[-2000:]
@@ -113,7 +113,7 @@ def test_the_llm_defaults_come_from_the_schema_alone():
                  "concurrency"):
         assert getattr(p, name) == getattr(LLMConfig, name), name
     cfg = compose(["llm=openai"])
-    from assay.app import make_proposer
+    from assay.propose import make_proposer
 
     made = make_proposer(cfg, "cpu")
     assert made.timeout_s == cfg.llm.timeout_s

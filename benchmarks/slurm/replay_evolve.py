@@ -6,7 +6,7 @@
 Generations >= 1 choose their parents by measured speedup, so two runs of one campaign (on any
 executor) can breed different children. What must not differ is the step itself: given the
 files a generation was bred from (the verdicts of generations < g and the recorded stepping
-stones), `python -m assay.evolve` proposes the same candidates wherever it runs. For each
+stones), `python -m assay.steps.evolve` proposes the same candidates wherever it runs. For each
 (llm, task, gen >= 1) of WORKDIR/results/<campaign>, this copies the tree truncated before that
 generation (keeping its stones.json), runs the evolve step here, and compares the candidate ids
 with those the campaign's own job wrote. Prints one line per job; exit status 1 on a mismatch.
@@ -49,7 +49,7 @@ def main(workdir: str, overrides: str) -> int:
                     for p in d.iterdir():  # keep the stepping stones recorded for this generation
                         if p.name != "stones.json":
                             shutil.rmtree(p) if p.is_dir() else p.unlink()
-            r = subprocess.run([sys.executable, "-m", "assay.evolve", *ovr, f"llm={llm}",
+            r = subprocess.run([sys.executable, "-m", "assay.steps.evolve", *ovr, f"llm={llm}",
                                 f"task={task}", f"gen={gen}"], cwd=tmp, capture_output=True,
                                text=True)
             out = tdir / f"gen_{gen}" / "proposals.json"

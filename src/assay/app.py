@@ -1,6 +1,6 @@
 """Glue shared by the pipeline's steps: the Hydra entry point, the campaign, tasks and target.
 
-Every step is ``python -m assay.<step> [hydra overrides]`` and reads the same composed config
+Every step is ``python -m assay.steps.<rule> [hydra overrides]`` and reads the same composed config
 (``config/config.yaml`` and its groups, checked against ``assay.schemas.AssayConfig``); the
 Snakefile composes it too, to lay out the DAG. The config folder is found in one place,
 ``assay.resources.config_dir``.
@@ -15,7 +15,6 @@ import random
 import re
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -23,7 +22,6 @@ from omegaconf import DictConfig, OmegaConf
 from assay import schemas
 from assay.layout import Campaign, DiskFullError
 from assay.resources import config_dir, resolve_data
-from assay.schemas import LLMKind
 from assay.tasks.model import Task, TaskError
 from assay.tasks.suite import TaskRef, discover
 
@@ -249,25 +247,3 @@ def flat_params(cfg: DictConfig) -> dict[str, Any]:
     out: dict[str, Any] = {}
     walk("", OmegaConf.to_container(cfg, resolve=True), out)
     return out
-
-
-def make_proposer(cfg: DictConfig, tgt: str):
-    """The proposer named by the ``llm`` config group (its kind is one of schemas.LLMKind)."""
-    llm = cfg.llm
-    if llm.kind == LLMKind.offline:
-        from assay.propose.offline import OfflineSynthesizer
-
-        # Under the strict policy the library forms (cuBLAS/cuDNN + a fused epilogue) would
-        # always be rejected by the kernel audit: the synthesizer leaves them out.
-        return OfflineSynthesizer(target=tgt, policy=str(cfg.verify.policy))
-    from assay.propose.llm import LiteLLMProposer
-
-    cache = llm.cache_dir or str(Path(cfg.results_dir) / ".llm-cache")
-    return LiteLLMProposer(
-        name=llm.name, model=llm.model, api_base=llm.api_base, api_key_env=llm.api_key_env,
-        temperature=llm.temperature, max_tokens=llm.max_tokens, timeout_s=llm.timeout_s,
-        max_retries=llm.max_retries, cache_dir=cache, target=tgt,
-        prompts_dir=llm.prompts_dir, input_cost_per_1k=llm.input_cost_per_1k,
-        output_cost_per_1k=llm.output_cost_per_1k, models=[dict(m) for m in llm.models],
-        concurrency=llm.concurrency, max_stepping_stones=cfg.evolve.stepping_stones,
-        send_seed=llm.send_seed)

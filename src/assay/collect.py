@@ -215,7 +215,7 @@ def _collect_task(campaign: Campaign, llm: str, task: str, rec: dict[str, Any],
     # Stage 1's rewrite of this (llm, task), when it was checked and accepted.
     functional_source = (load_functional(campaign, llm, task) or {}).get("source")
     for gen in campaign.generations(llm, task):
-        cdir = campaign.gen_dir(llm, task, gen) / "candidates"
+        cdir = campaign.candidates_dir(llm, task, gen)
         if not cdir.is_dir():
             continue
         for meta_path in sorted(cdir.glob("*.json")):
@@ -312,8 +312,7 @@ def spend(campaign: Campaign, llm: str | None = None, task: str | None = None) -
 def _spend_gen(campaign: Campaign, llm: str, task: str, gen: int) -> dict[str, Any] | None:
     ppath = campaign.proposals(llm, task, gen)
     summary = _read(ppath) if ppath.exists() else None
-    metas = [_read(p) for p in sorted((campaign.gen_dir(llm, task, gen) / "candidates")
-                                      .glob("*.json"))]
+    metas = [_read(p) for p in sorted(campaign.candidates_dir(llm, task, gen).glob("*.json"))]
     row = {"campaign": campaign.name, "llm": llm, "task": task, "generation": gen}
     if isinstance(summary, dict) and "tokens" in summary:
         return {**row, "proposed": len(summary.get("candidates") or []),

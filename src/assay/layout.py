@@ -1,13 +1,15 @@
 """The results tree: files are the truth, and every step finds its inputs through here.
 
 results/<campaign>/
-  config.yaml                          resolved Hydra config of the latest run
+  config.yaml                          optional, written by no step: verifier settings that
+                                       `assay export` states in the dataset card
   device.json                          measured peaks of the device (device; roofline)
   tasks/<task>.json                    task record (extract)
   baselines/<task>.json                eager and torch.compile timings (baseline)
   <llm>/<task>/gen_<g>/candidates/<cid>.py    candidate source
   <llm>/<task>/gen_<g>/candidates/<cid>.json  proposal metadata (parents, operator, tokens...)
   <llm>/<task>/gen_<g>/proposals.json  the generation's candidate ids (translate / evolve)
+  <llm>/<task>/gen_<g>/stones.json     the stepping stones its prompts used (translate / evolve)
   <llm>/<task>/gen_<g>/verdicts/<cid>.json    one verdict per candidate (verify); stale, and
                                        judged again, when older than proposals.json or the
                                        task's baseline
@@ -162,17 +164,26 @@ class Campaign:
     def gen_dir(self, llm: str, task: str, gen: int) -> Path:
         return self.task_dir(llm, task) / f"gen_{gen}"
 
+    def candidates_dir(self, llm: str, task: str, gen: int) -> Path:
+        return self.gen_dir(llm, task, gen) / "candidates"
+
     def candidate(self, llm: str, task: str, gen: int, cid: str) -> Path:
-        return self.gen_dir(llm, task, gen) / "candidates" / f"{cid}.py"
+        return self.candidates_dir(llm, task, gen) / f"{cid}.py"
 
     def proposal_meta(self, llm: str, task: str, gen: int, cid: str) -> Path:
-        return self.gen_dir(llm, task, gen) / "candidates" / f"{cid}.json"
+        return self.candidates_dir(llm, task, gen) / f"{cid}.json"
+
+    def stones(self, llm: str, task: str, gen: int) -> Path:
+        return self.gen_dir(llm, task, gen) / "stones.json"
 
     def proposals(self, llm: str, task: str, gen: int) -> Path:
         return self.gen_dir(llm, task, gen) / "proposals.json"
 
+    def verdicts_dir(self, llm: str, task: str, gen: int) -> Path:
+        return self.gen_dir(llm, task, gen) / "verdicts"
+
     def verdict(self, llm: str, task: str, gen: int, cid: str) -> Path:
-        return self.gen_dir(llm, task, gen) / "verdicts" / f"{cid}.json"
+        return self.verdicts_dir(llm, task, gen) / f"{cid}.json"
 
     def verdicts(self, llm: str, task: str, gen: int) -> Path:
         return self.gen_dir(llm, task, gen) / "verdicts.json"
@@ -182,6 +193,9 @@ class Campaign:
 
     def tracked(self, llm: str, task: str) -> Path:
         return self.task_dir(llm, task) / "tracked.json"
+
+    def backend_tracked(self, llm: str) -> Path:
+        return self.root / llm / "tracked.json"
 
     def archive_dir(self) -> Path:
         return self.root / "archive"

@@ -2,7 +2,10 @@
 # every campaign and backend.
 rule track:
     input:
-        expand(f"{C}/{{{{llm}}}}/{{task}}/profile.json", task=TASKS),
+        profiles=expand(f"{C}/{{{{llm}}}}/{{task}}/profile.json", task=TASKS),
+        generations=lambda w: every_generation([w.llm]),
+        records=expand(f"{C}/tasks/{{task}}.json", task=TASKS),
+        baselines=expand(f"{C}/baselines/{{task}}.json", task=TASKS),
     output:
         backend=f"{C}/{{llm}}/tracked.json",
         tasks=expand(f"{C}/{{{{llm}}}}/{{task}}/tracked.json", task=TASKS),
@@ -16,11 +19,10 @@ rule track:
         assay_step("track", llm="{wildcards.llm}") + " > {log} 2>&1"
 
 
-# Reads each task's candidates, proposals and verdicts too (written beside the declared
-# proposals.json and verdicts.json, upstream of profile.json).
 rule export:
     input:
         profiles=expand(f"{C}/{{llm}}/{{task}}/profile.json", llm=LLMS, task=TASKS),
+        generations=every_generation(LLMS),
         records=expand(f"{C}/tasks/{{task}}.json", task=TASKS),
         baselines=expand(f"{C}/baselines/{{task}}.json", task=TASKS),
         device=f"{C}/device.json",
@@ -34,4 +36,4 @@ rule export:
     log:
         f"{C}/logs/export.log",
     shell:
-        assay_step("archive") + " > {log} 2>&1"
+        assay_step("export") + " > {log} 2>&1"

@@ -13,6 +13,10 @@ REFS, TASK_ERRORS = task_refs(CFG)
 for _err in TASK_ERRORS:
     print(f"assay: task left out: {_err}", file=sys.stderr)
 TASKS = [r.id for r in REFS]
+# Every file a step reads under the campaign folder is an input of its rule. Outside it, read
+# and not declared: the task files (tasks.source; the steps that run a task load its file, and
+# a checkout that touches them must not redo finished campaigns) and what each rule's comment
+# names (caches, the MLflow store, other campaigns).
 LEVELS = sorted({r.level for r in REFS})
 # GPU steps hold one GPU each (`--resources gpu=N`); the lease in assay.gpu picks which. On the
 # cpu target they hold none, so they run side by side. `target=auto` is resolved here, on the
@@ -33,8 +37,23 @@ TIMING_THREADS = 1 if GPU else (int(CFG.target.cpu_threads) or workflow.cores)
 ENV = "../../environment.yml"
 
 
-def assay_step(module, **params):
-    """The shell command of one step: the campaign's overrides plus this job's own."""
+def generations(llm, task, gens):
+    """What translate, evolve and verify leave of generations ``gens`` of one (llm, task):
+    proposals.json, candidates/ and verdicts.json. A step that reads a generation's verdicts
+    reads the per-candidate gen_<g>/verdicts/ beside verdicts.json: verify writes that folder
+    with it, undeclared (verify.smk says why)."""
+    return [f"{C}/{llm}/{task}/gen_{g}/{name}" for g in gens
+            for name in ("proposals.json", "candidates", "verdicts.json")]
+
+
+def every_generation(llms):
+    """``generations`` of every task of these backends, all generations."""
+    return [f for llm in llms for task in TASKS for f in generations(llm, task, range(GENS + 1))]
+
+
+def assay_step(step, **params):
+    """The shell command of one rule: its step ``python -m assay.steps.<step>`` (named after
+    the rule) with the campaign's overrides plus this job's own."""
     own = " ".join(f"{k}={v}" for k, v in params.items())
     # The interpreter running Snakemake: the one with assay installed (`python` may not exist).
-    return f"{shlex.quote(sys.executable)} -m assay.{module} {{params.overrides}} {own}"
+    return f"{shlex.quote(sys.executable)} -m assay.steps.{step} {{params.overrides}} {own}"

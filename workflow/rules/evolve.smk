@@ -1,11 +1,9 @@
 # The population: every earlier generation's candidates and verdicts (verify writes the
-# per-candidate verdicts/ beside its verdicts.json). Reads the stepping stones as translate does.
+# per-candidate verdicts/ beside its verdicts.json). Reads the stepping stones and the budget's
+# spend as translate does.
 rule evolve:
     input:
-        verdicts=lambda w: f"{C}/{w.llm}/{w.task}/gen_{int(w.gen) - 1}/verdicts.json",
-        candidates=lambda w: [
-            f"{C}/{w.llm}/{w.task}/gen_{g}/candidates" for g in range(int(w.gen))
-        ],
+        earlier=lambda w: generations(w.llm, w.task, range(int(w.gen))),
         record=f"{C}/tasks/{{task}}.json",
         device=f"{C}/device.json",
     output:

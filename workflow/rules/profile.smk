@@ -1,7 +1,7 @@
+# Profiles the best accepted kernel of all the generations.
 rule profile:
     input:
-        verdicts=f"{C}/{{llm}}/{{task}}/gen_{GENS}/verdicts.json",
-        candidates=[f"{C}/{{llm}}/{{task}}/gen_{g}/candidates" for g in range(GENS + 1)],
+        generations=lambda w: generations(w.llm, w.task, range(GENS + 1)),
         record=f"{C}/tasks/{{task}}.json",
     output:
         f"{C}/{{llm}}/{{task}}/profile.json",

@@ -10,7 +10,7 @@ rule extract:
     resources:
         gpu=GPU,
     shell:
-        assay_step("tasks", task="{wildcards.task}") + " > {log} 2>&1"
+        assay_step("extract", task="{wildcards.task}") + " > {log} 2>&1"
 
 
 # The device's measured peaks (roofline, the parents' measured profiles): one file per
@@ -29,7 +29,7 @@ rule device:
         gpu=GPU,
         cpu_timing=CPU_TIMING,
     shell:
-        assay_step("bench") + " > {log} 2>&1"
+        assay_step("device") + " > {log} 2>&1"
 
 
 # Written once per campaign: every verdict's speedup is computed against it. A forced re-time
@@ -50,4 +50,4 @@ rule baseline:
         gpu=GPU,
         cpu_timing=CPU_TIMING,
     shell:
-        assay_step("bench", task="{wildcards.task}") + " > {log} 2>&1"
+        assay_step("baseline", task="{wildcards.task}") + " > {log} 2>&1"

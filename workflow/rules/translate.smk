@@ -17,4 +17,4 @@ rule translate:
     log:
         f"{C}/logs/translate/{{llm}}/{{task}}.log",
     shell:
-        assay_step("propose", llm="{wildcards.llm}", task="{wildcards.task}") + " > {log} 2>&1"
+        assay_step("translate", llm="{wildcards.llm}", task="{wildcards.task}") + " > {log} 2>&1"

@@ -1,7 +1,8 @@
 """Evolution's logic as pure functions over member records: rank, keep, pick, plan.
 
 A member is a verified candidate: its id, generation, verdict and proposal meta (strategy,
-knobs, parents). Nothing here reads files or calls a proposer; ``assay.evolve.__main__`` does.
+knobs, parents). Nothing here reads files or calls a proposer; the steps
+``assay.steps.translate`` and ``assay.steps.evolve`` do.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def load_members(c: Campaign, llm: str, task: str, upto_gen: int) -> list[Member
     """Every verified candidate of generations 0..upto_gen."""
     members = []
     for g in range(upto_gen + 1):
-        vdir = c.gen_dir(llm, task, g) / "verdicts"
+        vdir = c.verdicts_dir(llm, task, g)
         if not vdir.exists():
             continue
         for vf in sorted(vdir.glob("*.json")):
@@ -111,7 +111,7 @@ def as_parent(c: Campaign, llm: str, task: str, m: Member) -> Parent:
 
 
 def stones_path(c: Campaign, llm: str, task: str, gen: int) -> Path:
-    return c.gen_dir(llm, task, gen) / "stones.json"
+    return c.stones(llm, task, gen)
 
 
 def save_stones(c: Campaign, llm: str, task: str, gen: int,
@@ -141,7 +141,7 @@ def load_stones(c: Campaign, llm: str, task: str, gen: int) -> list[Parent] | No
 def known_ids(c: Campaign, llm: str, task: str, before_gen: int) -> set[str]:
     """Candidates of earlier generations (a rerun of generation g may rewrite its own)."""
     return {p.stem for g in range(before_gen)
-            for p in (c.gen_dir(llm, task, g) / "candidates").glob("*.py")}
+            for p in c.candidates_dir(llm, task, g).glob("*.py")}
 
 
 def write_generation(c: Campaign, llm: str, task: str, gen: int,
@@ -157,7 +157,7 @@ def write_generation(c: Campaign, llm: str, task: str, gen: int,
     seen = set(seen or ())
     ids, declined = [], []
     # The workflow declares the folder an output of translate and evolve: made even when empty.
-    (c.gen_dir(llm, task, gen) / "candidates").mkdir(parents=True, exist_ok=True)
+    c.candidates_dir(llm, task, gen).mkdir(parents=True, exist_ok=True)
     for p in proposals:
         if p.code is None:
             declined.append({"operator": p.operator, "parents": p.parents,

@@ -108,7 +108,7 @@ def run_batch(pairs: list[Pair], device: str, cfg, size: str = "auto", jsonl: Pa
               progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Verify every pair; returns the rows of this run's pairs (from the JSONL when resumed).
     ``budget_s``: start no candidate once the time left is under 1.5x the slowest so far."""
-    from assay.bench.compile_service import CompileService, pin_cuda_arch
+    from assay.verify.compile_service import CompileService, pin_cuda_arch
     from assay.verify.harness import resolve_device
 
     say = progress or (lambda s: print(s, file=sys.stderr, flush=True))

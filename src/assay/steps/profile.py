@@ -1,6 +1,6 @@
 """Step `profile`: profile the best accepted kernel(s) of one (llm, task).
 
-python -m assay.profile llm=offline task=L1_1_ReLU [overrides]
+python -m assay.steps.profile llm=offline task=L1_1_ReLU [overrides]
 """
 
 from __future__ import annotations

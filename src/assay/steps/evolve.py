@@ -1,7 +1,7 @@
 """Step `evolve`: generation g >= 1 of one (llm, task): mutation, crossover and repair of the
 verified population of generations 0..g-1.
 
-python -m assay.evolve llm=offline task=L1_1_ReLU gen=1 [overrides]
+python -m assay.steps.evolve llm=offline task=L1_1_ReLU gen=1 [overrides]
 
 Everything the step decides derives from files: the population and its niches from the
 verdicts and proposal metadata of generations 0..g-1, the random choices from
@@ -19,9 +19,10 @@ from omegaconf import DictConfig
 
 from assay import app
 from assay.evolve.budget import STOPPED, Budget
+from assay.evolve.context import context
 from assay.evolve.population import plan
 from assay.evolve.state import as_parent, known_ids, load_members, write_generation
-from assay.evolve.steps import context
+from assay.propose import make_proposer
 
 log = logging.getLogger("assay.evolve")
 
@@ -46,7 +47,7 @@ def evolve(cfg: DictConfig) -> dict:
     rng = app.rng_for(cfg, llm, task, gen)
     ops = plan(members, gen - 1, e.children, e.population, e.crossover_rate,
                e.crossover_parents, e.repair, rng)
-    proposer = app.make_proposer(cfg, tgt)
+    proposer = make_proposer(cfg, tgt)
     proposals = []
     stopped = None
     for i, op in enumerate(ops, 1):

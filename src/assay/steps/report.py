@@ -1,6 +1,6 @@
 """Step `report`: the campaign's static HTML report, and the backends compared on stdout.
 
-python -m assay.report [overrides]
+python -m assay.steps.report [overrides]
 """
 
 from __future__ import annotations

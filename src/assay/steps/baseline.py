@@ -1,7 +1,8 @@
-"""Steps `baseline` and `device`: eager and torch.compile timings of one task; the device's peaks.
+"""Step `baseline`: eager and torch.compile timings of one task (``baselines/<task>.json``).
 
-python -m assay.bench task=L1_1_ReLU [overrides]    baselines/<task>.json
-python -m assay.bench [overrides]                   device.json (the measured peaks)
+python -m assay.steps.baseline task=L1_1_ReLU [overrides]
+
+Timed in a process that never loads a candidate; every verdict's speedup is computed against it.
 """
 
 from __future__ import annotations
@@ -12,23 +13,15 @@ from omegaconf import DictConfig
 
 from assay import app
 from assay.bench.baseline import time_reference
-from assay.bench.device import peaks
 from assay.bench.timing import TimingConfig
 from assay.layout import read_json, write_json
 
 log = logging.getLogger("assay.baseline")
 
 
-def device_peaks(cfg: DictConfig) -> dict:
-    c = app.campaign(cfg)
-    out = peaks("cuda" if app.target(cfg) == "cuda" else "cpu")
-    write_json(c.device(), out)
-    return out
-
-
 def baseline(cfg: DictConfig) -> dict:
     if cfg.task is None:
-        return device_peaks(cfg)
+        raise app.UserError("the baseline step times one task: give task=<id>")
     c = app.campaign(cfg)
     tgt = app.target(cfg)
     record = read_json(c.task_record(cfg.task))

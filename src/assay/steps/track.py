@@ -1,6 +1,6 @@
 """Step `track`: log one LLM backend's tasks of the campaign to MLflow.
 
-python -m assay.track llm=offline [overrides]
+python -m assay.steps.track llm=offline [overrides]
 One experiment per campaign, a parent run per backend, a child run per task with metrics per
 generation (step = generation). Safe to rerun: runs are found by their tags and updated.
 """
@@ -31,7 +31,7 @@ def track(cfg: DictConfig) -> dict:
         runs[ref.id] = log_task(cfg.mlflow.tracking_uri, c, llm, ref.id, params)
         log.info("[%d/%d] %s/%s -> run %s", i, len(refs), llm, ref.id, runs[ref.id]["run_id"])
     out = {"llm": llm, "tracking_uri": cfg.mlflow.tracking_uri, "runs": runs}
-    write_json(c.root / llm / "tracked.json", out)
+    write_json(c.backend_tracked(llm), out)
     return out
 
 

@@ -1,20 +1,17 @@
-"""Step `extract`: one task's record (sizes, FLOPs, minimum bytes, degeneracy).
-
-python -m assay.tasks task=L1_1_ReLU [overrides]
+"""One task's record (sizes, FLOPs, minimum bytes, degeneracy), measured in a child process.
 
 A task file is code: it can sleep at import, loop in forward, call sys.exit, or ask for a
-terabyte. So the task is executed in a child process (``python -m assay.tasks --analyze``) with
-a time limit (``tasks.extract_timeout_s``) and, on the cpu target, an address-space limit;
-its sizes are checked on the meta device before anything is allocated (``tasks.max_task_bytes``,
-null: a quarter of RAM on cpu or half the GPU's memory on cuda).
+terabyte. So the task is executed in a child process (``python -m assay.tasks.record
+--analyze SPEC``) with a time limit (``tasks.extract_timeout_s``) and, on the cpu target, an
+address-space limit; its sizes are checked on the meta device before anything is allocated
+(``tasks.max_task_bytes``, null: a quarter of RAM on cpu or half the GPU's memory on cuda).
 A task that cannot be used gets a record whose ``error`` is one line naming the file and the
-problem; the campaign goes on.
+problem; the campaign goes on. The step `extract` (``assay.steps.extract``) writes it.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -26,29 +23,8 @@ from typing import Any
 
 from assay.tasks.model import TaskError, one_line
 
-log = logging.getLogger("assay.extract")
 
-# --- the parent: the Hydra step ----------------------------------------------------------------
-
-
-def extract(cfg) -> dict:
-    from assay import app
-    from assay.layout import write_json
-
-    c = app.campaign(cfg)
-    name = cfg.target.name
-    tgt = app.target(cfg) if name != "auto" else "auto"  # auto is resolved in the child
-    ref = app.find_task(cfg, cfg.task)
-    record = analyze_file(ref.path, ref.level, str(cfg.tasks.size), tgt,
-                          timeout_s=cfg.tasks.extract_timeout_s,
-                          max_bytes=cfg.tasks.max_task_bytes)
-    record = {"id": ref.id, "level": ref.level, "path": str(ref.path), **record}
-    if record["error"]:
-        log.error("%s", record["error"])
-    elif record.get("degeneracy", {}).get("degenerate"):
-        log.warning("%s is degenerate: %s", ref.id, record["degeneracy"]["why"])
-    write_json(c.task_record(ref.id), record)
-    return record
+# --- the parent: runs the child ----------------------------------------------------------------
 
 
 def analyze_file(path: str | Path, level: int, size: str, target: str, *, timeout_s: float,
@@ -65,7 +41,7 @@ def analyze_file(path: str | Path, level: int, size: str, target: str, *, timeou
         spec = {"path": str(path), "level": level, "size": size, "target": target,
                 "out": str(out), "stage": str(stage), "parent": os.getpid(),
                 "max_bytes": max_bytes}
-        cmd = [sys.executable, "-m", "assay.tasks", "--analyze", json.dumps(spec)]
+        cmd = [sys.executable, "-m", "assay.tasks.record", "--analyze", json.dumps(spec)]
         t0 = time.monotonic()
         with open(Path(tmp) / "log", "wb") as logf:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
@@ -333,8 +309,7 @@ def _analyze_main(spec: dict) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--analyze"]:
-        sys.exit(_analyze_main(json.loads(sys.argv[2])))
-    from assay import app
-
-    app.step(extract, gpu=True)()
+    if sys.argv[1:2] != ["--analyze"] or len(sys.argv) != 3:
+        print("usage: python -m assay.tasks.record --analyze SPEC_JSON", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(_analyze_main(json.loads(sys.argv[2])))

@@ -1,6 +1,6 @@
 """Step `verify`: judge every candidate of one generation of one (llm, task).
 
-python -m assay.verify llm=offline task=L1_1_ReLU gen=0 [overrides]
+python -m assay.steps.verify llm=offline task=L1_1_ReLU gen=0 [overrides]
 Each verdict is written as soon as it is decided; a rerun skips candidates already judged, so
 a killed run loses nothing and judges nothing twice. A verdict older than the generation's
 proposals.json or the task's baseline is stale (a forced rerun rewrote them): judged again.
@@ -26,7 +26,7 @@ def drop_stale_verdicts(c: Campaign, llm: str, task: str, gen: int,
     or another baseline), so that nothing reads them as current: the population, another task's
     stepping stones, the archive; returns how many."""
     n = 0
-    vdir = c.gen_dir(llm, task, gen) / "verdicts"
+    vdir = c.verdicts_dir(llm, task, gen)
     for path in sorted(vdir.glob("*.json")) if vdir.is_dir() else []:
         if not is_fresh(path, *inputs):
             path.unlink()
@@ -49,7 +49,7 @@ def verify_generation(cfg: DictConfig) -> dict:
     if todo:
         # torch is imported only when there is something to judge: an empty generation (a
         # declined task) costs a second, not the three of a torch import.
-        from assay.bench.compile_service import CompileService, pin_cuda_arch
+        from assay.verify.compile_service import CompileService, pin_cuda_arch
         from assay.verify.config import from_cfg
         from assay.verify.harness import prepare, verify
         from assay.verify.memory import TooLarge

@@ -1,6 +1,6 @@
 """Step `translate`: generation 0 of one (llm, task): candidates written from the task alone.
 
-python -m assay.propose llm=offline task=L1_1_ReLU [overrides]
+python -m assay.steps.translate llm=offline task=L1_1_ReLU [overrides]
 
 With ``evolve.stage1_functional``, an LLM backend first rewrites the task in functional form
 (stage 1); the rewrite is checked against the original in the sandbox and only an accepted one
@@ -17,8 +17,9 @@ from omegaconf import DictConfig
 
 from assay import app
 from assay.evolve.budget import STOPPED, Budget
+from assay.evolve.context import context
 from assay.evolve.state import known_ids, write_generation
-from assay.evolve.steps import context
+from assay.propose import make_proposer
 
 log = logging.getLogger("assay.translate")
 
@@ -39,7 +40,7 @@ def translate(cfg: DictConfig) -> dict:
 
         func = load_functional(c, llm, task)
         if func is None and not budget.exhausted():
-            proposer = app.make_proposer(cfg, tgt)
+            proposer = make_proposer(cfg, tgt)
             func = stage1(c, llm, ctx, proposer, app.rng_for(cfg, llm, task, "functional"),
                           timeout_s=float(cfg.verify.timeout_s),
                           limits=_limits(cfg))
@@ -57,7 +58,7 @@ def translate(cfg: DictConfig) -> dict:
                  budget.note())
         return write_generation(c, llm, task, 0, [], stopped=STOPPED, budget=budget.note(),
                                 extra_spend=extra, functional=func)
-    proposer = proposer or app.make_proposer(cfg, tgt)
+    proposer = proposer or make_proposer(cfg, tgt)
     log.info("%s/%s: asking for %d translations", llm, task, cfg.evolve.translate_n)
     proposals = proposer.translate(ctx, cfg.evolve.translate_n, app.rng_for(cfg, llm, task, 0))
     budget.charge(proposals)
