@@ -15,7 +15,10 @@ import pytest
 import torch
 
 from assay.verify.policy import audit_consistency, call_signature
-from assay.verify.worker import CALL_RANGE, CallAudit, attribute_calls, merge_rows
+from assay.verify import harness
+from assay.records import Verdict
+from assay.verify.worker import (CALL_RANGE, CallAudit, attribute_calls, attribute_trace,
+                                 merge_rows)
 from test_zoo import CASES, GENEROUS_PEAKS, prepared, record, zoo_config, zoo_task
 
 
@@ -76,6 +79,54 @@ def test_cuda_kernels_go_to_the_call_that_launched_them():
         "aten::add", "gelu_kernel", "side_kernel", "vectorized_elementwise_kernel<add>")
     merged = merge_rows(calls)
     assert {r["name"]: r["count"] for r in merged}["gelu_kernel"] == 1
+
+
+def test_trace_spans_and_work_launched_between_calls():
+    """A call's device span covers every stream; kernels a thread of the candidate's launches
+    between calls are counted apart (they run untimed); the harness's own are not."""
+    events = [
+        ev("cudaLaunchKernel", 50, 60, corr=900, act="cuda_runtime"),    # harness: the spin
+        ev(CALL_RANGE, 100, 200, corr=1),
+        ev("cudaLaunchKernel", 110, 120, corr=901, act="cuda_runtime"),
+        ev("cudaLaunchKernel", 130, 140, thread=3, corr=902, act="cuda_runtime"),  # in the call
+        ev("cudaLaunchKernel", 250, 260, thread=3, corr=903, act="cuda_runtime"),  # between
+        ev("cudaLaunchKernel", 270, 280, corr=904, act="cuda_runtime"),  # harness: a copy
+        ev(CALL_RANGE, 300, 400, corr=2),
+        ev("spin", 55, 95, corr=900, act="kernel", cpu=False),
+        ev("main_stream_kernel", 200, 240, corr=901, act="kernel", cpu=False),
+        ev("side_stream_kernel", 210, 330, corr=902, act="kernel", cpu=False),
+        ev("late_kernel", 300, 350, corr=903, act="kernel", cpu=False),
+        ev("harness_copy", 280, 290, corr=904, act="kernel", cpu=False),
+    ]
+    trace = attribute_trace(events, cuda=True)
+    assert trace["spans_us"] == [pytest.approx(0.13), 0.0]  # 200 -> 330 ns; none in call 2
+    assert trace["outside_us"] == pytest.approx(0.05)        # late_kernel only
+
+
+def _timing_verdict(runtime_ms, escaped_ms, audit=None):
+    v = Verdict(task="t", candidate="c", device="cuda")
+    result = {"timing": {"median_ms": runtime_ms, "iqr_ms": 0.0, "escaped_ms": escaped_ms}}
+    if audit is not None:
+        result["audit"] = audit
+    harness._check_timing(v, result, [])
+    return v.checks["stream_ordered"]["passed"], v.checks["stream_ordered"]["detail"]
+
+
+def test_stream_ordered_trusts_the_trace_over_sync_latency():
+    """Under the every-call audit the sync-latency estimate is inflated by the profiler's
+    callbacks (an honest kernel was rejected on an H100): the trace decides where there is one."""
+    honest = {"expected": 40, "calls": [{"phase": "timed", "rows": [], "span_us": 70.0}] * 9,
+              "outside_us": 0.0}
+    assert _timing_verdict(0.076, 0.026, honest)[0]  # the sync estimate says late; trace: no
+    side = {"expected": 40, "calls": [{"phase": "timed", "rows": [], "span_us": 500.0}] * 9,
+            "outside_us": 0.0}
+    passed, detail = _timing_verdict(0.076, 0.0, side)
+    assert not passed and "audit's trace" in detail
+    thread = {"expected": 40, "calls": [{"phase": "timed", "rows": [], "span_us": 70.0}] * 9,
+              "outside_us": 40 * 50.0}
+    assert not _timing_verdict(0.076, 0.0, thread)[0]
+    assert not _timing_verdict(0.076, 0.026)[0]  # no trace: the sync estimate decides
+    assert _timing_verdict(0.076, 0.005)[0]
 
 
 def _calls(sigs, phase="timed", device_us=10.0):

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch
 
 from assay.bench.timing import Timing, TimingConfig, time_calls
-from assay.tasks.instantiate import make_inputs, reference_model
+from assay.tasks.instantiate import make_inputs, reference_model, set_fp32_numerics
 from assay.tasks.model import Task
 
 # A baseline is the denominator of every speedup against it, so a noisy one is timed again:
@@ -36,8 +36,7 @@ def steady(time_once: Callable[[], Timing]) -> tuple[Timing, int]:
 
 def time_reference(task: Task, device: str, cfg: TimingConfig, compile_: bool = True,
                    compile_mode: str = "default", rotating: int = 3) -> dict[str, Any]:
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    set_fp32_numerics(False)
     module = task.module()
     dev = torch.device(device)
     model = reference_model(module, 0, device)

@@ -33,6 +33,16 @@ def seeded(seed: int) -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda_states)
 
 
+def set_fp32_numerics(allow_tf32: bool) -> None:
+    """fp32 matmuls and convolutions in true fp32 unless ``allow_tf32``. Set alike wherever a
+    task's code runs: the reference, the baselines and the worker before the candidate loads
+    (torch's own default lets cuDNN use TF32, which would hold the candidate and the baselines
+    to different arithmetic)."""
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    torch.backends.cudnn.allow_tf32 = allow_tf32
+    torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
+
+
 def init_inputs(module: Any) -> list:
     values = module.get_init_inputs()
     if not isinstance(values, (list, tuple)):

@@ -73,8 +73,9 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
     Check("no_output_aliasing", "an output that is an input's memory"),
     Check("timed_outputs", "outputs of timed calls are re-checked, including calls after the "
           "input buffers were overwritten in place (same pointers, new data)"),
-    Check("stream_ordered", "work that finishes only after a device-wide sync, outside the "
-          "caller's stream, or on a background thread (hidden from the timer)"),
+    Check("stream_ordered", "device work outside the timed region (on another stream, or "
+          "launched by a background thread between calls) or outputs still changing after "
+          "forward returned (hidden from the timer)"),
     Check("harness_integrity", "replaced clocks, sync functions, events or comparison "
           "functions"),
     Check("global_state", "changed process-wide settings (TF32, cuDNN flags, denormal flushing, "

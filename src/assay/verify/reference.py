@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from assay.tasks.instantiate import as_outputs, init_inputs, make_inputs, reference_model
+from assay.tasks.instantiate import (as_outputs, init_inputs, make_inputs, reference_model,
+                                     set_fp32_numerics)
 from assay.tasks.model import Task
 from assay.verify import policy as policy_mod
 from assay.verify.arenas import FileArena, Layout, describe_inputs, fill_inputs
@@ -28,13 +29,6 @@ def resolve_device(device: str) -> str:
     if device in ("auto", "", None):
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
-
-
-def set_reference_numerics(allow_tf32: bool) -> None:
-    """The reference is computed in true fp32 unless the config says tf32."""
-    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
-    torch.backends.cudnn.allow_tf32 = allow_tf32
-    torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
 
 
 def reduction_length(model, inputs: list) -> tuple[list[torch.Tensor], int]:
@@ -213,7 +207,7 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
     the other sets compared with the reference error the correctness sets measured). Raises
     :class:`TooLarge`, before anything of the task's size is allocated, when nothing fits."""
     t0 = time.perf_counter()
-    set_reference_numerics(cfg.allow_tf32)
+    set_fp32_numerics(cfg.allow_tf32)  # the reference in true fp32 unless the config says tf32
     device = resolve_device(device)
     plan = plan or plan_task(task, device, cfg)
     if plan is not None and not plan.fits:

@@ -65,7 +65,7 @@ import torch  # noqa: E402
 from assay.bench import inline as inline_builds  # noqa: E402
 from assay.bench import timing  # noqa: E402  (captures the original clocks at import)
 from assay.tasks import instantiate  # noqa: E402
-from assay.tasks.instantiate import as_outputs, seeded  # noqa: E402
+from assay.tasks.instantiate import as_outputs, seeded, set_fp32_numerics  # noqa: E402
 from assay.verify.quiet import no_kineto_markers  # noqa: E402
 
 _T_TORCH = _CLOCK()
@@ -437,7 +437,8 @@ class CallAudit:
 
     def finish(self, keep: tuple[str, ...] = ("timed", "timed_verified")) -> dict[str, Any]:
         """{"expected": calls made, "found": call ranges in the trace, "phases": {phase: n},
-        "calls": [{"phase", "rows"}] for the phases in ``keep``} or {"error": ...}."""
+        "calls": [{"phase", "rows", "span_us"}] for the phases in ``keep``, "outside_us"} or
+        {"error": ...} (:func:`attribute_trace` says what the numbers are)."""
         try:
             timing.sync(self.device)
             with no_kineto_markers():  # and its stop line
@@ -446,12 +447,14 @@ class CallAudit:
                       if (d := _event(e, _CPU)) is not None]
         except Exception as e:  # noqa: BLE001 - a profiler the candidate stopped or broke
             return {"error": f"the profiler could not be read back: {type(e).__name__}: {e}"}
-        calls = attribute_calls(events, self.device.type == "cuda")
+        trace = attribute_trace(events, self.device.type == "cuda")
+        calls = trace["rows"]
         phases = {p: self.phases.count(p) for p in dict.fromkeys(self.phases)}
         out: dict[str, Any] = {"expected": len(self.phases), "found": len(calls),
-                               "phases": phases}
+                               "phases": phases, "outside_us": trace["outside_us"]}
         if len(calls) == len(self.phases):
-            out["calls"] = [{"phase": p, "rows": rows} for p, rows in zip(self.phases, calls)
+            out["calls"] = [{"phase": p, "rows": rows, "span_us": span}
+                            for p, rows, span in zip(self.phases, calls, trace["spans_us"])
                             if p in keep]
         return out
 
@@ -472,12 +475,22 @@ def _event(e: Any, cpu_type: Any) -> dict[str, Any] | None:
 
 
 def attribute_calls(events: list[dict[str, Any]], cuda: bool) -> list[list[dict[str, Any]]]:
-    """Rows ({name, kind, count, device_us, cpu_us}) of each call range, in call order.
+    """Rows ({name, kind, count, device_us, cpu_us}) of each call range, in call order
+    (:func:`attribute_trace`'s rows)."""
+    return attribute_trace(events, cuda)["rows"]
+
+
+def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
+    """The trace cut into calls: {"rows": rows of each call range, "spans_us": each call's
+    device span (first kernel's start to last kernel's end, every stream; 0 without kernels),
+    "outside_us": device time of kernels launched outside every call range from a thread other
+    than the one that made the calls}.
 
     ATen ops belong to the call whose range holds their start (any thread); their CPU time is
     self time (nested ops' time taken out). A device kernel belongs to the call during which
     it was launched: the start of its runtime launch event (same correlation id), else of the
-    CPU op it is linked to. Work the harness enqueues between calls lies outside every range.
+    CPU op it is linked to. Work the harness enqueues between calls lies outside every range;
+    work a candidate's own thread enqueues there is ``outside_us`` (it runs untimed).
     """
     cpu = sorted((e for e in events if e["cpu"]), key=lambda e: (e["start"], -e["end"]))
     ranges = []
@@ -485,6 +498,7 @@ def attribute_calls(events: list[dict[str, Any]], cuda: bool) -> list[list[dict[
         if e["name"] == CALL_RANGE and not (ranges and e["start"] < ranges[-1]["end"]):
             ranges.append(e)  # top-level ranges only (a nested one would be the candidate's)
     starts = [r["start"] for r in ranges]
+    caller = ranges[0]["thread"] if ranges else None
 
     def call_of(t: int) -> int:
         i = bisect.bisect_right(starts, t) - 1
@@ -492,6 +506,8 @@ def attribute_calls(events: list[dict[str, Any]], cuda: bool) -> list[list[dict[
 
     self_ns = _self_times([e for e in cpu if e["act"] not in ("cuda_runtime", "cuda_driver")])
     rows: list[dict[str, dict[str, Any]]] = [{} for _ in ranges]
+    spans: list[list[int]] = [[] for _ in ranges]  # [first start, last end] of device work
+    outside_ns = 0
 
     def add(i: int, name: str, kind: str, device_us: float, cpu_us: float) -> None:
         r = rows[i].setdefault(name, {"name": name, "kind": kind, "count": 0,
@@ -506,19 +522,25 @@ def attribute_calls(events: list[dict[str, Any]], cuda: bool) -> list[list[dict[
             if i >= 0:
                 add(i, e["name"], "op", 0.0, self_ns.get(id(e), 0) / 1e3)
     if cuda:
-        launch = {e["corr"]: e["start"] for e in cpu if e["act"] in ("cuda_runtime",
-                                                                      "cuda_driver")}
-        linked = {e["corr"]: e["start"] for e in cpu if e["act"] != "cuda_runtime"}
+        launch = {e["corr"]: e for e in cpu if e["act"] in ("cuda_runtime", "cuda_driver")}
+        linked = {e["corr"]: e for e in cpu if e["act"] != "cuda_runtime"}
         for e in events:
             if e["cpu"]:
                 continue
-            t = launch.get(e["corr"])
-            if t is None and e["linked"]:
-                t = linked.get(e["linked"])
-            i = call_of(t) if t is not None else -1
+            by = launch.get(e["corr"])
+            if by is None and e["linked"]:
+                by = linked.get(e["linked"])
+            i = call_of(by["start"]) if by is not None else -1
             if i >= 0:
                 add(i, e["name"], "kernel", (e["end"] - e["start"]) / 1e3, 0.0)
-    return [list(r.values()) for r in rows]
+                sp = spans[i]
+                spans[i] = [min(sp[0], e["start"]), max(sp[1], e["end"])] if sp else \
+                    [e["start"], e["end"]]
+            elif by is not None and by["thread"] != caller:
+                outside_ns += e["end"] - e["start"]
+    return {"rows": [list(r.values()) for r in rows],
+            "spans_us": [(sp[1] - sp[0]) / 1e3 if sp else 0.0 for sp in spans],
+            "outside_us": outside_ns / 1e3}
 
 
 def _self_times(events: list[dict[str, Any]]) -> dict[int, int]:
@@ -633,6 +655,9 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
         device = torch.device("cuda", device.index if device.index is not None else 0)
         torch.cuda.set_device(device)
     torch.set_grad_enabled(False)
+    # The arithmetic the reference and the baselines used (true fp32 unless the config allows
+    # tf32), set before the candidate loads: changing it is then a global_state rejection.
+    set_fp32_numerics(bool(job.get("allow_tf32", False)))
     guard = Guard()
     before = global_settings()
     result.update(stage="start", settings_before=before, t_start=_T0, t_torch=_T_TORCH)
