@@ -49,3 +49,25 @@ _lib.triple.restype = None   # attribute set at import must not fail in build-on
         svc.close()
     assert ok.outcome == "ok" and is_cached(SOURCE)
     assert failed.outcome != "ok" and "BuildError" in failed.outcome
+
+
+def test_a_lock_file_not_ours_builds_outside_the_cache(tmp_path, monkeypatch):
+    """The sandbox hands what a run left in the shared cache to root, read-only: a later run
+    that meets such a lock file builds privately instead of failing the candidate."""
+    import filelock
+
+    from assay.bench import build as build_mod
+
+    monkeypatch.setenv("ASSAY_KERNEL_CACHE", str(tmp_path / "cache"))
+
+    def refused(self, *a, **k):
+        raise PermissionError(13, "Permission denied", self.lock_file)
+
+    monkeypatch.setattr(filelock.FileLock, "acquire", refused)
+    src = 'extern "C" int answer() { return 42; }\n'
+    lib = build_mod.build(src, "cpp")
+    assert lib.is_file() and (tmp_path / "cache") not in lib.parents
+    assert not build_mod.is_cached(src, "cpp")
+    import ctypes
+
+    assert ctypes.CDLL(str(lib)).answer() == 42

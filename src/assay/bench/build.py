@@ -12,6 +12,7 @@ library built on a machine without a GPU (nvcc only) is reused on the GPU machin
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -21,6 +22,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,6 +118,24 @@ class BuildSpec:
         return h.hexdigest()[:24]
 
 
+@contextlib.contextmanager
+def cache_lock(path: Path) -> Iterator[bool]:
+    """Hold the shared cache's lock file ``path``: yields True, or False (nothing held) where
+    the lock file is not ours to open. The sandbox hands whatever a run created in the shared
+    cache to root, read-only (assay.verify.sandbox), so a lock file an earlier run left behind
+    refuses a later run: that run builds outside the cache rather than fail the candidate."""
+    lock = FileLock(str(path))
+    try:
+        lock.acquire()
+    except PermissionError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
+
+
 def build(source: str, lang: str = "cpp", flags: tuple[str, ...] = (),
           timeout_s: float = 300.0) -> Path:
     """Compile ``source`` (or reuse the cached build) and return the shared library's path."""
@@ -125,10 +145,12 @@ def build(source: str, lang: str = "cpp", flags: tuple[str, ...] = (),
     lib = root / f"{key}.so"
     if lib.exists():
         return lib
-    with FileLock(str(root / f"{key}.lock")):
-        if lib.exists():  # another process built it while we waited
+    with cache_lock(root / f"{key}.lock") as shared:
+        if shared and lib.exists():  # another process built it while we waited
             return lib
-        with tempfile.TemporaryDirectory(dir=root, prefix=f"{key}.") as tmp:
+        if not shared:  # a private build, kept for this process's life
+            lib = Path(tempfile.mkdtemp(prefix=f"assay-build-{key}.")) / f"{key}.so"
+        with tempfile.TemporaryDirectory(dir=lib.parent, prefix=f"{key}.") as tmp:
             src = Path(tmp) / f"kernel{spec.suffix}"
             src.write_text(source)
             out = Path(tmp) / "kernel.so"

@@ -36,9 +36,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
-from assay.bench.build import BuildError, cache_dir, cuda_arch, nvcc_path
+from assay.bench.build import BuildError, cache_dir, cache_lock, cuda_arch, nvcc_path
 
 # Arguments that change what is built; the rest (verbosity, where intermediates go) do not.
 _NOT_CONTENT = ("build_directory", "verbose", "keep_intermediates")
@@ -107,8 +105,8 @@ def cached_load_inline(*args, **kwargs):
     lib = cached_path(key)
     if lib.exists():
         return _import(name, lib)
-    with FileLock(str(lib.with_suffix(".lock"))):
-        if lib.exists():  # another worker (or the prebuild) built it while we waited
+    with cache_lock(lib.with_suffix(".lock")) as shared:
+        if shared and lib.exists():  # another worker (or the prebuild) built it meanwhile
             return _import(name, lib)
         build_dir = tempfile.mkdtemp(prefix=f"inline-{key}-")
         try:
@@ -122,7 +120,7 @@ def cached_load_inline(*args, **kwargs):
                 raise BuildError(f"load_inline build of {name!r} failed", _ninja_log(text)) \
                     from None
             built = Path(getattr(module, "__file__", "") or "")
-            if built.name.split(".")[0] == name and built.is_file():
+            if shared and built.name.split(".")[0] == name and built.is_file():
                 # copy beside the final name, then rename: a half-copied library is never seen
                 tmp = lib.with_name(f".{lib.name}.{os.getpid()}.tmp")
                 shutil.copyfile(built, tmp)
