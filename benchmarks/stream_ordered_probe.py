@@ -1,8 +1,8 @@
 """Why does `stream_ordered` reject candidates on cuda when the audit runs over every call?
 (docs/evidence/2026-11-25-h100-cuda-zoo-every-call-audit.md.) Verifies CUDA zoo cases with the
 audit on and off and prints, per verification, the verdict and the numbers the check decides
-on (median, the sync-based escaped estimate, the audit trace's work outside each call's timed region
-and the work launched between calls, host enqueue time, hold) as JSON lines.
+on (median, the sync-based escaped estimate, the audit trace's median device span and the work
+launched between calls, host enqueue time, hold) as JSON lines.
 
     python benchmarks/stream_ordered_probe.py [CASE ...] [--out FILE]
 
@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def spy(v, result, unsettled):  # the numbers stream_ordered is decided on
         timing.update(result["timing"])
-        timing["judged_escaped_ms"], _, _ = harness._escaped_ms(result)
+        calls = (result.get("audit") or {}).get("calls") or []
+        spans = sorted(c["span_us"] for c in calls if "span_us" in c)
+        timing["trace_span_ms"] = spans[len(spans) // 2] / 1e3 if spans else None
         timing["outside_us"] = (result.get("audit") or {}).get("outside_us")
         return check_timing(v, result, unsettled)
 
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             row = {"case": case, "audit": audit, "accepted": v.accepted, "reasons": v.reasons,
                    "verify_s": round(time.perf_counter() - t0, 1),
                    "stream_ordered": v.checks.get("stream_ordered", {}).get("detail"),
-                   **{k: timing.get(k) for k in ("median_ms", "escaped_ms", "judged_escaped_ms",
+                   **{k: timing.get(k) for k in ("median_ms", "escaped_ms", "trace_span_ms",
                                                   "outside_us", "host_ms", "hold_us", "runs",
                                                   "group")}}
             print(json.dumps(row), flush=True)

@@ -81,65 +81,58 @@ def test_cuda_kernels_go_to_the_call_that_launched_them():
     assert {r["name"]: r["count"] for r in merged}["gelu_kernel"] == 1
 
 
-def test_trace_places_each_calls_work_after_its_anchor():
-    """A call's device work on every stream, in ns from its anchor (the end of the hold the
-    harness enqueued before it); kernels a thread of the candidate's launches between calls are
-    counted apart (they run untimed); the harness's own are neither."""
+def test_trace_spans_and_work_launched_between_calls():
+    """A call's device span covers every stream; kernels a thread of the candidate's launches
+    between calls are counted apart (they run untimed); the harness's own are not."""
     events = [
-        ev("cudaLaunchKernel", 50, 60, corr=900, act="cuda_runtime"),    # harness: the hold
+        ev("cudaLaunchKernel", 50, 60, corr=900, act="cuda_runtime"),    # harness: the spin
         ev(CALL_RANGE, 100, 200, corr=1),
         ev("cudaLaunchKernel", 110, 120, corr=901, act="cuda_runtime"),
         ev("cudaLaunchKernel", 130, 140, thread=3, corr=902, act="cuda_runtime"),  # in the call
         ev("cudaLaunchKernel", 250, 260, thread=3, corr=903, act="cuda_runtime"),  # between
         ev("cudaLaunchKernel", 270, 280, corr=904, act="cuda_runtime"),  # harness: a copy
-        ev("cudaLaunchKernel", 285, 290, corr=905, act="cuda_runtime"),  # harness: the hold
         ev(CALL_RANGE, 300, 400, corr=2),
-        ev("hold", 55, 195, corr=900, act="kernel", cpu=False),
+        ev("spin", 55, 95, corr=900, act="kernel", cpu=False),
         ev("main_stream_kernel", 200, 240, corr=901, act="kernel", cpu=False),
-        ev("side_stream_kernel", 150, 330, corr=902, act="kernel", cpu=False),
+        ev("side_stream_kernel", 210, 330, corr=902, act="kernel", cpu=False),
         ev("late_kernel", 300, 350, corr=903, act="kernel", cpu=False),
         ev("harness_copy", 280, 290, corr=904, act="kernel", cpu=False),
-        ev("hold2", 290, 420, corr=905, act="kernel", cpu=False),
     ]
     trace = attribute_trace(events, cuda=True)
-    assert trace["device"] == [[[-45, 135]], []]  # 150..330 with 200..240 inside, from 195
-    assert trace["outside_us"] == pytest.approx(0.05)  # late_kernel only
-    assert attribute_trace(events[1:], cuda=True)["device"][0] is None  # no hold: no anchor
+    assert trace["spans_us"] == [pytest.approx(0.13), 0.0]  # 200 -> 330 ns; none in call 2
+    assert trace["outside_us"] == pytest.approx(0.05)        # late_kernel only
 
 
-def _timing_verdict(runtime_ms, escaped_ms, audit=None, calls_ms=None):
+def _timing_verdict(runtime_ms, escaped_ms, audit=None):
     v = Verdict(task="t", candidate="c", device="cuda")
-    result = {"timing": {"median_ms": runtime_ms, "iqr_ms": 0.0, "escaped_ms": escaped_ms,
-                         "calls_ms": calls_ms or []}}
+    result = {"timing": {"median_ms": runtime_ms, "iqr_ms": 0.0, "escaped_ms": escaped_ms}}
     if audit is not None:
         result["audit"] = audit
     harness._check_timing(v, result, [])
     return v.checks["stream_ordered"]["passed"], v.checks["stream_ordered"]["detail"]
 
 
-def _traced(device, n=9, outside_us=0.0):
-    return {"expected": 40, "outside_us": outside_us,
-            "calls": [{"phase": "timed", "rows": [], "device": device}] * n}
-
-
 def test_stream_ordered_trusts_the_trace_over_sync_latency():
     """Under the every-call audit the sync-latency estimate is inflated by the profiler's
-    callbacks (an honest kernel was rejected on an H100): the trace decides where there is one.
-    Work during the hold before the call or after its end event is outside the timed region
-    whatever stream ran it; work inside it is not, however many streams."""
-    calls = [0.076] * 9
-    inside = _traced([[500, 40_000], [41_000, 75_000]])
-    assert _timing_verdict(0.076, 0.026, inside, calls)[0]  # the sync estimate says late
-    during_hold = _traced([[-9_000, 500]])  # a side stream ran it while the hold held
-    passed, detail = _timing_verdict(0.002, 0.0, during_hold, [0.002] * 9)
+    callbacks (an honest kernel was rejected on an H100): the trace decides where there is one."""
+    honest = {"expected": 40, "calls": [{"phase": "timed", "rows": [], "span_us": 70.0}] * 9,
+              "outside_us": 0.0}
+    assert _timing_verdict(0.076, 0.026, honest)[0]  # the sync estimate says late; trace: no
+    side = {"expected": 40, "calls": [{"phase": "timed", "rows": [], "span_us": 500.0}] * 9,
+            "outside_us": 0.0}
+    passed, detail = _timing_verdict(0.076, 0.0, side)
     assert not passed and "audit's trace" in detail
-    after_end = _traced([[1_000, 70_000], [70_000, 300_000]])
-    assert not _timing_verdict(0.076, 0.0, after_end, calls)[0]
-    between = _traced([[500, 70_000]], outside_us=40 * 50.0)
-    assert not _timing_verdict(0.076, 0.0, between, calls)[0]
+    # A side stream that ran an 8 us kernel during the hold, 2 us timed: under the sync
+    # estimate's 10 us floor, over the trace's.
+    hold = {"expected": 40, "calls": [{"phase": "timed", "rows": [], "span_us": 8.0}] * 9,
+            "outside_us": 0.0}
+    assert not _timing_verdict(0.002, 0.0, hold)[0]
+    assert _timing_verdict(0.002, 0.006)[0]
+    thread = {"expected": 40, "calls": [{"phase": "timed", "rows": [], "span_us": 70.0}] * 9,
+              "outside_us": 40 * 50.0}
+    assert not _timing_verdict(0.076, 0.0, thread)[0]
     assert not _timing_verdict(0.076, 0.026)[0]  # no trace: the sync estimate decides
     assert _timing_verdict(0.076, 0.005)[0]
-    assert not _timing_verdict(0.076, 0.026, _traced(None), calls)[0]  # no anchor: the same
 
 
 def _calls(sigs, phase="timed", device_us=10.0):

@@ -68,13 +68,12 @@ class Timing:
     call_iqr_ms: float = 0.0  # IQR of single calls: the spread a sample of one call would have
     host_ms: float = 0.0  # median host time to enqueue one call (CUDA) or to run it (CPU)
     hold_us: float = 0.0  # CUDA: how long the spin kernel held the stream before each call
-    calls_ms: list[float] = field(default_factory=list)  # every timed call, in call order
 
     def to_dict(self) -> dict[str, Any]:
         return {"median_ms": self.median_ms, "iqr_ms": self.iqr_ms, "runs": self.runs,
                 "escaped_ms": self.escaped_ms, "group": self.group,
                 "call_iqr_ms": self.call_iqr_ms, "host_ms": self.host_ms,
-                "hold_us": self.hold_us, "calls_ms": self.calls_ms}
+                "hold_us": self.hold_us}
 
 
 # A sample averages consecutive calls until it covers this much time. Measured on an H200
@@ -238,7 +237,6 @@ def time_calls(fn: Callable[[int], Any], device: torch.device, cfg: TimingConfig
             after_call(call, out)
         call += 1
     t = summarize(samples, group_size(samples))
-    t.calls_ms = samples
     # On the CPU the host time is the call itself.
     t.host_ms = statistics.median(host) * 1e3 if host else statistics.median(samples)
     t.hold_us = hold_us

@@ -592,7 +592,7 @@ def _check_timing(v: Verdict, result: dict[str, Any], unsettled: list[str]) -> N
     returned and no significant device work ran outside the timed region."""
     t = result["timing"]
     v.runtime_ms, v.runtime_iqr_ms = float(t["median_ms"]), float(t["iqr_ms"])
-    escaped, floor, where = _escaped_ms(result)
+    escaped, floor, where = _escaped_ms(result, v.runtime_ms)
     late = escaped > max(0.25 * v.runtime_ms, floor)
     detail = []
     if unsettled:
@@ -604,44 +604,34 @@ def _check_timing(v: Verdict, result: dict[str, Any], unsettled: list[str]) -> N
     checks.record(v, "stream_ordered", not detail, "; ".join(detail))
 
 
-# Trace timestamps against event times: kernels this close to their call's timed region
-# count as inside it. The floor under which escaped work is noise: with a trace, a few
-# microseconds; from sync latency, 10 us (the host's wake-up jitter).
-TRACE_TOLERANCE_NS = 1000
+# The floor under which escaped device work is noise: from the audit's trace (CUPTI kernel
+# timestamps against the timing events), a couple of microseconds; from sync latency, 10 us
+# (the host's wake-up jitter).
 TRACE_FLOOR_MS, SYNC_FLOOR_MS = 0.002, 0.01
 
 
-def _escaped_ms(result: dict[str, Any]) -> tuple[float, float, str]:
+def _escaped_ms(result: dict[str, Any], runtime_ms: float) -> tuple[float, float, str]:
     """Device work per timed call that the timed region did not hold, the floor under which
     that is noise, and how it was seen.
 
-    Where the audit traced every timed call on cuda: each timed call's region on the device
-    runs from its anchor (the end of the hold the timing loop enqueued before it, which fires
-    the start event) for the time the events measured for that call; the call's kernels on any
-    stream outside it (run during the hold, or still running after the end event) are escaped
-    work; the median over the timed calls, plus kernels a thread of the candidate's launched
-    between calls. Otherwise from the timing loop: how much later a device-wide sync ended than
-    the caller's stream (a host-latency estimate; the profiler's own callbacks inflate it, so
-    the trace wins where there is one)."""
+    Where the audit traced every timed call on cuda: a call's device work over every stream
+    spans from its first kernel's start to its last kernel's end; whatever of that span exceeds
+    the time the caller's stream measured ran outside the timed region (during the hold before
+    the call, or after its end event), median over the timed calls; plus kernels a thread of
+    the candidate's launched between calls. Otherwise from the timing loop: how much later a
+    device-wide sync ended than the caller's stream (a host-latency estimate; the profiler's
+    own callbacks inflate it, so the trace wins where there is one)."""
     audit = result.get("audit") or {}
-    calls = audit.get("calls") or []
-    per_call = result["timing"].get("calls_ms") or []
-    if calls and len(calls) == len(per_call) and all(c.get("device") is not None
-                                                     for c in calls):
-        beyond = sorted(_outside_ns(c["device"], ms * 1e6) for c, ms in zip(calls, per_call))
+    calls = [c for c in audit.get("calls") or [] if "span_us" in c]
+    if calls:
+        spans = sorted(float(c["span_us"]) for c in calls)
+        beyond = max(0.0, spans[len(spans) // 2] / 1e3 - runtime_ms)
         between = float(audit.get("outside_us", 0.0)) / 1e3 / max(1, int(audit["expected"]))
-        return beyond[len(beyond) // 2] / 1e6 + between, TRACE_FLOOR_MS, (
-            "outside its timed region in the audit's trace (during the hold before the call, "
-            "after its end event, or launched between calls)")
+        return beyond + between, TRACE_FLOOR_MS, (
+            "in the audit's trace beyond the caller's timed region (a call's span over every "
+            "stream, and kernels launched between calls)")
     return float(result["timing"].get("escaped_ms", 0.0)), SYNC_FLOOR_MS, \
         "finished only after a device-wide sync"
-
-
-def _outside_ns(intervals: list[list[float]], region_ns: float) -> float:
-    """How much of ``intervals`` (ns from the region's start) lies outside [0, region_ns],
-    give or take TRACE_TOLERANCE_NS."""
-    lo, hi = -TRACE_TOLERANCE_NS, region_ns + TRACE_TOLERANCE_NS
-    return sum(max(0.0, min(b, lo) - a) + max(0.0, b - max(a, hi)) for a, b in intervals)
 
 
 def _check_integrity(v: Verdict, result: dict[str, Any], tampered_inputs: bool) -> None:

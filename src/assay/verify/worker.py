@@ -437,7 +437,7 @@ class CallAudit:
 
     def finish(self, keep: tuple[str, ...] = ("timed", "timed_verified")) -> dict[str, Any]:
         """{"expected": calls made, "found": call ranges in the trace, "phases": {phase: n},
-        "calls": [{"phase", "rows", "device"}] for the phases in ``keep``, "outside_us"} or
+        "calls": [{"phase", "rows", "span_us"}] for the phases in ``keep``, "outside_us"} or
         {"error": ...} (:func:`attribute_trace` says what the numbers are)."""
         try:
             timing.sync(self.device)
@@ -453,8 +453,8 @@ class CallAudit:
         out: dict[str, Any] = {"expected": len(self.phases), "found": len(calls),
                                "phases": phases, "outside_us": trace["outside_us"]}
         if len(calls) == len(self.phases):
-            out["calls"] = [{"phase": p, "rows": rows, "device": dev}
-                            for p, rows, dev in zip(self.phases, calls, trace["device"])
+            out["calls"] = [{"phase": p, "rows": rows, "span_us": span}
+                            for p, rows, span in zip(self.phases, calls, trace["spans_us"])
                             if p in keep]
         return out
 
@@ -481,11 +481,10 @@ def attribute_calls(events: list[dict[str, Any]], cuda: bool) -> list[list[dict[
 
 
 def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
-    """The trace cut into calls: {"rows": rows of each call range, "device": each call's device
-    work as merged [start, end] intervals in ns from its anchor (the end of the last kernel the
-    calling thread enqueued before the call: the timing loop's hold, whose end starts the timed
-    region), [] without kernels, None without an anchor, "outside_us": device time of kernels
-    launched outside every call range from a thread other than the one that made the calls}.
+    """The trace cut into calls: {"rows": rows of each call range, "spans_us": each call's
+    device span (first kernel's start to last kernel's end, every stream; 0 without kernels),
+    "outside_us": device time of kernels launched outside every call range from a thread other
+    than the one that made the calls}.
 
     ATen ops belong to the call whose range holds their start (any thread); their CPU time is
     self time (nested ops' time taken out). A device kernel belongs to the call during which
@@ -507,8 +506,7 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
 
     self_ns = _self_times([e for e in cpu if e["act"] not in ("cuda_runtime", "cuda_driver")])
     rows: list[dict[str, dict[str, Any]]] = [{} for _ in ranges]
-    work: list[list[tuple[int, int]]] = [[] for _ in ranges]
-    anchor: list[int | None] = [None] * len(ranges)
+    spans: list[list[int]] = [[] for _ in ranges]  # [first start, last end] of device work
     outside_ns = 0
 
     def add(i: int, name: str, kind: str, device_us: float, cpu_us: float) -> None:
@@ -535,28 +533,14 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
             i = call_of(by["start"]) if by is not None else -1
             if i >= 0:
                 add(i, e["name"], "kernel", (e["end"] - e["start"]) / 1e3, 0.0)
-                work[i].append((e["start"], e["end"]))
+                sp = spans[i]
+                spans[i] = [min(sp[0], e["start"]), max(sp[1], e["end"])] if sp else \
+                    [e["start"], e["end"]]
             elif by is not None and by["thread"] != caller:
                 outside_ns += e["end"] - e["start"]
-            elif by is not None:  # the harness's: the anchor of the next call it precedes
-                nxt = bisect.bisect_right(starts, by["start"])
-                if nxt < len(ranges) and (nxt == 0 or by["start"] > ranges[nxt - 1]["end"]):
-                    anchor[nxt] = max(anchor[nxt] or e["end"], e["end"])
     return {"rows": [list(r.values()) for r in rows],
-            "device": [_merged(w, a) if a is not None else None
-                       for w, a in zip(work, anchor)],
+            "spans_us": [(sp[1] - sp[0]) / 1e3 if sp else 0.0 for sp in spans],
             "outside_us": outside_ns / 1e3}
-
-
-def _merged(intervals: list[tuple[int, int]], origin: int) -> list[list[int]]:
-    """Overlapping [start, end] intervals merged, in ns from ``origin``."""
-    out: list[list[int]] = []
-    for a, b in sorted(intervals):
-        if out and a - origin <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b - origin)
-        else:
-            out.append([a - origin, b - origin])
-    return out
 
 
 def _self_times(events: list[dict[str, Any]]) -> dict[int, int]:
