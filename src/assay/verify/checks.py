@@ -92,6 +92,12 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           "own; under `permissive`, library time above `max_library_time_frac`; on cuda, a "
           "call that runs no kernel of its own. The profiler runs over every call from before "
           "the candidate loads, so what is audited is what is timed", when="`verify.audit` is on"),
+    Check("audit_provenance", "a kernel audit that credits the candidate with a kernel no "
+          "library built for it defines: the harness reads the candidate's libraries and "
+          "cubins (kernel cache, scratch folder) itself, so a worker report rewritten by the "
+          "candidate cannot name a kernel it never built, nor pass a library kernel the "
+          "policy's patterns miss (a cub or cuDNN name) as its own", targets=("cuda",),
+          policies=("strict",), when="`verify.audit` is on and the timed calls ran kernels"),
     Check("reference_fallback", "a candidate that runs the reference's own ops (a try/except "
           "fallback, or the task's module called again)", when="`verify.audit` and "
           "`verify.reject_reference_ops` are on"),

@@ -35,6 +35,7 @@ from assay.records import Verdict
 from assay.tasks.model import Task
 from assay.verify import checks
 from assay.verify import policy as policy_mod
+from assay.verify import provenance
 from assay.verify.memory import Plan, TooLarge
 from assay.verify.preflight import preflight
 from assay.verify.arenas import (ALIGN, DeviceArena, FileArena, Layout, arena_view,
@@ -42,6 +43,7 @@ from assay.verify.arenas import (ALIGN, DeviceArena, FileArena, Layout, arena_vi
 from assay.verify.compare import compare_tensor
 from assay.verify.reference import Prepared, prepare, resolve_device
 from assay.verify.sandbox import run_sandboxed
+from assay.verify.sandbox.host import kernel_cache
 from assay.verify.settings import VerifyConfig
 from assay.verify.worker import plan_slots
 
@@ -427,6 +429,8 @@ def _judge_report(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -
                       *policy_mod.audit_consistency(result["audit"], prep.device))
     if "kernels" in result:
         _check_kernels(v, result["kernels"], prep, cfg)
+        if prep.device.startswith("cuda") and cfg.policy == "strict":
+            _check_provenance(v, result, w)
 
 
 def _check_parameters(v: Verdict, result: dict[str, Any]) -> None:
@@ -641,3 +645,14 @@ def _check_kernels(v: Verdict, rows: list, prep: Prepared, cfg: VerifyConfig) ->
     if cfg.reject_reference_ops:
         ok, detail = policy_mod.reference_fallback(rows, prep.reference_ops)
         checks.record(v, "reference_fallback", ok, detail)
+
+
+def _check_provenance(v: Verdict, result: dict[str, Any], w: WorkerRun) -> None:
+    """``audit_provenance``: every kernel the report credits to the candidate is defined in a
+    library built for it, read here from disk (the report itself can be forged)."""
+    names = provenance.credited(result["kernels"], policy_mod.LIBRARY_KERNEL)
+    libs = result.get("libraries") or []
+    if not isinstance(libs, list):
+        raise _Malformed("libraries is not a list")
+    files = provenance.artifacts(w.scratch, kernel_cache(w.scratch)[0], libs)
+    checks.record(v, "audit_provenance", *provenance.proven(names, files))
