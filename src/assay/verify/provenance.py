@@ -51,18 +51,26 @@ def kernel_identifier(name: str) -> str | None:
     return ident if _IDENT.fullmatch(ident) else None
 
 
-def _pattern(ident: str) -> re.Pattern[bytes]:
-    """``ident`` as an artifact holds it: a plain symbol (extern "C", Triton) or a source name
-    inside an Itanium-mangled one (``_Z11gelu_kernelPKfPfl``: its length, then the name)."""
-    raw = re.escape(ident.encode())
-    return re.compile(rb"(?<![A-Za-z0-9_$])" + raw + rb"(?![A-Za-z0-9_$])|(?<![0-9])"
-                      + str(len(ident)).encode() + raw)
+_WORD = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_$")
+_DIGITS = frozenset(b"0123456789")
 
 
 def defines(data: bytes, ident: str) -> bool:
-    """Whether an artifact's bytes name the kernel ``ident`` (its symbol or registration
-    string: nvcc keeps the mangled names uncompressed beside a compressed fatbin)."""
-    return _pattern(ident).search(data) is not None
+    """Whether an artifact's bytes name the kernel ``ident``: as a plain symbol (extern "C",
+    Triton) or as a source name inside an Itanium-mangled one (``_Z11gelu_kernelPKfPfl``: its
+    length, then the name). nvcc keeps the mangled names uncompressed beside the fatbin."""
+    raw = ident.encode()
+    size = str(len(raw)).encode()
+    i = data.find(raw)
+    while i >= 0:
+        j = i + len(raw)
+        if (i == 0 or data[i - 1] not in _WORD) and (j == len(data) or data[j] not in _WORD):
+            return True
+        k = i - len(size)
+        if k >= 0 and data[k:i] == size and (k == 0 or data[k - 1] not in _DIGITS):
+            return True
+        i = data.find(raw, i + 1)
+    return False
 
 
 def _is_elf(path: Path) -> bool:
