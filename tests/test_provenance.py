@@ -23,7 +23,10 @@ CPP = r"""
 namespace ns { template <int B> void tile_kernel(float* y) { y[0] = B; } }
 void gelu_kernel(const float* x, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = x[i]; }
 template void ns::tile_kernel<128>(float*);
-extern "C" void plain_c_kernel(float* y) { y[0] = 1; ns::tile_kernel<128>(y); }
+#define KEEP __attribute__((noinline, used))
+namespace { KEEP void hidden_kernel(float* y) { y[0] = 2; } }
+KEEP static void static_kernel(float* y) { y[0] = 3; }
+extern "C" void plain_c_kernel(float* y) { y[0] = 1; ns::tile_kernel<128>(y); hidden_kernel(y); static_kernel(y); }
 """
 CUDA = r"""
 #include <cstdint>
@@ -31,16 +34,20 @@ CUDA = r"""
 namespace ns { template <int B> __global__ void tile_kernel(float* y) { y[threadIdx.x] = B; } }
 __global__ void gelu_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) { y[0] = x[0]; }
 extern "C" __global__ void plain_c_kernel(float* y) { y[0] = 1; }
+namespace { __global__ void hidden_kernel(float* y) { y[0] = 2; } }
+static __global__ void static_kernel(float* y) { y[0] = 3; }
 extern "C" int launch(const float* x, float* y, int64_t n, cudaStream_t s) {
   gelu_kernel<<<1, 1, 0, s>>>(x, y, n);
   ns::tile_kernel<128><<<1, 1, 0, s>>>(y);
   plain_c_kernel<<<1, 1, 0, s>>>(y);
+  hidden_kernel<<<1, 1, 0, s>>>(y);
+  static_kernel<<<1, 1, 0, s>>>(y);
   return (int)cudaGetLastError();
 }
 """
 # As the profiler names them (demangled), and names no build of the above holds.
 REAL = ["gelu_kernel(float const*, float*, long)", "void ns::tile_kernel<128>(float*)",
-        "plain_c_kernel"]
+        "plain_c_kernel", "(anonymous namespace)::hidden_kernel(float*)", "static_kernel(float*)"]
 FORGED = ["softmax_rows_kernel(float const*, float*, int, int)", "gelu_kernel2(float*)",
           "void ns::tile<128>(float*)"]
 
@@ -69,8 +76,9 @@ def test_kernel_identifier():
 
 
 def test_defines_plain_and_mangled_names_only_whole():
-    blob = b"\0_Z11gelu_kernelPKfPfl\0_ZN2ns11tile_kernelILi128EEEvPf\0plain_c_kernel\0"
-    for ident in ("gelu_kernel", "tile_kernel", "plain_c_kernel"):
+    blob = (b"\0_Z11gelu_kernelPKfPfl\0_ZN2ns11tile_kernelILi128EEEvPf\0plain_c_kernel\0"
+            b"_ZN12_GLOBAL__N_113hidden_kernelEPf\0")
+    for ident in ("gelu_kernel", "tile_kernel", "plain_c_kernel", "hidden_kernel"):
         assert provenance.defines(blob, ident), ident
     for ident in ("gelu", "kernel", "gelu_kerne", "elu_kernel", "plain_c", "c_kernel"):
         assert not provenance.defines(blob, ident), ident

@@ -52,7 +52,6 @@ def kernel_identifier(name: str) -> str | None:
 
 
 _WORD = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_$")
-_DIGITS = frozenset(b"0123456789")
 
 
 def defines(data: bytes, ident: str) -> bool:
@@ -66,8 +65,7 @@ def defines(data: bytes, ident: str) -> bool:
         j = i + len(raw)
         if (i == 0 or data[i - 1] not in _WORD) and (j == len(data) or data[j] not in _WORD):
             return True
-        k = i - len(size)
-        if k >= 0 and data[k:i] == size and (k == 0 or data[k - 1] not in _DIGITS):
+        if i >= len(size) and data[i - len(size):i] == size:  # (after _GLOBAL__N_1 too)
             return True
         i = data.find(raw, i + 1)
     return False
