@@ -93,7 +93,7 @@ def test_artifacts_are_elf_files_in_scratch_or_reported_from_the_cache(cache, tm
     outside = tmp_path / "elsewhere.so"
     shutil.copy(lib, outside)
     found = provenance.artifacts(scratch, cache, [str(lib), str(outside), "relative.so", 7])
-    assert found == sorted([Path(lib).resolve(), (scratch / ".triton/cache/k.cubin")])
+    assert found == [Path(lib).resolve(), (scratch / ".triton/cache/k.cubin").resolve()]
     assert provenance.artifacts(scratch / "none", cache, [str(outside)]) == []
 
 
@@ -153,3 +153,12 @@ def test_nvcc_libraries_name_their_kernels(cache):
     ok, detail = provenance.proven(REAL, [lib])
     assert ok, detail
     assert not provenance.proven(FORGED[:1], [lib])[0]
+
+
+def test_reading_stops_at_the_byte_budget(cache, monkeypatch):
+    """The scratch folder is the candidate's: the harness reads a bounded number of bytes."""
+    lib = Path(build(CPP, "cpp"))
+    monkeypatch.setattr(provenance, "MAX_TOTAL_BYTES", 1)
+    assert provenance.proven(REAL[:1], [lib])[0]  # the first file is read whole
+    ok, detail = provenance.proven(REAL[:1] + FORGED[:1], [lib, lib])
+    assert not ok and "(1 read)" in detail

@@ -28,7 +28,9 @@ from typing import Any, Iterable
 
 ELF_MAGIC = b"\x7fELF"
 MAX_FILES = 4000  # the scratch folder is the candidate's: a flood of files is not read
-MAX_BYTES = 1 << 30  # nor is a file larger than any kernel library
+MAX_REPORTED = 256  # nor more reported libraries than a process maps
+MAX_BYTES = 512 << 20  # nor a file larger than any kernel library
+MAX_TOTAL_BYTES = 2 << 30  # the harness reads at most this much per verdict
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -90,27 +92,27 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 def artifacts(scratch: Path, cache: Path | None, reported: Iterable[Any]) -> list[Path]:
-    """The ELF files built for this candidate: every one under ``scratch`` (at most
-    MAX_FILES files looked at), and the reported paths that are ELF files in ``cache``."""
+    """The ELF files built for this candidate: the reported paths that are ELF files in
+    ``cache`` (or ``scratch``; at most MAX_REPORTED looked at), then every one under
+    ``scratch`` (at most MAX_FILES files looked at)."""
     found: dict[str, Path] = {}
-    seen = 0
-    for root, dirs, files in os.walk(scratch, followlinks=False):
-        for name in files:
-            seen += 1
-            if seen > MAX_FILES:
-                break
-            p = Path(root) / name
-            if _is_elf(p):
-                found[str(p)] = p
-        if seen > MAX_FILES:
-            break
-    for item in reported:
+    for item in list(reported)[:MAX_REPORTED]:
         if not isinstance(item, str) or not item.startswith("/"):
             continue
         p = Path(item)
         if ((cache is not None and _inside(p, cache)) or _inside(p, scratch)) and _is_elf(p):
             found.setdefault(str(p.resolve()), p.resolve())
-    return sorted(found.values())
+    seen = 0
+    for root, dirs, files in os.walk(scratch, followlinks=False):
+        dirs.sort()
+        for name in sorted(files):
+            seen += 1
+            if seen > MAX_FILES:
+                return list(found.values())
+            p = Path(root) / name
+            if _is_elf(p):
+                found.setdefault(str(p.resolve()), p.resolve())
+    return list(found.values())
 
 
 def credited(rows: list[dict[str, Any]], library: re.Pattern[str]) -> list[str]:
@@ -122,27 +124,28 @@ def credited(rows: list[dict[str, Any]], library: re.Pattern[str]) -> list[str]:
 
 
 def proven(names: list[str], files: list[Path]) -> tuple[bool, str]:
-    """Every credited kernel name defined by one of ``files``: (passed, detail)."""
+    """Every credited kernel name defined by one of ``files`` (read one at a time, in order,
+    at most MAX_TOTAL_BYTES in all): (passed, detail)."""
     if not names:
         return True, "no kernel credited to the candidate"
-    blobs = []
+    idents = {name: kernel_identifier(name) for name in names}
+    where: dict[str, str] = {}
+    read = total = 0
     for p in files:
+        if len(where) == len(names) or total >= MAX_TOTAL_BYTES:
+            break
         try:
-            blobs.append((p, p.read_bytes()))
+            data = p.read_bytes()
         except OSError:
             continue
-    missing = []
-    where: dict[str, str] = {}
-    for name in names:
-        ident = kernel_identifier(name)
-        hit = next((p for p, data in blobs if ident and defines(data, ident)), None)
-        if hit is None:
-            missing.append(name)
-        else:
-            where[name] = hit.name
+        read, total = read + 1, total + len(data)
+        for name, ident in idents.items():
+            if name not in where and ident and defines(data, ident):
+                where[name] = p.name
+    missing = [n for n in names if n not in where]
     if missing:
         return False, (f"the audit credits the candidate with {len(missing)} kernel(s) that no "
-                       f"library built for it defines ({len(blobs)} read): "
+                       f"library built for it defines ({read} read): "
                        f"{', '.join(m[:80] for m in missing[:4])}; a forged report, or a "
                        f"library's kernel the policy's patterns do not know")
     libs = sorted(set(where.values()))
