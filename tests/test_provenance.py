@@ -21,18 +21,26 @@ from assay.verify.worker import mapped_libraries
 CPP = r"""
 #include <cstdint>
 namespace ns { template <int B> void tile_kernel(float* y) { y[0] = B; } }
-void gelu_kernel(const float* x, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = x[i]; }
+void gelu_kernel(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i];
+}
 template void ns::tile_kernel<128>(float*);
 #define KEEP __attribute__((noinline, used))
 namespace { KEEP void hidden_kernel(float* y) { y[0] = 2; } }
 KEEP static void static_kernel(float* y) { y[0] = 3; }
-extern "C" void plain_c_kernel(float* y) { y[0] = 1; ns::tile_kernel<128>(y); hidden_kernel(y); static_kernel(y); }
+extern "C" void plain_c_kernel(float* y) {
+  ns::tile_kernel<128>(y);
+  hidden_kernel(y);
+  static_kernel(y);
+}
 """
 CUDA = r"""
 #include <cstdint>
 #include <cuda_runtime.h>
 namespace ns { template <int B> __global__ void tile_kernel(float* y) { y[threadIdx.x] = B; } }
-__global__ void gelu_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) { y[0] = x[0]; }
+__global__ void gelu_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+  y[0] = x[0];
+}
 extern "C" __global__ void plain_c_kernel(float* y) { y[0] = 1; }
 namespace { __global__ void hidden_kernel(float* y) { y[0] = 2; } }
 static __global__ void static_kernel(float* y) { y[0] = 3; }
