@@ -85,7 +85,8 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           "it is audited (asks torch whether a profiler runs, reads its caller's stack, counts "
           "calls, times the gaps between them): timed calls that ran different ATen ops or "
           "kernels, a trace that lost calls (the profiler stopped), on cuda verified timed "
-          "calls whose device time differs from the others' by over 2x",
+          "calls whose device time differs from the others' by over 2x; a worker report "
+          "without the audit the job asked for (cut on its way out)",
           when="`verify.audit` is on"),
     Check("kernel_audit", "under `strict`, any ATen compute op or library kernel (cuBLAS, "
           "cuDNN, ATen's) in the timed calls, from Python, from C++ or from a thread of its "

@@ -424,13 +424,28 @@ def _judge_report(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -
     _check_timing(v, result, found.unsettled)
     _check_integrity(v, result, w.tampered_inputs)
     _check_speed(v, cfg)
-    if "audit" in result:  # the audit covered every timed call (assay.verify.worker.CallAudit)
-        checks.record(v, "audit_consistency",
-                      *policy_mod.audit_consistency(result["audit"], prep.device))
+    if cfg.audit:  # the audit covered every timed call (assay.verify.worker.CallAudit)
+        _check_audit_present(v, result, prep)
     if "kernels" in result:
         _check_kernels(v, result["kernels"], prep, cfg)
         if prep.device.startswith("cuda") and cfg.policy == "strict":
             _check_provenance(v, result, w)
+
+
+def _check_audit_present(v: Verdict, result: dict[str, Any], prep: Prepared) -> None:
+    """``audit_consistency`` and, where the report lost them, ``kernel_audit``: the job asked
+    for the audit, and an honest worker always returns it (or an error, judged elsewhere), so
+    a report without the audit or without the kernel rows of its timed calls was cut by the
+    candidate on its way out."""
+    audit = result.get("audit")
+    if not isinstance(audit, dict):
+        checks.record(v, "audit_consistency", False, "the worker's report carries no audit, "
+                      "though the job asked for one: the report was rewritten")
+        return
+    if checks.record(v, "audit_consistency", *policy_mod.audit_consistency(audit, prep.device)) \
+            and not isinstance(result.get("kernels"), list):
+        checks.record(v, "kernel_audit", False, "the audit's timed calls reached the report "
+                      "without their kernel rows: the report was rewritten")
 
 
 def _check_parameters(v: Verdict, result: dict[str, Any]) -> None:
