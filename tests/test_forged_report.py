@@ -44,3 +44,21 @@ def test_an_audit_without_its_kernel_rows_was_rewritten():
 def test_a_broken_audit_is_the_consistency_checks_finding_alone():
     found = judged({"audit": {"error": "the profiler could not be read back"}})
     assert found == {"audit_consistency": (False, "the profiler could not be read back")}
+
+
+def test_a_report_without_the_tamper_list_is_malformed():
+    """Every worker that finishes writes the tamper list and the settings changes: a report
+    without either was cut, and the harness fails closed (a malformed report, not a pass)."""
+    from assay.verify.harness import _check_integrity, _Malformed
+
+    v = Verdict(candidate="c", task="t", device="cpu", policy="strict")
+    _check_integrity(v, {"tampered": [], "settings_changes": []}, False)
+    assert v.checks["harness_integrity"]["passed"] and v.checks["global_state"]["passed"]
+    for cut in ({"settings_changes": []}, {"tampered": []},
+                {"tampered": "none", "settings_changes": []}):
+        v = Verdict(candidate="c", task="t", device="cpu", policy="strict")
+        try:
+            _check_integrity(v, cut, False)
+        except (KeyError, _Malformed):
+            continue
+        raise AssertionError(f"accepted a report without its lists: {cut}")

@@ -625,13 +625,16 @@ def _check_timing(v: Verdict, result: dict[str, Any], unsettled: list[str]) -> N
 
 def _check_integrity(v: Verdict, result: dict[str, Any], tampered_inputs: bool) -> None:
     """``harness_integrity`` (nothing of the worker's harness side replaced, the shared input
-    arena intact) and ``global_state`` (no process-wide setting changed)."""
-    tampered = list(result.get("tampered") or [])
+    arena intact) and ``global_state`` (no process-wide setting changed). Every worker that
+    finishes writes both lists: a report without them was cut (a malformed report)."""
+    tampered, changes = result["tampered"], result["settings_changes"]
+    if not isinstance(tampered, list) or not isinstance(changes, list):
+        raise _Malformed("tampered or settings_changes is not a list")
+    tampered = list(tampered)
     if tampered_inputs:
         tampered.append("the shared input arena file")
     checks.record(v, "harness_integrity", not tampered,
             f"replaced: {', '.join(tampered[:12])}" if tampered else "")
-    changes = list(result.get("settings_changes") or [])
     checks.record(v, "global_state", not changes, "; ".join(changes[:6]))
 
 
