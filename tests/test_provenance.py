@@ -170,3 +170,22 @@ def test_reading_stops_at_the_byte_budget(cache, monkeypatch):
     assert provenance.proven(REAL[:1], [lib])[0]  # the first file is read whole
     ok, detail = provenance.proven(REAL[:1] + FORGED[:1], [lib, lib])
     assert not ok and "(1 read)" in detail
+
+
+def test_the_sandboxed_worker_reports_the_library_it_loaded():
+    """The real worker, in the verifier's sandbox: its report names the kernel-cache library
+    the candidate loaded, and the harness finds the candidate's entry point in it."""
+    from assay.profile.tools import sandboxed_worker
+    from assay.verify.sandbox.host import kernel_cache
+    from test_zoo import ZOO, prepared, zoo_config, zoo_task
+
+    prep = prepared(zoo_task("level1/3_softmax"))
+    cand = ZOO / "candidates" / "honest_softmax_cpp.py"
+    with sandboxed_worker(prep, cand, zoo_config({"POLICY": "strict", "CONFIG": {}})) \
+            as (outcome, report, scratch):
+        assert report is not None and "error" not in report, (outcome, report)
+        libs = report["libraries"]
+        files = provenance.artifacts(scratch, kernel_cache(scratch)[0], libs)
+    assert libs and all(Path(p).suffix == ".so" for p in libs), libs
+    assert provenance.proven(["softmax"], files)[0], (libs, files)
+    assert not provenance.proven(["softmax_rows_kernel"], files)[0]
