@@ -40,7 +40,7 @@ CASES = {  # honest candidates of the zoo, strict policy: (zoo folder, candidate
              ("zoo_cuda", "honest_gemm_bias_relu_fused_cuda", "level2/1_gemm_bias_relu")],
 }
 WORKER_CALLS = ("load_s", "correctness_s", "timing_s", "after_s", "audit_s")
-AUDIT_CHECKS = {"kernel_audit", "reference_fallback", "audit_consistency"}
+AUDIT_CHECKS = {"kernel_audit", "reference_fallback", "audit_consistency", "audit_provenance"}
 
 
 def main(argv: list[str] | None = None) -> int:

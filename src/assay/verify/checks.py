@@ -86,13 +86,20 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           "it is audited (asks torch whether a profiler runs, reads its caller's stack, counts "
           "calls, times the gaps between them): timed calls that ran different ATen ops or "
           "kernels, a trace that lost calls (the profiler stopped), on cuda verified timed "
-          "calls whose device time differs from the others' by over 2x",
+          "calls whose device time differs from the others' by over 2x; a worker report "
+          "without the audit the job asked for (cut on its way out)",
           when="`verify.audit` is on"),
     Check("kernel_audit", "under `strict`, any ATen compute op or library kernel (cuBLAS, "
           "cuDNN, ATen's) in the timed calls, from Python, from C++ or from a thread of its "
           "own; under `permissive`, library time above `max_library_time_frac`; on cuda, a "
           "call that runs no kernel of its own. The profiler runs over every call from before "
           "the candidate loads, so what is audited is what is timed", when="`verify.audit` is on"),
+    Check("audit_provenance", "a kernel audit that credits the candidate with a kernel no "
+          "library built for it defines: the harness reads the candidate's libraries and "
+          "cubins (kernel cache, scratch folder) itself, so a worker report rewritten by the "
+          "candidate cannot name a kernel it never built, nor pass a library kernel the "
+          "policy's patterns miss (a cub or cuDNN name) as its own", targets=("cuda",),
+          policies=("strict",), when="`verify.audit` is on and the timed calls ran kernels"),
     Check("reference_fallback", "a candidate that runs the reference's own ops (a try/except "
           "fallback, or the task's module called again)", when="`verify.audit` and "
           "`verify.reject_reference_ops` are on"),

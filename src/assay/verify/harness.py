@@ -35,6 +35,7 @@ from assay.records import Verdict
 from assay.tasks.model import Task
 from assay.verify import checks
 from assay.verify import policy as policy_mod
+from assay.verify import provenance
 from assay.verify.memory import Plan, TooLarge
 from assay.verify.preflight import preflight
 from assay.verify.arenas import (ALIGN, DeviceArena, FileArena, Layout, arena_view,
@@ -42,6 +43,7 @@ from assay.verify.arenas import (ALIGN, DeviceArena, FileArena, Layout, arena_vi
 from assay.verify.compare import compare_tensor
 from assay.verify.reference import Prepared, prepare, resolve_device
 from assay.verify.sandbox import run_sandboxed
+from assay.verify.sandbox.host import kernel_cache
 from assay.verify.settings import VerifyConfig
 from assay.verify.worker import plan_slots
 
@@ -422,11 +424,28 @@ def _judge_report(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -
     _check_timing(v, result, found.unsettled)
     _check_integrity(v, result, w.tampered_inputs)
     _check_speed(v, cfg)
-    if "audit" in result:  # the audit covered every timed call (assay.verify.worker.CallAudit)
-        checks.record(v, "audit_consistency",
-                      *policy_mod.audit_consistency(result["audit"], prep.device))
+    if cfg.audit:  # the audit covered every timed call (assay.verify.worker.CallAudit)
+        _check_audit_present(v, result, prep)
     if "kernels" in result:
         _check_kernels(v, result["kernels"], prep, cfg)
+        if prep.device.startswith("cuda") and cfg.policy == "strict":
+            _check_provenance(v, result, w)
+
+
+def _check_audit_present(v: Verdict, result: dict[str, Any], prep: Prepared) -> None:
+    """``audit_consistency`` and, where the report lost them, ``kernel_audit``: the job asked
+    for the audit, and an honest worker always returns it (or an error, judged elsewhere), so
+    a report without the audit or without the kernel rows of its timed calls was cut by the
+    candidate on its way out."""
+    audit = result.get("audit")
+    if not isinstance(audit, dict):
+        checks.record(v, "audit_consistency", False, "the worker's report carries no audit, "
+                      "though the job asked for one: the report was rewritten")
+        return
+    if checks.record(v, "audit_consistency", *policy_mod.audit_consistency(audit, prep.device)) \
+            and not isinstance(result.get("kernels"), list):
+        checks.record(v, "kernel_audit", False, "the audit's timed calls reached the report "
+                      "without their kernel rows: the report was rewritten")
 
 
 def _check_parameters(v: Verdict, result: dict[str, Any]) -> None:
@@ -636,13 +655,16 @@ def _escaped_ms(result: dict[str, Any], runtime_ms: float) -> tuple[float, float
 
 def _check_integrity(v: Verdict, result: dict[str, Any], tampered_inputs: bool) -> None:
     """``harness_integrity`` (nothing of the worker's harness side replaced, the shared input
-    arena intact) and ``global_state`` (no process-wide setting changed)."""
-    tampered = list(result.get("tampered") or [])
+    arena intact) and ``global_state`` (no process-wide setting changed). Every worker that
+    finishes writes both lists: a report without them was cut (a malformed report)."""
+    tampered, changes = result["tampered"], result["settings_changes"]
+    if not isinstance(tampered, list) or not isinstance(changes, list):
+        raise _Malformed("tampered or settings_changes is not a list")
+    tampered = list(tampered)
     if tampered_inputs:
         tampered.append("the shared input arena file")
     checks.record(v, "harness_integrity", not tampered,
             f"replaced: {', '.join(tampered[:12])}" if tampered else "")
-    changes = list(result.get("settings_changes") or [])
     checks.record(v, "global_state", not changes, "; ".join(changes[:6]))
 
 
@@ -671,3 +693,14 @@ def _check_kernels(v: Verdict, rows: list, prep: Prepared, cfg: VerifyConfig) ->
     if cfg.reject_reference_ops:
         ok, detail = policy_mod.reference_fallback(rows, prep.reference_ops)
         checks.record(v, "reference_fallback", ok, detail)
+
+
+def _check_provenance(v: Verdict, result: dict[str, Any], w: WorkerRun) -> None:
+    """``audit_provenance``: every kernel the report credits to the candidate is defined in a
+    library built for it, read here from disk (the report itself can be forged)."""
+    names = provenance.credited(result["kernels"], policy_mod.LIBRARY_KERNEL)
+    libs = result.get("libraries") or []
+    if not isinstance(libs, list):
+        raise _Malformed("libraries is not a list")
+    files = provenance.artifacts(w.scratch, kernel_cache(w.scratch)[0], libs)
+    checks.record(v, "audit_provenance", *provenance.proven(names, files))

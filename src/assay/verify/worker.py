@@ -64,6 +64,7 @@ import torch  # noqa: E402
 
 from assay.bench import inline as inline_builds  # noqa: E402
 from assay.bench import timing  # noqa: E402  (captures the original clocks at import)
+from assay.bench.build import cache_dir  # noqa: E402
 from assay.tasks import instantiate  # noqa: E402
 from assay.tasks.instantiate import as_outputs, seeded, set_fp32_numerics  # noqa: E402
 from assay.verify.quiet import no_kineto_markers  # noqa: E402
@@ -822,6 +823,9 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
         timed_calls = [c["rows"] for c in result["audit"].get("calls", [])]
         if timed_calls:
             result["kernels"] = merge_rows(timed_calls)
+        # Where the kernels credited to the candidate must be defined (the harness reads these
+        # files itself: assay.verify.provenance).
+        result["libraries"] = mapped_libraries(cache_dir())
     times["audit_s"] = clock() - t
     checkpoint("audit")
     result["settings_after"] = global_settings()
@@ -829,6 +833,17 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     result["stage"] = "done"
     result["t_end"] = clock()
     return result
+
+
+def mapped_libraries(cache: Path) -> list[str]:
+    """The files of the kernel cache this process has mapped (the libraries it loaded)."""
+    try:
+        root = str(cache.resolve())
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
+    except OSError:
+        return []
+    return sorted(p for p in paths if p.startswith(root + "/"))
 
 
 def _jsonable(x: Any) -> Any:
