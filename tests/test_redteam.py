@@ -15,14 +15,6 @@ from redteam.check import run
 from redteam.generate import FAULTS, METHODS, TRIGGERS, generate, sample, write
 from test_zoo_cuda import _GLOBAL
 
-# (method, trigger) pairs the verifier accepts today: the kernel audit profiles one call after
-# timing, so a candidate that runs library or reference ops only while unprofiled, on a pointer
-# it has seen or under the timing loop is never seen doing it (on every other call, it is seen
-# or not depending on the parity of the audited call). The fix (audit
-# every timed call, unseen by the candidate) is issue #19's first part; when it lands these
-# pass, and the marker goes.
-KNOWN_GAPS = {(m, t) for m in ("library", "reference")
-              for t in ("unprofiled", "repeat_pointer", "every_other_call", "timing_stack")}
 CI_SAMPLE = sample(generate("cpu", seed=0), per_group=2, seed=19)
 
 
@@ -53,20 +45,12 @@ def test_sample_covers_every_group():
     assert [v.id for v in CI_SAMPLE] == [v.id for v in sample(generate("cpu"), 2, 19)]
 
 
-def _param(v):
-    marks = []
-    if (v.method, v.trigger) in KNOWN_GAPS:
-        marks.append(pytest.mark.xfail(reason="issue #19: the kernel audit sees one profiled "
-                                       "call, not the timed ones", strict=False))
-    return pytest.param(v, id=v.id, marks=marks)
-
-
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     return write(CI_SAMPLE, tmp_path_factory.mktemp("redteam"))
 
 
-@pytest.mark.parametrize("variant", [_param(v) for v in CI_SAMPLE])
+@pytest.mark.parametrize("variant", [pytest.param(v, id=v.id) for v in CI_SAMPLE])
 def test_redteam_variant(variant, written):
     row = run(variant, written[variant.id])
     assert row["outcome"] == "ok", (row["outcome"], row["got"], row["failed"], row["error"])
