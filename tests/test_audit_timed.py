@@ -101,6 +101,38 @@ def test_trace_spans_and_work_launched_between_calls():
     trace = attribute_trace(events, cuda=True)
     assert trace["spans_us"] == [pytest.approx(0.13), 0.0]  # 200 -> 330 ns; none in call 2
     assert trace["outside_us"] == pytest.approx(0.05)        # late_kernel only
+    assert trace["side"] == [0, 0] and trace["joins"] == [0, 0]  # no stream ids: none known
+
+
+def test_trace_counts_kernels_on_other_streams_and_the_waits_that_join_them():
+    def k(name, start, end, corr, stream):
+        return {**ev(name, start, end, corr=corr, act="kernel", cpu=False), "stream": stream}
+
+    events = [
+        ev("cudaLaunchKernel", 50, 60, corr=900, act="cuda_runtime"),    # harness: the hold
+        ev(CALL_RANGE, 100, 200, corr=1),                                # side stream, no wait
+        ev("cudaLaunchKernel", 110, 120, corr=901, act="cuda_runtime"),
+        ev("cudaLaunchKernel", 260, 270, corr=902, act="cuda_runtime"),  # harness: a copy
+        ev(CALL_RANGE, 300, 400, corr=2),                                # side stream, joined
+        ev("cudaStreamWaitEvent", 305, 308, corr=903, act="cuda_runtime"),
+        ev("cudaLaunchKernel", 310, 320, corr=904, act="cuda_runtime"),
+        ev("cudaStreamWaitEvent", 330, 333, corr=905, act="cuda_runtime"),
+        ev(CALL_RANGE, 500, 600, corr=3),                                # the caller's stream
+        ev("cudaLaunchKernel", 510, 520, corr=906, act="cuda_runtime"),
+        k("hold", 55, 95, 900, 7), k("copy", 270, 280, 902, 7),
+        k("gelu", 120, 150, 901, 13), k("gelu", 320, 350, 904, 13), k("gelu", 520, 550, 906, 7),
+    ]
+    trace = attribute_trace(events, cuda=True)
+    assert trace["side"] == [1, 1, 0] and trace["joins"] == [0, 2, 0]
+
+
+def test_an_unjoined_side_stream_is_out_of_order():
+    calls = [{"phase": "timed", "rows": [], "span_us": 1.0, "side": 1, "joins": 0}] * 4 + \
+            [{"phase": "timed", "rows": [], "span_us": 1.0, "side": 0, "joins": 0}] * 4
+    passed, detail = _timing_verdict(0.03, 0.0, {"expected": 20, "calls": calls})
+    assert not passed and "4 timed call(s) ran kernels on a stream other than" in detail
+    joined = [{**c, "joins": 2} for c in calls]
+    assert _timing_verdict(0.03, 0.0, {"expected": 20, "calls": joined})[0]
 
 
 def _timing_verdict(runtime_ms, escaped_ms, audit=None):

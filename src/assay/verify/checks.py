@@ -74,8 +74,9 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
     Check("timed_outputs", "outputs of timed calls are re-checked, including calls after the "
           "input buffers were overwritten in place (same pointers, new data)"),
     Check("stream_ordered", "device work outside the timed region (on another stream, or "
-          "launched by a background thread between calls) or outputs still changing after "
-          "forward returned (hidden from the timer)"),
+          "launched by a background thread between calls), kernels on another stream with no "
+          "stream wait in the call, or outputs still changing after forward returned (hidden "
+          "from the timer)"),
     Check("harness_integrity", "replaced clocks, sync functions, events or comparison "
           "functions"),
     Check("global_state", "changed process-wide settings (TF32, cuDNN flags, denormal flushing, "

@@ -620,6 +620,12 @@ def _check_timing(v: Verdict, result: dict[str, Any], unsettled: list[str]) -> N
     if late:
         detail.append(f"{escaped:.4g} ms of device work {where}, outside the "
                       f"{v.runtime_ms:.4g} ms timed on the caller's stream")
+    unjoined = [c for c in (result.get("audit") or {}).get("calls") or []
+                if c.get("side") and not c.get("joins")]
+    if unjoined:
+        detail.append(f"{len(unjoined)} timed call(s) ran kernels on a stream other than the "
+                      f"caller's without a stream wait in the call (never ordered after the "
+                      f"caller's inputs nor joined back before its end event)")
     checks.record(v, "stream_ordered", not detail, "; ".join(detail))
 
 

@@ -438,7 +438,8 @@ class CallAudit:
 
     def finish(self, keep: tuple[str, ...] = ("timed", "timed_verified")) -> dict[str, Any]:
         """{"expected": calls made, "found": call ranges in the trace, "phases": {phase: n},
-        "calls": [{"phase", "rows", "span_us"}] for the phases in ``keep``, "outside_us"} or
+        "calls": [{"phase", "rows", "span_us", "side", "joins"}] for the phases in ``keep``,
+        "outside_us"} or
         {"error": ...} (:func:`attribute_trace` says what the numbers are)."""
         try:
             timing.sync(self.device)
@@ -454,9 +455,11 @@ class CallAudit:
         out: dict[str, Any] = {"expected": len(self.phases), "found": len(calls),
                                "phases": phases, "outside_us": trace["outside_us"]}
         if len(calls) == len(self.phases):
-            out["calls"] = [{"phase": p, "rows": rows, "span_us": span}
-                            for p, rows, span in zip(self.phases, calls, trace["spans_us"])
-                            if p in keep]
+            out["calls"] = [{"phase": p, "rows": rows, "span_us": span, "side": side,
+                             "joins": joins}
+                            for p, rows, span, side, joins in zip(
+                                self.phases, calls, trace["spans_us"], trace["side"],
+                                trace["joins"]) if p in keep]
         return out
 
 
@@ -470,9 +473,11 @@ def _event(e: Any, cpu_type: Any) -> dict[str, Any] | None:
     if cpu and not (name.startswith("aten::") or name == CALL_RANGE
                     or act in ("cuda_runtime", "cuda_driver")):
         return None
+    stream = getattr(e, "device_resource_id", None)  # a kernel's stream (kineto resource id)
     return {"name": name, "cpu": cpu, "start": e.start_ns(), "end": e.end_ns(),
             "thread": e.start_thread_id(), "corr": e.correlation_id(),
-            "linked": e.linked_correlation_id(), "act": act}
+            "linked": e.linked_correlation_id(), "act": act,
+            "stream": stream() if callable(stream) and not cpu else None}
 
 
 def attribute_calls(events: list[dict[str, Any]], cuda: bool) -> list[list[dict[str, Any]]]:
@@ -484,8 +489,10 @@ def attribute_calls(events: list[dict[str, Any]], cuda: bool) -> list[list[dict[
 def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
     """The trace cut into calls: {"rows": rows of each call range, "spans_us": each call's
     device span (first kernel's start to last kernel's end, every stream; 0 without kernels),
-    "outside_us": device time of kernels launched outside every call range from a thread other
-    than the one that made the calls}.
+    "side": each call's kernels on a stream other than the caller's (the stream the harness
+    enqueues its own work on between calls), "joins": each call's stream waits
+    (cudaStreamWaitEvent), "outside_us": device time of kernels launched outside every call
+    range from a thread other than the one that made the calls}.
 
     ATen ops belong to the call whose range holds their start (any thread); their CPU time is
     self time (nested ops' time taken out). A device kernel belongs to the call during which
@@ -508,6 +515,9 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
     self_ns = _self_times([e for e in cpu if e["act"] not in ("cuda_runtime", "cuda_driver")])
     rows: list[dict[str, dict[str, Any]]] = [{} for _ in ranges]
     spans: list[list[int]] = [[] for _ in ranges]  # [first start, last end] of device work
+    streams: list[list[Any]] = [[] for _ in ranges]
+    joins = [0] * len(ranges)
+    harness_streams: dict[Any, int] = {}
     outside_ns = 0
 
     def add(i: int, name: str, kind: str, device_us: float, cpu_us: float) -> None:
@@ -522,6 +532,8 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
             i = call_of(e["start"])
             if i >= 0:
                 add(i, e["name"], "op", 0.0, self_ns.get(id(e), 0) / 1e3)
+        elif "StreamWaitEvent" in e["name"] and (i := call_of(e["start"])) >= 0:
+            joins[i] += 1
     if cuda:
         launch = {e["corr"]: e for e in cpu if e["act"] in ("cuda_runtime", "cuda_driver")}
         linked = {e["corr"]: e for e in cpu if e["act"] != "cuda_runtime"}
@@ -537,11 +549,17 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
                 sp = spans[i]
                 spans[i] = [min(sp[0], e["start"]), max(sp[1], e["end"])] if sp else \
                     [e["start"], e["end"]]
+                streams[i].append(e.get("stream"))
             elif by is not None and by["thread"] != caller:
                 outside_ns += e["end"] - e["start"]
+            elif by is not None:
+                harness_streams[e.get("stream")] = harness_streams.get(e.get("stream"), 0) + 1
+    own = max(harness_streams, key=harness_streams.get) if harness_streams else None
     return {"rows": [list(r.values()) for r in rows],
             "spans_us": [(sp[1] - sp[0]) / 1e3 if sp else 0.0 for sp in spans],
-            "outside_us": outside_ns / 1e3}
+            "side": [sum(1 for st in ss if own is not None and st is not None and st != own)
+                     for ss in streams],
+            "joins": joins, "outside_us": outside_ns / 1e3}
 
 
 def _self_times(events: list[dict[str, Any]]) -> dict[int, int]:
