@@ -38,7 +38,7 @@ def test_every_top_level_key_of_the_config_is_in_the_root_schema():
     ("verify.transfer=gpu", "verify.transfer", [t.value for t in Transfer]),
     ("verify.on_degenerate=warn", "verify.on_degenerate", [o.value for o in OnDegenerate]),
     ("verify.input_distributions=[native,huge]", "verify.input_distributions",
-     ["native", "large", "small"]),
+     ["native", "large", "small", "offset"]),
     ("target.name=gpu", "target.name", [t.value for t in TargetName]),
     ("tasks.size=huge", "tasks.size", [s.value for s in TaskSize]),
     ("profile.ncu=maybe", "profile.ncu", [t.value for t in Toggle]),

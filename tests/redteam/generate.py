@@ -127,7 +127,8 @@ if 'stream' not in _state:
     _state['stream'] = torch.cuda.Stream()
 with torch.cuda.stream(_state['stream']):
     return _honest(self, *args)"""},
-    "low_precision": {"reasons": {"precision", "correctness", "timed_outputs"}, "body": """\
+    "low_precision": {"reasons": {"precision", "correctness", "timed_outputs",
+                                   "stale_results"}, "body": """\
 return _honest(self, *[t.to(torch.bfloat16).to(t.dtype) if t.is_floating_point() else t
                        for t in args])"""},
     "input_inplace": {"reasons": {"no_output_aliasing", "inputs_unchanged", "correctness",

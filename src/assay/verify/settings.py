@@ -29,6 +29,7 @@ class InputDistribution(StrEnum):  # assay.tasks.instantiate.DISTRIBUTIONS
     native = "native"
     large = "large"
     small = "small"
+    offset = "offset"
 
 @dataclass
 class SandboxLimits:
@@ -42,7 +43,7 @@ class SandboxLimits:
 class VerifyConfig:
     policy: Policy = Policy.strict
     input_distributions: list[InputDistribution] = field(default_factory=lambda: [
-        InputDistribution.native, InputDistribution.native, InputDistribution.large])
+        InputDistribution.native, InputDistribution.large, InputDistribution.offset])
     timing_sets: int = 3
     swap_sets: int = 2
     timeout_s: float = 300.0
