@@ -196,8 +196,11 @@ def test_memory_plan_decides_too_large_and_defers_what_cannot_share(monkeypatch)
     steps = memory.plan(shapes, memory.Protocol.of(cfg), "cpu", None, free).reductions
     assert row["status"] == "accepted" and row["lighter"] == steps and "float64" in steps
     assert "memory_plan" not in row["failed"]
-    # no room at all: too_large with the numbers, before anything of the task's size exists
+    # no room at all: while other tasks share the machine (their memory is not free now),
+    # deferred to run alone; alone, too_large with the numbers, before anything of the
+    # task's size exists
     monkeypatch.setattr(memory, "free_memory", lambda device: (None, int(lightest * 0.8)))
+    assert selfcheck.check_task(task.path, "cpu", "small", share=3)["status"] == "deferred"
     row = selfcheck.check_task(task.path, "cpu", "small")
     assert row["status"] == "too_large" and "host memory" in row["detail"]
     assert "even with the lightest protocol" in row["detail"]
