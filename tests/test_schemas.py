@@ -161,3 +161,18 @@ def test_compose_works_inside_a_running_step(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(),
                        cwd=tmp_path, timeout=120)
     assert r.returncode == 0 and r.stdout.split() == ["permissive", "strict"], r.stderr[-2000:]
+
+
+def test_compose_ignores_a_hydra_left_initialized_on_another_config_folder(tmp_path):
+    """An in-process Hydra app that returned leaves Hydra initialized (in CI, on a test's own
+    config folder): compose outside a step must still read the project's config."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    (tmp_path / "config.yaml").write_text("other: 1\n")
+    ctx = initialize_config_dir(version_base="1.3", config_dir=str(tmp_path))
+    ctx.__enter__()  # left initialized, as a returned app leaves it
+    try:
+        assert compose(["verify=strict"]).verify.policy == "strict"
+    finally:
+        GlobalHydra.instance().clear()

@@ -29,6 +29,10 @@ log = logging.getLogger("assay")
 schemas.register()
 
 
+# True while a step's function runs: Hydra is initialized on the project's config folder.
+_in_step = False
+
+
 def step(fn: Callable[[DictConfig], Any], gpu: bool = False,
          timing: bool = False) -> Callable[[], Any]:
     """Make ``fn(cfg)`` a Hydra app on the project's config; bad input exits 2 with one line.
@@ -43,8 +47,10 @@ def step(fn: Callable[[DictConfig], Any], gpu: bool = False,
     def run(cfg: DictConfig) -> Any:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                             force=True)
+        global _in_step
         if gpu or timing:
             take_lease(cfg, gpu, timing)
+        _in_step = True
         try:
             return fn(cfg)
         except (TaskError, UserError) as e:
@@ -60,6 +66,8 @@ def step(fn: Callable[[DictConfig], Any], gpu: bool = False,
                 raise
             print(f"error: {e}", file=sys.stderr)
             sys.exit(3)
+        finally:
+            _in_step = False
 
     hydra_main = hydra.main(version_base="1.3", config_path=str(config_dir()),
                             config_name="config")(run)
@@ -181,8 +189,12 @@ def compose(overrides: list[str] | None = None) -> DictConfig:
         except (HydraException, OmegaConfBaseException) as e:
             raise ConfigError(config_error_line(e)) from e
 
-    if GlobalHydra.instance().is_initialized():  # inside a step: Hydra knows the config folder
-        return run()
+    if GlobalHydra.instance().is_initialized():
+        if _in_step:  # inside a step: Hydra knows the config folder
+            return run()
+        # Left over by a Hydra app that has returned (an in-process step, a test), perhaps on
+        # another config folder: composing on it gave an archive card without the settings.
+        GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=str(config_dir())):
         return run()
 
