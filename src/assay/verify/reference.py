@@ -227,15 +227,17 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
     check_dists = check_distributions(cfg.input_distributions, proto.check_sets)
     n = len(check_dists)
     # Timing buffers hold the task's own data; the sets swapped into timed calls cycle through
-    # the correctness distributions from the last (offset, large, ...), so a kernel that lowers
-    # its precision only when it thinks it is timed meets the data where low precision shows.
-    swap_dists = [check_dists[-1 - i % n] for i in range(proto.swap_sets)]
+    # the correctness distributions other than native, from the second (offset, large, ...),
+    # so a kernel that lowers its precision only when it thinks it is timed meets the data
+    # where low precision shows.
+    others = check_dists[1:] or check_dists
+    swap_dists = [others[i % len(others)] for i in range(proto.swap_sets)]
     dists = check_dists + ["native"] * proto.timing_sets + swap_dists
     check = list(range(n))
     timing_ids = list(range(n, n + proto.timing_sets))
-    # Without sets of their own (a lighter protocol, or swap_sets 0), the last correctness
+    # Without sets of their own (a lighter protocol, or swap_sets 0), the second correctness
     # set's data is swapped into a timed call: a cache keyed on pointers still shows there.
-    swap_ids = list(range(n + proto.timing_sets, len(dists))) or check[-1:]
+    swap_ids = list(range(n + proto.timing_sets, len(dists))) or check[1:2] or check[:1]
 
     def run_ref(inputs: list) -> list[torch.Tensor]:
         with torch.no_grad():
