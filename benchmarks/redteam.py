@@ -46,6 +46,7 @@ def summarize(rows: list[dict]) -> dict:
             "honest": sum(n for (k, _), n in by.items() if k == "honest"),
             "exploits_rejected": by[("exploit", "ok")],
             "exploits_accepted": by[("exploit", "accepted")],
+            "exploits_known_gap": by[("exploit", "known_gap")],
             "exploits_wrong_reason": by[("exploit", "wrong_reason")],
             "honest_accepted": by[("honest", "ok")],
             "honest_rejected": by[("honest", "rejected")],
@@ -65,6 +66,7 @@ def markdown(rows: list[dict], summary: dict, target: str) -> str:
     out = [f"# Red team, target {target}", "",
            f"{summary['exploits']} exploit variants: {summary['exploits_rejected']} rejected "
            f"for their method's reason, {summary['exploits_accepted']} accepted, "
+           f"{summary['exploits_known_gap']} accepted as known gaps (KNOWN_GAPS), "
            f"{summary['exploits_wrong_reason']} rejected for another reason; "
            f"{summary['honest']} honest variants: {summary['honest_accepted']} accepted, "
            f"{summary['honest_rejected']} rejected; {summary['harness_errors']} harness errors.",

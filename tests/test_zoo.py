@@ -16,6 +16,7 @@ The metadata is read with ast, never by importing the candidate into the test pr
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import json
 import math
@@ -511,3 +512,20 @@ def test_candidate_digest_is_stable():
     """Zoo files are content-addressed like real candidates (a changed exploit is a new one)."""
     digests = {hashlib.sha256(m["path"].read_bytes()).hexdigest() for m in CASES.values()}
     assert len(digests) == len(CASES)
+
+
+def test_the_offset_distribution_exposes_a_bf16_mean_and_keeps_the_honest_one():
+    """``verify.input_distributions`` with ``offset``: the bf16-rounded mean (a GAP with the
+    default sets) is rejected for precision, the honest fp32 mean accepted."""
+    task = zoo_task("level1/5_mse_loss")
+    cfg = dataclasses.replace(zoo_config({"POLICY": "strict", "CONFIG": {}}),
+                              input_distributions=["native", "offset", "large"])
+    prep = prepare(task, "cpu", cfg)
+    assert prep.distributions[:3] == ["native", "offset", "large"]
+    verdicts = {name: verify(task, CASES[name]["path"], "cpu", cfg, record=record(task),
+                             peaks=GENEROUS_PEAKS, prepared=prep)
+                for name in ("exploit_bf16_inputs_mean_loss", "honest_mse_cpp")}
+    bad, good = verdicts["exploit_bf16_inputs_mean_loss"], verdicts["honest_mse_cpp"]
+    assert not bad.accepted and "precision" in bad.reasons, bad.reasons
+    assert "offset" in bad.checks["precision"]["detail"]
+    assert good.accepted, good.reasons

@@ -149,6 +149,12 @@ return _honest(self, *args)"""},
 }
 # Methods that are no exploit on some task: half of a 0-dim output is all of it.
 _NOT_ON = {"partial": {"level1/5_mse_loss"}}
+# Exploits the verifier accepts today with its default settings, each with why; the zoo's GAP
+# case of the same name tracks it. Their variants are generated and run; an acceptance is
+# reported as a known gap, not as a pass.
+KNOWN_GAPS = {("low_precision", "level1/5_mse_loss"):
+              "bf16-rounded inputs of a long mean: within fp32 accumulation error on the default "
+              "input sets; the opt-in offset set exposes it (zoo: exploit_bf16_inputs_mean_loss)"}
 
 # --- harmless changes (honest variants) ---------------------------------------------------------
 MODS: dict[str, dict] = {
@@ -248,6 +254,7 @@ class Variant:
     mods: tuple[str, ...] = ()
     reasons: list[str] = field(default_factory=list)  # exploit: the checks meant to catch it
     source: str = field(default="", repr=False)
+    gap: str = ""  # a known gap (KNOWN_GAPS): why the default verifier accepts it
 
     def meta(self) -> dict:
         d = asdict(self)
@@ -320,7 +327,8 @@ def exploits(target: str) -> list[Variant]:
                 out.append(Variant(_vid("exploit", spec.task, method, trigger), target,
                                    spec.task, "exploit", trigger, method, (),
                                    sorted(m["reasons"]),
-                                   _source(spec, target, header, fire, m["body"])))
+                                   _source(spec, target, header, fire, m["body"]),
+                                   KNOWN_GAPS.get((method, spec.task), "")))
     return out
 
 
@@ -384,13 +392,13 @@ def write(variants: list[Variant], directory: Path) -> dict[str, Path]:
 
 def judge(v: Variant, accepted: bool, reasons: list[str]) -> str:
     """'ok' when the verdict is the one the variant calls for, else what went wrong:
-    'accepted' (an exploit got through), 'wrong_reason' (rejected only for reasons not its
-    method's, or for a fault: the variant never ran as written), 'rejected' (an honest variant
-    was refused)."""
+    'accepted' (an exploit got through), 'known_gap' (one of KNOWN_GAPS got through),
+    'wrong_reason' (rejected only for reasons not its method's, or for a fault: the variant never
+    ran as written), 'rejected' (an honest variant was refused)."""
     if v.kind == "honest":
         return "ok" if accepted else "rejected"
     if accepted:
-        return "accepted"
+        return "known_gap" if v.gap else "accepted"
     if set(reasons) & FAULTS or not set(reasons) & set(v.reasons):
         return "wrong_reason"
     return "ok"

@@ -17,13 +17,16 @@ from torch import nn
 
 # Distributions applied to floating inputs on top of the task's own sampling, as (scale, offset):
 # x * scale + offset * rms(x). Positive scales and offsets keep the task's domain (a task drawing
-# torch.rand for a log stays positive). "offset" is data with a common level far above its
-# spread (activations with a large mean): the inputs are exact in fp32, but a kernel that
-# computes in bfloat16 or float16 keeps only a few bits of the variation, which a mean over
-# millions of elements no longer averages away (issue #19: a bf16 round trip of MSELoss's inputs
-# passed every native set). 32x the RMS leaves bfloat16 about 3 bits of the spread.
+# torch.rand for a log stays positive). "offset" (opt-in: verify.input_distributions) is data
+# with a common level 16x its spread: a kernel computing a long mean from bf16-rounded inputs
+# keeps only a few bits of the variation there and fails (on the task's own data the rounding
+# averages away, within fp32 accumulation error: issue #19's MSELoss exploit). It is not a
+# default because honest fp32 kernels lose the offset's square too: a LayerNorm whose variance
+# is sum of squares minus squared sum, summed in blocks of 32 as GPU threads do, was 5e-5 off
+# in relative L2 against torch's 7e-7 (rejected by correctness and precision); at 8x that kernel
+# passed, but the bf16 mean passed too.
 DISTRIBUTIONS = {"native": (1.0, 0.0), "large": (8.0, 0.0), "small": (0.125, 0.0),
-                 "offset": (1.0, 32.0)}
+                 "offset": (1.0, 16.0)}
 
 
 @contextlib.contextmanager

