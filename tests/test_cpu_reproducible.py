@@ -55,6 +55,7 @@ print("RESULT " + json.dumps({"threads": threads, "size": task.size,
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # beside another test worker on 2 cores it measured 1.02x, then 0.014x
 def test_the_same_cpu_kernel_verified_five_times_gives_the_same_speedup_within_5_percent():
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # the lease sets them, not the caller
