@@ -91,7 +91,7 @@ def test_clang_tidy_reads_the_synthesizers_cpp() -> None:
     from jinja2 import Template
 
     from assay.profile.tools import clang_tidy
-    from assay.propose.offline.templates import CPP_PREAMBLE
+    from assay.propose.offline.families.shared import CPP_PREAMBLE
 
     if shutil.which("clang-tidy") is None:
         pytest.skip("clang-tidy absent (apt-get install -y clang-tidy libomp-dev; CI does)")

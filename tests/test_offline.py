@@ -838,10 +838,10 @@ def test_broadcast_index_divider_matches_integer_division(tmp_path):
     division, on edge and random values, built with g++ from the kernels' own helpers."""
     import ctypes
 
-    from assay.propose.offline import templates
+    from assay.propose.offline.families import shared
 
     source = ("#include <stdint.h>\n#include <math.h>\n#define ASSAY_FN static inline\n"
-              + templates.HELPERS + textwrap.dedent("""
+              + shared.HELPERS + textwrap.dedent("""
         extern "C" int64_t check(const int64_t* cases, int64_t n) {
           int64_t bad = 0;
           for (int64_t k = 0; k < n; ++k) {

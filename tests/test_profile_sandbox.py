@@ -235,7 +235,7 @@ def test_candidate_builds_happen_only_in_sandboxed_processes():
         for n in ast.walk(tree):
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names:
                 callers.add(rel)
-    # templates.py writes candidate files (its load_library call is in generated source text,
+    # candidate.py writes candidate files (its load_library call is in generated source text,
     # not a call here); build.py's own load_library calls build.
     assert callers <= {"assay/bench/build.py"}, callers
     for entry in ("assay/verify/worker.py", "assay/bench/prebuild.py"):

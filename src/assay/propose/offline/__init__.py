@@ -22,11 +22,14 @@ candidate files (C++/OpenMP for the cpu target, CUDA for the cuda target):
   bundled tasks are float32 and the verifier's precision check would refuse it.
 
 Everything else is declined with a reason. Modules: ``graph`` (what pattern is this),
-``codegen`` and ``templates`` (the code), ``synthesizer`` (the Proposer and its knobs).
+``families`` (one module per kernel family: its matcher, knob spaces, code and templates, and
+the table of them), ``candidate`` (the file around a family's kernel), ``synthesizer`` (the
+Proposer).
 """
 
 from assay.propose.offline.graph import Analysis, Plan, Unsupported, analyze_task
-from assay.propose.offline.synthesizer import KNOB_SPACES, OfflineSynthesizer
+from assay.propose.offline.families import KNOB_SPACES
+from assay.propose.offline.synthesizer import OfflineSynthesizer
 
 __all__ = ["KNOB_SPACES", "Analysis", "OfflineSynthesizer", "Plan", "Unsupported",
            "analyze_task"]

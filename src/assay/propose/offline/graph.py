@@ -83,7 +83,7 @@ class Leaf:
 
 @dataclass(frozen=True)
 class Node:
-    """One value. ``op`` is a formula name (see codegen.FORMULAS), ``load``, ``const``,
+    """One value. ``op`` is a formula name (see families.shared.FORMULAS), ``load``, ``const``,
     ``cols`` (the row length) or ``reduce_sum``/``reduce_max``/``reduce_min``.
 
     ``cls``: ``elem`` (per element of S), ``row`` (per row) or ``uniform`` (one value).

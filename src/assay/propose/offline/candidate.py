@@ -1,0 +1,262 @@
+"""The candidate file: a family's kernel source wrapped in a Python module that the verifier
+loads like any other candidate (the task's constructor, SOURCE, ModelNew whose forward runs the
+compiled kernels through ctypes).
+
+Pure functions of their arguments: the same plan, knobs, target and task source give the same
+text (and so the same candidate id); different knobs give different kernel source (the knobs
+line at the top of SOURCE alone guarantees a distinct build-cache key).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from assay.propose.offline.families import Family, family_of
+from assay.propose.offline.families.family import Entry
+from assay.propose.offline.families.shared import knob_line, leaf_tensor, render
+from assay.propose.offline.graph import Plan
+
+CANDIDATE = r'''"""Candidate written by Assay's offline synthesizer (v1).
+
+Computes: {{ summary }}
+Template: {{ template }} ({{ target }}); knobs: {{ knob_line }}.
+{% if library %}
+
+POLICY: permissive. The library computes {{ library }};
+everything after it is one fused kernel of this file (the SOURCE below). The verifier's
+permissive policy reports the library's share of the time; the strict policy refuses library
+compute, as it should.
+{% endif %}
+
+ModelNew inherits the task's Model constructor (copied below without its forward), so its
+parameters have the reference's names, shapes and seeded values; its forward runs the
+compiled kernel(s) of SOURCE (loaded with ctypes) and allocates the output only.
+"""
+{% if future %}
+from __future__ import annotations
+{% endif %}
+
+import contextlib
+import ctypes
+import functools
+import math
+
+import torch
+from torch import nn
+
+from assay.bench.build import load_library
+
+# ---- the task's module, without Model.forward -----------------------------------------------
+{{ task_code }}
+
+# ---- the kernel -------------------------------------------------------------------------------
+TEMPLATE = {{ template|tojson }}
+TARGET = {{ target|tojson }}
+KNOBS = {{ knobs_repr }}
+LANG = {{ lang|tojson }}
+POLICY = {{ policy|tojson }}  # the verifier policy this candidate can pass
+DTYPE = torch.{{ dtype }}
+SOURCE = r"""
+{{ source }}"""
+
+_LIB = None
+_ARGTYPES = {
+{% for name, types in entries %}
+    {{ name|tojson }}: [{{ types }}],
+{% endfor %}
+}
+
+
+def _lib():
+    global _LIB
+    if _LIB is None:
+        lib = load_library(SOURCE, lang=LANG)
+        for name, types in _ARGTYPES.items():
+            getattr(lib, name).argtypes = types
+            getattr(lib, name).restype = ctypes.c_int
+{% if target == "cuda" %}
+        lib.assay_error_string.argtypes = [ctypes.c_int]
+        lib.assay_error_string.restype = ctypes.c_char_p
+{% endif %}
+        _LIB = lib
+    return _LIB
+
+
+def _check(err):
+    if err:
+{% if target == "cuda" %}
+        msg = _lib().assay_error_string(err).decode()
+        raise RuntimeError(f"assay kernel launch failed: {msg} (cuda error {err})")
+{% else %}
+        raise RuntimeError(f"assay kernel failed with code {err}")
+{% endif %}
+
+
+def _tensor(t, what):
+    """A contiguous DTYPE tensor on this candidate's device (a copy only if it was strided)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what}: expected a tensor, got {type(t).__name__}")
+    # Attribute reads, not dispatcher calls (t.device builds an object, t.contiguous() goes
+    # through the dispatcher even when it returns t): after the timing's cache flush each of
+    # those costs ~10 us, as much as a small kernel.
+    if t.dtype != DTYPE or not t.{{ "is_cuda" if device_type == "cuda" else "is_cpu" }}:
+        raise TypeError(f"{what}: expected a {DTYPE} {{ device_type }} tensor, got {t.dtype} on "
+                        f"{t.device}")
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _attr(module, path):
+    return functools.reduce(getattr, path.split("."), module)
+
+
+def _expect(cond, what):
+    if not cond:
+        raise ValueError(f"shape mismatch: {what} (this kernel was generated for other shapes)")
+
+
+@contextlib.contextmanager
+def _ieee_fp32():
+    """cuDNN may run float32 convolutions in TF32 by default; the task is float32, so the
+    library call asks for IEEE float32 and the process-wide setting is put back afterwards."""
+    prev = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = prev
+
+
+class ModelNew(Model):
+    def forward(self, {{ inputs|join(", ") }}):
+{% for line in forward %}
+        {{ line }}
+{% endfor %}
+'''
+
+
+# ----------------------------------------------------------------------------------------------
+# The task's own code, reused for ModelNew's constructor
+
+_DROP_FUNCS = {"get_inputs", "get_init_inputs"}
+
+
+def task_prelude(source: str) -> tuple[str, bool]:
+    """The task file minus what a candidate must not carry: Model.forward (the reference
+    computation), get_inputs/get_init_inputs, size tables and top-level statements.
+
+    Returns the code and whether the task used ``from __future__`` imports (hoisted by the
+    caller: they must open the file).
+    """
+    tree = ast.parse(source)
+    keep: list[ast.stmt] = []
+    future = False
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            future = True
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            keep.append(node)
+        elif isinstance(node, ast.ClassDef):
+            if node.name == "Model":
+                node.body = [s for s in node.body
+                             if not (isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                                     and s.name == "forward")] or [ast.Pass()]
+            keep.append(node)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if node.name not in _DROP_FUNCS:
+                keep.append(node)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {t.id for t in targets if isinstance(t, ast.Name)}
+            used = {sub.id for sub in ast.walk(node) if isinstance(sub, ast.Name)}
+            # Module constants stay (a constructor may read them), except the size table and
+            # values computed from the input builders, which are gone.
+            if "ASSAY_SIZES" not in names and not used & _DROP_FUNCS:
+                keep.append(node)
+    return ast.unparse(ast.Module(body=keep, type_ignores=[])), future
+
+
+# ----------------------------------------------------------------------------------------------
+# ModelNew.forward and the file
+
+
+def _forward_lines(plan: Plan, target: str, knobs: dict[str, Any], family: Family
+                   ) -> tuple[list[str], list[Entry]]:
+    """ModelNew.forward's body, and the kernel entry points it calls with their parameters."""
+    head = family.head(plan, target, knobs)
+    gk = plan.head_leaf
+    lines = list(head.lines) if head is not None else []
+    for k, lf in enumerate(plan.leaves):
+        if k != gk:
+            lines.append(f"l{k} = {leaf_tensor(lf)}")
+    a = plan.anchor
+    dev = head.device if head is not None else f"l{a}"
+    nd, k = plan.ndim, plan.k
+    what = head.what if head is not None else plan.leaves[a].name
+    lines.append("shape = gshape" if head is not None else f"shape = tuple(l{a}.shape)")
+    lines.append(f"_expect(len(shape) == {nd}, {what + f' does not have {nd} dims'!r})")
+    lines.append("n = math.prod(shape)")
+    for j, lf in enumerate(plan.leaves):
+        if j == gk:
+            continue
+        name = lf.name
+        if lf.bcast == "full" and j != a:
+            lines.append(f"_expect(l{j}.numel() == n, {name + ' does not match ' + what!r})")
+        elif lf.bcast == "scalar":
+            lines.append(f"_expect(l{j}.numel() == 1, {name + ' is not a single value'!r})")
+        elif lf.bcast == "block":
+            lines.append(f"inner{j} = math.prod(shape[{lf.b + 1}:])")
+            lines.append(f"mid{j} = math.prod(shape[{lf.a}:{lf.b + 1}])")
+            lines.append(f"_expect(l{j}.numel() == mid{j}, {name + ' does not broadcast'!r})")
+    if plan.kind == "row":
+        lines.append(f"cols = math.prod(shape[{nd - k}:])")
+        if plan.groups:
+            if plan.groups[0] == "attr":
+                lines.append(f"groups = int(_attr(self, {plan.groups[1]!r}).num_groups)")
+            else:
+                lines.append(f"groups = {int(plan.groups[1])}")
+            lines.append("_expect(groups > 0 and shape[1] % groups == 0, "
+                         "'channels not divisible by the groups')")
+            lines.append("cols = cols // groups")
+        lines.append("rows = n // cols if cols else 0")
+        if plan.out_is_row:
+            keep = f" + {(1,) * k!r}" if plan.keepdim else ""
+            lines.append(f"out = torch.empty(shape[:{nd - k}]{keep}, dtype=DTYPE, "
+                         f"device={dev}.device)")
+            lines.append("_expect(cols > 0 or rows == 0, 'a reduction over empty rows')")
+        else:
+            lines.append(f"out = torch.empty(shape, dtype=DTYPE, device={dev}.device)")
+        lines.append("if rows == 0 or cols == 0:")
+    else:
+        lines.append(f"out = torch.empty(shape, dtype=DTYPE, device={dev}.device)")
+        lines.append("if n == 0:")
+    lines.append("    return out")
+    stream = ([f"torch.cuda.current_stream({dev}.device).cuda_stream"] if target == "cuda"
+              else [])
+    calls, entries = family.calls(plan, target, knobs, stream)
+    lines += calls
+    lines.append("return out")
+    return lines, entries
+
+
+def candidate_file(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
+                   task_source: str) -> str:
+    """The full candidate module: the task's constructor, SOURCE, and ModelNew."""
+    family = family_of(plan)
+    source = family.source(plan, target, knobs, summary)
+    forward, entries = _forward_lines(plan, target, knobs, family)
+    extra = ["ctypes.c_void_p"] if target == "cuda" else []
+    code, future = task_prelude(task_source)
+    if '"""' in source:  # never: the kernel has no triple quotes, but SOURCE is r"""..."""
+        raise ValueError("kernel source contains a triple quote")
+    # A candidate whose product the library computes can pass the permissive policy only.
+    library = family.library(plan, target, knobs)
+    return render(
+        CANDIDATE, summary=summary, template=family.template(plan, knobs), target=target,
+        knob_line=knob_line(knobs), knobs_repr=repr(dict(sorted(knobs.items()))),
+        lang="cuda" if target == "cuda" else "cpp", source=source, task_code=code,
+        future=future, inputs=list(plan.inputs),
+        entries=[(name, ", ".join([p.ctypes_type for p in ps] + extra)) for name, ps in entries],
+        device_type="cuda" if target == "cuda" else "cpu", forward=forward,
+        policy="permissive" if library else "strict", library=library, dtype=plan.dtype)

@@ -1,0 +1,351 @@
+"""The gemm family: one matrix product (torch.matmul/mm/bmm, F.linear/nn.Linear) or convolution
+(F.conv2d/nn.Conv2d) of inputs and parameters, followed by any chain of the elementwise and row
+families (bias, activation, scaling, residual, softmax, norms, sums): the epilogue.
+
+Three templates, told apart by the knob ``lib``: 0 = a tiled GEMM of this package, fp32
+register-blocked SIMT (``gemm``; C++ on the cpu target) or WMMA tensor cores for
+float16/bfloat16 (``gemm_tc``), with an elementwise epilogue fused into its stores or followed
+by the row kernel (strict policy); 1 = the library's GEMM or convolution followed by one fused
+epilogue kernel (``epilogue``; the candidate says ``POLICY = "permissive"``: the strict kernel
+audit refuses it, as it should). A convolution has only the library form, float16/bfloat16
+products only the tensor-core GEMM. No TF32: the bundled tasks are float32 and the verifier's
+precision check would refuse it.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from assay.propose.offline.families import elementwise, gemm_tc, gemm_tiled, row
+from assay.propose.offline.families.family import Entry, Family, Head, Space
+from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Param, fused_calls,
+                                                   fused_epilogue, head_values, leaf_params,
+                                                   leaf_tensor, out_param, pointer, render,
+                                                   size_params)
+from assay.propose.offline.graph import PREFIX, Analysis, Plan
+
+# The templates of knob lib 0, the product's own GEMM, by name (each module holds its knob
+# space, defaults, C++/CUDA template and kernel writer).
+_OWN_GEMM: dict[str, ModuleType] = {"gemm": gemm_tiled, "gemm_tc": gemm_tc}
+
+KNOB_SPACES: dict[tuple[str, str], Space] = {**gemm_tiled.KNOB_SPACES, **gemm_tc.KNOB_SPACES}
+
+# ----------------------------------------------------------------------------------------------
+# Template epilogue: the library's product, then the elementwise or row family's kernel
+
+# The library convolution's result in channels_last (knob layout), [N][H*W][C] in memory, made
+# NCHW for the epilogue kernel through 32 x 32 tiles in shared memory, reads along C and writes
+# along H*W both coalesced: torch's generic permute copy ran at ~0.9 TB/s on an H200 (0.156 ms
+# for L2_5's 67 MB convolution result).
+CUDA_TO_NCHW = r"""
+__global__ void __launch_bounds__(256) assay_to_nchw_tiles(const float* __restrict__ src,
+    float* __restrict__ dst, int64_t C, int64_t HW) {
+  __shared__ float tile[32][33];  // +1: the transposed reads hit 32 different banks
+  const int64_t n = blockIdx.z, c0 = (int64_t)blockIdx.y * 32, p0 = (int64_t)blockIdx.x * 32;
+  const float* __restrict__ s = src + n * HW * C;
+  float* __restrict__ d = dst + n * C * HW;
+  for (int j = threadIdx.y; j < 32; j += 8) {
+    const int64_t p = p0 + j, c = c0 + threadIdx.x;
+    if (p < HW && c < C) tile[j][threadIdx.x] = __ldg(s + p * C + c);
+  }
+  __syncthreads();
+  for (int j = threadIdx.y; j < 32; j += 8) {
+    const int64_t c = c0 + j, p = p0 + threadIdx.x;
+    if (p < HW && c < C) d[c * HW + p] = tile[threadIdx.x][j];
+  }
+}
+
+extern "C" int assay_to_nchw(const float* src, float* dst, int64_t N, int64_t C, int64_t HW,
+                             void* stream_ptr) {
+  if (N <= 0 || C <= 0 || HW <= 0) return 0;
+  const int64_t gx = (HW + 31) / 32, gy = (C + 31) / 32;
+  if (gx > 2147483647 || gy > 65535 || N > 65535) return (int)cudaErrorInvalidConfiguration;
+  assay_to_nchw_tiles<<<dim3((unsigned)gx, (unsigned)gy, (unsigned)N), dim3(32, 8), 0,
+                        static_cast<cudaStream_t>(stream_ptr)>>>(src, dst, C, HW);
+  return (int)cudaGetLastError();
+}
+"""
+
+
+# ----------------------------------------------------------------------------------------------
+# Which template, which knobs
+
+
+def _chain(plan: Plan) -> ModuleType:
+    """The family of what follows the product (its epilogue kernel, when there is one)."""
+    return row if plan.kind == "row" else elementwise
+
+
+def matches(plan: Plan) -> bool:
+    return plan.gemm is not None
+
+
+def libs(target: str, analysis: Analysis, policy: str = "any") -> tuple[int, ...]:
+    """The values knob ``lib`` may take for this plan (empty: no template can write it)."""
+    g = analysis.plan.gemm
+    if g is None:
+        return ()
+    custom = g.matmul and (analysis.plan.dtype == "float32" or target == "cuda")
+    library = not g.trivial and analysis.plan.dtype == "float32" and policy != "strict"
+    return tuple(v for v, ok in ((0, custom), (1, library)) if ok)
+
+
+def declines(target: str, analysis: Analysis, policy: str = "any") -> str | None:
+    """Why no template can write this plan on ``target`` under ``policy``, or None."""
+    g = analysis.plan.gemm
+    if g is None or libs(target, analysis, policy):
+        return None
+    if g.op == "conv2d" and g.trivial:
+        return (f"{PREFIX} a lone {g.what} (convolution): nothing after the library call to "
+                f"fuse, and v1 has no convolution kernel of its own")
+    if g.op == "conv2d":
+        return (f"{PREFIX} {g.what} under the strict policy (convolution): v1 only fuses "
+                f"what follows a library convolution, which needs the permissive policy")
+    return f"{PREFIX} this task ({g.what})"  # pragma: no cover - matmul always has lib=0
+
+
+def _conv_layouts(target: str, analysis: Analysis) -> bool:
+    """Whether knob ``layout`` applies: a library convolution on cuda, run on the tensors as
+    given (0, NCHW) or converted to channels_last (1), whose cuDNN kernels differ. Measured on
+    an H200 (2026-11-23, benchmarks/probe_gpu.py): 0.59 ms against 2.36 ms NCHW (an FFT
+    algorithm) for L2_5's 64->128 channel conv, but 1.05 against 0.97 ms for L2_4's."""
+    g = analysis.plan.gemm
+    return target == "cuda" and g is not None and g.op == "conv2d"
+
+
+def template(plan: Plan, knobs: dict[str, Any]) -> str:
+    """``gemm`` (the tiled fp32 GEMM; a row epilogue follows as a second kernel), ``gemm_tc``
+    (tensor cores, float16/bfloat16) or ``epilogue`` (the library computes the product, one
+    fused kernel the rest; knob ``lib`` = 1)."""
+    if int(knobs.get("lib", 0)):
+        return "epilogue"
+    return "gemm" if plan.dtype == "float32" else "gemm_tc"
+
+
+def strategy(plan: Plan, knobs: dict[str, Any]) -> str:
+    """A product tiles (tiling), uses tensor cores (tensor_cores) or leaves the product to the
+    library and fuses the rest (epilogue)."""
+    return {"epilogue": "epilogue", "gemm_tc": "tensor_cores"}.get(template(plan, knobs),
+                                                                    "tiling")
+
+
+def space(target: str, analysis: Analysis, lib: int | None = None, policy: str = "any") -> Space:
+    """The knob space of the template that ``lib`` selects (None: the plan's first)."""
+    plan = analysis.plan
+    values = libs(target, analysis, policy)
+    if lib not in values:
+        lib = values[0]
+    out: Space = {"lib": values}
+    if lib == 1:
+        out.update(_chain(plan).space(target, analysis))
+        if _conv_layouts(target, analysis):
+            out["layout"] = (0, 1)
+        return out
+    out.update(KNOB_SPACES[(target, template(plan, {"lib": 0}))])
+    if plan.kind == "row":  # the row kernel after the GEMM has its own knobs
+        out.update(row.space(target, analysis))
+    return out
+
+
+def defaults(target: str, analysis: Analysis, lib: int | None = None,
+             policy: str = "any") -> dict[str, int]:
+    """Those of the template ``lib`` selects (None: the plan's first)."""
+    plan = analysis.plan
+    values = libs(target, analysis, policy)
+    lib = lib if lib in values else values[0]
+    if lib == 1:
+        knobs = {"lib": 1, **_chain(plan).defaults(target, analysis)}
+        if _conv_layouts(target, analysis):
+            knobs["layout"] = 0
+        return knobs
+    knobs = {"lib": 0, **_OWN_GEMM[template(plan, {"lib": 0})].defaults(target)}
+    if plan.kind == "row":
+        knobs.update(row.defaults(target, analysis))
+    return knobs
+
+
+def safe(target: str, plan: Plan, knobs: dict[str, Any]) -> dict[str, int]:
+    """The most conservative form of the template ``knobs`` selects: small tiles, no vector
+    accesses, no pipelining, serial on the host; the epilogue kernel's own after a library
+    call."""
+    name = template(plan, knobs)
+    if name == "epilogue":
+        return _chain(plan).safe(target)
+    out = _OWN_GEMM[name].safe(target)
+    if plan.kind == "row":
+        out.update(row.safe(target))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The kernel file
+
+
+def _gemm_params(plan: Plan, target: str, fused: bool) -> list[Param]:
+    """assay_gemm's parameters: operands, the epilogue's leaves (when fused), the output (the
+    product itself, ``g``, when a row kernel follows), sizes, batch strides, leaf geometry."""
+    elt = "float" if plan.dtype == "float32" else "assay_elt"
+    ps = [pointer(target, name, f"l{name}.data_ptr()", elt) for name in ("A", "B")]
+    ptrs, geometry = leaf_params(plan, target, plan.gemm_leaf, elt) if fused else ([], [])
+    out = out_param(target, "out.data_ptr()" if fused else "g.data_ptr()", elt)
+    return ps + ptrs + [out] + size_params("M", "N", "K", "batch", "sA", "sB", "sC") + geometry
+
+
+def _product_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
+    """The tiled GEMM (cpu, cuda fp32) or tensor-core GEMM (cuda float16/bfloat16) with the
+    elementwise epilogue fused into its stores, or storing the product for the row kernel that
+    follows (whose source comes first in the file)."""
+    assert plan.gemm is not None and plan.gemm.matmul
+    name = template(plan, knobs)
+    fused = plan.kind == "elementwise"
+    prologue, body, out_expr = (fused_epilogue(plan, name == "gemm_tc") if fused
+                                else ([], [], "acc_v"))
+    params = _gemm_params(plan, target, fused)
+    kparams = ", ".join(f"{p.ctype} {p.name}" for p in params)
+    common = head_values(name, knobs, summary)
+    values = dict(common, prologue=prologue, epi_body=body, epi_out=out_expr,
+                  bm=int(knobs["tile_m"]), bn=int(knobs["tile_n"]), bk=int(knobs["k_step"]),
+                  trans_b=plan.gemm.op == "linear", kparams=kparams,
+                  kargs=", ".join(p.name for p in params),
+                  params=kparams if target == "cpu" else kparams + ", void* stream_ptr")
+    gemm = _OWN_GEMM[name].kernel(values, target, knobs, plan)
+    if fused:
+        return render(CPP_PREAMBLE if target == "cpu" else CUDA_COMMON, **common) + gemm
+    return row.source(plan, target, knobs, summary, label=name) + gemm
+
+
+def source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
+    """The tiled or tensor-core GEMM with its epilogue, or (template ``epilogue``) the epilogue
+    kernel that follows the library call, and the channels_last transpose when it needs one."""
+    if template(plan, knobs) != "epilogue":
+        return _product_source(plan, target, knobs, summary)
+    text = _chain(plan).source(plan, target, knobs, summary, label="epilogue")
+    if _to_nchw(plan, target, int(knobs.get("layout", 0))):
+        text += CUDA_TO_NCHW
+    return text
+
+
+# ----------------------------------------------------------------------------------------------
+# ModelNew.forward
+
+_LIBRARY = {"mm": "torch.mm", "linear": "torch.mm", "bmm": "torch.bmm",
+            "conv2d": "torch.nn.functional.conv2d"}
+
+
+def library_of(plan: Plan, target: str) -> str:
+    """What the library computes in the ``epilogue`` template, for the docstring."""
+    assert plan.gemm is not None
+    lib = ("cuDNN" if plan.gemm.op == "conv2d" else "cuBLAS") if target == "cuda" else "ATen"
+    return f"the {plan.gemm.what} ({_LIBRARY[plan.gemm.op]}, {lib})"
+
+
+def _gemm_lines(plan: Plan, target: str, template: str, layout: int = 0) -> list[str]:
+    """The product's operands and sizes (lA, lB, M, N, K, batch, sA, sB, sC, gshape); in the
+    epilogue template also the library call, whose result is leaf ``l<gemm_leaf>``.
+    ``layout`` 1: the convolution runs on channels_last copies of its operands (its result,
+    channels_last too, becomes contiguous NCHW again for the epilogue kernel: on cuda through
+    the file's own transpose, assay_to_nchw)."""
+    g = plan.gemm
+    assert g is not None
+    lines = [f"lA = {leaf_tensor(g.a)}", f"lB = {leaf_tensor(g.b)}"]
+    gk = plan.gemm_leaf
+    if g.op == "conv2d":
+        lines.append("_expect(lA.dim() == 4 and lB.dim() == 4, 'conv2d operands are not NCHW')")
+        if g.conv[0] == "module":
+            lines.append(f"conv = _attr(self, {g.conv[1]!r})")
+            lines.append("cargs = (conv.stride, conv.padding, conv.dilation, conv.groups)")
+        else:
+            lines.append(f"cargs = {tuple(g.conv[1:])!r}")
+        if layout:
+            lines.append("cl = torch.channels_last")
+            call = ("g = torch.nn.functional.conv2d(lA.contiguous(memory_format=cl), "
+                    "lB.contiguous(memory_format=cl), None, *cargs)")
+        else:
+            call = "g = torch.nn.functional.conv2d(lA, lB, None, *cargs)"
+        if target == "cuda":
+            lines += ["with _ieee_fp32():", f"    {call}"]
+        else:
+            lines.append(call)
+        if _to_nchw(plan, target, layout):
+            lines += ["if g.dtype == DTYPE and g.dim() == 4 and not g.is_contiguous() and "
+                      "g.is_contiguous(memory_format=cl) and g.shape[0] <= 65535:",
+                      f"    l{gk} = torch.empty(g.shape, dtype=DTYPE, device=g.device)",
+                      f"    _check(_lib().assay_to_nchw(g.data_ptr(), l{gk}.data_ptr(), "
+                      "g.shape[0], g.shape[1], g.shape[2] * g.shape[3], "
+                      "torch.cuda.current_stream(g.device).cuda_stream))",
+                      "else:",
+                      f"    l{gk} = _tensor(g, 'the conv2d result')"]
+        else:
+            lines.append(f"l{gk} = _tensor(g, 'the conv2d result')")
+        lines.append("gshape = tuple(g.shape)")
+        return lines
+    if g.op == "mm":
+        lines += [f"_expect(lA.dim() == {g.a_ndim} and lB.dim() == 2 and lA.shape[-1] == "
+                  f"lB.shape[0], 'matmul operand shapes')",
+                  "K, N = lB.shape", "M = math.prod(lA.shape[:-1])", "batch, sA, sB = 1, 0, 0",
+                  "gshape = tuple(lA.shape[:-1]) + (N,)"]
+        lib = "torch.mm(lA.reshape(M, K), lB).view(gshape)"
+    elif g.op == "linear":
+        lines += [f"_expect(lA.dim() == {g.a_ndim} and lB.dim() == 2 and lA.shape[-1] == "
+                  f"lB.shape[1], 'linear operand shapes')",
+                  "N, K = lB.shape", "M = math.prod(lA.shape[:-1])", "batch, sA, sB = 1, 0, 0",
+                  "gshape = tuple(lA.shape[:-1]) + (N,)"]
+        lib = "torch.mm(lA.reshape(M, K), lB.t()).view(gshape)"
+    else:  # bmm
+        lines += ["_expect(lA.dim() == 3 and lB.dim() == 3 and lA.shape[0] == lB.shape[0] and "
+                  "lA.shape[2] == lB.shape[1], 'bmm operand shapes')",
+                  "batch, M, K = lA.shape", "N = lB.shape[2]", "sA, sB = M * K, K * N",
+                  "gshape = (batch, M, N)"]
+        lib = "torch.bmm(lA, lB)"
+    lines.append("sC = M * N")
+    if template == "epilogue":
+        lines.append(f"l{gk} = {lib}")
+    return lines
+
+
+def _to_nchw(plan: Plan, target: str, layout: int) -> bool:
+    """Whether the file carries assay_to_nchw: a library convolution run channels_last."""
+    return bool(layout) and target == "cuda" and plan.gemm is not None and plan.gemm.op == "conv2d"
+
+
+def head(plan: Plan, target: str, knobs: dict[str, Any]) -> Head:
+    lines = _gemm_lines(plan, target, template(plan, knobs), int(knobs.get("layout", 0)))
+    return Head(lines, device="lA", what="the product")
+
+
+def calls(plan: Plan, target: str, knobs: dict[str, Any], stream: list[str]
+          ) -> tuple[list[str], list[Entry]]:
+    """The GEMM's call (its result ``g`` allocated first when a row kernel follows), the
+    transpose's entry point (called from the head's lines) and the epilogue kernel's call."""
+    custom = template(plan, knobs) in ("gemm", "gemm_tc")
+    fused = custom and plan.kind == "elementwise"
+    lines: list[str] = []
+    entries: list[Entry] = []
+    if custom:
+        gp = _gemm_params(plan, target, fused)
+        entries.append(("assay_gemm", gp))
+        if not fused:
+            lines.append("g = torch.empty(gshape, dtype=DTYPE, device=lA.device)")
+        lines.append(f"_check(_lib().assay_gemm({', '.join([p.py for p in gp] + stream)}))")
+        if not fused:
+            lines.append(f"l{plan.gemm_leaf} = g")
+    if _to_nchw(plan, target, int(knobs.get("layout", 0))):
+        ptr, i64 = "ctypes.c_void_p", "ctypes.c_int64"
+        entries.append(("assay_to_nchw", [Param("", "src", "", ptr), Param("", "dst", "", ptr)]
+                        + [Param("", v, "", i64) for v in ("N", "C", "HW")]))
+    if not fused:
+        more_lines, more_entries = fused_calls(plan, target, knobs, stream)
+        lines += more_lines
+        entries += more_entries
+    return lines, entries
+
+
+def library(plan: Plan, target: str, knobs: dict[str, Any]) -> str:
+    return library_of(plan, target) if template(plan, knobs) == "epilogue" else ""
+
+
+FAMILY = Family(name="gemm", matches=matches, knob_spaces=KNOB_SPACES, space=space,
+                defaults=defaults, safe=safe, template=template, strategy=strategy,
+                source=source, calls=calls, libs=libs, declines=declines, head=head,
+                library=library)
