@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from assay.bench.timing import Timing, TimingConfig, time_calls
+from assay.bench.timing import Timing, TimingConfig, steady_host_allocator, time_calls
 from assay.tasks.instantiate import make_inputs, reference_model, set_fp32_numerics
 from assay.tasks.model import Task
 
@@ -37,6 +37,8 @@ def steady(time_once: Callable[[], Timing]) -> tuple[Timing, int]:
 def time_reference(task: Task, device: str, cfg: TimingConfig, compile_: bool = True,
                    compile_mode: str = "default", rotating: int = 3) -> dict[str, Any]:
     set_fp32_numerics(False)
+    if device == "cpu":
+        steady_host_allocator()  # as the worker does: outputs served alike in both processes
     module = task.module()
     dev = torch.device(device)
     model = reference_model(module, 0, device)

@@ -677,6 +677,8 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     # The arithmetic the reference and the baselines used (true fp32 unless the config allows
     # tf32), set before the candidate loads: changing it is then a global_state rejection.
     set_fp32_numerics(bool(job.get("allow_tf32", False)))
+    if device.type == "cpu":
+        timing.steady_host_allocator()  # as the baseline's process: see its docstring
     guard = Guard()
     before = global_settings()
     result.update(stage="start", settings_before=before, t_start=_T0, t_torch=_T_TORCH)
