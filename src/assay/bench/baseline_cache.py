@@ -33,12 +33,17 @@ def cache_root() -> Path:
     return path
 
 
+# The timing method's version: baselines timed by an older method are not reused (2: the cpu
+# baseline's process fixes glibc's malloc thresholds, as the worker does).
+METHOD = 2
+
+
 def baseline_key(task: Task, device_name: str, torch_version: str, cfg: TimingConfig,
                  compile_: bool, compile_mode: str = "default") -> str:
     """A pure function of what the baseline depends on."""
     parts = {"task": task.source_hash, "size": task.size, "device": device_name,
              "torch": torch_version, "timing": dataclasses.asdict(cfg), "compile": compile_,
-             "compile_mode": compile_mode}
+             "compile_mode": compile_mode, "method": METHOD}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 

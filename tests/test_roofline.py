@@ -1,0 +1,42 @@
+"""The roofline floor is only as good as the measured peaks: a copy measured on a busy machine
+puts the floor too high, and an honest kernel under it would be called impossible. The device
+cache keeps the highest measurement, and a runtime under the floor is judged again against the
+peaks measured now before it is rejected."""
+
+from __future__ import annotations
+
+import json
+
+from assay.bench import device as device_mod
+from assay.records import Verdict
+from assay.verify.harness import _check_speed
+from assay.verify.settings import VerifyConfig
+
+
+def test_the_cache_keeps_the_highest_measurement(tmp_path, monkeypatch):
+    monkeypatch.setattr(device_mod, "_cache_file", lambda name: tmp_path / f"{name}.json")
+    rates = iter([18.0, 40.0, 25.0])
+    monkeypatch.setattr(device_mod, "measure_peaks", lambda dev: {
+        "name": "fake", "bandwidth_gbs": next(rates), "flops_tflops": 0.1})
+    assert device_mod.peaks("cpu")["bandwidth_gbs"] == 18.0  # first measurement, cached
+    assert device_mod.peaks("cpu")["bandwidth_gbs"] == 18.0  # from the cache
+    assert device_mod.peaks("cpu", refresh=True)["bandwidth_gbs"] == 40.0
+    assert device_mod.peaks("cpu", refresh=True)["bandwidth_gbs"] == 40.0  # 25 is lower: kept
+    cached = json.loads((tmp_path / f"{device_mod.device_name('cpu')}.json").read_text())
+    assert cached["bandwidth_gbs"] == 40.0
+
+
+def test_a_runtime_under_a_stale_floor_is_judged_against_the_peaks_measured_now():
+    cfg = VerifyConfig()
+    honest = Verdict(candidate="c", task="t", device="cpu", policy="strict")
+    honest.runtime_ms, honest.roofline_ms = 0.9, 1.88  # floor from a copy measured under load
+    _check_speed(honest, cfg, remeasure=lambda: 0.80)
+    assert honest.checks["roofline"]["passed"] and honest.roofline_ms == 0.80
+    faked = Verdict(candidate="c", task="t", device="cpu", policy="strict")
+    faked.runtime_ms, faked.roofline_ms = 0.05, 1.88  # work skipped: under any floor
+    _check_speed(faked, cfg, remeasure=lambda: 0.80)
+    assert not faked.checks["roofline"]["passed"] and "roofline" in faked.reasons
+    slower = Verdict(candidate="c", task="t", device="cpu", policy="strict")
+    slower.runtime_ms, slower.roofline_ms = 0.05, 0.80  # a busier machine now: floor kept
+    _check_speed(slower, cfg, remeasure=lambda: 1.5)
+    assert slower.roofline_ms == 0.80 and "roofline" in slower.reasons
