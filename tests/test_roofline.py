@@ -40,3 +40,21 @@ def test_a_runtime_under_a_stale_floor_is_judged_against_the_peaks_measured_now(
     slower.runtime_ms, slower.roofline_ms = 0.05, 0.80  # a busier machine now: floor kept
     _check_speed(slower, cfg, remeasure=lambda: 1.5)
     assert slower.roofline_ms == 0.80 and "roofline" in slower.reasons
+
+
+def test_a_failed_remeasurement_leaves_the_floor_standing(monkeypatch):
+    """Measuring again needs buffers of its own; where they do not fit (a device the task's
+    references nearly fill) the given floor stands and the verdict is still reached."""
+    from assay.verify import harness
+
+    def no_room(device, refresh=False):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 256.00 MiB")
+
+    monkeypatch.setattr(device_mod, "peaks", no_room)
+    given = {"name": "cpu-x86_64-unknown-1t", "bandwidth_gbs": 18.0, "flops_tflops": 0.05}
+    assert harness._remeasured_roofline("cpu", {"min_bytes": 1e6, "flops": 0.0}, given) is None
+    v = Verdict(candidate="c", task="t", device="cpu", policy="strict")
+    v.runtime_ms, v.roofline_ms = 0.05, 1.88
+    _check_speed(v, VerifyConfig(), remeasure=lambda: harness._remeasured_roofline(
+        "cpu", {"min_bytes": 1e6, "flops": 0.0}, given))
+    assert v.roofline_ms == 1.88 and "roofline" in v.reasons

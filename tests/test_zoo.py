@@ -185,7 +185,7 @@ def test_zoo_verdict_under_the_lightest_protocol(name):
     meta = CASES[name]
     task = zoo_task(meta["TASK"])
     prep = prepared_lightest(task)
-    # no swap sets of its own: the last correctness set's data is swapped into a timed call
+    # no swap sets of its own: the second correctness set's data is swapped into a timed call
     assert (len(prep.check_sets), len(prep.timing_sets), prep.swap_sets) == (2, 1, [1])
     assert all(r is None for s in prep.timing_sets for r in prep.refs64[s])
     assert prep.one_landing

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import re
 import secrets
@@ -47,6 +48,8 @@ from assay.verify.sandbox import run_sandboxed
 from assay.verify.sandbox.host import kernel_cache
 from assay.verify.settings import VerifyConfig
 from assay.verify.worker import plan_slots
+
+log = logging.getLogger("assay.verify")
 
 __all__ = ["verify", "prepare", "Prepared", "worker_job", "WorkerRun", "roofline_ms"]
 
@@ -387,7 +390,9 @@ def _remeasured_roofline(device: str, record: dict[str, Any] | None,
     """The roofline from the device's peaks measured now, on as many threads as the ``given``
     peaks were (their name ends in ``-<n>t`` on cpu; the cache keeps the highest): a floor
     from a peak measured on a busy machine is too high, and a runtime under it is the
-    measurement's fault before it is the candidate's."""
+    measurement's fault before it is the candidate's. None (the floor stands) when measuring
+    fails: on a device the task's references nearly fill, the measurement's own buffers may
+    not fit."""
     if not record or not given:
         return None
     from assay.bench.device import peaks
@@ -398,6 +403,10 @@ def _remeasured_roofline(device: str, record: dict[str, Any] | None,
         torch.set_num_threads(int(threads.group(1)))
     try:
         return roofline_ms(record, peaks(device, refresh=True))
+    except (RuntimeError, OSError) as e:  # out of memory included (torch's is a RuntimeError)
+        log.warning("roofline: the device's peaks could not be measured again (%s); the "
+                    "floor from the given peaks stands", str(e).splitlines()[0][:200])
+        return None
     finally:
         torch.set_num_threads(before)
 
