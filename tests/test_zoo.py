@@ -122,7 +122,11 @@ def assert_verdict(meta: dict, v) -> None:
     ALSO."""
     expect, also = set(meta["EXPECT"]), set(meta["ALSO"])
     failed = {k: c["detail"][:400] for k, c in v.checks.items() if not c["passed"]}
-    assert v.accepted == (not expect), (v.reasons, failed)
+    # what the timed calls ran and took: an exploit accepted either fooled a check or did not
+    # fire (a trigger that missed), and these tell which
+    seen = {"kernels": v.kernels_launched, "runtime_ms": v.runtime_ms,
+            "audit": v.checks.get("audit_consistency", {}).get("detail", "")[:200]}
+    assert v.accepted == (not expect), (v.reasons, failed, seen)
     assert expect <= set(v.reasons), (sorted(expect - set(v.reasons)), v.reasons, failed)
     assert set(v.reasons) <= expect | also, (sorted(set(v.reasons) - expect - also), failed)
 
