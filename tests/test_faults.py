@@ -261,6 +261,40 @@ def test_cpu_lease_lets_one_timing_step_at_a_time_and_outlives_no_sigkill(tmp_pa
                 p.wait()
 
 
+TIMED_PART = """
+    import time
+    from omegaconf import OmegaConf
+    from assay import app
+    cfg = OmegaConf.create({"target": {"name": "cpu", "cpu_threads": 1}})
+    with app.cpu_timing(cfg):
+        print("timing", flush=True)
+        time.sleep(1.0)
+    print("teardown", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_timing_step_holds_the_cpu_lease_for_its_timed_part_only(tmp_path):
+    """A step gives the CPU lease back when its timed part ends: the next step times while the
+    first is still tearing down (its start-up and teardown need not be serialized)."""
+    env = {"ASSAY_GPU_LOCK_DIR": str(tmp_path / "locks")}
+    first = python(TIMED_PART, env, start_new_session=True)
+    second = None
+    try:
+        wait_for_line(first, "timing")
+        second = python(TIMED_PART, env, start_new_session=True)
+        ready, _, _ = select.select([second.stdout], [], [], 0.5)
+        assert not ready, "two timed parts held the CPU at once"
+        wait_for_line(first, "teardown")
+        wait_for_line(second, "timing", timeout=30)
+        assert first.poll() is None  # the first step still runs: its lease was given back
+    finally:
+        for p in (first, second):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
 def test_slurm_jobs_on_one_node_do_not_wait_for_each_other(tmp_path):
     """Under SLURM every job's devices are numbered from 0: the scheduler's allocation is the
     lease, so two jobs that both see "0" both start at once (no shared lock by index)."""

@@ -36,7 +36,8 @@ def baseline(cfg: DictConfig) -> dict:
                         budget_s=v.budget_s)
     log.info("%s: timing eager%s on %s", task.id,
              " and torch.compile" if cfg.baselines.compile else "", device)
-    out = time_reference(task, device, tcfg, cfg.baselines.compile, cfg.baselines.compile_mode)
+    out = time_reference(task, device, tcfg, cfg.baselines.compile, cfg.baselines.compile_mode,
+                         hold=lambda: app.cpu_timing(cfg))
     out["target"] = tgt
     write_json(c.baseline(cfg.task), out)
     log.info("%s: eager %.4g ms, compile %s ms", task.id, out["eager_ms"], out["compile_ms"])
