@@ -543,3 +543,14 @@ def test_off_grid_data_exposes_a_bf16_mean_and_the_offset_set_too():
             continue
         assert not bad.accepted and "precision" in bad.reasons, (dists, bad.reasons)
         assert shows in bad.checks["precision"]["detail"], bad.checks["precision"]["detail"]
+
+
+def test_the_offset_set_rejects_an_honest_one_pass_variance():
+    """Why ``offset`` is opt-in: data 16x above its spread costs a one-pass fp32 variance the
+    square of that level, and the honest kernel the default sets accept is rejected there."""
+    name = "honest_layernorm_one_pass_cpp"
+    task = zoo_task(CASES[name]["TASK"])
+    cfg = dataclasses.replace(zoo_config(CASES[name]), input_distributions=["native", "offset"])
+    v = verify(task, CASES[name]["path"], "cpu", cfg, record=record(task), peaks=GENEROUS_PEAKS,
+               prepared=prepare(task, "cpu", cfg))
+    assert not v.accepted and {"precision", "correctness"} & set(v.reasons), v.reasons
