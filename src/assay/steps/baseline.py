@@ -38,6 +38,7 @@ def baseline(cfg: DictConfig) -> dict:
              " and torch.compile" if cfg.baselines.compile else "", device)
     out = time_reference(task, device, tcfg, cfg.baselines.compile, cfg.baselines.compile_mode)
     out["target"] = tgt
+    out["kernels"] = app.kernel_target(cfg, tgt)  # triton on target=triton, else the device's
     write_json(c.baseline(cfg.task), out)
     log.info("%s: eager %.4g ms, compile %s ms", task.id, out["eager_ms"], out["compile_ms"])
     return out
