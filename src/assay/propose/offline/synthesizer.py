@@ -28,7 +28,7 @@ from assay.records import Proposal
 
 TARGETS = ("cpu", "cuda", "triton")
 # The families with a Triton form (target ``triton``); the others decline it for now.
-TRITON_FAMILIES = ("elementwise",)
+TRITON_FAMILIES = ("elementwise", "row")
 POLICIES = ("any", "strict", "permissive")
 
 

@@ -120,27 +120,46 @@ def load_expr(plan: Plan, k: int, index: str = "offs", mask: str = "mask") -> st
     return f"tl.load(t{k} + {at}, mask={mask})"
 
 
+def row_load_expr(kind: str, k: int) -> str:
+    """Leaf ``k`` in a row kernel, by its shared.leaf_kind: ``offs`` is the flat index of the
+    columns ``c`` of row ``row`` (``base = row * cols``)."""
+    return {
+        "full": f"tl.load(t{k} + offs, mask=mask)",
+        "scalar": f"tl.load(t{k})",
+        "general": f"tl.load(t{k} + (offs // inner{k}) % mid{k}, mask=mask)",
+        "col": f"tl.load(t{k} + c, mask=mask)",
+        "colmod": f"tl.load(t{k} + c % mid{k}, mask=mask)",
+        # inner is a multiple of cols here, so (base + c) // inner == base // inner
+        "rowconst": f"tl.load(t{k} + (base // inner{k}) % mid{k})",
+    }[kind]
+
+
+def node_name(plan: Plan, j: int) -> str:
+    n = plan.nodes[j]
+    if n.op == "const":
+        return t_float(n.attr("value"))
+    if n.op == "cols":
+        return "fcols"
+    return f"v{j}"
+
+
+def define(plan: Plan, j: int, kinds: list[str] | None = None) -> str:
+    """The line computing node ``j``; ``kinds``: a row kernel's leaf kinds (loads by
+    row_load_expr), else an elementwise kernel's (load_expr)."""
+    n = plan.nodes[j]
+    if n.op == "load":
+        k = n.attr("leaf")
+        return f"v{j} = {row_load_expr(kinds[k], k) if kinds else load_expr(plan, k)}"
+    return f"v{j} = {FORMULAS[n.op]([node_name(plan, a) for a in n.args], dict(n.attrs))}"
+
+
 def value_lines(plan: Plan, nodes: list[int]) -> list[str]:
     """``v<j> = ...`` for each of ``nodes`` (topological order); constants are inlined."""
-    def name(j: int) -> str:
-        n = plan.nodes[j]
-        return t_float(n.attr("value")) if n.op == "const" else f"v{j}"
-
-    lines = []
-    for j in nodes:
-        n = plan.nodes[j]
-        if n.op == "const":
-            continue
-        if n.op == "load":
-            lines.append(f"v{j} = {load_expr(plan, n.attr('leaf'))}")
-        else:
-            lines.append(f"v{j} = {FORMULAS[n.op]([name(a) for a in n.args], dict(n.attrs))}")
-    return lines
+    return [define(plan, j) for j in nodes if plan.nodes[j].op not in ("const", "cols")]
 
 
 def output_expr(plan: Plan) -> str:
-    n = plan.nodes[plan.output]
-    return t_float(n.attr("value")) if n.op == "const" else f"v{plan.output}"
+    return node_name(plan, plan.output)
 
 
 def leaf_args(plan: Plan) -> tuple[list[str], list[str]]:
