@@ -3,6 +3,9 @@
     PYTHONPATH=src python benchmarks/synth_suite.py --out $OUT/synth              # cuda, large
     PYTHONPATH=src python benchmarks/synth_suite.py --device cpu --tasks 'L1_1_*,L2_1_*' \\
         --out /tmp/synth                                                           # smoke test
+    PYTHONPATH=src python benchmarks/synth_suite.py --kernels triton --out $OUT/synth-triton
+        # target=triton: the synthesizer's Triton forms (elementwise, row), compiled by Triton
+        # at their first launch (no build phase); on --device cpu, Triton's interpreter
 
 For each task of data/tasks (``--tasks`` globs, ``--levels``): the synthesizer's proposals
 (``--variants`` knob settings from translate, the defaults of each template first, plus
@@ -164,10 +167,13 @@ def warm_compile(path: str, level: int, size: str, device: str, mode: str) -> di
 
 
 def build_candidate(path: str) -> dict[str, Any]:
-    """Compile a candidate's SOURCE into the shared kernel cache (nvcc / g++ process)."""
+    """Compile a candidate's SOURCE into the shared kernel cache (nvcc / g++ process); a Triton
+    candidate has none (Triton compiles at the first launch, inside the verification)."""
     from assay.bench.build import BuildError, build
 
     t = time.perf_counter()
+    if "@triton.jit" in Path(path).read_text():
+        return {"ok": True, "seconds": 0.0, "note": "Triton: compiled at the first launch"}
     try:
         consts = {}
         for node in ast.parse(Path(path).read_text()).body:
@@ -377,7 +383,8 @@ def summarize(runs: list[TaskRun], peaks: dict[str, Any] | None, meta: dict[str,
     ]
     probes = [x for x in rows if not isinstance(x["level"], int)]
     head = [
-        f"# Offline synthesizer on the bundled suite ({meta['device']}, size {meta['size']})",
+        f"# Offline synthesizer on the bundled suite ({meta['device']}, size {meta['size']}"
+        f"{', Triton kernels' if meta.get('kernels') == 'triton' else ''})",
         "",
         f"{meta['device_name']}; torch {meta['torch']}; peaks: "
         f"{fmt((peaks or {}).get('bandwidth_gbs'), '.0f')} GB/s copy bandwidth, "
@@ -406,6 +413,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="output folder")
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    ap.add_argument("--kernels", default="native", choices=["native", "triton"],
+                    help="native: CUDA on cuda, C++ on cpu; triton: the synthesizer's Triton "
+                         "forms (target=triton; on cpu they run in Triton's interpreter)")
     ap.add_argument("--size", default=None, help="large | small (default: large on cuda)")
     ap.add_argument("--tasks", default="", help="comma-separated id globs, e.g. 'L1_1_*,L2_*'")
     ap.add_argument("--levels", default="1,2,3")
@@ -454,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
 
     device = resolve_device(args.device)
     target = "cuda" if device.startswith("cuda") else "cpu"
+    # on cpu the verifier's sandbox runs Triton's interpreter in every worker
+    kernels = "triton" if args.kernels == "triton" else target  # what the synthesizer writes
     size = args.size or ("large" if target == "cuda" else "small")
     deadline = T0 + args.budget_s
     if target == "cuda" and not os.environ.get("ASSAY_CUDA_ARCH"):
@@ -470,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     for e in errors:
         log(f"task file skipped: {e}")
     runs = [TaskRun(r.id, r.level, r.path) for r in refs]
-    if target == "cuda" and not args.no_probes:
+    if target == "cuda" and kernels == "cuda" and not args.no_probes:
         pdir = out / "probe_tasks"
         pdir.mkdir(exist_ok=True)
         for name, text in PROBES.items():
@@ -482,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             lvl = run.level if isinstance(run.level, int) else 0
             run.task = Task.from_file(run.path, size=size, level=lvl)
-            propose(run, target, args.variants, args.mutations, args.seed, out)
+            propose(run, kernels, args.variants, args.mutations, args.seed, out)
         except Exception as e:  # noqa: BLE001 - one task's failure is recorded
             run.error = f"proposing: {one_line(e)}"
         what = (f"declined: {run.declined}" if run.declined else f"error: {run.error}"
@@ -623,6 +635,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # -- report --------------------------------------------------------------------------------
     meta = {"device": device, "device_name": device_name(device), "size": size,
+            "kernels": kernels,
             "torch": torch.__version__, "wall_s": time.perf_counter() - T0,
             "args": vars(args), "arch": os.environ.get("ASSAY_CUDA_ARCH")}
     md, data = summarize(runs, peaks, meta)
