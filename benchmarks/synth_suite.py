@@ -482,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     for e in errors:
         log(f"task file skipped: {e}")
     runs = [TaskRun(r.id, r.level, r.path) for r in refs]
-    if target == "cuda" and kernels == "cuda" and not args.no_probes:
+    if target == "cuda" and not args.no_probes:
         pdir = out / "probe_tasks"
         pdir.mkdir(exist_ok=True)
         for name, text in PROBES.items():

@@ -151,15 +151,19 @@ def test_evolution_operators_stay_in_tritons_knob_space(task_dir):
     assert all(k.knobs != parents[0].meta["knobs"] for k in kids[:3])
 
 
-def test_the_verifier_accepts_a_synthesized_triton_kernel(tmp_path):
-    """End to end on cpu: the synthesizer's Triton GELU, verified in the sandbox (where the
-    worker runs Triton's interpreter), is accepted under strict with its kernel audited."""
+@pytest.mark.parametrize("zoo, knobs, kernel", [
+    # the largest block: the interpreter runs one Python iteration per program
+    ("level1/1_gelu", {"block": 8192}, "assay_elementwise"),
+    ("level1/3_softmax", {"block": 4096}, "assay_row"),
+    ("level2/1_gemm_bias_relu", {"block_m": 64, "block_n": 128, "block_k": 64}, "assay_gemm")])
+def test_the_verifier_accepts_a_synthesized_triton_kernel(tmp_path, zoo, knobs, kernel):
+    """End to end on cpu: the synthesizer's Triton kernels, verified in the sandbox (where the
+    worker runs Triton's interpreter), are accepted under strict with their kernel audited."""
     from test_zoo import GENEROUS_PEAKS, prepared, record, zoo_config, zoo_task
 
-    task = zoo_task("level1/1_gelu")
+    task = zoo_task(zoo)
     ctx = TaskContext(task, target="triton")
-    # the largest block: the interpreter runs one Python iteration per program
-    prop = OfflineSynthesizer("triton", "strict").with_knobs(ctx, {"block": 8192})
+    prop = OfflineSynthesizer("triton", "strict").with_knobs(ctx, knobs)
     path = tmp_path / f"{prop.id}.py"
     path.write_text(prop.code)
     meta = {"POLICY": "strict", "CONFIG": {}}
@@ -167,10 +171,66 @@ def test_the_verifier_accepts_a_synthesized_triton_kernel(tmp_path):
                          prepared(task))
     assert v.accepted, (v.reasons, {k: c["detail"][:300] for k, c in v.checks.items()
                                     if not c["passed"]})
-    assert "triton::assay_elementwise" in v.kernels_launched
+    assert f"triton::{kernel}" in v.kernels_launched
 
 
 def verify_candidate(task, path, cfg, rec, peaks, prep):
     from assay.verify.harness import verify
 
     return verify(task, path, "cpu", cfg, record=rec, peaks=peaks, prepared=prep)
+
+
+# --- the gemm family's Triton form -------------------------------------------------------------
+
+from test_offline import GEMM_TASKS, _check_gemm, _gemm_source  # noqa: E402
+
+TRITON_GEMM = ("linear_relu", "matmul_bias_sigmoid", "bmm_scale", "linear_softmax",
+               "linear_residual_ln", "matmul_sigmoid_sum", "bmm_scale_float16",
+               "bmm_scale_bfloat16")
+GEMM_DECLINED = {"linear3d_gelu": "gelu_tanh exactly in Triton",
+                 "conv_relu_bias": "in Triton yet (a convolution)",
+                 "conv_gn_tanh": "in Triton yet (a convolution)"}
+
+
+@pytest.fixture(scope="module")
+def gemm_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("triton_gemm")
+    for name in GEMM_TASKS:
+        (root / f"{name}.py").write_text(_gemm_source(name))
+    for dtype in ("float16", "bfloat16"):
+        (root / f"bmm_scale_{dtype}.py").write_text(_gemm_source("bmm_scale", dtype))
+    return root
+
+
+@pytest.mark.parametrize("name", TRITON_GEMM)
+def test_triton_gemm_candidates_match_the_reference_in_the_interpreter(gemm_dir, tmp_path,
+                                                                       name):
+    """A tile of the output per program, tl.dot over K slabs (IEEE float32; float32
+    accumulation for float16/bfloat16), the elementwise epilogue fused into the store, or the
+    product stored for the row kernel that follows (softmax, LayerNorm, a sum); odd sizes
+    and several K slabs (test_offline's GEMM_SIZES)."""
+    ctx = TaskContext(Task.from_file(gemm_dir / f"{name}.py"), target="triton")
+    syn = OfflineSynthesizer("triton", "strict")
+    props = syn.translate(ctx, n=2, rng=random.Random(0))
+    assert len(props) == 2 and all(p.code is not None for p in props), props[0].declined
+    if name.endswith("bfloat16"):
+        # Triton 3.9's interpreter multiplies bfloat16 tiles wrongly (tl.dot of two 16 x 16
+        # randn tiles off by 1e10; bfloat16 loads and stores are right): written here, checked
+        # on the GPU (benchmarks/synth_suite.py's bfloat16 probe tasks)
+        assert all("tl.dot(a, b)" in p.code for p in props)
+        pytest.skip("bfloat16 tl.dot is wrong in Triton's interpreter; checked on the GPU")
+    props.append(syn.with_knobs(ctx, {"block_m": 32, "block_n": 32, "block_k": 16}))
+    for prop in props:
+        assert prop.knobs["lib"] == 0 and "POLICY = \"strict\"" in prop.code
+        want = ["assay_gemm"] + (["assay_row"] if "softmax" in name or "_ln" in name
+                                 or "sum" in name else [])
+        assert _kernels(prop.code) == sorted(want), _kernels(prop.code)
+        assert ('input_precision="ieee"' in prop.code) == ("float" not in name.split("_")[-1])
+        _check_gemm(prop, ctx, name, tmp_path)
+
+
+@pytest.mark.parametrize("name", sorted(GEMM_DECLINED))
+def test_triton_gemm_declines_what_it_cannot_write_exactly(gemm_dir, name):
+    ctx = TaskContext(Task.from_file(gemm_dir / f"{name}.py"), target="triton")
+    (prop,) = OfflineSynthesizer("triton", "strict").translate(ctx, 2, random.Random(0))
+    assert prop.code is None and GEMM_DECLINED[name] in prop.declined, prop.declined

@@ -1,7 +1,6 @@
 """The whole DAG with target=triton on a machine without a GPU: the offline synthesizer writes
 Triton kernels, every step runs them (verify and profile in Triton's interpreter, in the
-sandbox), what has no Triton form is declined with its reason, and the report says what the
-kernels are. The interpreter's times are not a GPU's: nothing here is about speed."""
+sandbox) and are accepted, and the report says what the kernels are. The interpreter's times are not a GPU's: nothing here is about speed."""
 
 from __future__ import annotations
 
@@ -24,7 +23,8 @@ def test_a_triton_campaign_runs_end_to_end_in_the_interpreter(tmp_path):
                        env=env(), timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     root = tmp_path / "results" / "tri"
-    for task, kernel in (("L1_1_ReLU", "assay_elementwise"), ("L1_10_Softmax", "assay_row")):
+    for task, kernel in (("L1_1_ReLU", "assay_elementwise"), ("L1_10_Softmax", "assay_row"),
+                         ("L1_14_Square_Matmul", "assay_gemm")):
         tdir = root / "offline" / task
         codes = [p.read_text() for p in sorted((tdir / "gen_0" / "candidates").glob("*.py"))]
         assert codes and all("@triton.jit" in c and "load_library" not in c for c in codes)
@@ -33,9 +33,6 @@ def test_a_triton_campaign_runs_end_to_end_in_the_interpreter(tmp_path):
             [(v["reasons"], v["error"]) for v in verdicts]
         assert all(v["device"] == "cpu" and f"triton::{kernel}" in v["kernels_launched"]
                    for v in verdicts)
-    matmul = read_json(root / "offline" / "L1_14_Square_Matmul" / "gen_0" / "proposals.json")
-    assert not matmul["candidates"]
-    assert "gemm family in Triton" in matmul["declined"][0]["reason"]
     relu = root / "offline" / "L1_1_ReLU"
     assert read_json(root / "baselines" / "L1_1_ReLU.json")["kernels"] == "triton"
     assert "triton::assay_elementwise" in read_json(relu / "profile.json")["torch_profile"]

@@ -28,14 +28,15 @@ from assay.records import Proposal
 
 TARGETS = ("cpu", "cuda", "triton")
 # The families with a Triton form (target ``triton``); the others decline it for now.
-TRITON_FAMILIES = ("elementwise", "row")
+TRITON_FAMILIES = ("elementwise", "row", "gemm")
 POLICIES = ("any", "strict", "permissive")
 
 
 def why_not(target: str, analysis: Analysis, policy: str = "any") -> str | None:
     """Why no template can write this plan on ``target`` under ``policy``, or None."""
     plan = analysis.plan
-    if plan.dtype != "float32" and target in ("cpu", "triton"):
+    if plan.dtype != "float32" and (target == "cpu" or (target == "triton"
+                                                        and plan.gemm is None)):
         return f"{PREFIX} {plan.dtype} on the {target} target (float32 only there)"
     family = family_of(plan)
     if target == "triton" and family.name not in TRITON_FAMILIES:

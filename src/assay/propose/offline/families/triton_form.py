@@ -242,3 +242,106 @@ def candidate(*, summary: str, template: str, knobs: dict[str, Any], kernel: str
                   knobs_repr=repr(dict(sorted(knobs.items()))), kernel=kernel.strip("\n") + "\n",
                   task_code=task_code, future=future, inputs=inputs, forward=forward,
                   dtype=dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# The matrix product (the gemm family's Triton form): a tile of the output per program, tl.dot
+# over K slabs (IEEE float32 for float32 tasks, tensor cores with float32 accumulation for
+# float16/bfloat16), the elementwise epilogue applied to the tile before its one store.
+
+GEMM_KNOB_SPACE = {"block_m": (32, 64, 128), "block_n": (32, 64, 128), "block_k": (16, 32, 64),
+                   "num_warps": (2, 4, 8), "num_stages": (1, 2, 3, 4)}
+
+TRITON_GEMM = r"""
+# Assay offline synthesizer v1: {{ template }} kernel (triton)
+# computes: {{ summary }}
+# knobs: {{ knob_line }}
+@triton.jit
+def assay_gemm({{ params }}, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    pb = tl.program_id(2).to(tl.int64)  # the batch (bmm), 0 otherwise
+    rk0 = tl.arange(0, BK)
+    a_rows = A + pb * sA + rm[:, None].to(tl.int64) * K
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        rk = k0 + rk0
+        a = tl.load(a_rows + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+{% if trans_b %}
+        # B is W[N, K] (a Linear's weight): the tile of its transpose, read in place
+        b = tl.load(B + rn[None, :].to(tl.int64) * K + rk[:, None],
+                    mask=(rn[None, :] < N) & (rk[:, None] < K), other=0.0)
+{% else %}
+        b = tl.load(B + pb * sB + rk[:, None].to(tl.int64) * N + rn[None, :],
+                    mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+{% endif %}
+        acc += tl.dot(a, b{{ ', input_precision="ieee"' if ieee else '' }})
+    offs = pb * sC + rm[:, None].to(tl.int64) * N + rn[None, :]
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+{% for line in body %}
+    {{ line }}
+{% endfor %}
+    tl.store(out + offs, {{ result }}, mask=mask)
+"""
+
+
+def gemm_kernel(plan: Plan, knobs: dict[str, Any], summary: str, template: str,
+                fused: bool) -> str:
+    """The @triton.jit GEMM of ``plan``: with its elementwise epilogue fused (``fused``), or
+    storing the product for the row kernel that follows."""
+    assert plan.gemm is not None
+    gk = plan.gemm_leaf
+    body: list[str] = []
+    params = ["A", "B"]
+    geometry: list[str] = []
+    if fused:
+        ptrs, geometry = leaf_args(plan)
+        params += [p for p in ptrs if p != f"t{gk}"]
+        geometry = [g for g in geometry if g not in (f"inner{gk}", f"mid{gk}")]
+        for j in sorted(_closure(plan, plan.output)):
+            n = plan.nodes[j]
+            if n.op in ("const", "cols"):
+                continue
+            if n.op == "load" and n.attr("leaf") == gk:
+                body.append(f"v{j} = acc")
+            elif n.op == "load":
+                body.append(f"v{j} = {load_expr(plan, n.attr('leaf'))}.to(tl.float32)")
+            else:
+                body.append(define(plan, j))
+        result = output_expr(plan)
+    else:
+        result = "acc"
+    params += ["out", "M", "N", "K", "sA", "sB", "sC"] + geometry
+    return render(TRITON_GEMM, template=template, summary=summary.replace("\n", " "),
+                  knob_line=knob_line(knobs), params=", ".join(params), body=body,
+                  result=result, trans_b=plan.gemm.op == "linear",
+                  ieee=plan.dtype == "float32")
+
+
+def gemm_launch(plan: Plan, knobs: dict[str, Any], fused: bool) -> str:
+    """ModelNew.forward's launch of assay_gemm (the head's lines set lA, lB, M, N, K, batch,
+    sA, sB, sC; a fused epilogue's leaves are l<k>, the output ``out``; else ``g``)."""
+    gk = plan.gemm_leaf
+    args = ["lA", "lB"]
+    if fused:
+        ptrs, geometry = leaf_args(plan)
+        args += [f"l{p[1:]}" for p in ptrs if p != f"t{gk}"]
+        geometry = [g for g in geometry if g not in (f"inner{gk}", f"mid{gk}")]
+    else:
+        geometry = []
+    args += ["out" if fused else "g", "M", "N", "K", "sA", "sB", "sC"] + geometry
+    bm, bn = int(knobs["block_m"]), int(knobs["block_n"])
+    return (f"assay_gemm[(triton.cdiv(M, {bm}), triton.cdiv(N, {bn}), batch)]"
+            f"({', '.join(args)}, BM={bm}, BN={bn}, BK={int(knobs['block_k'])}, "
+            f"num_warps={int(knobs['num_warps'])}, num_stages={int(knobs['num_stages'])})")
+
+
+def _closure(plan: Plan, j: int) -> set[int]:
+    need: set[int] = set()
+    stack = [j]
+    while stack:
+        i = stack.pop()
+        if i not in need:
+            need.add(i)
+            stack.extend(plan.nodes[i].args)
+    return need
