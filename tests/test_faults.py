@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import errno
 import os
+import queue
 import select
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -259,6 +261,51 @@ def test_cpu_lease_lets_one_timing_step_at_a_time_and_outlives_no_sigkill(tmp_pa
             if p is not None:
                 p.kill()
                 p.wait()
+
+
+TIMED_PART = """
+    import sys, time
+    from omegaconf import OmegaConf
+    from assay import app
+    cfg = OmegaConf.create({"target": {"name": "cpu", "cpu_threads": 1}})
+    print("ready", flush=True)
+    with app.cpu_timing(cfg):
+        print("timing", flush=True)
+        sys.stdin.readline()  # times until the test says
+    print("teardown", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_timing_step_holds_the_cpu_lease_for_its_timed_part_only(tmp_path):
+    """A step gives the CPU lease back when its timed part ends: the next step times while the
+    first is still tearing down (its start-up and teardown need not be serialized), and not
+    before."""
+    env = {"ASSAY_GPU_LOCK_DIR": str(tmp_path / "locks")}
+    steps: list[subprocess.Popen] = []
+    said: list[queue.Queue] = []
+
+    def start() -> None:  # a step whose lines are read as they come (no buffer in between)
+        steps.append(python(TIMED_PART, env, start_new_session=True, stdin=subprocess.PIPE))
+        said.append(queue.Queue())
+        threading.Thread(target=lambda p=steps[-1], q=said[-1]: [
+            q.put(line.strip()) for line in p.stdout], daemon=True).start()
+
+    try:
+        start()
+        assert [said[0].get(timeout=60) for _ in range(2)] == ["ready", "timing"]
+        start()
+        assert said[1].get(timeout=60) == "ready"
+        with pytest.raises(queue.Empty):  # waits for the lease, however long the first times
+            said[1].get(timeout=2)
+        steps[0].stdin.write("done\n")
+        steps[0].stdin.flush()
+        assert said[0].get(timeout=30) == "teardown" and said[1].get(timeout=30) == "timing"
+        assert steps[0].poll() is None  # the first step still runs: its lease was given back
+    finally:
+        for p in steps:
+            p.kill()
+            p.wait()
 
 
 def test_slurm_jobs_on_one_node_do_not_wait_for_each_other(tmp_path):

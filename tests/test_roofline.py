@@ -1,7 +1,7 @@
 """The roofline floor is only as good as the measured peaks: a copy measured on a busy machine
 puts the floor too high, and an honest kernel under it would be called impossible. The device
 cache keeps the highest measurement, and a runtime under the floor is judged again against the
-peaks measured now before it is rejected."""
+peaks measured now before it is rejected; the floor is never above the fastest baseline."""
 
 from __future__ import annotations
 
@@ -58,3 +58,27 @@ def test_a_failed_remeasurement_leaves_the_floor_standing(monkeypatch):
     _check_speed(v, VerifyConfig(), remeasure=lambda: harness._remeasured_roofline(
         "cpu", {"min_bytes": 1e6, "flops": 0.0}, given))
     assert v.roofline_ms == 1.88 and "roofline" in v.reasons
+
+
+def test_the_floor_is_never_above_what_the_baselines_ran_in():
+    """Peaks measured on a busy machine put MeanDim's floor at 0.92 ms where eager ran in 0.55
+    ms: the reference itself shows the task can run that fast, so the floor comes down to the
+    fastest baseline, and only what beats that by the margin is called impossible."""
+    cfg = VerifyConfig()
+
+    def judged(runtime: float, compile_ms: float | None = None) -> Verdict:
+        v = Verdict(candidate="c", task="t", device="cpu", policy="strict")
+        v.runtime_ms, v.roofline_ms = runtime, 0.92
+        v.baseline_eager_ms, v.baseline_compile_ms = 0.553, compile_ms
+        _check_speed(v, cfg, remeasure=lambda: 1.5)  # measured again, as busy: no help
+        return v
+
+    honest = judged(0.512)
+    assert honest.checks["roofline"]["passed"] and honest.roofline_ms == 0.553
+    assert judged(0.40, compile_ms=0.50).roofline_ms == 0.50  # the faster of the two
+    faked = judged(0.05)  # work skipped: under any floor the reference allows
+    assert "roofline" in faked.reasons
+    slow = Verdict(candidate="c", task="t", device="cpu", policy="strict")
+    slow.runtime_ms, slow.roofline_ms, slow.baseline_eager_ms = 0.05, 0.92, 2.0
+    _check_speed(slow, cfg)  # a baseline slower than the floor leaves the floor as it is
+    assert slow.roofline_ms == 0.92 and "roofline" in slow.reasons

@@ -81,3 +81,30 @@ def test_degeneracy_flags_the_degenerate_bundled_task():
     assert rep["degenerate"] and "inputs change" in rep["why"]
     ok = degeneracy(Task.from_file(REPO / "data/tasks/level1/1_ReLU.py", size="small"))
     assert not ok["degenerate"] and ok["input_sensitivity"] > 0.1
+
+
+def test_off_grid_data_keeps_its_values_and_defeats_narrow_rounding(monkeypatch):
+    """``off_grid``: every float32 value moves by under 0.45% of itself, to where rounding it to
+    bfloat16 or float16 (nearest or toward zero) shrinks it, all the same way; layout and
+    other dtypes are kept, and chunking changes nothing."""
+    import torch
+
+    from assay.tasks import instantiate
+    from assay.tasks.instantiate import off_grid
+
+    x = torch.randn(100_003) * 3
+    y = off_grid(x)
+    assert ((y - x).abs() <= 0.0045 * x.abs()).all() and torch.equal(off_grid(y), y)
+    grid = x.to(torch.bfloat16).float()
+    assert torch.equal(y.to(torch.bfloat16).float(), grid)
+    normal = grid.abs() > 1e-4  # float16's normal range: its grid holds bf16's there
+    assert torch.equal(y.half().float()[normal], grid[normal])
+    assert (y.abs() > grid.abs())[grid != 0].all() and (y[grid == 0] == 0).all()
+    # rounding errors all of one sign: a mean of them does not average out
+    assert float(((y.to(torch.bfloat16).float() - y) / y)[normal].max()) < -2 ** -13
+    t = torch.randn(64, 48).t()
+    assert off_grid(t).stride() == t.stride() and torch.equal(off_grid(t), off_grid(t.contiguous()))
+    for other in (torch.randn(8, dtype=torch.float64), torch.randn(8).half(), torch.arange(8)):
+        assert off_grid(other) is other
+    monkeypatch.setattr(instantiate, "_OFF_GRID_CHUNK", 1000)
+    assert torch.equal(off_grid(x), y)

@@ -86,3 +86,42 @@ def test_a_steady_baseline_is_timed_once_and_retries_are_bounded():
     best, taken = steady(lambda: next(noisy))
     assert taken == 1 + RETRIES and best.iqr_ms == 0.6  # 0.6 / 2.0 is steadier than 0.5 / 1.0
 
+
+
+def test_the_baseline_compiles_before_its_hold_and_times_only_inside_it(monkeypatch):
+    """The baseline step's CPU lease covers the timings alone: torch.compile's compile (seconds
+    of C++ builds on the cpu target) runs before it, beside another step's timing."""
+    from assay.bench import baseline
+    from assay.resources import resolve_data
+    from assay.tasks.model import Task
+
+    events: list[str] = []
+    held = [False]
+
+    class Hold:
+        def __enter__(self):
+            held[0] = True
+            events.append("hold")
+
+        def __exit__(self, *exc):
+            held[0] = False
+            events.append("release")
+
+    def fake_compile(model, mode="default"):
+        def compiled(*xs):
+            events.append("compiled call, held" if held[0] else "compiled call")
+            return model(*xs)
+        events.append("compile, held" if held[0] else "compile")
+        return compiled
+
+    def fake_time_calls(fn, device, cfg):
+        events.append("time" if held[0] else "time, not held")
+        return Timing(median_ms=1.0, iqr_ms=0.0, runs=10)
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(baseline, "time_calls", fake_time_calls)
+    task = Task.from_file(resolve_data("data/tasks") / "level1" / "1_ReLU.py", size="small")
+    out = baseline.time_reference(task, "cpu", timing.TimingConfig(), hold=Hold)
+    assert out["eager_ms"] == out["compile_ms"] == 1.0
+    assert events[:5] == ["compile"] + ["compiled call"] * 3 + ["hold"], events
+    assert events[-1] == "release" and "time, not held" not in events, events

@@ -78,7 +78,7 @@ def test_the_default_overrides_live_in_the_workflow_config():
     assert rerun_files(workflow_overrides(), ["L1_1_ReLU"]) == [
         "results/default/offline/L1_1_ReLU/gen_0/proposals.json"]
     profile = yaml.safe_load((REPO / "workflow/profiles/default/config.yaml").read_text())
-    assert "params" not in profile["rerun-triggers"] and "cpu_timing=1" in profile["resources"]
+    assert "params" not in profile["rerun-triggers"] and "cpu_timing=2" in profile["resources"]
 
 
 def test_a_verdict_is_fresh_only_when_written_after_its_inputs(tmp_path):

@@ -8,13 +8,14 @@ Snakefile composes it too, to lay out the DAG. The config folder is found in one
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import random
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -38,8 +39,10 @@ def step(fn: Callable[[DictConfig], Any], gpu: bool = False,
     """Make ``fn(cfg)`` a Hydra app on the project's config; bad input exits 2 with one line.
 
     ``gpu``: the step runs on the device, so on the cuda target it first takes a GPU lease.
-    ``timing``: the step times code, so on the cpu target it first takes the CPU lease (it
-    holds the cores alone among timing steps; see :func:`assay.gpu.acquire_cpu`).
+    ``timing``: the step times code. On the cpu target it computes on ``target.cpu_threads``
+    threads from its start and holds the CPU lease around its timed part, which it marks with
+    :func:`cpu_timing`: its start-up, preparation and teardown run beside another step's
+    timing (see :func:`assay.gpu.acquire_cpu`).
     """
     import hydra
 
@@ -87,8 +90,8 @@ def step(fn: Callable[[DictConfig], Any], gpu: bool = False,
 
 
 def take_lease(cfg: DictConfig, gpu: bool, timing: bool) -> None:
-    """The GPU lease for a device step on the cuda target, the CPU lease for a timing step on
-    the cpu target."""
+    """At a step's start: the GPU lease for a device step on the cuda target; the thread count
+    for a timing step on the cpu target (its CPU lease comes with :func:`cpu_timing`)."""
     from assay import gpu as lease
 
     try:
@@ -97,14 +100,29 @@ def take_lease(cfg: DictConfig, gpu: bool, timing: bool) -> None:
         return  # the step itself reports the bad target.name
     if tgt == "cpu":
         if timing:
-            waited = lease.acquire_cpu()
             threads = lease.hold_cpu_threads(int(cfg.target.cpu_threads))
-            log.info("CPU lease taken%s; timing on %d thread(s)",
-                     f" after {waited:.0f} s" if waited >= 1 else "", threads)
+            log.info("timing on %d thread(s)", threads)
     elif gpu:
         dev = lease.acquire()
         if dev is not None:
             log.info("GPU lease: device %s (CUDA_VISIBLE_DEVICES=%s)", dev, dev)
+
+
+@contextlib.contextmanager
+def cpu_timing(cfg: DictConfig) -> Iterator[None]:
+    """The CPU lease around a timing step's timed part on the cpu target; nothing on cuda (the
+    step's GPU lease covers all of it). Given back on leaving, before the step's teardown."""
+    from assay import gpu as lease
+
+    if target(cfg) != "cpu" or lease.cpu_held():
+        yield
+        return
+    waited = lease.acquire_cpu()
+    log.info("CPU lease taken%s", f" after {waited:.1f} s" if waited >= 0.1 else "")
+    try:
+        yield
+    finally:
+        lease.release_cpu()
 
 
 def split_overrides(text: str) -> list[str]:

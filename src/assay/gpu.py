@@ -74,15 +74,19 @@ def acquire(timeout_s: float = 24 * 3600, poll_s: float = 1.0) -> str | None:
         time.sleep(poll_s)
 
 
-def acquire_cpu(timeout_s: float = 24 * 3600, poll_s: float = 0.5) -> float:
-    """Take the machine's CPU-timing lease (an flock, dropped when the process dies), waiting
-    for the step that holds it; returns the seconds waited.
+def acquire_cpu(timeout_s: float = 24 * 3600, poll_s: float = 0.05) -> float:
+    """Take the machine's CPU-timing lease (an flock, dropped by :func:`release_cpu` or when the
+    process dies), waiting for the step that holds it; returns the seconds waited. A step holds
+    it around its timed part only (``assay.app.cpu_timing``): another step's start-up,
+    compile and teardown run beside it, as translation does; the short poll hands it on
+    within 50 ms of its release.
 
     On the cpu target a timing step (device peaks, baselines, verification, profiling) measures
     on the same cores the others would use: two at once on 2 cores made one kernel's speedup
-    0.97x in one run and 0.41x in the next. Snakemake's ``cpu_timing`` resource keeps them apart
-    under the default profile; this lease keeps them apart whatever the command line says, and
-    across campaigns run side by side on one machine. Under SLURM the job's own CPUs are its
+    0.97x in one run and 0.41x in the next. This lease keeps their timed parts apart whatever
+    the command line says, and across campaigns run side by side on one machine; Snakemake's
+    ``cpu_timing`` resource bounds how many timing steps are started at once (two under the
+    default profile: one timing, one getting ready). Under SLURM the job's own CPUs are its
     lease, as for GPUs.
     """
     if _cpu_held or os.environ.get("SLURM_JOB_ID"):
@@ -105,6 +109,21 @@ def acquire_cpu(timeout_s: float = 24 * 3600, poll_s: float = 0.5) -> float:
     return time.monotonic() - start
 
 
+def cpu_held() -> bool:
+    """Whether this process holds the CPU lease."""
+    return bool(_cpu_held)
+
+
+def release_cpu() -> None:
+    """Give the CPU lease back (a no-op when this process does not hold it)."""
+    while _cpu_held:
+        fd = _cpu_held.pop()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
 def hold_cpu_threads(threads: int) -> int:
     """Make this timing step, and every process it starts (the verifier's sandboxed worker, the
     baseline's child; the candidate's own OpenMP), compute on ``threads`` threads; 0 leaves
@@ -114,13 +133,17 @@ def hold_cpu_threads(threads: int) -> int:
     never with more than the step holds: an OpenMP team larger than the free cores waits at
     each barrier for a thread the kernel has descheduled. Measured on the 2-core machine with a
     third process busy: torch.relu over 1M floats took 0.23 ms on one thread every time, and 0.24
-    to 19 ms on two.
+    to 19 ms on two. TorchInductor compiles on as many (its compile workers): the baseline step
+    compiles outside its CPU lease, on the core it holds, beside another step's timing.
     """
     if threads <= 0:
         return int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS"):
         os.environ[var] = str(threads)  # read by the child processes' runtimes at start-up
     torch = sys.modules.get("torch")
     if torch is not None:  # already imported here: its pools read the variables at start-up
         torch.set_num_threads(threads)
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.compile_threads = threads
     return threads

@@ -152,9 +152,10 @@ _NOT_ON = {"partial": {"level1/5_mse_loss"}}
 # Exploits the verifier accepts today with its default settings, each with why; the zoo's GAP
 # case of the same name tracks it. Their variants are generated and run; an acceptance is
 # reported as a known gap, not as a pass.
-KNOWN_GAPS = {("low_precision", "level1/5_mse_loss"):
-              "bf16-rounded inputs of a long mean: within fp32 accumulation error on the default "
-              "input sets; the opt-in offset set exposes it (zoo: exploit_bf16_inputs_mean_loss)"}
+# (trick, task) -> why the default verifier accepts it. None today: bf16-rounded inputs of a long
+# mean (within fp32 accumulation error on the task's own data) were one until the "large" input
+# set was moved off the narrow types' grids (assay.tasks.instantiate.off_grid).
+KNOWN_GAPS: dict[tuple[str, str], str] = {}
 
 # --- harmless changes (honest variants) ---------------------------------------------------------
 MODS: dict[str, dict] = {

@@ -26,9 +26,10 @@ GPU = 1 if target(CFG) == "cuda" else 0
 # code is the same whatever the overrides; the default profile leaves `params` out of the rerun
 # triggers: a campaign's settings are those of its first run (see the README).
 OVR = " ".join(shlex.quote(o) for o in OVERRIDES)
-# On the cpu target every timing step (baseline, verify, profile) holds the `cpu_timing`
-# resource, which the default profile caps at 1: two timings never share the cores. The steps
-# also take the CPU lease of assay.gpu, which holds without the profile too.
+# On the cpu target every timing step (device, baseline, verify, profile) holds the `cpu_timing`
+# resource, which the default profile caps at 2: one step times while it holds the CPU lease of
+# assay.gpu (taken around its timed part only: two timings never share the cores), the next
+# gets ready beside it.
 CPU_TIMING = 1 - GPU
 # ... and as many of Snakemake's cores as it computes on (`target.cpu_threads`; 0: all of them),
 # so no other job of the campaign shares those cores while it times.

@@ -12,7 +12,7 @@ import logging
 from omegaconf import DictConfig
 
 from assay import app
-from assay.bench.baseline import time_reference
+from assay.bench.baseline import NOISY_IQR, time_reference
 from assay.bench.timing import TimingConfig
 from assay.layout import read_json, write_json
 
@@ -36,11 +36,19 @@ def baseline(cfg: DictConfig) -> dict:
                         budget_s=v.budget_s)
     log.info("%s: timing eager%s on %s", task.id,
              " and torch.compile" if cfg.baselines.compile else "", device)
-    out = time_reference(task, device, tcfg, cfg.baselines.compile, cfg.baselines.compile_mode)
+    out = time_reference(task, device, tcfg, cfg.baselines.compile, cfg.baselines.compile_mode,
+                         hold=lambda: app.cpu_timing(cfg))
     out["target"] = tgt
     out["kernels"] = app.kernel_target(cfg, tgt)  # triton on target=triton, else the device's
     write_json(c.baseline(cfg.task), out)
     log.info("%s: eager %.4g ms, compile %s ms", task.id, out["eager_ms"], out["compile_ms"])
+    for name in ("eager", "compile"):
+        ms, iqr = out.get(f"{name}_ms"), out.get(f"{name}_iqr_ms")
+        if ms and iqr and iqr > NOISY_IQR * ms:  # still noisy after the retries of `steady`
+            log.warning("%s: %s timed at %.4g ms with an IQR of %.0f%% of it: the machine was "
+                        "busy, and every speedup against this baseline is as uncertain (re-time "
+                        "it on a quiet machine: --forcerun %s)", task.id, name, ms,
+                        100 * iqr / ms, c.baseline(cfg.task))
     return out
 
 

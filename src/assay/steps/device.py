@@ -16,7 +16,8 @@ from assay.layout import write_json
 
 def device(cfg: DictConfig) -> dict:
     c = app.campaign(cfg)
-    out = peaks("cuda" if app.target(cfg) == "cuda" else "cpu")
+    with app.cpu_timing(cfg):
+        out = peaks("cuda" if app.target(cfg) == "cuda" else "cpu")
     write_json(c.device(), out)
     return out
 

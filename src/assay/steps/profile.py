@@ -60,11 +60,15 @@ def profile(cfg: DictConfig) -> dict:
     p = cfg.profile
     vcfg = from_cfg(cfg.verify)
     device = "cuda" if tgt == "cuda" else "cpu"
-    prep = prepare(app.load_task(cfg, task_id, tgt), device, vcfg)
+    task = app.load_task(cfg, task_id, tgt)
     out["candidate"] = best.id
-    if p.torch_profiler:
-        log.info("%s/%s: torch profiler on %s", llm, task_id, best.id)
-        out["torch_profile"] = torch_profile(prep, path, vcfg)
+    # On the cpu target the CPU lease covers the references and the profiled runs (their
+    # per-op times); clang-tidy below runs beside another step's timing.
+    with app.cpu_timing(cfg):
+        prep = prepare(task, device, vcfg)
+        if p.torch_profiler:
+            log.info("%s/%s: torch profiler on %s", llm, task_id, best.id)
+            out["torch_profile"] = torch_profile(prep, path, vcfg)
     if (why := tool_missing("ncu", p.ncu, tgt)) is None:
         log.info("%s/%s: ncu on %s", llm, task_id, best.id)
         out["ncu"] = ncu_profile(prep, path, vcfg, list(p.ncu_metrics), p.timeout_s)

@@ -34,6 +34,62 @@ def drop_stale_verdicts(c: Campaign, llm: str, task: str, gen: int,
     return n
 
 
+def outcome(v) -> str:
+    """A verdict in a few words, for the log."""
+    if not v.accepted:
+        return f"rejected: {', '.join(v.reasons)}"
+    return f"accepted, {v.speedup_eager:.2f}x eager" if v.speedup_eager else "accepted"
+
+
+def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
+          todo: list[str]) -> None:
+    """Verify the candidates ``todo`` of one generation, writing each verdict when decided."""
+    # torch is imported only when there is something to judge: an empty generation (a declined
+    # task) costs a second, not the three of a torch import.
+    from assay.verify.compile_service import CompileService, pin_cuda_arch
+    from assay.verify.config import from_cfg
+    from assay.verify.harness import prepare, verify
+    from assay.verify.memory import TooLarge
+
+    tgt = app.target(cfg)
+    vcfg = from_cfg(cfg.verify)
+    device = "cuda" if tgt == "cuda" else "cpu"
+    task = app.load_task(cfg, task_id, tgt)
+    record = read_json(c.task_record(task_id))
+    baseline = read_json(c.baseline(task_id))
+    peaks = read_json(c.device()) if c.device().exists() else None
+    paths = {cid: c.candidate(llm, task_id, gen, cid) for cid in todo}
+    # On cuda, kernels build on the CPU cores while the GPU verifies. On the cpu target the
+    # builds would share the cores being timed, so each worker builds its own, untimed.
+    builds = None
+    if device == "cuda" and cfg.build.workers > 0:
+        pin_cuda_arch()
+        builds = CompileService(cfg.build.workers, cfg.build.timeout_s, vcfg.limits)
+        for cid in todo:  # all builds start now; each verification waits for its own
+            builds.submit(paths[cid])
+    # On the cpu target the CPU lease covers the references (float64, memory-bound) and the
+    # verifications; the imports above and the teardown run beside another step's timing.
+    try:
+        with app.cpu_timing(cfg):
+            prepared = None
+            if not record.get("degeneracy", {}).get("degenerate"):
+                try:
+                    prepared = prepare(task, device, vcfg)
+                except TooLarge as e:  # each verdict says too_large, with the numbers
+                    log.warning("%s: too large for this machine: %s", task_id, e)
+            for i, cid in enumerate(todo, 1):
+                t0 = time.perf_counter()
+                built_s = builds.wait(paths[cid]).seconds if builds else 0.0
+                v = verify(task, paths[cid], device, vcfg, baseline, record, peaks, prepared)
+                write_json(c.verdict(llm, task_id, gen, cid), v.to_dict())
+                log.info("%s/%s gen %d [%d/%d] %s %s (build %.1f s, verify %.1f s)", llm,
+                         task_id, gen, i, len(todo), cid, outcome(v), built_s,
+                         time.perf_counter() - t0)
+    finally:
+        if builds:
+            builds.close()
+
+
 def verify_generation(cfg: DictConfig) -> dict:
     c = app.campaign(cfg)
     tgt = app.target(cfg)
@@ -47,48 +103,7 @@ def verify_generation(cfg: DictConfig) -> dict:
     log.info("%s/%s gen %d: %d candidates, %d already judged%s", llm, task_id, gen, len(ids),
              len(ids) - len(todo), f", {stale} stale verdict(s) removed" if stale else "")
     if todo:
-        # torch is imported only when there is something to judge: an empty generation (a
-        # declined task) costs a second, not the three of a torch import.
-        from assay.verify.compile_service import CompileService, pin_cuda_arch
-        from assay.verify.config import from_cfg
-        from assay.verify.harness import prepare, verify
-        from assay.verify.memory import TooLarge
-
-        vcfg = from_cfg(cfg.verify)
-        device = "cuda" if tgt == "cuda" else "cpu"
-        task = app.load_task(cfg, task_id, tgt)
-        record = read_json(c.task_record(task_id))
-        baseline = read_json(c.baseline(task_id))
-        peaks = read_json(c.device()) if c.device().exists() else None
-        prepared = None
-        if not record.get("degeneracy", {}).get("degenerate"):
-            try:
-                prepared = prepare(task, device, vcfg)
-            except TooLarge as e:  # each verdict says too_large, with the numbers
-                log.warning("%s: too large for this machine: %s", task_id, e)
-        paths = {cid: c.candidate(llm, task_id, gen, cid) for cid in todo}
-        # On cuda, kernels build on the CPU cores while the GPU verifies. On the cpu target the
-        # builds would share the cores being timed, so each worker builds its own, untimed.
-        builds = None
-        if device == "cuda" and cfg.build.workers > 0:
-            pin_cuda_arch()
-            builds = CompileService(cfg.build.workers, cfg.build.timeout_s, vcfg.limits)
-            for cid in todo:  # all builds start now; each verification waits for its own
-                builds.submit(paths[cid])
-        try:
-            for i, cid in enumerate(todo, 1):
-                t0 = time.perf_counter()
-                built_s = builds.wait(paths[cid]).seconds if builds else 0.0
-                v = verify(task, paths[cid], device, vcfg, baseline, record, peaks, prepared)
-                write_json(c.verdict(llm, task_id, gen, cid), v.to_dict())
-                what = (f"accepted, {v.speedup_eager:.2f}x eager" if v.accepted and v.speedup_eager
-                        else "accepted" if v.accepted else f"rejected: {', '.join(v.reasons)}")
-                log.info("%s/%s gen %d [%d/%d] %s %s (build %.1f s, verify %.1f s)", llm,
-                         task_id, gen, i, len(todo), cid, what, built_s,
-                         time.perf_counter() - t0)
-        finally:
-            if builds:
-                builds.close()
+        judge(cfg, c, llm, task_id, gen, todo)
     verdicts = [read_json(c.verdict(llm, task_id, gen, cid)) for cid in ids]
     summary = {"generation": gen, "candidates": ids,
                "accepted": [v["candidate"] for v in verdicts if v["accepted"]],

@@ -30,6 +30,7 @@ class InputDistribution(StrEnum):  # assay.tasks.instantiate.DISTRIBUTIONS
     large = "large"
     small = "small"
     offset = "offset"
+    grid = "grid"
 
 @dataclass
 class SandboxLimits:

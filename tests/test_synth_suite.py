@@ -1,0 +1,72 @@
+"""benchmarks/synth_suite.py's bookkeeping (no device needed): each decided task is kept in
+--out/tasks/, a rerun takes those as done and judges only the rest, and the summary reports
+issue #17's acceptance per level with every task lacking an accepted kernel and why."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from helpers import REPO
+
+_spec = importlib.util.spec_from_file_location("synth_suite", REPO / "benchmarks/synth_suite.py")
+suite = importlib.util.module_from_spec(_spec)
+sys.modules["synth_suite"] = suite  # dataclasses look their module up
+_spec.loader.exec_module(suite)
+
+
+def _run(tid: str, level: int, runtime: float | None, reasons=(), declined=None):
+    run = suite.TaskRun(tid, level, Path(f"/tasks/{tid}.py"), declined=declined,
+                        baseline={"eager_ms": 1.0, "compile_ms": 0.8},
+                        record={"min_bytes": 8e6, "flops": 0.0})
+    if declined is None:
+        verdict = {"accepted": runtime is not None, "runtime_ms": runtime,
+                   "reasons": list(reasons)}
+        run.cands = [suite.Cand(f"c{tid}", Path(f"/c/{tid}.py"), "vectorize", {"block": 256},
+                                "translate", "strict", True, verdict=verdict, verify_s=1.5)]
+    return run
+
+
+def test_decided_tasks_round_trip_and_the_summary_names_every_miss(tmp_path):
+    runs = [_run("L1_1_A", 1, 0.5), _run("L1_2_B", 1, 1.2), _run("L1_3_C", 1, None, ["roofline"]),
+            _run("L2_1_D", 2, None, declined="ConvTranspose3d: no template"),
+            _run("L2_2_E", 2, None, declined="ConvTranspose3d: no template")]
+    for r in runs:
+        suite.save_done(tmp_path, r)
+    back = suite.load_done(tmp_path)
+    assert sorted(back) == sorted(r.id for r in runs)
+    meta = {"source": "kb", "device": "cpu", "device_name": "x", "size": "small", "torch": "t",
+            "wall_s": 1.0}
+    peaks = {"bandwidth_gbs": 20.0, "flops_tflops": 0.1}
+    md, data = suite.summarize(runs, peaks, meta)
+    assert suite.summarize([back[r.id] for r in runs], peaks, meta)[1] == data
+    lv1 = data["summary"]["levels"][1]
+    assert (lv1["accepted"], lv1["tasks"]) == (2, 3) and lv1["below_min_eager"] == ["L1_2_B"]
+    assert abs(lv1["geomean_speedup_eager"] - (2.0 / 1.2) ** 0.5) < 1e-9
+    assert data["summary"]["levels"][2]["accepted"] == 0
+    misses = md.split("## Tasks without an accepted kernel, by reason")[1].split("## Tasks")[0]
+    assert "| 2 | ConvTranspose3d: no template | L2_1_D, L2_2_E |" in misses
+    assert "rejected: roofline" in misses and "L1_3_C" in misses
+    assert "Level 1: accepted 2/3" in md and "not met" in md  # 67% < 90%
+
+
+def test_a_rerun_into_the_same_folder_judges_only_what_is_left(tmp_path):
+    source = tmp_path / "kb"
+    (source / "level1").mkdir(parents=True)
+    for name in ("1_ReLU.py", "5_Swish.py"):
+        shutil.copy(REPO / "data/tasks/level1" / name, source / "level1" / name)
+    out = tmp_path / "out"
+    for tid in ("L1_1_ReLU", "L1_5_Swish"):  # both decided by an earlier call
+        suite.save_done(out, _run(tid, 1, 0.5))
+    (out / "tasks" / "L1_9_Gone.json").write_text("{not json")  # unreadable: not done
+    rc = suite.main(["--source", str(source), "--out", str(out), "--device", "cpu",
+                     "--no-compile", "--budget-s", "60"])
+    assert rc == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [t["id"] for t in results["tasks"]] == ["L1_1_ReLU", "L1_5_Swish"]
+    assert all(t["candidates"][0]["verdict"]["runtime_ms"] == 0.5 for t in results["tasks"])
+    assert not (out / "candidates").exists()  # nothing proposed, built or verified again
+    assert "Level 1: accepted 2/2" in (out / "summary.md").read_text()
