@@ -7,10 +7,11 @@ tests and CI run it) and ModelNew, whose forward allocates the output and launch
 
 Only ``triton.language`` itself is used, none of ``tl.extra.libdevice``: the interpreter runs
 ``tl``'s functions only, and libdevice's module moved between Triton releases (the GPU machine's
-torch brings its own Triton). So the ops whose exact form needs libdevice (tanh, expm1, log1p,
-general powers) have no Triton formula yet: a plan using one is declined, not approximated (an
-``exp``-based tanh loses relative precision near 0, which the verifier's precision check
-rejects). Divisions and square roots are IEEE-rounded (``tl.math.div_rn``, ``tl.sqrt_rn``) as
+torch brings its own Triton). So tanh is Cephes' tanhf (a polynomial near 0, where the
+``exp`` form would cancel), and the ops whose exact form needs libdevice (expm1, log1p, general
+powers, and mish, elu, selu, softplus built on them) have no Triton formula yet: a plan using
+one is declined, not approximated (the verifier's precision check would reject a cancelling
+form). Divisions and square roots are IEEE-rounded (``tl.math.div_rn``, ``tl.sqrt_rn``) as
 C's are; ``/`` and ``tl.sqrt`` would be approximate on NVIDIA GPUs.
 """
 
@@ -44,6 +45,23 @@ def _clamp(a: list[str], at: dict[str, Any]) -> str:
     return _clamp_expr(a[0], at.get("lo"), at.get("hi"))
 
 
+def _tanh(x: str) -> str:
+    """tanh without libdevice: Cephes' tanhf, an odd polynomial below |x| = 0.625 (where
+    1 - 2 / (e^2|x| + 1) would cancel) and that expression above it, with x's sign; NaN
+    propagates (through exp), large |x| gives +-1 (exp overflows to inf)."""
+    z = f"({x} * {x})"
+    small = (f"(((((-5.70498872745e-3 * {z} + 2.06390887954e-2) * {z} - 5.37397155531e-2)"
+             f" * {z} + 1.33314422036e-1) * {z} - 3.33332819422e-1) * {z} * {x} + {x})")
+    big = f"(1.0 - tl.math.div_rn(2.0, tl.exp(2.0 * tl.abs({x})) + 1.0))"
+    return (f"tl.where(tl.abs({x}) < 0.625, {small}, "
+            f"tl.where({x} < 0.0, -{big}, {big}))")
+
+
+def _gelu_tanh(x: str) -> str:
+    inner = f"(0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x}))"
+    return f"(0.5 * {x} * (1.0 + {_tanh(inner)}))"
+
+
 _POW = {2.0: "({x} * {x})", 3.0: "({x} * {x} * {x})", 1.0: "{x}", 0.0: "1.0",
         0.5: "tl.sqrt_rn({x})", -0.5: "tl.math.div_rn(1.0, tl.sqrt_rn({x}))",
         -1.0: "tl.math.div_rn(1.0, {x})", -2.0: "tl.math.div_rn(1.0, {x} * {x})"}
@@ -67,6 +85,8 @@ FORMULAS: dict[str, TritonFormula] = {
     "relu6": lambda a, at: _clamp_expr(a[0], 0.0, 6.0),
     "sigmoid": lambda a, at: _div("1.0", f"(1.0 + tl.exp(-{a[0]}))"),
     "exp": lambda a, at: f"tl.exp({a[0]})",
+    "tanh": lambda a, at: _tanh(a[0]),
+    "gelu_tanh": lambda a, at: _gelu_tanh(a[0]),
     "log": lambda a, at: f"tl.log({a[0]})",
     "abs": lambda a, at: f"tl.abs({a[0]})",
     "sqrt": lambda a, at: f"tl.sqrt_rn({a[0]})",
