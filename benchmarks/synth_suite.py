@@ -5,6 +5,9 @@
         --budget-s 500 --out $OUT/kb                   # KernelBench level 1; rerun to go on
     PYTHONPATH=src python benchmarks/synth_suite.py --device cpu --tasks 'L1_1_*,L2_1_*' \\
         --out /tmp/synth                                                           # smoke test
+    PYTHONPATH=src python benchmarks/synth_suite.py --kernels triton --out $OUT/synth-triton
+        # target=triton: the synthesizer's Triton forms (elementwise, row, GEMM), compiled by Triton
+        # at their first launch (no build phase); on --device cpu, Triton's interpreter
 
 For each task of ``--source`` (data/tasks by default; any KernelBench-format folder: level1/,
 level2/, ... of task files; ``--tasks`` globs, ``--levels``): the synthesizer's proposals
@@ -174,10 +177,13 @@ def warm_compile(path: str, level: int, size: str, device: str, mode: str) -> di
 
 
 def build_candidate(path: str) -> dict[str, Any]:
-    """Compile a candidate's SOURCE into the shared kernel cache (nvcc / g++ process)."""
+    """Compile a candidate's SOURCE into the shared kernel cache (nvcc / g++ process); a Triton
+    candidate has none (Triton compiles at the first launch, inside the verification)."""
     from assay.bench.build import BuildError, build
 
     t = time.perf_counter()
+    if "@triton.jit" in Path(path).read_text():
+        return {"ok": True, "seconds": 0.0, "note": "Triton: compiled at the first launch"}
     try:
         consts = {}
         for node in ast.parse(Path(path).read_text()).body:
@@ -431,7 +437,8 @@ def summarize(runs: list[TaskRun], peaks: dict[str, Any] | None, meta: dict[str,
                 for reason, ids in sorted(why.items(), key=lambda kv: -len(kv[1]))]
     probes = [x for x in rows if not isinstance(x["level"], int)]
     head = [
-        f"# Offline synthesizer on {meta['source']} ({meta['device']}, size {meta['size']})",
+        f"# Offline synthesizer on {meta['source']} ({meta['device']}, size {meta['size']}"
+        f"{', Triton kernels' if meta.get('kernels') == 'triton' else ''})",
         "",
         f"{meta['device_name']}; torch {meta['torch']}; peaks: "
         f"{fmt((peaks or {}).get('bandwidth_gbs'), '.0f')} GB/s copy bandwidth, "
@@ -468,6 +475,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--fresh", action="store_true",
                     help="judge every task again, ignoring the outcomes already in --out")
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    ap.add_argument("--kernels", default="native", choices=["native", "triton"],
+                    help="native: CUDA on cuda, C++ on cpu; triton: the synthesizer's Triton "
+                         "forms (target=triton; on cpu they run in Triton's interpreter)")
     ap.add_argument("--size", default=None, help="large | small (default: large on cuda)")
     ap.add_argument("--tasks", default="", help="comma-separated id globs, e.g. 'L1_1_*,L2_*'")
     ap.add_argument("--levels", default="1,2,3")
@@ -516,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
 
     device = resolve_device(args.device)
     target = "cuda" if device.startswith("cuda") else "cpu"
+    # on cpu the verifier's sandbox runs Triton's interpreter in every worker
+    kernels = "triton" if args.kernels == "triton" else target  # what the synthesizer writes
     size = args.size or ("large" if target == "cuda" else "small")
     deadline = T0 + args.budget_s
     if target == "cuda" and not os.environ.get("ASSAY_CUDA_ARCH"):
@@ -548,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             lvl = run.level if isinstance(run.level, int) else 0
             run.task = Task.from_file(run.path, size=size, level=lvl)
-            propose(run, target, args.variants, args.mutations, args.seed, out)
+            propose(run, kernels, args.variants, args.mutations, args.seed, out)
         except Exception as e:  # noqa: BLE001 - one task's failure is recorded
             run.error = f"proposing: {one_line(e)}"
         what = (f"declined: {run.declined}" if run.declined else f"error: {run.error}"
@@ -693,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # -- report --------------------------------------------------------------------------------
     meta = {"source": args.source, "device": device, "device_name": device_name(device),
-            "size": size,
+            "size": size, "kernels": kernels,
             "torch": torch.__version__, "wall_s": time.perf_counter() - T0,
             "args": vars(args), "arch": os.environ.get("ASSAY_CUDA_ARCH")}
     md, data = summarize(runs, peaks, meta)

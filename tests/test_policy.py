@@ -81,3 +81,77 @@ def test_reference_fallback_refuses_a_call_running_every_reference_op():
     assert reference_fallback(MOVEMENT + [op("aten::mm")], ref) == (True, "")  # a part only
     ok, why = reference_fallback(MOVEMENT, [])
     assert ok and "no ATen compute op" in why
+
+
+# --- Triton kernels (target=triton) -----------------------------------------------------------
+
+TRITON_CANDIDATE = '''
+import triton
+import triton.language as tl
+from triton import jit
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 256})], key=["n"])
+@triton.jit
+def triton_gelu(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    pass
+
+@jit
+def fused_gemm_relu(a, b, c):
+    pass
+
+@triton.jit(do_not_specialize=["n"])
+def triton_poi_fused_relu_0(x, n):
+    pass
+
+def helper():
+    pass
+'''
+
+
+def test_the_candidates_triton_kernels_are_read_from_its_source():
+    from assay.verify.policy import triton_kernels
+
+    assert triton_kernels(TRITON_CANDIDATE) == {"triton_gelu", "fused_gemm_relu",
+                                                "triton_poi_fused_relu_0"}
+    assert triton_kernels("def broken(:") == frozenset()
+
+
+def test_own_triton_kernels_count_as_the_candidates_work_and_inductors_stay_library():
+    """Triton names a kernel after its function: the candidate's `triton_gelu` and
+    `fused_gemm_relu` are its own (its file defines them), torch.compile's `triton_poi_...`
+    and cuBLAS's kernels stay library even when the file defines a decoy of that name."""
+    from assay.verify.policy import is_library, triton_kernels
+
+    own = triton_kernels(TRITON_CANDIDATE) | {"nvjet_tst_128x64_64x4_1x2_h_bz_NNT"}
+    assert not is_library("triton_gelu", own) and is_library("triton_gelu")
+    assert not is_library("fused_gemm_relu", own) and is_library("fused_gemm_relu")
+    assert is_library("triton_poi_fused_relu_0", own)  # inductor's form, whatever the file says
+    assert is_library("nvjet_tst_128x64_64x4_1x2_h_bz_NNT", own)  # a vendor's mark
+    assert not is_library("add_kernel", own) and not is_library("add_kernel")
+    rows = [kernel("triton_gelu", 5.0), kernel("Memset (Device)", 0.5)]
+    assert audit(rows, "cuda", Policy.strict, own=own).ok
+    assert not audit(rows, "cuda", Policy.strict).ok  # another file's kernel of that name
+    compiled = rows + [kernel("triton_poi_fused_relu_0", 4.0)]
+    a = audit(compiled, "cuda", Policy.strict, own=own)
+    assert not a.ok and "triton_poi_fused_relu_0" in a.detail
+    only_inductor = [kernel("triton_poi_fused_relu_0", 4.0)]
+    assert audit(only_inductor, "cuda", Policy.permissive, own=own).detail == \
+        "no custom kernel ran on the device"
+
+
+def test_interpreted_triton_launches_are_listed_and_part_of_a_calls_signature():
+    """On cpu, Triton's interpreter runs a kernel in numpy, which the profiler does not see;
+    the worker's range `triton::<kernel>` around each launch lists it, counts its time in the
+    library share's total, and makes a call that skipped it run different code."""
+    from assay.verify.policy import audit_consistency, call_signature
+
+    launch = {"name": "triton::gelu_kernel", "kind": "interpreted", "cpu_us": 90.0,
+              "device_us": 0.0, "count": 1}
+    a = audit(MOVEMENT + [launch], "cpu", Policy.strict)
+    assert a.ok and "triton::gelu_kernel" in a.kernels
+    b = audit([launch, op("aten::erf", 10.0)], "cpu", Policy.permissive)
+    assert b.ok and b.library_time_frac == pytest.approx(0.1)
+    assert call_signature([launch], "cpu") == ("triton::gelu_kernel",)
+    calls = [{"phase": "timed", "rows": [launch]}, {"phase": "timed", "rows": MOVEMENT}]
+    ok, detail = audit_consistency({"expected": 2, "found": 2, "calls": calls}, "cpu")
+    assert not ok and "triton::gelu_kernel" in detail

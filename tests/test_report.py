@@ -381,3 +381,23 @@ def test_report_links_compare_backends_in_mlflow(tmp_path: Path, monkeypatch) ->
     one = make_fake_campaign(tmp_path, name="one", tasks=1, gens=1, llms=("offline",),
                              tracked=True)
     assert "compare-runs" not in write_report(one).read_text()
+
+
+def test_a_triton_campaign_beside_a_cuda_one_is_labelled_with_its_kernels(tmp_path: Path) -> None:
+    """target=triton: the header says what the kernels are written in, and the comparison with
+    a cuda campaign of the same task names each campaign's target (issue #20: the CUDA and the
+    Triton form of a task side by side)."""
+    forms = {}
+    for name, target, kernels in (("kb-cuda", "cuda", "cuda"), ("kb-triton", "cuda", "triton")):
+        c = Campaign(tmp_path / name)
+        tid = write_task(c, 1, 1, "ReLU", target=target, device="fake-gpu")
+        base = read_json(c.baseline(tid))
+        write_json(c.baseline(tid), {**base, "kernels": kernels})
+        add_candidate(c, "offline", tid, 0, accepted=True, speedup=1.5, device="fake-gpu")
+        forms[name] = c
+    html = write_report(forms["kb-triton"], compare_with=[forms["kb-cuda"]]).read_text()
+    assert "target: cuda, Triton kernels;" in html
+    part = html[html.index('id="comparison"'):html.index('id="leaderboard"')]
+    assert "<td>kb-triton (cuda, Triton kernels)</td>" in part
+    assert "<td>kb-cuda (cuda)</td>" in part
+    assert "target: cuda;" in write_report(forms["kb-cuda"]).read_text()

@@ -176,3 +176,22 @@ def test_compose_ignores_a_hydra_left_initialized_on_another_config_folder(tmp_p
         assert compose(["verify=strict"]).verify.policy == "strict"
     finally:
         GlobalHydra.instance().clear()
+
+
+def test_the_triton_target_runs_on_the_machines_device_and_writes_triton(monkeypatch):
+    """``target=triton``: the kernels are Triton's on either device; the device is cuda with a
+    GPU, else cpu (Triton's interpreter), as for ``target=auto``; the other targets write their
+    device's own language."""
+    import assay.gpu
+    from assay.app import kernel_target, target
+
+    cfg = compose(["target=triton"])
+    assert cfg.target.name == TargetName.triton
+    for gpus, device in (([], "cpu"), ([0], "cuda")):
+        monkeypatch.setattr(assay.gpu, "visible_gpus", lambda g=gpus: g)
+        assert (target(cfg), kernel_target(cfg)) == (device, "triton")
+        auto = compose([])
+        assert (target(auto), kernel_target(auto)) == (device, device)
+    for name in ("cpu", "cuda"):
+        fixed = compose([f"target={name}"])
+        assert (target(fixed), kernel_target(fixed)) == (name, name)

@@ -150,7 +150,9 @@ def test_zoo_verdict(name):
 # long-running process (and the CUDA caching allocator always does). Even so, reuse depends on
 # the heap's history, which differs from process to process (threads, hash seeds): a noop
 # kernel passes in about half of fresh processes, so the test retries in new ones.
-NAIVE_ENV = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 30)}
+# TRITON_INTERPRET: the naive harness runs on cpu, where Triton kernels run in the interpreter
+# (as the verifier's sandbox runs them for cpu workers).
+NAIVE_ENV = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 30), "TRITON_INTERPRET": "1"}
 
 
 def naive_once(task: Path, candidate: Path, timeout_s: float = 180.0) -> dict:
@@ -554,3 +556,19 @@ def test_the_offset_set_rejects_an_honest_one_pass_variance():
     v = verify(task, CASES[name]["path"], "cpu", cfg, record=record(task), peaks=GENEROUS_PEAKS,
                prepared=prepare(task, "cpu", cfg))
     assert not v.accepted and {"precision", "correctness"} & set(v.reasons), v.reasons
+
+
+def test_interpreted_triton_kernels_show_in_the_cpu_audit():
+    """target=triton on cpu: the sandbox runs Triton's interpreter (TRITON_INTERPRET=1), the
+    audit lists the candidate's Triton kernel in every timed call (the worker's
+    ``triton::<kernel>`` range), and the first call's time, Triton's JIT on a GPU, is reported
+    apart from the load."""
+    meta = CASES["honest_gelu_triton"]
+    task = zoo_task(meta["TASK"])
+    times: dict = {}
+    v = verify(task, meta["path"], "cpu", zoo_config(meta), record=record(task),
+               peaks=GENEROUS_PEAKS, prepared=prepared(task), times=times)
+    assert v.accepted, v.reasons
+    assert "triton::gelu_kernel" in v.kernels_launched, v.kernels_launched
+    assert "all running the same code" in v.checks["audit_consistency"]["detail"]
+    assert times["worker.first_call_s"] > 0 and "worker.load_s" in times

@@ -222,15 +222,26 @@ def campaign(cfg: DictConfig) -> Campaign:
 
 
 def target(cfg: DictConfig) -> str:
-    """``target=auto`` picks cuda when a GPU is present, else cpu."""
+    """The device the campaign's kernels run on, ``cuda`` or ``cpu``: ``target=auto`` and
+    ``target=triton`` pick cuda when a GPU is present, else cpu (Triton kernels then run in
+    Triton's interpreter). What language the kernels are written in: :func:`kernel_target`."""
     name = cfg.target.name
-    if name == "auto":
+    if name in ("auto", "triton"):
         # Asked of the driver, not of torch: importing torch costs seconds in steps that do
         # not otherwise need it (an empty generation, a declined task).
         from assay.gpu import visible_gpus
 
         return "cuda" if visible_gpus() else "cpu"
     return str(name)  # the schema's Enum admits no other value
+
+
+def kernel_target(cfg: DictConfig, device: str | None = None) -> str:
+    """What the proposers write: ``triton`` (Python with @triton.jit kernels, on either
+    device) for ``target=triton``, else the device's own language, ``cuda`` (CUDA) or ``cpu``
+    (C++). ``device``: :func:`target`'s answer when the caller has it."""
+    if cfg.target.name == "triton":
+        return "triton"
+    return device or target(cfg)
 
 
 def task_size(cfg: DictConfig, tgt: str | None = None) -> str:

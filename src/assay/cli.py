@@ -281,7 +281,8 @@ def parser() -> argparse.ArgumentParser:
                    help="candidate file defining class ModelNew, or a folder of candidates "
                         "(KernelBench runs layout, <task stem>/*.py, or files named after tasks)")
     v.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
-                   help="where the candidate runs (auto: cuda if a GPU is visible, else cpu)")
+                   help="where the candidate runs (auto: cuda if a GPU is visible, else cpu; "
+                        "on cpu, Triton kernels run in Triton's interpreter)")
     v.add_argument("--json", metavar="FILE",
                    help="write the verdict JSON here, with seconds per phase under 'times'")
     v.add_argument("--policy", default="strict", choices=["strict", "permissive"],

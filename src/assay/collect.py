@@ -67,6 +67,7 @@ COLLECT_SCHEMA: dict[str, pl.DataType] = {
     "flops": pl.Float64(),
     "min_bytes": pl.Float64(),
     "target": pl.String(),
+    "kernels": pl.String(),  # what the kernels are written in: cpu (C++), cuda, triton
     # profile.json, on the profiled candidate's rows only
     "profiled": pl.Boolean(),
     "ncu_profile": pl.String(),
@@ -267,6 +268,8 @@ def _collect_task(campaign: Campaign, llm: str, task: str, rec: dict[str, Any],
                 "flops": _float(rec.get("flops")),
                 "min_bytes": _float(rec.get("min_bytes")),
                 "target": _str(base.get("target")),
+                # a baseline written before target=triton: the device's own language
+                "kernels": _str(base.get("kernels") or base.get("target")),
                 "profiled": is_profiled,
                 "ncu_profile": _str(profile.get("ncu")) if is_profiled else None,
                 "torch_profile": _str(profile.get("torch_profile")) if is_profiled else None,

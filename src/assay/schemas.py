@@ -37,8 +37,11 @@ class TaskSize(StrEnum):
 
 class TargetName(StrEnum):
     auto = "auto"  # cuda when a GPU is visible, else cpu
-    cpu = "cpu"
-    cuda = "cuda"
+    cpu = "cpu"  # C++ kernels on the host
+    cuda = "cuda"  # CUDA kernels
+    # Python candidates launching @triton.jit kernels: compiled on a GPU; without one they run
+    # on cpu tensors in Triton's interpreter (TRITON_INTERPRET=1), for tests and CI
+    triton = "triton"
 
 
 class Toggle(StrEnum):

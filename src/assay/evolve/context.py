@@ -48,8 +48,8 @@ def stepping_stones(c: Campaign, llm: str, task: str, level: int, k: int) -> lis
 
 
 def context(cfg: DictConfig, c: Campaign, tgt: str, gen: int | None = None) -> TaskContext | None:
-    """The task, its record (with stage 1's verified functional form when there is one) and
-    the stepping stones. With ``gen``, the stones are those recorded for that generation when
+    """The task (at the size of device ``tgt``), its record (with stage 1's verified functional
+    form when there is one), the kernel target the proposers write for, and the stepping stones. With ``gen``, the stones are those recorded for that generation when
     a previous run of the step recorded them (resume), else found now and recorded."""
     record = task_record(c, cfg.task)
     if record.get("error"):
@@ -66,4 +66,5 @@ def context(cfg: DictConfig, c: Campaign, tgt: str, gen: int | None = None) -> T
         if gen is not None:
             save_stones(c, llm, cfg.task, gen, [w for w, _ in found])
         stones = [p for _, p in found]
-    return TaskContext(task=task, target=tgt, record=record, stepping_stones=stones)
+    return TaskContext(task=task, target=app.kernel_target(cfg, tgt), record=record,
+                       stepping_stones=stones)

@@ -56,7 +56,7 @@ __all__ = ["LLMError", "LiteLLMProposer", "Answer", "ModelChoice", "cache_key",
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("cpu", "cuda")
+TARGETS = ("cpu", "cuda", "triton")  # triton: @triton.jit kernels, on either device
 CACHE_VERSION = 1
 _ERR_CHARS = 500
 

@@ -403,6 +403,13 @@ def _lineage(df: pl.DataFrame, best: dict[str, Any], links: dict[tuple[str, str]
             "n_nodes": len(nodes), "operators": sorted({e[2] for e in edges})}
 
 
+def _target_labels(df: pl.DataFrame) -> list[str]:
+    """The campaign's targets as the report names them: the device, and the kernels' language
+    where it is not the device's own (``cpu, Triton kernels``: Triton's interpreter)."""
+    pairs = {(t, k) for t, k in zip(df["target"].to_list(), df["kernels"].to_list()) if t}
+    return sorted(t if not k or k == t else f"{t}, {k.capitalize()} kernels" for t, k in pairs)
+
+
 def _comparison(campaigns: Sequence[Campaign], current: str) -> dict[str, Any]:
     """The compare table, fast_p curves and per-task best speedups of several campaigns."""
     frames = [collect(c) for c in campaigns]
@@ -425,8 +432,13 @@ def _comparison(campaigns: Sequence[Campaign], current: str) -> dict[str, Any]:
     best = {(r["campaign"], r["llm"], r["task"]): r for r in tasks_t.iter_rows(named=True)}
     tasks = sorted(set(tasks_t["task"].to_list()))
     rows = [{"task": t, "cells": [best.get((cn, lm, t)) for cn, lm in keys]} for t in tasks]
+    # each campaign's targets beside its name where the campaigns differ in them: a cuda and a
+    # triton campaign of the same tasks are the two forms side by side
+    labels = {c.name: ", ".join(_target_labels(f)) for c, f in zip(campaigns, frames)}
+    if len(set(labels.values())) <= 1:
+        labels = {}
     return {"table": table.to_dicts(), "chart": chart, "keys": keys, "rows": rows,
-            "current": current}
+            "current": current, "labels": labels}
 
 
 def report_context(campaign: Campaign, *, mlflow_ui: str | None = None,
@@ -484,7 +496,7 @@ def report_context(campaign: Campaign, *, mlflow_ui: str | None = None,
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "devices": sorted(v for v in df["device"].unique().to_list() if v),
         "device": device,
-        "targets": sorted(v for v in df["target"].unique().to_list() if v),
+        "targets": _target_labels(df),
         "policies": sorted(v for v in df["policy"].unique().to_list() if v),
         "n_candidates": df.height,
         "n_accepted": int(df["accepted"].sum()) if df.height else 0,
@@ -675,7 +687,8 @@ leaderboard does the same for that task's runs).</p>{% endif %}
 <tr><th>campaign</th><th>llm</th><th>tasks tried</th><th>accepted tasks</th><th>fast_1</th>
 <th>geomean speedup (accepted tasks)</th><th>tokens</th><th>cost</th></tr>
 {% for r in comparison.table %}
-<tr{% if r.campaign == comparison.current %} class="ok"{% endif %}><td>{{ r.campaign }}</td>
+<tr{% if r.campaign == comparison.current %} class="ok"{% endif %}><td>{{ r.campaign }}
+{%- if comparison.labels.get(r.campaign) %} ({{ comparison.labels[r.campaign] }}){% endif %}</td>
 <td>{{ r.llm }}</td><td class="n">{{ r.tasks_tried }}</td><td class="n">{{ r.accepted }}</td>
 <td class="n">{{ r.fast_1 | pct }}</td><td class="n">{{ r.geomean_speedup_accepted | x }}</td>
 <td class="n">{{ r.tokens | int }}</td><td class="n">{{ r.cost_usd | usd }}</td></tr>
@@ -685,7 +698,8 @@ leaderboard does the same for that task's runs).</p>{% endif %}
 <h3>Best speedup over eager per task</h3>
 <table>
 <tr><th>task</th>
-{% for cn, lm in comparison["keys"] %}<th>{{ cn }}<br>{{ lm }}</th>{% endfor %}</tr>
+{% for cn, lm in comparison["keys"] %}<th>{{ cn }}<br>{{ lm }}
+{%- if comparison.labels.get(cn) %}<br>{{ comparison.labels[cn] }}{% endif %}</th>{% endfor %}</tr>
 {% for r in comparison.rows %}
 <tr><td><code>{{ r.task }}</code></td>
 {% for c in r.cells %}

@@ -39,6 +39,7 @@ def baseline(cfg: DictConfig) -> dict:
     out = time_reference(task, device, tcfg, cfg.baselines.compile, cfg.baselines.compile_mode,
                          hold=lambda: app.cpu_timing(cfg))
     out["target"] = tgt
+    out["kernels"] = app.kernel_target(cfg, tgt)  # triton on target=triton, else the device's
     write_json(c.baseline(cfg.task), out)
     log.info("%s: eager %.4g ms, compile %s ms", task.id, out["eager_ms"], out["compile_ms"])
     for name in ("eager", "compile"):

@@ -47,7 +47,7 @@ def evolve(cfg: DictConfig) -> dict:
     rng = app.rng_for(cfg, llm, task, gen)
     ops = plan(members, gen - 1, e.children, e.population, e.crossover_rate,
                e.crossover_parents, e.repair, rng)
-    proposer = make_proposer(cfg, tgt)
+    proposer = make_proposer(cfg, app.kernel_target(cfg, tgt))
     proposals = []
     stopped = None
     for i, op in enumerate(ops, 1):

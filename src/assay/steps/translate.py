@@ -40,7 +40,7 @@ def translate(cfg: DictConfig) -> dict:
 
         func = load_functional(c, llm, task)
         if func is None and not budget.exhausted():
-            proposer = make_proposer(cfg, tgt)
+            proposer = make_proposer(cfg, app.kernel_target(cfg, tgt))
             func = stage1(c, llm, ctx, proposer, app.rng_for(cfg, llm, task, "functional"),
                           timeout_s=float(cfg.verify.timeout_s),
                           limits=_limits(cfg))
@@ -58,7 +58,7 @@ def translate(cfg: DictConfig) -> dict:
                  budget.note())
         return write_generation(c, llm, task, 0, [], stopped=STOPPED, budget=budget.note(),
                                 extra_spend=extra, functional=func)
-    proposer = proposer or make_proposer(cfg, tgt)
+    proposer = proposer or make_proposer(cfg, app.kernel_target(cfg, tgt))
     log.info("%s/%s: asking for %d translations", llm, task, cfg.evolve.translate_n)
     proposals = proposer.translate(ctx, cfg.evolve.translate_n, app.rng_for(cfg, llm, task, 0))
     budget.charge(proposals)

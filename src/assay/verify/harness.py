@@ -137,6 +137,14 @@ class WorkerRun:
         self.scratch = Path(tempfile.mkdtemp(prefix=f"assay-verify-{os.getpid()}-",
                                              dir=shm_dir(2 * landing)))
         self.candidate = candidate
+        # The @triton.jit kernels its file defines, read here before the worker runs (the copy
+        # in the scratch folder is the candidate's to rewrite): the audit counts them as its
+        # own even where their names look like a library's (policy.is_library).
+        try:
+            self.own_kernels = policy_mod.triton_kernels(
+                Path(candidate).read_text(errors="replace"))
+        except OSError:
+            self.own_kernels = frozenset()
 
     def __enter__(self) -> "WorkerRun":
         return self
@@ -460,7 +468,7 @@ def _judge_report(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig,
     if cfg.audit:  # the audit covered every timed call (assay.verify.worker.CallAudit)
         _check_audit_present(v, result, prep)
     if "kernels" in result:
-        _check_kernels(v, result["kernels"], prep, cfg)
+        _check_kernels(v, result["kernels"], prep, cfg, w.own_kernels)
         if prep.device.startswith("cuda") and cfg.policy == "strict":
             _check_provenance(v, result, w)
 
@@ -737,10 +745,12 @@ def _check_speed(v: Verdict, cfg: VerifyConfig,
                 if v.runtime_ms < floor else "")
 
 
-def _check_kernels(v: Verdict, rows: list, prep: Prepared, cfg: VerifyConfig) -> None:
-    """The profiled kernels against the policy (``kernel_audit``) and, where the config asks,
-    against the reference's own ops (``reference_fallback``)."""
-    audit = policy_mod.audit(rows, prep.device, cfg.policy, cfg.max_library_time_frac)
+def _check_kernels(v: Verdict, rows: list, prep: Prepared, cfg: VerifyConfig,
+                   own: frozenset[str] = frozenset()) -> None:
+    """The profiled kernels against the policy (``kernel_audit``; ``own``: the candidate's
+    @triton.jit kernels) and, where the config asks, against the reference's own ops
+    (``reference_fallback``)."""
+    audit = policy_mod.audit(rows, prep.device, cfg.policy, cfg.max_library_time_frac, own)
     v.kernels_launched = audit.kernels
     v.library_time_frac = audit.library_time_frac
     checks.record(v, "kernel_audit", audit.ok, audit.detail)
@@ -752,7 +762,8 @@ def _check_kernels(v: Verdict, rows: list, prep: Prepared, cfg: VerifyConfig) ->
 def _check_provenance(v: Verdict, result: dict[str, Any], w: WorkerRun) -> None:
     """``audit_provenance``: every kernel the report credits to the candidate is defined in a
     library built for it, read here from disk (the report itself can be forged)."""
-    names = provenance.credited(result["kernels"], policy_mod.LIBRARY_KERNEL)
+    own = getattr(w, "own_kernels", frozenset())
+    names = provenance.credited(result["kernels"], lambda n: policy_mod.is_library(n, own))
     libs = result.get("libraries") or []
     if not isinstance(libs, list):
         raise _Malformed("libraries is not a list")

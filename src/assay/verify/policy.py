@@ -12,6 +12,7 @@ call of the reference, a try/except fallback to it, or ATen called from C++) is 
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,13 +31,57 @@ ALLOWED_OPS = {
     "aten::resolve_conj", "aten::resolve_neg", "aten::empty_permuted", "aten::new_empty",
     "aten::new_empty_strided", "aten::new_zeros", "aten::expand_as", "aten::as_strided_",
 }
-# Device kernels that belong to a library rather than to the candidate.
-LIBRARY_KERNEL = re.compile(
-    r"\bat::|\bc10::|cublas|cudnn|cutlass|gemm|gemv|xmma|sm\d+_xmma|ampere_|volta_|"
-    r"turing_|hopper_|nvjet|cusparse|cufft|curand|triton_|Memcpy|Memset|splitKreduce",
-    re.IGNORECASE)
+# Marks of a vendor library's or ATen's device kernels.
+_VENDOR = (r"\bat::|\bc10::|cublas|cudnn|cutlass|xmma|sm\d+_xmma|ampere_|volta_|turing_|"
+           r"hopper_|nvjet|cusparse|cufft|curand|Memcpy|Memset|splitKreduce")
+VENDOR_KERNEL = re.compile(_VENDOR, re.IGNORECASE)
+# Device kernels that belong to a library rather than to the candidate: the vendors' and
+# ATen's, any GEMM/GEMV, and torch.compile's (inductor's Triton kernels are all `triton_...`).
+LIBRARY_KERNEL = re.compile(_VENDOR + r"|gemm|gemv|triton_", re.IGNORECASE)
+# Inductor's generated kernels: `triton_<first 3 letters of the category>_<fused ops>_<n>`
+# (torch/_inductor/codegen/triton.py; categories foreach, persistent_reduction, pointwise,
+# reduction, split_scan, template, unknown). Never the candidate's, whatever its source says.
+INDUCTOR_KERNEL = re.compile(r"^triton_(?:for|per|poi|red|spl|tem|unk)_")
 # The movement kernels ATen launches for allocation/copies; allowed like their ops.
 MOVEMENT_KERNEL = re.compile(r"Memcpy|Memset|copy_kernel|fill_kernel|FillFunctor", re.I)
+
+
+def is_library(name: str, own: frozenset[str] = frozenset()) -> bool:
+    """Whether device kernel ``name`` is a library's. ``own``: the names of the @triton.jit
+    functions the candidate's file defines (:func:`triton_kernels`, read by the harness from
+    the file itself). Triton names a kernel after its function, so an LLM's `triton_gelu` or
+    `fused_gemm_relu` would look like inductor's or cuBLAS's; such a name is the candidate's
+    when its file defines it, unless it carries a vendor's mark or inductor's form, which a
+    decoy of the same name could otherwise claim (a library kernel with a plain identifier for
+    a name always has one: `nvjet_...`, `sm90_xmma_gemm_...`, `ampere_sgemm_...`)."""
+    if name in own and name.isidentifier() and not VENDOR_KERNEL.search(name) \
+            and not INDUCTOR_KERNEL.match(name):
+        return False
+    return bool(LIBRARY_KERNEL.search(name))
+
+
+def _jit_decorator(node: ast.expr) -> bool:
+    """``@triton.jit``, ``@jit``, ``@triton.jit(...)`` (any dotted name ending in ``jit``)."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    while isinstance(node, ast.Attribute):
+        if node.attr == "jit":
+            return True
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "jit"
+
+
+def triton_kernels(source: str) -> frozenset[str]:
+    """Names of the functions ``source`` decorates with Triton's ``jit`` (with or without
+    ``autotune``/``heuristics`` above it), anywhere in the file: the kernels the candidate
+    wrote. Empty for a file that does not parse (preflight rejects it before this matters)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return frozenset()
+    return frozenset(n.name for n in ast.walk(tree)
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and any(_jit_decorator(d) for d in n.decorator_list))
 
 
 @dataclass
@@ -48,22 +93,26 @@ class Audit:
 
 
 def audit(rows: list[dict[str, Any]], device: str, policy: str,
-          max_library_frac: float = 1.0) -> Audit:
+          max_library_frac: float = 1.0, own: frozenset[str] = frozenset()) -> Audit:
+    """``own``: the candidate's @triton.jit kernel names (see :func:`is_library`)."""
     ops = [r for r in rows if r["name"].startswith("aten::")]
     compute_ops = sorted({r["name"] for r in ops if r["name"] not in ALLOWED_OPS})
     if device.startswith("cuda"):
         kernels = [r for r in rows if r["kind"] == "kernel" and r["device_us"] > 0]
         names = [r["name"] for r in kernels]
         total = sum(r["device_us"] for r in kernels)
-        lib = sum(r["device_us"] for r in kernels if LIBRARY_KERNEL.search(r["name"])
+        lib = sum(r["device_us"] for r in kernels if is_library(r["name"], own)
                   and not MOVEMENT_KERNEL.search(r["name"]))
         lib_frac = lib / total if total > 0 else 0.0
-        custom = [r for r in kernels if not LIBRARY_KERNEL.search(r["name"])]
+        custom = [r for r in kernels if not is_library(r["name"], own)]
         if not custom and not compute_ops:
             return Audit(False, "no custom kernel ran on the device", names, lib_frac)
     else:
-        names = sorted({r["name"] for r in ops})
-        total = sum(r["cpu_us"] for r in ops) or 0.0
+        # ATen ops, and the Triton kernels Triton's interpreter ran (rows of kind
+        # "interpreted", named triton::<kernel>: see assay.verify.worker.mark_interpreted_triton)
+        interpreted = [r for r in rows if r.get("kind") == "interpreted"]
+        names = sorted({r["name"] for r in ops + interpreted})
+        total = sum(r["cpu_us"] for r in ops + interpreted) or 0.0
         lib = sum(r["cpu_us"] for r in ops if r["name"] in compute_ops)
         lib_frac = lib / total if total > 0 else 0.0
     if policy == "strict":
@@ -71,7 +120,7 @@ def audit(rows: list[dict[str, Any]], device: str, policy: str,
             return Audit(False, f"library compute under the strict policy: "
                                 f"{', '.join(compute_ops[:8])}", names, lib_frac)
         if device.startswith("cuda") and lib_frac > 0:
-            lib_names = sorted({n for n in names if LIBRARY_KERNEL.search(n)
+            lib_names = sorted({n for n in names if is_library(n, own)
                                 and not MOVEMENT_KERNEL.search(n)})
             return Audit(False, f"library kernels under the strict policy: "
                                 f"{', '.join(lib_names[:5])}", names, lib_frac)
@@ -105,10 +154,12 @@ def reference_fallback(rows: list[dict[str, Any]], reference_ops: list[str]) -> 
 
 
 def call_signature(rows: list[dict[str, Any]], device: str) -> tuple[str, ...]:
-    """What one call computed with: its ATen compute ops, and on cuda the device kernels that
-    are not memory movement. Two calls of one implementation have the same signature."""
-    names = {r["name"] for r in rows if r["name"].startswith("aten::")
-             and r["name"] not in ALLOWED_OPS}
+    """What one call computed with: its ATen compute ops, the Triton kernels Triton's
+    interpreter ran (cpu), and on cuda the device kernels that are not memory movement. Two
+    calls of one implementation have the same signature."""
+    names = {r["name"] for r in rows if (r["name"].startswith("aten::")
+                                         and r["name"] not in ALLOWED_OPS)
+             or r.get("kind") == "interpreted"}
     if device.startswith("cuda"):
         names |= {r["name"] for r in rows if r["kind"] == "kernel"
                   and not MOVEMENT_KERNEL.search(r["name"])}

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 ELF_MAGIC = b"\x7fELF"
 MAX_FILES = 4000  # the scratch folder is the candidate's: a flood of files is not read
@@ -115,12 +116,15 @@ def artifacts(scratch: Path, cache: Path | None, reported: Iterable[Any]) -> lis
     return list(found.values())
 
 
-def credited(rows: list[dict[str, Any]], library: re.Pattern[str]) -> list[str]:
+def credited(rows: list[dict[str, Any]],
+             library: re.Pattern[str] | Callable[[str], bool]) -> list[str]:
     """The kernels the kernel audit counts as the candidate's own: device kernels that ran
-    (device time > 0) and whose names ``library`` (the policy's patterns) does not match."""
+    (device time > 0) and that ``library`` (the policy's patterns, or its predicate with the
+    candidate's own Triton kernels, policy.is_library) does not call a library's."""
+    is_lib = library.search if isinstance(library, re.Pattern) else library
     return sorted({r["name"] for r in rows if r.get("kind") == "kernel"
                    and float(r.get("device_us") or 0) > 0 and isinstance(r.get("name"), str)
-                   and not library.search(r["name"])})
+                   and not is_lib(r["name"])})
 
 
 def proven(names: list[str], files: list[Path]) -> tuple[bool, str]:

@@ -397,6 +397,36 @@ def load_candidate(path: Path):
 
 
 CALL_RANGE = "assay::call"
+# A Triton kernel run by Triton's interpreter (cpu): a range named after its function around
+# each launch (mark_interpreted_triton), the cpu audit's counterpart of a device kernel.
+TRITON_RANGE = "triton::"
+
+
+def mark_interpreted_triton() -> bool:
+    """Put a profiler range ``triton::<kernel>`` around every launch that Triton's interpreter
+    runs, so the cpu audit lists the candidate's Triton kernels per call (the interpreter
+    computes with numpy, which the profiler does not see, as it does not see C++). Called after
+    the candidate's module is loaded, only if it imported triton; like every record this
+    process writes, the candidate can undo it (docs/ARCHITECTURE.md, "What the worker's report
+    can prove"). False where Triton's interpreter is not importable."""
+    try:
+        from triton.runtime import interpreter
+    except Exception:  # noqa: BLE001 - no triton, or one whose interpreter does not load
+        return False
+    executor = getattr(interpreter, "GridExecutor", None)
+    launch = getattr(executor, "__call__", None)
+    if launch is None:
+        return False
+    if getattr(launch, "_assay_marked", False):
+        return True
+
+    def marked(self, *args, **kwargs):
+        with _Range(TRITON_RANGE + str(getattr(self.fn, "__name__", "kernel"))):
+            return launch(self, *args, **kwargs)
+
+    marked._assay_marked = True  # type: ignore[attr-defined]
+    executor.__call__ = marked
+    return True
 
 
 def _all_threads() -> dict[str, Any]:
@@ -470,7 +500,7 @@ def _event(e: Any, cpu_type: Any) -> dict[str, Any] | None:
     act = act() if callable(act) else ""
     name = e.name()
     cpu = e.device_type() == cpu_type
-    if cpu and not (name.startswith("aten::") or name == CALL_RANGE
+    if cpu and not (name.startswith(("aten::", TRITON_RANGE)) or name == CALL_RANGE
                     or act in ("cuda_runtime", "cuda_driver")):
         return None
     stream = getattr(e, "device_resource_id", None)  # a kernel's stream (kineto resource id)
@@ -532,6 +562,10 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
             i = call_of(e["start"])
             if i >= 0:
                 add(i, e["name"], "op", 0.0, self_ns.get(id(e), 0) / 1e3)
+        elif e["name"].startswith(TRITON_RANGE):  # an interpreted Triton launch (cpu)
+            i = call_of(e["start"])
+            if i >= 0:
+                add(i, e["name"], "interpreted", 0.0, self_ns.get(id(e), 0) / 1e3)
         elif "StreamWaitEvent" in e["name"] and (i := call_of(e["start"])) >= 0:
             joins[i] += 1
     if cuda:
@@ -725,6 +759,8 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     inline_builds.install()  # load_inline through the content-hash cache (assay.bench.inline)
     mod = load_candidate(Path(job["candidate"]))
     result["load_s"] = times["load_s"] = clock() - t
+    if device.type == "cpu" and "triton" in sys.modules:
+        mark_interpreted_triton()
 
     result["stage"] = "construct"
     with seeded(job["init_seed"]):
@@ -753,7 +789,12 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
                  poisoned: bool = True) -> None:
         if poisoned:
             poison_allocator(device, poison)
+        t_call = clock()
         out = call(phase, xs)
+        if "first_call_s" not in times:
+            # Host time of the first call, its build time for kernels compiled on first use
+            # (Triton's JIT and autotuner; load_library and load_inline build at load, load_s)
+            times["first_call_s"] = clock() - t_call
         rec.record(slot, set_id, out, xs, pristine)
         del out
 

@@ -1,6 +1,7 @@
 """The candidate file: a family's kernel source wrapped in a Python module that the verifier
 loads like any other candidate (the task's constructor, SOURCE, ModelNew whose forward runs the
-compiled kernels through ctypes).
+compiled kernels through ctypes; on the triton target the @triton.jit kernel is the module's
+own code, families.triton_form).
 
 Pure functions of their arguments: the same plan, knobs, target and task source give the same
 text (and so the same candidate id); different knobs give different kernel source (the knobs
@@ -12,7 +13,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from assay.propose.offline.families import Family, family_of
+from assay.propose.offline.families import Family, family_of, triton_form
 from assay.propose.offline.families.family import Entry
 from assay.propose.offline.families.shared import knob_line, leaf_tensor, render
 from assay.propose.offline.graph import Plan
@@ -242,10 +243,17 @@ def _forward_lines(plan: Plan, target: str, knobs: dict[str, Any], family: Famil
 
 def candidate_file(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
                    task_source: str) -> str:
-    """The full candidate module: the task's constructor, SOURCE, and ModelNew."""
+    """The full candidate module: the task's constructor, SOURCE (or, on the triton target,
+    the @triton.jit kernel itself), and ModelNew."""
     family = family_of(plan)
     source = family.source(plan, target, knobs, summary)
     forward, entries = _forward_lines(plan, target, knobs, family)
+    if target == "triton":
+        code, future = task_prelude(task_source)
+        return triton_form.candidate(
+            summary=summary, template=family.template(plan, knobs), knobs=knobs, kernel=source,
+            task_code=code, future=future, inputs=list(plan.inputs), forward=forward,
+            dtype=plan.dtype)
     extra = ["ctypes.c_void_p"] if target == "cuda" else []
     code, future = task_prelude(task_source)
     if '"""' in source:  # never: the kernel has no triple quotes, but SOURCE is r"""..."""

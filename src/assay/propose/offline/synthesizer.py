@@ -26,16 +26,22 @@ from assay.propose.offline.families import family_of
 from assay.propose.offline.graph import PREFIX, Analysis, Unsupported, analyze_task
 from assay.records import Proposal
 
-TARGETS = ("cpu", "cuda")
+TARGETS = ("cpu", "cuda", "triton")
+# The families with a Triton form (target ``triton``); the others decline it for now.
+TRITON_FAMILIES = ("elementwise", "row", "gemm")
 POLICIES = ("any", "strict", "permissive")
 
 
 def why_not(target: str, analysis: Analysis, policy: str = "any") -> str | None:
     """Why no template can write this plan on ``target`` under ``policy``, or None."""
     plan = analysis.plan
-    if plan.dtype != "float32" and target == "cpu":
-        return f"{PREFIX} {plan.dtype} on the cpu target (float32 only there)"
-    return family_of(plan).declines(target, analysis, policy)
+    if plan.dtype != "float32" and (target == "cpu" or (target == "triton"
+                                                        and plan.gemm is None)):
+        return f"{PREFIX} {plan.dtype} on the {target} target (float32 only there)"
+    family = family_of(plan)
+    if target == "triton" and family.name not in TRITON_FAMILIES:
+        return f"{PREFIX} the {family.name} family in Triton yet (no Triton template)"
+    return family.declines(target, analysis, policy)
 
 
 def normalize_knobs(knobs: Any, space: dict[str, tuple[int, ...]],

@@ -126,7 +126,14 @@ def _run(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLimits, dev
     env = candidate_env()
     env.update(HOME=str(cwd), TMPDIR=str(cwd), XDG_CACHE_HOME=str(cwd / ".cache"),
                TORCH_EXTENSIONS_DIR=str(cwd / "torch_extensions"), CUDA_CACHE_PATH=str(cwd / ".nv"),
-               ASSAY_KERNEL_CACHE=str(cache), PYTHONDONTWRITEBYTECODE="1")
+               ASSAY_KERNEL_CACHE=str(cache), PYTHONDONTWRITEBYTECODE="1",
+               # Triton's cache (compiled kernels, autotuning results) in the scratch folder,
+               # where audit_provenance reads the cubins and nothing outlives the worker
+               TRITON_CACHE_DIR=str(cwd / ".triton" / "cache"))
+    if device == "cpu":
+        # No GPU: @triton.jit kernels run on cpu tensors in Triton's interpreter (numpy under
+        # the hood, no device kernels); a candidate without Triton is unaffected.
+        env["TRITON_INTERPRET"] = "1"
     rlimits = [("RLIMIT_CPU", int(limits.cpu_s)), ("RLIMIT_NOFILE", int(limits.open_files)),
                ("RLIMIT_NPROC", int(limits.processes)), ("RLIMIT_CORE", 0),
                ("RLIMIT_FSIZE", FILE_SIZE_LIMIT)]

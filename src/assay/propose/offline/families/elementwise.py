@@ -1,15 +1,18 @@
 """The elementwise family: a fused chain of per-element ops over same-shape float32 tensors, with
 scalars, constants and broadcast operands (a bias along the last dim). C++: OpenMP threads over
-chunks, `omp simd` inner loops; CUDA: a grid-stride loop over vectors of VEC floats."""
+chunks, `omp simd` inner loops; CUDA: a grid-stride loop over vectors of VEC floats; Triton: one
+program per BLOCK elements (Triton vectorizes the loads and stores itself)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from assay.propose.offline.families import triton_form as tri
 from assay.propose.offline.families.family import Family, Space
 from assay.propose.offline.families.shared import (CPP_FORWARD_CLOSE, CPP_FORWARD_OPEN, CUDA_COMMON,
                                                    Names, elem_closure, fused_calls, fused_kernel,
-                                                   leaves_of, render, vector_flags, vector_index)
+                                                   knob_line, leaves_of, render, vector_flags,
+                                                   vector_index)
 from assay.propose.offline.graph import Analysis, Plan
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
@@ -22,7 +25,26 @@ KNOB_SPACES: dict[tuple[str, str], Space] = {
     # strides over the data, 0 = one pass with as many blocks as the data needs.
     ("cuda", "elementwise"): {"block": (128, 256, 512, 1024), "vec": (1, 2, 4),
                               "unroll": (1, 2, 4), "persistent": (0, 1)},
+    # block: elements per program (Triton's BLOCK, a power of two); num_warps: warps per
+    # program. No num_stages: a kernel without a loop has nothing to pipeline.
+    ("triton", "elementwise"): {"block": (256, 512, 1024, 2048, 4096, 8192),
+                                "num_warps": (1, 2, 4, 8, 16)},
 }
+
+TRITON_ELEMENTWISE = r"""
+# Assay offline synthesizer v1: {{ template }} kernel (triton)
+# computes: {{ summary }}
+# knobs: {{ knob_line }}
+@triton.jit
+def assay_elementwise({{ params }}, BLOCK: tl.constexpr):
+    # One program per BLOCK elements; 64-bit offsets, so every size is indexed right.
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+{% for line in body %}
+    {{ line }}
+{% endfor %}
+    tl.store(out + offs, {{ result }}, mask=mask)
+"""
 
 CPP_ELEMENTWISE = CPP_FORWARD_OPEN + r"""
   // {{ chunk }} elements per OpenMP task: large enough to amortize scheduling, small enough
@@ -121,6 +143,9 @@ def space(target: str, analysis: Analysis, lib: int | None = None, policy: str =
 
 def defaults(target: str, analysis: Analysis, lib: int | None = None,
              policy: str = "any") -> dict[str, int]:
+    if target == "triton":
+        # Triton's tutorial setting for streaming ops (vector add); not yet measured here.
+        return {"block": 1024, "num_warps": 4}
     if target == "cpu":
         # unroll 4: `omp simd simdlen(16)`, one AVX-512 vector or two AVX2 ones, and libmvec's
         # 16-lane exp. Sigmoid over 1024 x 4096 on one core of the 2-core EPYC (cache flushed
@@ -132,7 +157,9 @@ def defaults(target: str, analysis: Analysis, lib: int | None = None,
 
 
 def safe(target: str, plan: Plan | None = None, knobs: Any = None) -> dict[str, int]:
-    """No vector accesses, no unrolling, serial on the host."""
+    """No vector accesses, no unrolling, serial on the host; small Triton programs."""
+    if target == "triton":
+        return {"block": 512, "num_warps": 4}
     if target == "cpu":
         return {"threads": 1, "chunk": 16384, "unroll": 1}
     return {"block": 256, "vec": 1, "unroll": 1, "persistent": 1}
@@ -152,6 +179,8 @@ def source(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
            label: str = "elementwise") -> str:
     """The kernel file of ``plan`` (a product's result may be one of its leaves: ``label``
     names the product's template then)."""
+    if target == "triton":
+        return triton_source(plan, knobs, summary, label)
     values, sched = fused_kernel(plan, target, knobs, summary, label)
     elems = elem_closure(plan, sched, [plan.output])
     if target == "cpu":
@@ -175,6 +204,44 @@ def source(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
     return head + render(CUDA_ELEMENTWISE, **values)
 
 
+def triton_source(plan: Plan, knobs: dict[str, Any], summary: str,
+                  label: str = "elementwise") -> str:
+    """The @triton.jit kernel of ``plan``: every node the output needs, in order."""
+    ptrs, geometry = tri.leaf_args(plan)
+    needed = sorted(_needed(plan, plan.output))
+    return render(TRITON_ELEMENTWISE, template=label, summary=summary.replace("\n", " "),
+                  knob_line=knob_line(knobs), params=", ".join(ptrs + ["out", "n"] + geometry),
+                  body=tri.value_lines(plan, needed), result=tri.output_expr(plan))
+
+
+def _needed(plan: Plan, j: int) -> set[int]:
+    need: set[int] = set()
+    stack = [j]
+    while stack:
+        i = stack.pop()
+        if i not in need:
+            need.add(i)
+            stack.extend(plan.nodes[i].args)
+    return need
+
+
+def calls(plan: Plan, target: str, knobs: dict[str, Any], stream: list[str]
+          ) -> tuple[list[str], list[Any]]:
+    """ModelNew.forward's launch of the kernel (Triton: the @triton.jit function, no entry
+    points to bind), or the C/CUDA entry point's call."""
+    if target != "triton":
+        return fused_calls(plan, target, knobs, stream)
+    ptrs, geometry = tri.leaf_args(plan)
+    args = [f"l{k}" for k in range(len(ptrs))] + ["out", "n"] + geometry
+    block = int(knobs["block"])
+    return ([f"assay_elementwise[(triton.cdiv(n, {block}),)]({', '.join(args)}, "
+             f"BLOCK={block}, num_warps={int(knobs['num_warps'])})"], [])
+
+
+def declines(target: str, analysis: Analysis, policy: str = "any") -> str | None:
+    return tri.why_not(analysis.plan) if target == "triton" else None
+
+
 FAMILY = Family(name="elementwise", matches=matches, knob_spaces=KNOB_SPACES, space=space,
                 defaults=defaults, safe=safe, template=template, strategy=strategy,
-                source=source, calls=fused_calls)
+                source=source, calls=calls, declines=declines)

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from assay.propose.offline.families import elementwise, gemm_tc, gemm_tiled, row
+from assay.propose.offline.families import triton_form as tri
 from assay.propose.offline.families.family import Entry, Family, Head, Space
 from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Param, fused_calls,
                                                    fused_epilogue, head_values, leaf_params,
@@ -29,7 +30,19 @@ from assay.propose.offline.graph import PREFIX, Analysis, Plan
 # space, defaults, C++/CUDA template and kernel writer).
 _OWN_GEMM: dict[str, ModuleType] = {"gemm": gemm_tiled, "gemm_tc": gemm_tc}
 
-KNOB_SPACES: dict[tuple[str, str], Space] = {**gemm_tiled.KNOB_SPACES, **gemm_tc.KNOB_SPACES}
+KNOB_SPACES: dict[tuple[str, str], Space] = {
+    **gemm_tiled.KNOB_SPACES, **gemm_tc.KNOB_SPACES,
+    # Triton (target triton): the output tile (block_m x block_n) of one program, the K slab
+    # per tl.dot (block_k), warps per program, software-pipelining depth of the K loop.
+    ("triton", "gemm"): tri.GEMM_KNOB_SPACE, ("triton", "gemm_tc"): tri.GEMM_KNOB_SPACE}
+
+
+def _triton_defaults(plan: Plan) -> dict[str, int]:
+    """Triton's matmul tutorial's shapes: 64 x 64 x 32 for IEEE float32 (no tensor cores),
+    128 x 128 x 32 with 8 warps for float16/bfloat16; not yet measured here."""
+    if plan.dtype == "float32":
+        return {"block_m": 64, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 3}
+    return {"block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 3}
 
 # ----------------------------------------------------------------------------------------------
 # Template epilogue: the library's product, then the elementwise or row family's kernel
@@ -86,6 +99,8 @@ def libs(target: str, analysis: Analysis, policy: str = "any") -> tuple[int, ...
     g = analysis.plan.gemm
     if g is None:
         return ()
+    if target == "triton":  # its own GEMM only (a library product: no Triton form yet)
+        return (0,) if g.matmul else ()
     custom = g.matmul and (analysis.plan.dtype == "float32" or target == "cuda")
     library = not g.trivial and analysis.plan.dtype == "float32" and policy != "strict"
     return tuple(v for v, ok in ((0, custom), (1, library)) if ok)
@@ -94,6 +109,12 @@ def libs(target: str, analysis: Analysis, policy: str = "any") -> tuple[int, ...
 def declines(target: str, analysis: Analysis, policy: str = "any") -> str | None:
     """Why no template can write this plan on ``target`` under ``policy``, or None."""
     g = analysis.plan.gemm
+    if target == "triton" and g is not None:
+        if not g.matmul:
+            return f"{PREFIX} {g.what} in Triton yet (a convolution)"
+        if analysis.plan.groups:
+            return f"{PREFIX} rows of channel groups (GroupNorm) in Triton yet"
+        return tri.why_not(analysis.plan)
     if g is None or libs(target, analysis, policy):
         return None
     if g.op == "conv2d" and g.trivial:
@@ -159,7 +180,8 @@ def defaults(target: str, analysis: Analysis, lib: int | None = None,
         if _conv_layouts(target, analysis):
             knobs["layout"] = 0
         return knobs
-    knobs = {"lib": 0, **_OWN_GEMM[template(plan, {"lib": 0})].defaults(target)}
+    knobs = {"lib": 0, **(_triton_defaults(plan) if target == "triton"
+                          else _OWN_GEMM[template(plan, {"lib": 0})].defaults(target))}
     if plan.kind == "row":
         knobs.update(row.defaults(target, analysis))
     return knobs
@@ -172,7 +194,8 @@ def safe(target: str, plan: Plan, knobs: dict[str, Any]) -> dict[str, int]:
     name = template(plan, knobs)
     if name == "epilogue":
         return _chain(plan).safe(target)
-    out = _OWN_GEMM[name].safe(target)
+    out = ({"block_m": 32, "block_n": 32, "block_k": 16, "num_warps": 4, "num_stages": 1}
+           if target == "triton" else _OWN_GEMM[name].safe(target))
     if plan.kind == "row":
         out.update(row.safe(target))
     return out
@@ -218,6 +241,11 @@ def _product_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str
 def source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
     """The tiled or tensor-core GEMM with its epilogue, or (template ``epilogue``) the epilogue
     kernel that follows the library call, and the channels_last transpose when it needs one."""
+    if target == "triton":  # the product's own Triton GEMM (libs: no library form)
+        fused = plan.kind == "elementwise"
+        name = template(plan, knobs)
+        gemm = tri.gemm_kernel(plan, knobs, summary, name, fused)
+        return gemm if fused else row.source(plan, target, knobs, summary, label=name) + gemm
     if template(plan, knobs) != "epilogue":
         return _product_source(plan, target, knobs, summary)
     text = _chain(plan).source(plan, target, knobs, summary, label="epilogue")
@@ -322,6 +350,14 @@ def calls(plan: Plan, target: str, knobs: dict[str, Any], stream: list[str]
     fused = custom and plan.kind == "elementwise"
     lines: list[str] = []
     entries: list[Entry] = []
+    if target == "triton":  # launches of the file's own kernels, no entry points
+        if not fused:
+            lines.append("g = torch.empty(gshape, dtype=DTYPE, device=lA.device)")
+        lines.append(tri.gemm_launch(plan, knobs, fused))
+        if not fused:
+            lines.append(f"l{plan.gemm_leaf} = g")
+            lines += row.calls(plan, target, knobs, stream)[0]
+        return lines, entries
     if custom:
         gp = _gemm_params(plan, target, fused)
         entries.append(("assay_gemm", gp))

@@ -10,12 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from assay.propose.offline.families import triton_form as tri
 from assay.propose.offline.families.family import Family, Space
 from assay.propose.offline.families.shared import (CPP_FORWARD_CLOSE, CPP_FORWARD_OPEN, CUDA_COMMON,
                                                    Names, Schedule, elem_closure, fused_calls,
-                                                   fused_kernel, leaf_kind, leaves_of, render,
-                                                   vector_conditions, vector_flags, vector_index)
-from assay.propose.offline.graph import Analysis, Plan
+                                                   fused_kernel, knob_line, leaf_kind, leaves_of,
+                                                   render, vector_conditions, vector_flags,
+                                                   vector_index)
+from assay.propose.offline.graph import PREFIX, Analysis, Plan
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # threads, unroll: as for the elementwise family; chunk: rows per OpenMP task (0 = an even
@@ -31,6 +33,10 @@ KNOB_SPACES: dict[tuple[str, str], Space] = {
     ("cuda", "row"): {"block": (128, 256, 512, 1024), "vec": (1, 2, 4),
                       "warp_per_row": (0, 1), "cache_row": (0, 1), "split": (1, 2, 4, 8),
                       "regs": (0, 4, 8, 16)},
+    # block: columns per loop iteration (Triton's BLOCK); num_warps: warps per program (one
+    # program per row); num_stages: software-pipelining depth of the column loops.
+    ("triton", "row"): {"block": (128, 256, 512, 1024, 2048, 4096),
+                        "num_warps": (1, 2, 4, 8, 16), "num_stages": (1, 2, 3)},
 }
 
 # SMs of the product's device (H100 SXM / H200), for defaults that depend on filling it.
@@ -318,6 +324,100 @@ extern "C" int assay_forward({{ params }}) {
 # The passes over each row
 
 
+TRITON_ROW = r"""
+# Assay offline synthesizer v1: {{ template }} kernel (triton)
+# computes: {{ summary }}
+# knobs: {{ knob_line }}
+@triton.jit
+def assay_row({{ params }}, BLOCK: tl.constexpr):
+    # One program per row, each pass a loop over the row's columns BLOCK at a time (values a
+    # later pass needs are computed again from memory: a row of a few thousand floats stays in
+    # L2); sums accumulate in float64 lanes, then one tree reduction per row.
+    row = tl.program_id(0).to(tl.int64)
+    base = row * cols
+    fcols = cols * 1.0
+{% for line in prologue %}
+    {{ line }}
+{% endfor %}
+{% for p in passes %}
+    # pass {{ loop.index0 }}: {{ p.comment }}
+{% for line in p.init %}
+    {{ line }}
+{% endfor %}
+    for c0 in range(0, cols, BLOCK):
+        c = c0 + tl.arange(0, BLOCK)
+        mask = c < cols
+        offs = base + c
+{% for line in p.body %}
+        {{ line }}
+{% endfor %}
+{% for line in p.after %}
+    {{ line }}
+{% endfor %}
+{% endfor %}
+"""
+
+_TRITON_IDENT = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
+
+
+def _triton_passes(plan: Plan, sched: Schedule) -> list[dict[str, Any]]:
+    """The passes of the Triton row kernel: per pass its accumulators, loop body (the values
+    its reductions need, recomputed; the output's store in the output pass) and what follows
+    (the row values it makes, the row output's store)."""
+    kinds = sched.kinds
+    out = plan.output
+    npasses = sched.passes + (0 if plan.out_is_row else 1)
+    passes = []
+    for p in range(npasses):
+        reds = [j for j, n in enumerate(plan.nodes)
+                if n.op.startswith("reduce_") and sched.reduce_pass(j) == p]
+        targets = [plan.nodes[j].args[0] for j in reds] + ([out] if p == sched.passes else [])
+        body = [tri.define(plan, j, kinds) for j in elem_closure(plan, sched, targets)]
+        init, after = [], []
+        for j in reds:
+            kind = plan.nodes[j].op.removeprefix("reduce_")
+            arg = tri.node_name(plan, plan.nodes[j].args[0])
+            lanes = f"tl.where(mask, {arg}, {_TRITON_IDENT[kind]})"
+            if kind == "sum":
+                # float64 lanes: torch sums pairwise, a float32 running sum over a long row
+                # drifts past the verifier's tolerance (the C++ and CUDA rows use double too)
+                init.append(f"acc{j} = tl.zeros([BLOCK], dtype=tl.float64)")
+                body.append(f"acc{j} += {lanes}.to(tl.float64)")
+                after.append(f"v{j} = tl.sum(acc{j}, axis=0).to(tl.float32)")
+            else:
+                # NaN propagates as in torch.max/min: kept in a flag, as the C++ row does
+                init.append(f"acc{j} = tl.full([BLOCK], {_TRITON_IDENT[kind]}, tl.float32)")
+                init.append(f"nan{j} = tl.zeros([BLOCK], dtype=tl.int32)")
+                body.append(f"acc{j} = tl.{'maximum' if kind == 'max' else 'minimum'}"
+                            f"(acc{j}, {lanes})")
+                body.append(f"nan{j} = nan{j} | tl.where(mask & ({arg} != {arg}), 1, 0)")
+                after.append(f"v{j} = tl.where(tl.max(nan{j}, axis=0) > 0, float(\"nan\"), "
+                             f"tl.{kind}(acc{j}, axis=0))")
+        if p == sched.passes:  # the output pass of an elementwise-output row plan
+            body.append(f"tl.store(out + offs, {tri.node_name(plan, out)}, mask=mask)")
+        after += [tri.define(plan, j, kinds) for j, n in enumerate(plan.nodes)
+                  if sched.where(j) == "after" and not n.op.startswith("reduce_")
+                  and sched.avail[j] == p + 1]
+        if plan.out_is_row and p == sched.passes - 1:
+            after.append(f"tl.store(out + row, {tri.node_name(plan, out)})")
+        passes.append({"comment": ", ".join(plan.nodes[j].op for j in reds) or
+                       "write the output", "init": init, "body": body, "after": after})
+    return passes
+
+
+def triton_source(plan: Plan, knobs: dict[str, Any], summary: str, label: str = "row") -> str:
+    """The @triton.jit row kernel of ``plan``."""
+    kinds = [leaf_kind(plan, k) for k in range(len(plan.leaves))]
+    sched = Schedule(plan, kinds)
+    ptrs, geometry = tri.leaf_args(plan)
+    prologue = [tri.define(plan, j, kinds) for j, n in enumerate(plan.nodes)
+                if sched.where(j) in ("prologue", "row") and n.op != "cols"]
+    return render(TRITON_ROW, template=label, summary=summary.replace("\n", " "),
+                  knob_line=knob_line(knobs),
+                  params=", ".join(ptrs + ["out", "rows", "cols"] + geometry),
+                  prologue=prologue, passes=_triton_passes(plan, sched))
+
+
 def _row_prologue(plan: Plan, sched: Schedule) -> list[str]:
     names = Names(plan, sched)
     return [names.define(j) for j in range(len(plan.nodes)) if sched.where(j) == "row"]
@@ -487,9 +587,25 @@ def space(target: str, analysis: Analysis, lib: int | None = None, policy: str =
     return dict(KNOB_SPACES[(target, "row")])
 
 
+def declines(target: str, analysis: Analysis, policy: str = "any") -> str | None:
+    if target != "triton":
+        return None
+    if analysis.plan.groups:
+        return f"{PREFIX} rows of channel groups (GroupNorm) in Triton yet"
+    return tri.why_not(analysis.plan)
+
+
 def defaults(target: str, analysis: Analysis, lib: int | None = None,
              policy: str = "any") -> dict[str, int]:
     plan = analysis.plan
+    if target == "triton":
+        # A block that holds the analysed row (each pass one iteration), 128 to 4096 columns,
+        # with warps in proportion; not yet measured on a GPU.
+        cols = 1
+        for d in analysis.shape[len(analysis.shape) - plan.k:]:
+            cols *= d
+        block = min(4096, max(128, 1 << max(0, (cols - 1).bit_length())))
+        return {"block": block, "num_warps": 4 if block <= 1024 else 8, "num_stages": 2}
     if target == "cpu":
         # unroll 4: see the elementwise family's defaults.
         return {"threads": 0, "chunk": 0, "unroll": 4}
@@ -530,7 +646,10 @@ def defaults(target: str, analysis: Analysis, lib: int | None = None,
 
 
 def safe(target: str, plan: Plan | None = None, knobs: Any = None) -> dict[str, int]:
-    """No vector accesses, no unrolling, no cached rows, serial on the host."""
+    """No vector accesses, no unrolling, no cached rows, serial on the host; small Triton
+    blocks without pipelining."""
+    if target == "triton":
+        return {"block": 256, "num_warps": 4, "num_stages": 1}
     if target == "cpu":
         return {"threads": 1, "chunk": 0, "unroll": 1}
     return {"block": 256, "vec": 1, "warp_per_row": 0, "cache_row": 0, "split": 1, "regs": 0}
@@ -548,6 +667,8 @@ def source(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
            label: str = "row") -> str:
     """The kernel file of ``plan`` (a product's result may be one of its leaves: ``label``
     names the product's template then)."""
+    if target == "triton":
+        return triton_source(plan, knobs, summary, label)
     values, sched = fused_kernel(plan, target, knobs, summary, label)
     if target == "cpu":
         passes = _row_passes(plan, sched, "cpu", lambda k: False).passes
@@ -569,6 +690,18 @@ def source(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
     return head + render(CUDA_ROW, **values)
 
 
+def calls(plan: Plan, target: str, knobs: dict[str, Any], stream: list[str]
+          ) -> tuple[list[str], list[Any]]:
+    """ModelNew.forward's launch of the row kernel (Triton: one program per row), or the
+    C/CUDA entry point's call."""
+    if target != "triton":
+        return fused_calls(plan, target, knobs, stream)
+    ptrs, geometry = tri.leaf_args(plan)
+    args = [f"l{k}" for k in range(len(ptrs))] + ["out", "rows", "cols"] + geometry
+    return ([f"assay_row[(rows,)]({', '.join(args)}, BLOCK={int(knobs['block'])}, "
+             f"num_warps={int(knobs['num_warps'])}, num_stages={int(knobs['num_stages'])})"], [])
+
+
 FAMILY = Family(name="row", matches=matches, knob_spaces=KNOB_SPACES, space=space,
                 defaults=defaults, safe=safe, template=template, strategy=strategy,
-                source=source, calls=fused_calls)
+                source=source, calls=calls, declines=declines)

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue #20's GPU evidence (target=triton), one call on the GPU machine with its own torch and
+# Triton; results under $OUT for docs/evidence/:
+#   1. the Triton cases of the cuda zoo through the verifier (honest accepted, exploits rejected)
+#   2. the offline synthesizer on the bundled suite, Triton forms then CUDA forms (same device):
+#      accepted share, geomean over eager and torch.compile (summary.md of each)
+#   3. the CI campaign with target=triton and with target=cuda, one report comparing them
+#   4. with KB=/path/to/KernelBench/KernelBench/level1: the same pair of campaigns on its first
+#      ${KB_LIMIT:-20} tasks
+#   wheels: snakemake + hydra-core + omegaconf and their missing deps, in .whl/ (carried)
+set -uo pipefail
+OUT=${OUT:-/tmp/assay-out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+export ASSAY_KERNEL_CACHE=/tmp/assay-kernels
+{
+  date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch, triton; print("torch", torch.__version__, torch.version.cuda, "triton", triton.__version__)'
+} 2>&1 | tee "$OUT/device.txt"
+
+python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k triton -s 2>&1 \
+  | tee "$OUT/triton_zoo.log"
+
+python3 benchmarks/synth_suite.py --kernels triton --out "$OUT/synth-triton" 2>&1 | tail -30
+python3 benchmarks/synth_suite.py --out "$OUT/synth-cuda" 2>&1 | tail -30
+
+campaign() {  # name, then overrides
+  local name=$1; shift
+  timeout ${SNAKEMAKE_TIMEOUT:-500} python3 -m snakemake --cores 8 --resources gpu=1 \
+    --until profile --config "overrides=[campaign=$name,$(IFS=,; echo "$*")]" 2>&1 \
+    | tail -20 | tee "$OUT/snakemake-$name.log"
+}
+campaign ci-triton tasks=ci evolve=ci target=triton
+campaign ci-cuda tasks=ci evolve=ci target=cuda
+if [ -n "${KB:-}" ]; then
+  campaign kb-triton tasks=kernelbench "tasks.source=$KB" "tasks.limit=${KB_LIMIT:-20}" target=triton
+  campaign kb-cuda tasks=kernelbench "tasks.source=$KB" "tasks.limit=${KB_LIMIT:-20}" target=cuda
+fi
+# track, export and report run on the CPU machine (mlflow and polars stay off the GPU machine):
+#   assay report ci-triton --compare-with ci-cuda   (and kb-triton --compare-with kb-cuda)
+tar czf "$OUT/results.tgz" results/ci-triton results/ci-cuda $( [ -n "${KB:-}" ] && echo results/kb-triton results/kb-cuda )
