@@ -472,6 +472,10 @@ GEMM_TASKS = {
     "matmul_sigmoid_sum": ("k, n", "self.w = nn.Parameter(torch.randn(k, n) / k ** 0.5)", "x",
                            "return torch.sigmoid(torch.matmul(x, self.w)).sum(dim=1)",
                            "torch.randn(m, k)", {"m": 30, "k": 64, "n": 70}),
+    # KernelBench keeps a residual as `x.clone().detach()` (level 2, 40): the same values
+    "linear_scale_residual": ("k, n", "self.linear = nn.Linear(k, n)", "x",
+                              "y = self.linear(x); r = y.clone().detach(); return y * 0.5 + r",
+                              "torch.randn(m, k)", {"m": 21, "k": 40, "n": 33}),
     "matvec": ("", "pass", "a, v", "return torch.matmul(a, v)",
                "torch.randn(m, k), torch.randn(k, 1)", {"m": 31, "k": 77, "n": 1}),
     "conv_relu_bias": ("cin, cout", "self.conv = nn.Conv2d(cin, cout, 3, padding=1)\n"
@@ -494,6 +498,7 @@ GEMM_SIZES = {
     "linear_softmax": [{}, {"m": 3, "k": 7, "n": 9}],
     "linear_residual_ln": [{}, {"m": 5, "k": 130, "n": 130}],
     "matmul_sigmoid_sum": [{}, {"m": 9, "k": 300, "n": 5}],
+    "linear_scale_residual": [{}, {"m": 3, "k": 130, "n": 7}],
     "matvec": [{}, {"m": 4, "k": 1000}],
     "conv_relu_bias": [{}, {"b": 1, "cin": 2, "cout": 4, "h": 3, "w": 11}],
     "conv_gn_tanh": [{}, {"b": 3, "cin": 4, "cout": 6, "h": 4, "w": 4},

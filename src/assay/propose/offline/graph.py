@@ -263,10 +263,12 @@ _METHODS = {
     "log", "abs", "sqrt", "rsqrt", "erf", "sin", "cos", "log1p", "expm1", "reciprocal",
     "square", "clamp", "clip", "clamp_min", "clamp_max", "maximum", "minimum", "max", "min",
     "amax", "amin", "sum", "mean", "softmax", "log_softmax", "logsumexp", "norm", "contiguous",
-    "float", "clone",
+    "float", "clone", "detach",
 }
+# detach: the same values (tasks run without autograd; KernelBench keeps a residual with
+# `x.clone().detach()`).
 _METHOD_ALIASES = {"true_divide": "div", "clip": "clamp", "float": "identity",
-                   "contiguous": "identity", "clone": "identity"}
+                   "contiguous": "identity", "clone": "identity", "detach": "identity"}
 
 # 2-D pooling, which may open a plan as its Pool.
 _POOL_FUNCTIONS: dict[Any, str] = {F.max_pool2d: "max", F.avg_pool2d: "avg",
