@@ -9,7 +9,10 @@ Each file under tests/zoo/candidates/ declares, at module level:
   KIND    "failure" for crashes/hangs/OOM (not exploits), "neutralized" for a trick the protocol
           makes harmless (accepted, with its real time);  NAIVE  a str: why the naive check is
           skipped;  SLOW  builds a torch extension;  GAP  a str: why the verifier accepts the
-          exploit today (the verdict test is an expected failure until the gap is closed)
+          exploit today (the verdict test is an expected failure until the gap is closed);
+          FIRES  a str: when a trigger that depends on the machine's timing cheats (a run
+          where it did not is accepted, rightly: the test then asks that the audit saw no
+          compute op, and runs it again, up to three times, until it fires)
 The metadata is read with ast, never by importing the candidate into the test process.
 """
 
@@ -33,13 +36,15 @@ import torch
 from assay.tasks.model import Task
 from assay.verify.compare import compare_tensor, reference_stats
 from assay.verify.harness import prepare, verify
+from assay.verify.policy import compute_ops
 from assay.verify.reference import Prepared
 from assay.verify.settings import SandboxLimits, VerifyConfig
 
 ZOO = Path(__file__).parent / "zoo"
 # Generous device ceilings: no honest cpu kernel comes near this floor; a faked time does.
 GENEROUS_PEAKS = {"name": "test ceiling", "bandwidth_gbs": 1e4, "flops_tflops": 1e3}
-_FIELDS = ("TASK", "EXPECT", "ALSO", "POLICY", "CONFIG", "KIND", "NAIVE", "SLOW", "GAP")
+_FIELDS = ("TASK", "EXPECT", "ALSO", "POLICY", "CONFIG", "KIND", "NAIVE", "SLOW", "GAP",
+           "FIRES")
 
 
 def read_meta(path: Path) -> dict:
@@ -135,6 +140,14 @@ def assert_verdict(meta: dict, v) -> None:
 def test_zoo_verdict(name):
     meta = CASES[name]
     v = run_case(name)
+    for _ in range(2 if meta.get("FIRES") else 0):
+        if not v.accepted:
+            break
+        # Its trigger did not fire (every timed call ran its own kernel: CI saw it once in
+        # about twenty runs, on a loaded machine): right to accept, if nothing computed with
+        # the library. Then again, for a run where it cheats.
+        assert not compute_ops([{"name": k} for k in v.kernels_launched or []]), v.kernels_launched
+        v = run_case(name)
     assert_verdict(meta, v)
     if not meta["EXPECT"]:
         assert v.runtime_ms > 0 and v.kernels_launched is not None

@@ -11,8 +11,8 @@ from assay.propose.offline.families import triton_form as tri
 from assay.propose.offline.families.family import Family, Space
 from assay.propose.offline.families.shared import (CPP_FORWARD_CLOSE, CPP_FORWARD_OPEN, CUDA_COMMON,
                                                    Names, elem_closure, fused_calls, fused_kernel,
-                                                   knob_line, leaves_of, render, vector_flags,
-                                                   vector_index)
+                                                   knob_line, leaves_of, needed_nodes, render,
+                                                   vector_flags, vector_index)
 from assay.propose.offline.graph import Analysis, Plan
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
@@ -208,21 +208,11 @@ def triton_source(plan: Plan, knobs: dict[str, Any], summary: str,
                   label: str = "elementwise") -> str:
     """The @triton.jit kernel of ``plan``: every node the output needs, in order."""
     ptrs, geometry = tri.leaf_args(plan)
-    needed = sorted(_needed(plan, plan.output))
+    needed = sorted(needed_nodes(plan, plan.output))
     return render(TRITON_ELEMENTWISE, template=label, summary=summary.replace("\n", " "),
                   knob_line=knob_line(knobs), params=", ".join(ptrs + ["out", "n"] + geometry),
                   body=tri.value_lines(plan, needed), result=tri.output_expr(plan))
 
-
-def _needed(plan: Plan, j: int) -> set[int]:
-    need: set[int] = set()
-    stack = [j]
-    while stack:
-        i = stack.pop()
-        if i not in need:
-            need.add(i)
-            stack.extend(plan.nodes[i].args)
-    return need
 
 
 def calls(plan: Plan, target: str, knobs: dict[str, Any], stream: list[str]

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from assay.propose.offline.families.shared import knob_line, render
+from assay.propose.offline.families.shared import knob_line, needed_nodes, render
 from assay.propose.offline.graph import PREFIX, Plan
 
 
@@ -318,7 +318,7 @@ def gemm_kernel(plan: Plan, knobs: dict[str, Any], summary: str, template: str,
         ptrs, geometry = leaf_args(plan)
         params += [p for p in ptrs if p != f"t{gk}"]
         geometry = [g for g in geometry if g not in (f"inner{gk}", f"mid{gk}")]
-        for j in sorted(_closure(plan, plan.output)):
+        for j in sorted(needed_nodes(plan, plan.output)):
             n = plan.nodes[j]
             if n.op in ("const", "cols"):
                 continue
@@ -355,13 +355,3 @@ def gemm_launch(plan: Plan, knobs: dict[str, Any], fused: bool) -> str:
             f"({', '.join(args)}, BM={bm}, BN={bn}, BK={int(knobs['block_k'])}, "
             f"num_warps={int(knobs['num_warps'])}, num_stages={int(knobs['num_stages'])})")
 
-
-def _closure(plan: Plan, j: int) -> set[int]:
-    need: set[int] = set()
-    stack = [j]
-    while stack:
-        i = stack.pop()
-        if i not in need:
-            need.add(i)
-            stack.extend(plan.nodes[i].args)
-    return need
