@@ -52,7 +52,7 @@ def step(fn: Callable[[DictConfig], Any], gpu: bool = False,
                             force=True)
         global _in_step
         if gpu or timing:
-            take_lease(cfg, gpu, timing)
+            claim_at_start(cfg, gpu, timing)
         _in_step = True
         try:
             return fn(cfg)
@@ -89,7 +89,7 @@ def step(fn: Callable[[DictConfig], Any], gpu: bool = False,
     return main
 
 
-def take_lease(cfg: DictConfig, gpu: bool, timing: bool) -> None:
+def claim_at_start(cfg: DictConfig, gpu: bool, timing: bool) -> None:
     """At a step's start: the GPU lease for a device step on the cuda target; the thread count
     for a timing step on the cpu target (its CPU lease comes with :func:`cpu_timing`)."""
     from assay import gpu as lease
