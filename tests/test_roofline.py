@@ -82,3 +82,14 @@ def test_the_floor_is_never_above_what_the_baselines_ran_in():
     slow.runtime_ms, slow.roofline_ms, slow.baseline_eager_ms = 0.05, 0.92, 2.0
     _check_speed(slow, cfg)  # a baseline slower than the floor leaves the floor as it is
     assert slow.roofline_ms == 0.92 and "roofline" in slow.reasons
+
+
+def test_floor_counts_only_the_flops_no_algorithm_avoids():
+    """A record's ``floor_flops`` (convolutions left out) sets the compute floor; a record made
+    before it existed counts every FLOP."""
+    from assay.verify.harness import roofline_ms
+
+    peaks = {"bandwidth_gbs": 1000.0, "flops_tflops": 1.0}
+    conv_heavy = {"min_bytes": 1e9, "flops": 1e12, "floor_flops": 1e9}
+    assert roofline_ms(conv_heavy, peaks) == 1.0  # the bytes' 1 ms, not the conv's 1000 ms
+    assert roofline_ms({"min_bytes": 1e9, "flops": 1e12}, peaks) == 1000.0

@@ -83,6 +83,39 @@ def test_degeneracy_flags_the_degenerate_bundled_task():
     assert not ok["degenerate"] and ok["input_sensitivity"] > 0.1
 
 
+CONV_THEN_LINEAR = """
+import torch
+from torch import nn
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.ConvTranspose2d(4, 4, 3)
+        self.fc = nn.Linear(4 * 10 * 10, 3)
+        # Swin's drop-path schedule: .item() in a constructor (no meta build can run it)
+        self.rate = [x.item() for x in torch.linspace(0, 0.1, 2)]
+    def forward(self, x):
+        return self.fc(self.conv(x).flatten(1))
+def get_inputs():
+    return [torch.randn(2, 4, 8, 8)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_floor_flops_leave_convolutions_out_and_degeneracy_builds_real_models(write_file):
+    """A convolution's direct-form FLOPs are no floor (Winograd and FFT algorithms do less:
+    cuDNN beat the fp32 rate on KernelBench's ConvTranspose2d), a GEMM's are; and a model
+    whose constructor calls .item() still gets its degeneracy numbers (KernelBench's Swin
+    tasks were errors in the H200 self-check)."""
+    task = Task.from_file(write_file("level2/1_ConvLinear.py", CONV_THEN_LINEAR))
+    rec = cost(task)
+    conv = 2 * 2 * 4 * 4 * 9 * 8 * 8  # batch, cin, cout, kernel, input pixels
+    linear = 2 * 2 * 400 * 3
+    assert rec["flops"] == conv + linear and rec["floor_flops"] == linear
+    rep = degeneracy(task)
+    assert not rep["degenerate"] and rep["weight_sensitivity"] is not None
+
+
 def test_off_grid_data_keeps_its_values_and_defeats_narrow_rounding(monkeypatch):
     """``off_grid``: every float32 value moves by under 0.45% of itself, to where rounding it to
     bfloat16 or float16 (nearest or toward zero) shrinks it, all the same way; layout and

@@ -82,7 +82,8 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
     Check("global_state", "changed process-wide settings (TF32, cuDNN flags, denormal flushing, "
           "thread counts, default dtype)"),
     Check("roofline", "a runtime below `max(bytes / bandwidth, FLOPs / peak)` of the measured "
-          "device (never above the fastest baseline: peaks measured on a busy machine are low)",
+          "device (FLOPs of ops no algorithm does with less: convolutions left out, Winograd and FFT "
+          "do fewer; never above the fastest baseline: peaks measured on a busy machine are low)",
           when="the task has FLOPs/bytes and the device has measured peaks"),
     Check("audit_consistency", "a candidate that runs another implementation when it thinks "
           "it is audited (asks torch whether a profiler runs, reads its caller's stack, counts "
