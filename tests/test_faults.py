@@ -336,3 +336,50 @@ def test_slurm_jobs_on_one_node_do_not_wait_for_each_other(tmp_path):
         for p in (first, second):
             p.kill()
             p.wait()
+
+
+def test_device_turns_give_a_timed_part_the_device_alone_and_do_not_starve_it(tmp_path,
+                                                                              monkeypatch):
+    """Self-check tasks sharing a GPU: a worker run waits for the preparations in flight, runs
+    alone, and preparations started while it waits wait for it (flocks: separate descriptors
+    conflict within one process too, so threads stand in for the processes)."""
+    import threading
+
+    from assay.gpu import DeviceTurns
+
+    monkeypatch.setenv("ASSAY_GPU_LOCK_DIR", str(tmp_path))
+    turns = DeviceTurns("cuda:0")
+    log: list[str] = []
+    release_a = threading.Event()
+
+    def prepare_a():
+        with turns.shared():
+            log.append("A in")
+            release_a.wait(10)
+            log.append("A out")
+
+    def timed():
+        with turns.alone():
+            log.append("W in")
+            time.sleep(0.2)
+            log.append("W out")
+
+    def prepare_b():
+        with turns.shared():
+            log.append("B in")
+
+    a = threading.Thread(target=prepare_a)
+    a.start()
+    while "A in" not in log:
+        time.sleep(0.01)
+    w = threading.Thread(target=timed)
+    w.start()
+    time.sleep(0.2)  # W now waits for A, holding the turnstile
+    b = threading.Thread(target=prepare_b)
+    b.start()
+    time.sleep(0.2)
+    assert log == ["A in"]  # neither the timed part nor a later preparation got in
+    release_a.set()
+    for t in (a, w, b):
+        t.join(10)
+    assert log == ["A in", "A out", "W in", "W out", "B in"]

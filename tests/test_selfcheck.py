@@ -216,3 +216,35 @@ def test_rows_are_keyed_by_level_name_and_content_not_absolute_path(tmp_path):
     b.write_text(b.read_text() + "\n# edited\n")
     assert selfcheck.row_key(a, "large", "cuda") != selfcheck.row_key(b, "large", "cuda")
     assert selfcheck.row_key(a, "large", "cuda") != selfcheck.row_key(a, "small", "cuda")
+
+
+STRIDED_VIEW = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):   # the last of a stack: a view that is not dense (Mamba2's states)
+        y = torch.stack([x.sin(), x.cos(), x * 2], dim=1)
+        return y[:, -1]
+
+def get_inputs():
+    return [torch.randn(64, 32)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_reference_returning_a_view_that_is_not_dense_is_accepted_as_it_is(write_file):
+    """The reference's outputs are kept as contiguous copies; the layout check also takes the
+    strides its forward returned (KernelBench's Mamba2ReturnFinalState was rejected as its own
+    candidate on an H200), and still refuses any other layout."""
+    from assay.verify.harness import _layout_mismatches
+
+    row = selfcheck.check_task(write_file("level1/92_View.py", STRIDED_VIEW), "cpu", "small")
+    assert row["status"] == "accepted", row
+    ref = __import__("torch").zeros(64, 32)
+    meta = {"device": "cpu", "shape": [64, 32], "dtype": "float32"}
+    assert not _layout_mismatches({**meta, "stride": [96, 1]}, ref, "cpu", "cpu", (96, 1))
+    assert not _layout_mismatches({**meta, "stride": [32, 1]}, ref, "cpu", "cpu", (96, 1))
+    assert _layout_mismatches({**meta, "stride": [1, 64]}, ref, "cpu", "cpu", (96, 1))

@@ -11,12 +11,14 @@ the lease takes the first visible one without a lock.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 _held: list[int] = []  # file descriptors kept open for the life of the process
@@ -147,3 +149,68 @@ def hold_cpu_threads(threads: int) -> int:
     if inductor is not None:
         inductor.compile_threads = threads
     return threads
+
+
+class DeviceTurns:
+    """Verifications sharing one GPU (the self-check's tasks in flight) take turns for their
+    timed parts: a worker run holds the device alone (:meth:`alone`), while preparations,
+    comparisons and analyses run side by side (:meth:`shared`). On an H200 self-check at three
+    tasks in flight, one task's float64 references ran while another's candidate was timed:
+    the GPU time-slices between processes, so the timed task's device-wide sync ended up to
+    2.4 ms after its own stream, and three honest references were called ``stream_ordered``
+    failures.
+
+    Two flocks per device (the kernel drops them when a process dies): ``work``, shared by the
+    side-by-side parts and taken exclusively by a timed one; ``turn``, a turnstile that a timed
+    part holds while it waits, so parts started after it wait too and it is not starved. A
+    picklable value (two paths): made once, passed to the processes that share the device."""
+
+    def __init__(self, device: str):
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").replace(",", "_") or "all"
+        name = f"turns-{visible}-{device.replace(':', '')}"
+        self.turn = str(lock_dir() / f"{name}.turn.lock")
+        self.work = str(lock_dir() / f"{name}.work.lock")
+
+    @staticmethod
+    def _take(path: str, mode: int) -> int:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(fd, mode)
+        return fd
+
+    @staticmethod
+    def _drop(fd: int) -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        self._drop(self._take(self.turn, fcntl.LOCK_SH))  # waits while a timed part waits
+        fd = self._take(self.work, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            self._drop(fd)
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        turn = self._take(self.turn, fcntl.LOCK_EX)
+        try:
+            fd = self._take(self.work, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                self._drop(fd)
+        finally:
+            self._drop(turn)
+
+
+def turns_shared(turns: DeviceTurns | None):
+    """``turns.shared()``, or nothing to wait for without turns."""
+    return turns.shared() if turns is not None else contextlib.nullcontext()
+
+
+def turns_alone(turns: DeviceTurns | None):
+    """``turns.alone()``, or nothing to wait for without turns."""
+    return turns.alone() if turns is not None else contextlib.nullcontext()

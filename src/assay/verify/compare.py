@@ -105,7 +105,7 @@ def reference_stats(ref: torch.Tensor, ref64: torch.Tensor | None, device=None,
         return {}
     device = device or ref.device
     n_r = n_both = 0
-    sq_r = sq64 = sq_err = 0.0
+    sq_r = sq64 = sq_err = max64 = 0.0
     for lo, hi in _chunks(ref.numel(), chunk):
         r = _wide(ref, lo, hi, device)
         fin = None if _all_finite(r) else torch.isfinite(r)
@@ -123,13 +123,15 @@ def reference_stats(ref: torch.Tensor, ref64: torch.Tensor | None, device=None,
             r = torch.where(both, r, 0)
         n_both += r.numel() if both is None else int(both.sum())
         sq64 += _norm(r64) ** 2
+        if r64.numel():
+            max64 = max(max64, float(r64.abs().max()))
         sq_err += _norm(r.sub_(r64)) ** 2
     st = {"rms": math.sqrt(sq_r) / math.sqrt(max(n_r, 1))}
     if ref64 is not None:
         n = max(n_both, 1)
         norm64, err = math.sqrt(sq64), math.sqrt(sq_err)
         st.update(rms64=norm64 / math.sqrt(n), err_rms=err / math.sqrt(n), err_norm=err,
-                  norm64=norm64)
+                  norm64=norm64, max64=max64)
     return st
 
 
@@ -149,6 +151,13 @@ def compare_tensor(val: torch.Tensor, ref: torch.Tensor, ref64: torch.Tensor | N
     A set without r64 (a lighter memory protocol) whose ``stats`` carry ``err_rms_est`` (the
     reference error the correctness sets measured) gets the float64 bound's slack on the task
     dtype's comparison: |v - ref| <= atol * rms + rtol * |ref| + 2k * est + s * u * sqrt(N) * rms.
+    Rounding outliers: an element off both bounds still passes when |v - r64| is under
+    s * u * sqrt(N) * max|r64| (rounding at the scale of the output's largest values, which
+    cancellation leaves on small ones: x + bias near zero, then a nonlinearity) and such
+    elements are at most ``outlier_fraction`` of the output (1e-6: none in an output under a
+    million elements). KernelBench's ConvTranspose2d_Add_Min_GELU_Multiply run as its own
+    candidate on an H200 had 4 of 277 M elements one float32 ulp at 1.0 off (cuDNN's algorithm
+    in another process), the value itself 2e-4.
     A chunk at a time on ``device`` (default: the reference's), so the float64 temporaries
     stay bounded and the tensors may live anywhere (a host landing arena, host references).
     """
@@ -169,6 +178,8 @@ def compare_tensor(val: torch.Tensor, ref: torch.Tensor, ref64: torch.Tensor | N
         slack = (cfg.reference_error_factor * stats["err_rms"]
                  + cfg.rounding_slack * u * root_n * stats["rms64"])
         add64 = atol * max(stats["rms64"], 1e-30) + slack
+    outlier_bound = (cfg.rounding_slack * u * root_n * stats.get("max64", 0.0)) if use64 else 0.0
+    outliers, first_outlier = 0, None
     add = atol * max(stats.get("rms", 0.0), 1e-30)
     if not use64 and "err_rms_est" in stats:
         # No float64 reference for this set (a lighter memory protocol), its reference error
@@ -219,9 +230,19 @@ def compare_tensor(val: torch.Tensor, ref: torch.Tensor, ref64: torch.Tensor | N
                 sq_err += _norm(torch.where(fin64, v, 0)) ** 2
         if not bool(ok.all()):
             nbad = ~ok
-            bad += int(nbad.sum())
-            if first is None:
-                first = lo + int(nbad.nonzero()[0])
+            if r64 is not None and outlier_bound > 0:  # v is |v - r64| here
+                near = nbad & (v <= outlier_bound)
+                n_near = int(near.sum())
+                if n_near:
+                    outliers += n_near
+                    nbad &= ~near
+                    if first_outlier is None:
+                        first_outlier = lo + int(near.nonzero()[0])
+            k = int(nbad.sum())
+            if k:
+                bad += k
+                if first is None:
+                    first = lo + int(nbad.nonzero()[0])
     if nan_bad:
         return Comparison(False, f"{nan_bad} NaN mismatches (unwritten or wrong output elements)",
                           math.inf, math.inf)
@@ -229,6 +250,9 @@ def compare_tensor(val: torch.Tensor, ref: torch.Tensor, ref64: torch.Tensor | N
         return Comparison(False, "infinities differ from the reference", math.inf, math.inf)
     if n_fin == 0:
         return Comparison(True)
+    if outliers > int(n_fin * cfg.outlier_fraction):  # too many to be rounding: all count
+        bad += outliers
+        first = first if first is not None else first_outlier
     rel = math.sqrt(sq_d) / (math.sqrt(sq_r) + 1e-30)
     prec_ok, prec_detail, ratio = True, "no float64 reference", 0.0
     if use64:

@@ -31,10 +31,12 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def reduction_length(model, inputs: list) -> tuple[list[torch.Tensor], int]:
+def reduction_length(model, inputs: list) -> tuple[list[torch.Tensor], int, list[tuple]]:
     """Run the reference once and estimate the longest reduction behind one output element:
     the inner dimension of matmuls, the fan-in of convolutions, the normalized size of norms
-    and softmaxes, in/out element ratios of reductions. A TorchFunctionMode (cheap: no dynamo)."""
+    and softmaxes, in/out element ratios of reductions. A TorchFunctionMode (cheap: no dynamo).
+    Returns the outputs (cloned), that length, and the outputs' strides as the model returned
+    them (a clone of a view that is not dense, such as ``states[:, -1]``, is contiguous)."""
     from torch.overrides import TorchFunctionMode
 
     longest = [1]
@@ -78,11 +80,14 @@ def reduction_length(model, inputs: list) -> tuple[list[torch.Tensor], int]:
             return out
 
     with torch.no_grad(), Count():
-        outs = [o.detach().clone() for o in as_outputs(model(*inputs))]
+        raw = as_outputs(model(*inputs))
+        strides = [tuple(o.stride()) for o in raw]
+        outs = [o.detach().clone() for o in raw]
+    del raw
     n_in = sum(x.numel() for x in inputs if isinstance(x, torch.Tensor))
     n_out = sum(o.numel() for o in outs)
     ratio = n_in // n_out if n_out and n_in > n_out else 1
-    return outs, max(longest[0], ratio, 1)
+    return outs, max(longest[0], ratio, 1), strides
 
 
 
@@ -112,6 +117,7 @@ class Prepared:
     placement: str = ""              # where sets and references live: the device, or "cpu"
     reductions: dict[str, str] = field(default_factory=dict)  # the memory plan's lighter protocol
     one_landing: bool = False        # one landing buffer for every verified call (handshake)
+    ref_strides: list[tuple] = field(default_factory=list)  # outputs' strides as returned
     _inputs: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
@@ -268,7 +274,7 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
     for i, dist in enumerate(dists):
         xs = draw(dist)
         if i == 0:
-            r, reduction = reduction_length(model, xs)
+            r, reduction, ref_strides = reduction_length(model, xs)
             with torch.no_grad():
                 ref_alias = _overlaps(as_outputs(model(*xs)), xs)
             # the reference's op list serves reference_fallback alone (the self-check has it off)
@@ -299,7 +305,7 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
                     _degenerate(refs, refs64, stats, dists, check, cfg, device),
                     max(out_bytes, 1 << 20), placement=keep,
                     reductions=dict(plan.reductions) if plan is not None else {},
-                    one_landing=proto.one_landing)
+                    one_landing=proto.one_landing, ref_strides=ref_strides)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     prep.prepare_s = time.perf_counter() - t0

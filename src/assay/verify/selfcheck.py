@@ -104,7 +104,8 @@ def check_task(path: str | Path, device: str, size: str = "large",
     but not a 1/share part of its free memory is not run: its row says ``deferred`` (the
     caller runs it again alone), so tasks in flight together never run each other out of
     memory; so is one that does not fit what the others leave free now (only a task that does
-    not fit alone is ``too_large``)."""
+    not fit alone is ``too_large``). On a GPU, tasks that share it take turns for their timed
+    parts (:class:`assay.gpu.DeviceTurns`)."""
     import tempfile
 
     t0 = time.perf_counter()
@@ -170,6 +171,7 @@ def _memory_plan(task: Task, device: str, cfg: VerifyConfig, share: int):
 
 def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
            peaks: dict | None, share: int = 1) -> dict[str, Any]:
+    from assay.gpu import DeviceTurns, turns_shared
     from assay.tasks.analyze import cost, degeneracy
     from assay.verify.harness import resolve_device, verify
 
@@ -192,8 +194,11 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
                 "plan": plan.to_dict(), "times": times}
     if not fits_part:
         return {"task": task.id, "status": "deferred", "plan": plan.to_dict()}
+    # Tasks in flight on one GPU take turns for their timed parts (assay.gpu.DeviceTurns)
+    turns = DeviceTurns(device) if share > 1 and device.startswith("cuda") else None
     t = time.perf_counter()
-    deg = degeneracy(task, device)
+    with turns_shared(turns):
+        deg = degeneracy(task, device)
     times["degeneracy_s"] = round(time.perf_counter() - t, 2)
     t = time.perf_counter()
     record = {**cost(task), "degeneracy": {**deg, "degenerate": False}}  # flagged, judged below
@@ -202,7 +207,8 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
     cand = workdir / f"selfcheck_{task.id}_{os.getpid()}.py"
     cand.write_text(candidate_source(task))
     try:
-        v = verify(task, cand, device, cfg, None, record, peaks, times=times, plan=plan)
+        v = verify(task, cand, device, cfg, None, record, peaks, times=times, plan=plan,
+                   turns=turns)
     finally:
         cand.unlink(missing_ok=True)
     d = v.to_dict()

@@ -61,6 +61,9 @@ class VerifyConfig:
     # torch's pairwise sum is off by ~5e-5; both pass, and fp32 stays strict elsewhere.
     reference_error_factor: float = 64.0
     rounding_slack: float = 8.0
+    # At most this fraction of an output's elements may be off both bounds by no more than
+    # rounding at the scale of its largest values (assay.verify.compare.compare_tensor).
+    outlier_fraction: float = 1e-6
     # precision: (factor, ulps) per dtype. The candidate's L2 error against the float64
     # reference may not exceed max(factor x the task-dtype reference's own L2 error,
     # ulps x u x sqrt(N) x |r64|): computing in fp16/bf16/tf32 or with approximate math fails.
