@@ -277,6 +277,21 @@ print("uid", os.getuid(), "pid", os.getpid(), "procs", sorted(os.listdir("/proc"
     assert "uid 0" not in log and "pid 1 " in log
 
 
+def test_the_worker_has_a_user_name_and_private_compiler_caches():
+    """The sandbox's uid has no passwd entry: getpass.getuser() (inductor's cache name, read
+    at torch.compile) must still answer, and inductor's and Triton's caches are the scratch
+    folder's (an H100 run rejected a torch.compile candidate as not compiling: KeyError
+    'getpwuid(): uid not found')."""
+    out, _, log = run_script("""
+import getpass, os
+print("user", getpass.getuser())
+print("caches", os.environ["TORCHINDUCTOR_CACHE_DIR"].startswith(os.getcwd()),
+      os.environ["TRITON_CACHE_DIR"].startswith(os.getcwd()))
+""")
+    assert out == "ok", (out, log)
+    assert "user assay-sandbox" in log and "caches True True" in log
+
+
 @pytest.mark.skipif(not ROOT, reason="the fallbacks are those of a root harness")
 def test_refused_layers_are_recorded_and_the_worker_still_runs(monkeypatch):
     monkeypatch.setenv("ASSAY_SANDBOX_DISABLE", "mount,pidns,net,cgroup,uid")

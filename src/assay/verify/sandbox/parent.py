@@ -60,6 +60,9 @@ class Outcome(str):
         return "sandbox incomplete: " + "; ".join(f"{k} {v}" for k, v in miss.items())
 
 
+SANDBOX_USER = "assay-sandbox"
+
+
 def candidate_env() -> dict[str, str]:
     """The environment the worker sees: no API keys, nothing the candidate needs to reach."""
     keep = ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
@@ -129,7 +132,11 @@ def _run(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLimits, dev
                ASSAY_KERNEL_CACHE=str(cache), PYTHONDONTWRITEBYTECODE="1",
                # Triton's cache (compiled kernels, autotuning results) in the scratch folder,
                # where audit_provenance reads the cubins and nothing outlives the worker
-               TRITON_CACHE_DIR=str(cwd / ".triton" / "cache"))
+               TRITON_CACHE_DIR=str(cwd / ".triton" / "cache"),
+               TORCHINDUCTOR_CACHE_DIR=str(cwd / ".inductor"),
+               # The sandbox's uid has no passwd entry: getpass.getuser() (inductor's cache
+               # name, at torch.compile) raised KeyError on an H100 without these
+               USER=SANDBOX_USER, LOGNAME=SANDBOX_USER)
     if device == "cpu":
         # No GPU: @triton.jit kernels run on cpu tensors in Triton's interpreter (numpy under
         # the hood, no device kernels); a candidate without Triton is unaffected.
