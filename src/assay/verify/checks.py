@@ -94,7 +94,8 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           "without the audit the job asked for (cut on its way out)",
           when="`verify.audit` is on"),
     Check("kernel_audit", "under `strict`, any ATen compute op or library kernel (cuBLAS, "
-          "cuDNN, ATen's, torch.compile's Triton kernels) in the timed calls, from Python, from C++ or from a thread of its "
+          "cuDNN, ATen's, torch.compile's Triton kernels, any call of torch.compile's code) in "
+          "the timed calls, from Python, from C++ or from a thread of its "
           "own; under `permissive`, library time above `max_library_time_frac`; on cuda, a "
           "call that runs no kernel of its own. The profiler runs over every call from before "
           "the candidate loads, so what is audited is what is timed", when="`verify.audit` is on"),

@@ -31,6 +31,9 @@ ALLOWED_OPS = {
     "aten::resolve_conj", "aten::resolve_neg", "aten::empty_permuted", "aten::new_empty",
     "aten::new_empty_strided", "aten::new_zeros", "aten::expand_as", "aten::as_strided_",
 }
+# The audit's row for torch.compile's code (assay.verify.worker.COMPILED_MARKS): a compute op
+# like ATen's, since inductor wrote what it runs (its cpu kernels are C++ no ATen op shows).
+COMPILED_GRAPH = "torch.compile::graph"
 # Marks of a vendor library's or ATen's device kernels.
 _VENDOR = (r"\bat::|\bc10::|cublas|cudnn|cutlass|xmma|sm\d+_xmma|ampere_|volta_|turing_|"
            r"hopper_|nvjet|cusparse|cufft|curand|Memcpy|Memset|splitKreduce")
@@ -95,7 +98,7 @@ class Audit:
 def audit(rows: list[dict[str, Any]], device: str, policy: str,
           max_library_frac: float = 1.0, own: frozenset[str] = frozenset()) -> Audit:
     """``own``: the candidate's @triton.jit kernel names (see :func:`is_library`)."""
-    ops = [r for r in rows if r["name"].startswith("aten::")]
+    ops = [r for r in rows if r["name"].startswith("aten::") or r["name"] == COMPILED_GRAPH]
     compute_ops = sorted({r["name"] for r in ops if r["name"] not in ALLOWED_OPS})
     if device.startswith("cuda"):
         kernels = [r for r in rows if r["kind"] == "kernel" and r["device_us"] > 0]

@@ -67,6 +67,7 @@ from assay.bench import timing  # noqa: E402  (captures the original clocks at i
 from assay.bench.build import cache_dir  # noqa: E402
 from assay.tasks import instantiate  # noqa: E402
 from assay.tasks.instantiate import as_outputs, seeded, set_fp32_numerics  # noqa: E402
+from assay.verify.policy import COMPILED_GRAPH  # noqa: E402
 from assay.verify.quiet import no_kineto_markers  # noqa: E402
 
 _T_TORCH = _CLOCK()
@@ -397,6 +398,10 @@ def load_candidate(path: Path):
 
 
 CALL_RANGE = "assay::call"
+# What torch.compile's code marks each call with (dynamo's wrapper, inductor's compiled graph),
+# one audit row: its kernels are inductor's, and on the cpu target they show no ATen op
+# (generated C++), so without this mark a torch.compile'd forward looked like custom work.
+COMPILED_MARKS = ("Torch-Compiled Region", "## Call CompiledFxGraph")
 # A Triton kernel run by Triton's interpreter (cpu): a range named after its function around
 # each launch (mark_interpreted_triton), the cpu audit's counterpart of a device kernel.
 TRITON_RANGE = "triton::"
@@ -500,8 +505,8 @@ def _event(e: Any, cpu_type: Any) -> dict[str, Any] | None:
     act = act() if callable(act) else ""
     name = e.name()
     cpu = e.device_type() == cpu_type
-    if cpu and not (name.startswith(("aten::", TRITON_RANGE)) or name == CALL_RANGE
-                    or act in ("cuda_runtime", "cuda_driver")):
+    if cpu and not (name.startswith(("aten::", TRITON_RANGE, *COMPILED_MARKS))
+                    or name == CALL_RANGE or act in ("cuda_runtime", "cuda_driver")):
         return None
     stream = getattr(e, "device_resource_id", None)  # a kernel's stream (kineto resource id)
     return {"name": name, "cpu": cpu, "start": e.start_ns(), "end": e.end_ns(),
@@ -562,6 +567,10 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
             i = call_of(e["start"])
             if i >= 0:
                 add(i, e["name"], "op", 0.0, self_ns.get(id(e), 0) / 1e3)
+        elif e["name"].startswith(COMPILED_MARKS):  # torch.compile's code ran in this call
+            i = call_of(e["start"])
+            if i >= 0:
+                add(i, COMPILED_GRAPH, "op", 0.0, self_ns.get(id(e), 0) / 1e3)
         elif e["name"].startswith(TRITON_RANGE):  # an interpreted Triton launch (cpu)
             i = call_of(e["start"])
             if i >= 0:
