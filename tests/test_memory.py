@@ -125,8 +125,12 @@ def test_kernelbench_tasks_that_ran_out_of_memory(stem, in_b, out_b):
     s = task_shapes(Task.from_file(KERNELBENCH / "level1" / f"{stem}.py").module())
     assert (s.inputs_b, s.outputs_b) == (in_b, out_b)
     assert _rss_b() - before < GiB
-    # the configured protocol cannot hold them on an 80 GB H100 box ...
+    # the configured protocol cannot hold them on an 80 GB H100 box, but for the small-K GEMM
+    # (16 MiB of inputs, 4 GiB of output) with its references recomputed at comparison ...
     full = plan(s, PROTO, "cuda", 79 * GiB, 120 * GiB, adapt=False)
+    if stem.startswith("7_"):
+        assert full.fits and full.placement == "recompute" and not full.reductions
+        return
     assert not full.fits and "GiB" in full.too_large_detail() and not full.reductions
     # ... a lighter one either holds them (and says how it is lighter) or says what it needs
     h100 = plan(s, PROTO, "cuda", 79 * GiB, 120 * GiB)
@@ -290,12 +294,14 @@ def test_lighter_correctness_sets_keep_the_kinds_of_data():
 
 @pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")
 @pytest.mark.parametrize("stem, box, fits, steps", [
-    # the configured protocol fits an 80 GB H100, nothing lighter
+    # the configured protocol fits an 80 GB H100, nothing lighter, its references recomputed
     ("42_Max_Pooling_2D", (79, 120), True, set()),
-    # 4 GiB of output per set: float64 references for the correctness sets only, and fewer sets
-    ("7_Matmul_with_small_K_dimension_", (79, 120), True, {"float64"}),
-    # 6 GiB per input and output: an H200 holds the lightest protocol, an H100 box's host not
-    ("24_LogSoftmax", (139, 120), True, {"float64", "landing"}),
+    # 4 GiB of output per set, 16 MiB of inputs: the full protocol, the references recomputed
+    ("7_Matmul_with_small_K_dimension_", (79, 120), True, set()),
+    # 6 GiB per input and output: an H200 holds the sets with one timing buffer fewer and the
+    # references recomputed; an H100 the references on the host, float64 for the correctness
+    # sets only, one landing buffer
+    ("24_LogSoftmax", (139, 120), True, {"timing"}),
     ("24_LogSoftmax", (79, 120), True, {"float64", "landing"}),
 ])
 def test_kernelbench_tasks_on_h100_and_h200_numbers(stem, box, fits, steps):
@@ -303,6 +309,9 @@ def test_kernelbench_tasks_on_h100_and_h200_numbers(stem, box, fits, steps):
     p = plan(s, PROTO, "cuda", box[0] * GiB, box[1] * GiB)
     assert p.fits == fits, p.too_large_detail()
     assert steps <= set(p.reductions) and (steps or not p.reductions), p.reductions
+    # float64 kept for the correctness sets only is a host placement's step; else nothing
+    # of the references fits beside the sets on an 80 GB card: recomputed
+    assert p.placement == ("host" if "float64" in steps else "recompute")
 
 
 def test_a_few_rounding_outliers_pass_in_a_large_output_and_never_many_or_in_a_small_one():

@@ -224,6 +224,40 @@ def test_zoo_verdict_under_the_lightest_protocol(name):
         assert "still shows" in v.checks["timed_outputs"]["detail"]
 
 
+RECOMPUTED_CASES = [n for n in ("honest_gelu_composed_permissive", "honest_softmax_cpp",
+                                 "exploit_cache_by_data_ptr", "exploit_cache_by_id",
+                                 "exploit_partial_write_half", "exploit_bf16_compute",
+                                 "exploit_input_as_scratch") if n in CASES]
+
+
+@pytest.mark.parametrize("lightest", [False, True], ids=["full", "lightest"])
+@pytest.mark.parametrize("name", RECOMPUTED_CASES)
+def test_zoo_verdict_with_the_references_recomputed(name, lightest):
+    """The memory plan's placement ``recompute`` (cuda, where the references do not fit the
+    device): nothing of the references is kept, each set's are made again when its calls are
+    compared. Forced here on the cpu, the verdicts are the zoo's, with the full protocol and
+    with the lightest (one landing buffer compared while the worker waits)."""
+    import dataclasses as dc
+
+    from assay.verify.memory import Protocol, lighter_protocols, plan_for, task_shapes
+    from assay.verify.reference import Recomputed
+
+    meta = CASES[name]
+    task = zoo_task(meta["TASK"])
+    cfg = zoo_config({"POLICY": "strict", "CONFIG": {}})
+    full = Protocol.of(cfg)
+    proto = lighter_protocols(full)[-1] if lightest else full
+    plan = plan_for(task_shapes(task.module()), proto, "cpu", "host", None, None)
+    plan = dc.replace(plan, placement="recompute", reductions=proto.reductions(full))
+    prep = prepare(task, "cpu", cfg, plan)
+    assert prep.placement == "recompute" and isinstance(prep.refs._rec, Recomputed)
+    v = verify(task, meta["path"], "cpu", zoo_config(meta), record=record(task),
+               peaks=GENEROUS_PEAKS, prepared=prep)
+    assert_verdict({**meta, "ALSO": meta["ALSO"] + ["audit_consistency"] * bool(meta["EXPECT"])},
+                   v)
+    assert prep.refs._rec.seconds > 0  # the comparison made them again
+
+
 def test_the_landing_handshake_compares_only_the_call_that_is_due(tmp_path):
     """With one landing buffer, a marker the candidate writes ahead of its call (naming a slot
     not yet due) gets that slot no comparison (a failure), never a right answer twice."""

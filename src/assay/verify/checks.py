@@ -83,8 +83,9 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
     Check("global_state", "changed process-wide settings (TF32, cuDNN flags, denormal flushing, "
           "thread counts, default dtype)"),
     Check("roofline", "a runtime below `max(bytes / bandwidth, FLOPs / peak)` of the measured "
-          "device (FLOPs of ops no algorithm does with less: convolutions left out, Winograd and FFT "
-          "do fewer; never above the fastest baseline: peaks measured on a busy machine are low)",
+          "device (FLOPs of ops no algorithm does with less: convolutions left out, Winograd "
+          "and FFT do fewer; never above the fastest baseline: peaks measured on a busy "
+          "machine are low)",
           when="the task has FLOPs/bytes and the device has measured peaks"),
     Check("audit_consistency", "a candidate that runs another implementation when it thinks "
           "it is audited (asks torch whether a profiler runs, reads its caller's stack, counts "
@@ -95,8 +96,8 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           when="`verify.audit` is on"),
     Check("kernel_audit", "under `strict`, any ATen compute op or library kernel (cuBLAS, "
           "cuDNN, ATen's, torch.compile's Triton kernels, any call of torch.compile's code) in "
-          "the timed calls, from Python, from C++ or from a thread of its "
-          "own; under `permissive`, library time above `max_library_time_frac`; on cuda, a "
+          "the timed calls, from Python, from C++ or from a thread of its own; under "
+          "`permissive`, library time above `max_library_time_frac`; on cuda, a "
           "call that runs no kernel of its own. The profiler runs over every call from before "
           "the candidate loads, so what is audited is what is timed", when="`verify.audit` is on"),
     Check("audit_provenance", "a kernel audit that credits the candidate with a kernel no "

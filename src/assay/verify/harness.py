@@ -134,9 +134,8 @@ class WorkerRun:
         self._arenas: list[Any] = []
         # The landing arena lives in the scratch folder (the one place the worker may write):
         # on /dev/shm when it has room for it, so nothing goes through a disk.
-        landing = sum(tensor_nbytes(r.shape, r.dtype) + ALIGN for rs in prep.refs for r in rs)
-        if prep.one_landing:
-            landing = sum(tensor_nbytes(r.shape, r.dtype) + ALIGN for r in prep.refs[0])
+        one = sum(tensor_nbytes(shape, dtype) + ALIGN for shape, dtype in prep.out_meta)
+        landing = one if prep.one_landing else one * len(prep.sets)
         self.scratch = Path(tempfile.mkdtemp(prefix=f"assay-verify-{os.getpid()}-",
                                              dir=shm_dir(2 * landing)))
         self.candidate = candidate
@@ -171,11 +170,12 @@ class WorkerRun:
         job = _job_base(prep, cand_copy, cfg)
         slots = plan_slots(prep.check_sets, prep.timing_sets, prep.swap_sets, cfg.min_runs)
         out_layout = Layout("out")
-        if prep.one_landing:  # every set's outputs have the same shapes and dtypes
-            shared = [out_layout.add(r.shape, r.dtype) for r in prep.refs[slots[0][2]]]
+        # every set's outputs have the same shapes and dtypes (prep.out_meta)
+        if prep.one_landing:
+            shared = [out_layout.add(shape, dtype) for shape, dtype in prep.out_meta]
             landing_descs = {name: shared for name, _, _ in slots}
         else:
-            landing_descs = {name: [out_layout.add(r.shape, r.dtype) for r in prep.refs[s]]
+            landing_descs = {name: [out_layout.add(shape, dtype) for shape, dtype in prep.out_meta]
                              for name, _, s in slots}
         if self.transfer == "cuda_ipc":
             in_layout = Layout("in")
@@ -549,8 +549,10 @@ def _compare_outputs(prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -> _Output
         raise _Malformed("calls is not an object")
     found = _OutputFindings()
     dev_type = prep.device.split(":")[0]
-    for slot, phase, s in plan_slots(prep.check_sets, prep.timing_sets, prep.swap_sets,
-                                     cfg.min_runs):
+    slots = plan_slots(prep.check_sets, prep.timing_sets, prep.swap_sets, cfg.min_runs)
+    if prep.placement == "recompute":  # each set's references made once: its calls together
+        slots = sorted(slots, key=lambda slot: slot[2])
+    for slot, phase, s in slots:
         where = _call_label(prep, slot, phase, s)
         problems = found.problems[phase]
         call = calls.get(slot)

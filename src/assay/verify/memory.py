@@ -9,11 +9,15 @@ call. This module answers, from shapes alone, whether that fits, and where the r
   meta default device, and a forward that allocates nothing); a forward's own peak of
   intermediates is tracked on the way. Nothing of the task's size is allocated here.
 - :func:`plan` counts every buffer of the harness and the worker for each placement of the
-  references (``device``, else ``host``, compared on the device a chunk at a time) and picks
-  the first that fits in the free memory given. When neither fits, the protocol gets lighter
-  a step at a time (:func:`lighter_protocols`: float64 references for the correctness sets
-  only, one landing buffer reused by every verified call, fewer timing buffers, fewer
-  swapped sets, fewer correctness sets, never under two) and
+  references (``device``; else, on cuda, ``recompute``: the input sets on the device and each
+  set's references computed again when its outputs are compared, nothing of them kept; else
+  ``host``, compared on the device a chunk at a time). Host references of KernelBench's
+  largest tasks went through pageable memory at about 1.3 GB/s by the phase times (54-79 s
+  of preparation and 63-91 s of comparison per task on an H200), where recomputing a set
+  costs two forwards. Where a placement does not fit, its protocol gets lighter a step at a
+  time (:func:`lighter_protocols`: float64 references for the correctness sets only, one
+  landing buffer reused by every verified call, fewer timing buffers, fewer swapped sets,
+  fewer correctness sets, never under two); the plan that fits with the fewest steps wins and
   the plan lists every step taken (``Plan.reductions``: the verdict's ``memory_plan`` check
   and the checks that lost a part say so). Only when the lightest protocol does not fit is the
   plan's ``fits`` False, and :meth:`Plan.too_large_detail` says by how much (the verdict
@@ -280,7 +284,7 @@ def check_distributions(distributions: list, n: int) -> list:
 class Plan:
     """Bytes each side needs for one placement of the references, and whether they fit."""
 
-    placement: str                       # device | host (where refs and input sets live)
+    placement: str                       # device | recompute | host (where refs and sets live)
     device: str
     device_need_b: int
     host_need_b: int
@@ -343,12 +347,18 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     """
     s = shapes
     cuda = device == "cuda"
+    recompute = placement == "recompute"
     fwd = s.forward_peak_b
     fwd64 = s.params64_b + s.inputs64_b + s.forward64_peak_b
     refs = proto.sets * (s.inputs_b + s.outputs_b) + proto.wide_sets * s.outputs64_b
     chunk_b = min(s.outputs_numel, COMPARE_CHUNK) * 16  # complex128 at most
-    # device placement: the landing output is copied to the device whole, then compared
-    compare = COMPARE_TEMPS * chunk_b + (s.outputs_b if placement == "device" else 0)
+    # device placement: the landing output is copied to the device whole, then compared;
+    # recompute: a set's references made again (both precisions) while another set's are
+    # still held (the harness's degeneracy test holds two sets' outputs at once)
+    compare = COMPARE_TEMPS * chunk_b + (s.outputs_b if placement != "host" else 0)
+    if recompute:
+        compare += 2 * s.outputs_b + s.outputs64_b + max(fwd, fwd64)
+        refs = proto.sets * s.inputs_b  # the input sets alone are kept
     prepare = s.inputs_b + fwd + fwd64 + 2 * chunk_b  # one set, both precisions, its stats
 
     worker_sets = proto.sets * s.inputs_b
@@ -359,11 +369,13 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     in_arena = proto.sets * s.inputs_b + s.params_b
 
     parts = {"input sets (harness)": proto.sets * s.inputs_b,
-             "references": proto.sets * s.outputs_b,
-             "float64 references": proto.wide_sets * s.outputs64_b,
+             "references": 0 if recompute else proto.sets * s.outputs_b,
+             "float64 references": 0 if recompute else proto.wide_sets * s.outputs64_b,
              "worker": worker, "landing arena": landing, "input arena": in_arena,
              "preparation transient": prepare, "comparison transient": compare}
-    held_dev = s.params_b + (refs if placement == "device" else 0)
+    # recompute keeps the reference model in both precisions on the device
+    held_dev = s.params_b + (refs if placement != "host" else 0) + \
+        (s.params64_b if recompute else 0)
     if cuda:
         ipc = in_arena + landing if proto.transfer == "cuda_ipc" else 0
         # one landing buffer: each call is compared while the worker holds its memory
@@ -391,33 +403,35 @@ def _shortfall(p: Plan) -> int:
 
 def plan(shapes: TaskShapes, proto: Protocol, device: str, device_free_b: int | None,
          host_free_b: int | None, adapt: bool = True) -> Plan:
-    """The first plan that fits: the config's protocol with the references on the device, else
-    on the host (slower, no lighter); else (``adapt``) the steps of :func:`lighter_protocols`
-    one at a time, each kept only when it lowers the bytes that do not fit (float64
-    references live on the host side only: that step does not help a short device), until a
-    plan fits; its ``reductions`` list the steps kept. If none fits, the lightest protocol's
-    host plan (the smaller device need), whose ``fits`` is False."""
-    placements = ["device", "host"] if device == "cuda" else ["host"]
+    """The plan that fits with the fewest reductions, the placements in this order on a tie:
+    the references on the device, (cuda) recomputed at comparison, on the host. For each
+    placement the config's protocol first, then (``adapt``) the steps of
+    :func:`lighter_protocols` one at a time, each kept only when it lowers the bytes that do
+    not fit (float64 references on the host: that step does not help a short device; nothing
+    of the references is kept under recompute) until a plan fits; its ``reductions`` list the
+    steps kept. If none fits, the host placement's lightest plan, whose ``fits`` is False."""
+    placements = ["device", "recompute", "host"] if device == "cuda" else ["host"]
 
-    def best(p: Protocol) -> Plan:
-        plans = [plan_for(shapes, p, device, where, device_free_b, host_free_b)
-                 for where in placements]
-        for x in plans:
+    def ladder(where: str) -> Plan:
+        def one(p: Protocol) -> Plan:
+            x = plan_for(shapes, p, device, where, device_free_b, host_free_b)
             x.reductions = p.reductions(proto)
-        return next((x for x in plans if x.fits), None) or \
-            min(reversed(plans), key=_shortfall)
+            return x
 
-    cur, cur_plan = proto, best(proto)
-    for step in STEPS if adapt else ():
-        while not cur_plan.fits and (q := step(cur)) is not None:
-            q_plan = best(q)
-            if not q_plan.fits and _shortfall(q_plan) >= _shortfall(cur_plan):
-                break  # this step frees nothing that is short: not taken
-            cur, cur_plan = q, q_plan
-    if not cur_plan.fits:
-        cur_plan = plan_for(shapes, cur, device, "host", device_free_b, host_free_b)
-        cur_plan.reductions = cur.reductions(proto)
-    return cur_plan
+        cur, cur_plan = proto, one(proto)
+        for step in STEPS if adapt else ():
+            while not cur_plan.fits and (q := step(cur)) is not None:
+                q_plan = one(q)
+                if not q_plan.fits and _shortfall(q_plan) >= _shortfall(cur_plan):
+                    break  # this step frees nothing that is short: not taken
+                cur, cur_plan = q, q_plan
+        return cur_plan
+
+    plans = [ladder(where) for where in placements]
+    fitting = [p for p in plans if p.fits]
+    if fitting:
+        return min(fitting, key=lambda p: len(p.reductions))  # min keeps the first of a tie
+    return plans[-1]
 
 
 def free_memory(device: str) -> tuple[int | None, int | None]:

@@ -9,6 +9,7 @@ import copy
 import math
 import secrets
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +92,51 @@ def reduction_length(model, inputs: list) -> tuple[list[torch.Tensor], int, list
 
 
 
+class Recomputed:
+    """The references of every input set, made again when asked (the memory plan's placement
+    ``recompute``, where keeping them does not fit the device): a set's outputs in the task's
+    dtype and, for the sets that have one, in float64, from the reference kept on the device;
+    the last set asked for is kept. :meth:`view` gives the per-set sequences ``Prepared.refs``
+    and ``Prepared.refs64`` are elsewhere."""
+
+    def __init__(self, run_ref: Callable[[list], list], run_ref64: Callable[[list, list], list],
+                 sets: list[list], wide: set[int]):
+        self._run, self._run64, self._sets, self._wide = run_ref, run_ref64, sets, wide
+        self._last: tuple[int, list, list] | None = None
+        self.seconds = 0.0
+
+    def outputs(self, s: int) -> tuple[list, list]:
+        if self._last is None or self._last[0] != s:
+            self._last = None  # freed before the next set's are made
+            t = time.perf_counter()
+            xs = [x.clone() if isinstance(x, torch.Tensor) else x for x in self._sets[s]]
+            r = self._run(xs)  # on copies: a forward that writes its inputs changes no set
+            r64 = self._run64(xs, r) if s in self._wide else [None] * len(r)
+            self._last = (s, r, r64)
+            self.seconds += time.perf_counter() - t
+        return self._last[1], self._last[2]
+
+    def view(self, which: int) -> "_RecomputedView":
+        return _RecomputedView(self, which)
+
+
+class _RecomputedView(Sequence):
+    """``refs[s]`` (which 0) or ``refs64[s]`` (which 1) of a :class:`Recomputed`."""
+
+    def __init__(self, rec: Recomputed, which: int):
+        self._rec, self._which = rec, which
+
+    def __len__(self) -> int:
+        return len(self._rec._sets)
+
+    def __getitem__(self, s):
+        if isinstance(s, slice):
+            return [self[i] for i in range(len(self))[s]]
+        if not -len(self) <= s < len(self):
+            raise IndexError(s)
+        return self._rec.outputs(s % len(self))[self._which]
+
+
 @dataclass
 class Prepared:
     """Everything the harness computed for one (task, device): reused across candidates."""
@@ -105,8 +151,10 @@ class Prepared:
     check_sets: list[int]            # correctness sets (cfg.input_distributions)
     timing_sets: list[int]
     swap_sets: list[int]             # sets swapped into timed calls (else a correctness set)
-    refs: list[list[torch.Tensor]]   # task-dtype reference outputs per set, on ``placement``
-    refs64: list[list[torch.Tensor | None]]  # float64 references (None where not computable)
+    # task-dtype reference outputs per set, on ``placement``; float64 ones (None where not
+    # computable). Under placement "recompute", sequences that make a set's when asked.
+    refs: Sequence[list[torch.Tensor]]
+    refs64: Sequence[list[torch.Tensor | None]]
     stats: list[list[dict[str, float]]]
     reference_ops: list[str]         # ATen compute ops of the reference's forward
     reference_aliases: bool          # the reference's output shares memory with an input
@@ -114,10 +162,12 @@ class Prepared:
     degenerate: str                  # why the outputs barely depend on the inputs ("" if not)
     poison_bytes: int
     prepare_s: float = 0.0
-    placement: str = ""              # where sets and references live: the device, or "cpu"
+    placement: str = ""              # where sets and references live: the device, or "cpu";
+    # "recompute": the sets on the device, the references made again when compared
     reductions: dict[str, str] = field(default_factory=dict)  # the memory plan's lighter protocol
     one_landing: bool = False        # one landing buffer for every verified call (handshake)
     ref_strides: list[tuple] = field(default_factory=list)  # outputs' strides as returned
+    out_meta: list[tuple] = field(default_factory=list)  # (shape, dtype) of each output
     _inputs: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
@@ -221,6 +271,7 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
     proto = plan.protocol if plan is not None and plan.protocol is not None \
         else Protocol.of(cfg)
     keep = "cpu" if plan is not None and plan.placement == "host" else device
+    recompute = plan is not None and plan.placement == "recompute"
     module = task.module()
     init_seed = secrets.randbits(31)
     model = reference_model(module, init_seed, device)
@@ -294,18 +345,26 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
                                               if dists[c] == dist] or
                                              [stats[c][j] for c in check], st["rms"]))
                 stats[-1].append(st)
+        if i == 0:
+            out_meta = [(tuple(o.shape), o.dtype) for o in r]
+            out_bytes = sum(o.numel() * o.element_size() for o in r)
         sets.append(_to(xs, keep))
-        refs.append(_to(r, keep))
-        refs64.append(_to(r64, keep))
+        refs.append(None if recompute else _to(r, keep))
+        refs64.append(None if recompute else _to(r64, keep))
         del xs, r, r64
-    del model64
-    out_bytes = sum(o.numel() * o.element_size() for o in refs[0])
+    if recompute:  # nothing of the references kept: made again, a set at a time, when compared
+        rec = Recomputed(run_ref, run_ref64, sets,
+                         {i for i in range(len(dists)) if proto.wide_all or i < n})
+        refs, refs64 = rec.view(0), rec.view(1)
+    else:
+        del model64
     prep = Prepared(task, device, init_inputs(module), init_seed, sd, sets, dists, check,
                     timing_ids, swap_ids, refs, refs64, stats, ops, ref_alias, reduction,
                     _degenerate(refs, refs64, stats, dists, check, cfg, device),
-                    max(out_bytes, 1 << 20), placement=keep,
+                    max(out_bytes, 1 << 20), placement="recompute" if recompute else keep,
                     reductions=dict(plan.reductions) if plan is not None else {},
-                    one_landing=proto.one_landing, ref_strides=ref_strides)
+                    one_landing=proto.one_landing, ref_strides=ref_strides,
+                    out_meta=out_meta)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     prep.prepare_s = time.perf_counter() - t0
