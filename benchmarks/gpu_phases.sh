@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# GPU work longer than one device call, in phases that resume: bash benchmarks/gpu_phases.sh
+# PHASE:SECONDS ...  Each phase runs in its own process group, killed with everything it started
+# after SECONDS; its results live in /tmp/assay-state (kept between calls while the machine is
+# warm) and come back as $OUT/state.tgz after every call. On a fresh machine the state is
+# restored from a carried .dev/state.tgz (copy the last one there and carry .dev).
+#   selfcheck   KernelBench's reference self-check (issue #16), --resume; the first time, seeded
+#               from SELFCHECK_SEED (JSONL files, later rows win: e.g. the evidence folder's)
+#   redteam     the red-team generator on cuda (issue #19), resumes from its results.jsonl
+#   gputests    pytest -m gpu tests/test_gpu.py (the cuda zoo, Triton cases included)
+#   audit       benchmarks/audit_overhead.py --device cuda (issue #19's last line)
+#   triton      benchmarks/triton_evidence.sh (issue #20)
+#   synthkb     the offline synthesizer on KernelBench (issue #17), resumable; LEVELS=1
+# Needs: the wheels in .whl/ (hydra-core, omegaconf, antlr4, psutil, rich, markdown-it-py,
+# mdurl, pygments; snakemake's for triton) and KernelBench in .kb/ (a copy of
+# ../shared/kernelbench), both carried. Example, two calls on one warm machine:
+#   bash benchmarks/gpu_phases.sh selfcheck:540      then      bash benchmarks/gpu_phases.sh redteam:540
+set -uo pipefail
+OUT=${OUT:-/tmp/assay-out}
+S=${STATE:-/tmp/assay-state}
+mkdir -p "$OUT"
+if [ ! -d "$S" ] && [ -f .dev/state.tgz ]; then mkdir -p "$S" && tar xzf .dev/state.tgz -C "$S"; fi
+mkdir -p "$S"
+if [ ! -d /tmp/site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1
+export ASSAY_KERNEL_CACHE=${ASSAY_KERNEL_CACHE:-/tmp/assay-kernels}
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch, triton; print("torch", torch.__version__, torch.version.cuda,
+              "triton", triton.__version__)'
+  echo "phases: $*"; } 2>&1 | tee -a "$S/device.txt"
+
+# run_for SECONDS LOG CMD...: CMD in its own process group, killed with it after SECONDS
+run_for() {
+  local secs=$1 log=$2 t=0; shift 2
+  set -m; ( "$@" ) >>"$log" 2>&1 & local pid=$!; set +m
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 2; t=$((t + 2))
+    if [ "$t" -ge "$secs" ]; then
+      echo "[gpu_phases] stopped at ${secs}s" >>"$log"
+      kill -- -"$pid" 2>/dev/null; sleep 3; kill -9 -- -"$pid" 2>/dev/null; break
+    fi
+  done
+  wait "$pid" 2>/dev/null; local rc=$?
+  pkill -9 -f "assay.verify.sandbox" 2>/dev/null  # sandboxed workers run in sessions of their own
+  echo "[gpu_phases] rc=$rc after ${t}s" >>"$log"; tail -25 "$log"
+}
+
+for phase in "$@"; do
+  name=${phase%%:*}; secs=${phase#*:}
+  echo "=== $name ($secs s) $(date -u +%H:%M:%S)"
+  case $name in
+    selfcheck)
+      mkdir -p "$S/selfcheck"
+      if [ ! -f "$S/selfcheck/selfcheck.jsonl" ] && [ -n "${SELFCHECK_SEED:-}" ]; then
+        cat $SELFCHECK_SEED > "$S/selfcheck/selfcheck.jsonl"
+      fi
+      run_for $((secs + 40)) "$S/selfcheck.log" python3 benchmarks/kb_selfcheck.py --source .kb \
+        --levels 1 2 3 --jobs "${JOBS:-3}" --device cuda --transfer cuda_ipc \
+        --out "$S/selfcheck" --resume --retry-errors --budget-s "$secs" ${ONLY:+--only $ONLY} ;;
+    redteam)
+      run_for "$secs" "$S/redteam.log" python3 benchmarks/redteam.py --target cuda \
+        --workers "${WORKERS:-5}" --out "$S/redteam" ;;
+    gputests)
+      run_for "$secs" "$S/gputests.log" python3 -m pytest -m gpu -q -p no:cacheprovider -rf \
+        tests/test_gpu.py ${K:+-k "$K"} ;;
+    audit)
+      run_for "$secs" "$S/audit.log" python3 benchmarks/audit_overhead.py --device cuda \
+        --repeat "${REPEAT:-3}" --out "$S/audit" ;;
+    triton)
+      OUT=$S/triton run_for "$secs" "$S/triton.log" bash benchmarks/triton_evidence.sh ;;
+    synthkb)
+      run_for "$secs" "$S/synthkb.log" python3 benchmarks/synth_suite.py --source .kb \
+        --levels "${LEVELS:-1}" --out "$S/synthkb" --budget-s $((secs - 60)) --grace-s 30 ;;
+    *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, synthkb)" ;;
+  esac
+done
+tar czf "$OUT/state.tgz" -C "$S" . && ls -la "$OUT"
