@@ -353,11 +353,12 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     refs = proto.sets * (s.inputs_b + s.outputs_b) + proto.wide_sets * s.outputs64_b
     chunk_b = min(s.outputs_numel, COMPARE_CHUNK) * 16  # complex128 at most
     # device placement: the landing output is copied to the device whole, then compared;
-    # recompute: a set's references made again (both precisions) while another set's are
-    # still held (the harness's degeneracy test holds two sets' outputs at once)
+    # recompute: a set's references made again (both precisions, from a copy of its inputs)
+    # while another set's are still held (the harness's degeneracy test holds two sets'
+    # outputs at once)
     compare = COMPARE_TEMPS * chunk_b + (s.outputs_b if placement != "host" else 0)
     if recompute:
-        compare += 2 * s.outputs_b + s.outputs64_b + max(fwd, fwd64)
+        compare += s.inputs_b + 2 * s.outputs_b + s.outputs64_b + max(fwd, fwd64)
         refs = proto.sets * s.inputs_b  # the input sets alone are kept
     prepare = s.inputs_b + fwd + fwd64 + 2 * chunk_b  # one set, both precisions, its stats
 
