@@ -1070,6 +1070,18 @@ class _Lowering:
 # From the lowered graph to a Plan
 
 
+def needed_nodes(nodes: list[Node] | tuple[Node, ...], j: int) -> set[int]:
+    """Node ``j`` and every node it reads, transitively (indices into ``nodes``)."""
+    need: set[int] = set()
+    stack = [j]
+    while stack:
+        i = stack.pop()
+        if i not in need:
+            need.add(i)
+            stack.extend(nodes[i].args)
+    return need
+
+
 def _classify(shape: tuple[int, ...], s: tuple[int, ...], name: str) -> tuple[str, int, int]:
     """How a leaf of ``shape`` broadcasts onto the iteration shape ``s``."""
     nd = len(s)
@@ -1099,14 +1111,7 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
         raise Unsupported(f"{PREFIX} a forward that returns an input unchanged (nothing to "
                           f"compute)")
     # Keep only what the output needs, renumbered in topological order.
-    live: set[int] = set()
-    stack = [out]
-    while stack:
-        i = stack.pop()
-        if i not in live:
-            live.add(i)
-            stack.extend(nodes[i].args)
-    order = sorted(live)
+    order = sorted(needed_nodes(nodes, out))
     remap = {old: new for new, old in enumerate(order)}
     used_leaves = sorted({nodes[i].attr("leaf") for i in order if nodes[i].op == "load"})
     leaf_remap = {old: new for new, old in enumerate(used_leaves)}

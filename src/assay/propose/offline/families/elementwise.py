@@ -11,9 +11,9 @@ from assay.propose.offline.families import triton_form as tri
 from assay.propose.offline.families.family import Family, Space
 from assay.propose.offline.families.shared import (CPP_FORWARD_CLOSE, CPP_FORWARD_OPEN, CUDA_COMMON,
                                                    Names, elem_closure, fused_calls, fused_kernel,
-                                                   knob_line, leaves_of, needed_nodes, render,
-                                                   vector_flags, vector_index)
-from assay.propose.offline.graph import Analysis, Plan
+                                                   knob_line, leaves_of, render, vector_flags,
+                                                   vector_index)
+from assay.propose.offline.graph import Analysis, Plan, needed_nodes
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # threads: 0 = OpenMP default, 1 = serial, k = at most k; chunk: elements per OpenMP task;
@@ -208,7 +208,7 @@ def triton_source(plan: Plan, knobs: dict[str, Any], summary: str,
                   label: str = "elementwise") -> str:
     """The @triton.jit kernel of ``plan``: every node the output needs, in order."""
     ptrs, geometry = tri.leaf_args(plan)
-    needed = sorted(needed_nodes(plan, plan.output))
+    needed = sorted(needed_nodes(plan.nodes, plan.output))
     return render(TRITON_ELEMENTWISE, template=label, summary=summary.replace("\n", " "),
                   knob_line=knob_line(knobs), params=", ".join(ptrs + ["out", "n"] + geometry),
                   body=tri.value_lines(plan, needed), result=tri.output_expr(plan))

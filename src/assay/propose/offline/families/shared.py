@@ -658,15 +658,3 @@ def fused_kernel(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
     return dict(common, block=int(knobs["block"]), vec=int(knobs["vec"]), kparams=kparams,
                 params=kparams + ", void* stream_ptr",
                 kargs=", ".join(p.name for p in params)), sched
-
-
-def needed_nodes(plan: Plan, j: int) -> set[int]:
-    """Node ``j`` of ``plan`` and every node it reads, transitively."""
-    need: set[int] = set()
-    stack = [j]
-    while stack:
-        i = stack.pop()
-        if i not in need:
-            need.add(i)
-            stack.extend(plan.nodes[i].args)
-    return need

@@ -21,8 +21,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from assay.propose.offline.families.shared import knob_line, needed_nodes, render
-from assay.propose.offline.graph import PREFIX, Plan
+from assay.propose.offline.families.shared import knob_line, render
+from assay.propose.offline.graph import PREFIX, Plan, needed_nodes
 
 
 def t_float(v: float) -> str:
@@ -318,7 +318,7 @@ def gemm_kernel(plan: Plan, knobs: dict[str, Any], summary: str, template: str,
         ptrs, geometry = leaf_args(plan)
         params += [p for p in ptrs if p != f"t{gk}"]
         geometry = [g for g in geometry if g not in (f"inner{gk}", f"mid{gk}")]
-        for j in sorted(needed_nodes(plan, plan.output)):
+        for j in sorted(needed_nodes(plan.nodes, plan.output)):
             n = plan.nodes[j]
             if n.op in ("const", "cols"):
                 continue
