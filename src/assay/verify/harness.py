@@ -134,7 +134,7 @@ class WorkerRun:
         self._arenas: list[Any] = []
         # The landing arena lives in the scratch folder (the one place the worker may write):
         # on /dev/shm when it has room for it, so nothing goes through a disk.
-        one = sum(tensor_nbytes(shape, dtype) + ALIGN for shape, dtype in prep.out_meta)
+        one = sum(tensor_nbytes(shape, dtype) + ALIGN for shape, dtype, _ in prep.out_meta)
         landing = one if prep.one_landing else one * len(prep.sets)
         self.scratch = Path(tempfile.mkdtemp(prefix=f"assay-verify-{os.getpid()}-",
                                              dir=shm_dir(2 * landing)))
@@ -172,11 +172,12 @@ class WorkerRun:
         out_layout = Layout("out")
         # every set's outputs have the same shapes and dtypes (prep.out_meta)
         if prep.one_landing:
-            shared = [out_layout.add(shape, dtype) for shape, dtype in prep.out_meta]
+            shared = [out_layout.add(shape, dtype) for shape, dtype, _ in prep.out_meta]
             landing_descs = {name: shared for name, _, _ in slots}
         else:
-            landing_descs = {name: [out_layout.add(shape, dtype) for shape, dtype in prep.out_meta]
-                             for name, _, s in slots}
+            landing_descs = {name: [out_layout.add(shape, dtype)
+                                    for shape, dtype, _ in prep.out_meta]
+                             for name, _, _ in slots}
         if self.transfer == "cuda_ipc":
             in_layout = Layout("in")
             descs = describe_inputs(prep, in_layout)
@@ -573,7 +574,7 @@ def _compare_outputs(prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -> _Output
                 problems.append(f"{tag}: not a plain tensor, not compared")
                 continue
             bad = _layout_mismatches(m, r, dev_type, prep.device,
-                                     prep.ref_strides[j] if j < len(prep.ref_strides) else None)
+                                     prep.out_meta[j][2] if j < len(prep.out_meta) else None)
             if not m["settled"]:
                 found.unsettled.append(tag)
             if m["aliases"] and not prep.reference_aliases:

@@ -129,12 +129,10 @@ class _RecomputedView(Sequence):
     def __len__(self) -> int:
         return len(self._rec._sets)
 
-    def __getitem__(self, s):
-        if isinstance(s, slice):
-            return [self[i] for i in range(len(self))[s]]
-        if not -len(self) <= s < len(self):
-            raise IndexError(s)
-        return self._rec.outputs(s % len(self))[self._which]
+    def __getitem__(self, s: int) -> list:
+        if not 0 <= s < len(self):
+            raise IndexError(s)  # (also where iteration ends)
+        return self._rec.outputs(s)[self._which]
 
 
 @dataclass
@@ -166,8 +164,8 @@ class Prepared:
     # "recompute": the sets on the device, the references made again when compared
     reductions: dict[str, str] = field(default_factory=dict)  # the memory plan's lighter protocol
     one_landing: bool = False        # one landing buffer for every verified call (handshake)
-    ref_strides: list[tuple] = field(default_factory=list)  # outputs' strides as returned
-    out_meta: list[tuple] = field(default_factory=list)  # (shape, dtype) of each output
+    # (shape, dtype, strides as the forward returned them) of each output, the same every set
+    out_meta: list[tuple] = field(default_factory=list)
     _inputs: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
@@ -346,7 +344,7 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
                                              [stats[c][j] for c in check], st["rms"]))
                 stats[-1].append(st)
         if i == 0:
-            out_meta = [(tuple(o.shape), o.dtype) for o in r]
+            out_meta = [(tuple(o.shape), o.dtype, st) for o, st in zip(r, ref_strides)]
             out_bytes = sum(o.numel() * o.element_size() for o in r)
         sets.append(_to(xs, keep))
         refs.append(None if recompute else _to(r, keep))
@@ -363,8 +361,7 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
                     _degenerate(refs, refs64, stats, dists, check, cfg, device),
                     max(out_bytes, 1 << 20), placement="recompute" if recompute else keep,
                     reductions=dict(plan.reductions) if plan is not None else {},
-                    one_landing=proto.one_landing, ref_strides=ref_strides,
-                    out_meta=out_meta)
+                    one_landing=proto.one_landing, out_meta=out_meta)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     prep.prepare_s = time.perf_counter() - t0
