@@ -5,7 +5,9 @@
 # warm) and come back as $OUT/state.tgz after every call. On a fresh machine the state is
 # restored from a carried .dev/state.tgz (copy the last one there and carry .dev).
 #   selfcheck   KernelBench's reference self-check (issue #16), --resume; the first time, seeded
-#               from SELFCHECK_SEED (JSONL files, later rows win: e.g. the evidence folder's)
+#               from SELFCHECK_SEED (JSONL files, later rows win: e.g. the evidence folders');
+#               RETRY: the row statuses to redo (default: error; also rejected, too_large,
+#               degenerate), ONLY: task-id globs, JOBS: tasks in flight (3)
 #   redteam     the red-team generator on cuda (issue #19), resumes from its results.jsonl
 #   gputests    pytest -m gpu tests/test_gpu.py (the cuda zoo, Triton cases included)
 #   audit       benchmarks/audit_overhead.py --device cuda (issue #19's last line)
@@ -59,7 +61,7 @@ for phase in "$@"; do
       fi
       run_for $((secs + 40)) "$S/selfcheck.log" python3 benchmarks/kb_selfcheck.py --source .kb \
         --levels 1 2 3 --jobs "${JOBS:-3}" --device cuda --transfer cuda_ipc \
-        --out "$S/selfcheck" --resume --retry-errors --budget-s "$secs" ${ONLY:+--only $ONLY} ;;
+        --out "$S/selfcheck" --resume --retry ${RETRY:-error} --budget-s "$secs" ${ONLY:+--only $ONLY} ;;
     redteam)
       run_for "$secs" "$S/redteam.log" python3 benchmarks/redteam.py --target cuda \
         --workers "${WORKERS:-5}" --out "$S/redteam" ;;

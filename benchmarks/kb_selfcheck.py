@@ -7,8 +7,8 @@ Model, as the candidate, through every check but kernel_audit and reference_fall
 Writes ``DIR/selfcheck.jsonl`` (one line per task, as soon as it is decided), ``DIR/summary.md``
 (accepted / degenerate with their numbers / too_large / rejected / errors, seconds per task)
 and ``DIR/summary.json`` (counts, GPU, torch, seconds). Resumable across device calls: carry DIR
-back and forth and pass ``--resume``; tasks already in the JSONL are skipped (``--retry-errors``
-redoes those that ended in an error, e.g. with ``--jobs 1`` after a memory error at ``--jobs 2``).
+back and forth and pass ``--resume``; tasks already in the JSONL are skipped (``--retry error``
+redoes those that ended in an error; ``rejected`` after a verifier fix; ``too_large`` on a larger GPU).
 ``--budget-s`` bounds the whole call: no task starts that would likely end past it, a task still
 in flight when it runs out is killed and left out of the JSONL (``--resume`` redoes it), and the
 summaries are rewritten after every task, so a call under a device time limit ends cleanly with
@@ -38,6 +38,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    from assay.verify.selfcheck import RETRYABLE
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--source", required=True,
                    help="KernelBench's task root (the folder holding level1/ level2/ level3/)")
@@ -45,7 +47,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="output folder (JSONL, summaries)")
     p.add_argument("--resume", action="store_true",
                    help="continue the JSONL in --out (without it an existing one is an error)")
-    p.add_argument("--retry-errors", action="store_true")
+    p.add_argument("--retry", nargs="+", default=[], choices=RETRYABLE, metavar="STATUS",
+                   help=f"redo tasks whose row has one of these statuses ({', '.join(RETRYABLE)})")
     p.add_argument("--budget-s", type=float, default=None, help="stop cleanly before this")
     p.add_argument("--jobs", type=int, default=2, help="tasks in flight at once")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
     res = selfcheck.run_selfcheck(paths, a.device, a.size, VerifyConfig(transfer=a.transfer),
                                   jsonl=jsonl, jobs=a.jobs, budget_s=budget,
-                                  retry_errors=a.retry_errors, on_row=on_row)
+                                  retry=a.retry, on_row=on_row)
     rows = list(res["rows"].values())
     write_summaries(out, a, paths, rows, res, t0, gpu, torch.__version__)
     counts = {s: sum(r.get("status") == s for r in rows) for s in selfcheck.STATUSES}

@@ -123,6 +123,27 @@ def test_cuda_candidate(name, task, tmp_path):
         assert v.runtime_ms > 0
 
 
+def test_inputs_are_sampled_on_the_gpu(tmp_path):
+    """make_inputs on cuda: the task's own sampling runs on the device, the same values for the
+    same seed, other values for another; a get_inputs that cannot (numpy) is sampled on cpu."""
+    import types
+
+    from assay.tasks.instantiate import make_inputs
+
+    mod = types.SimpleNamespace(get_inputs=lambda: [torch.randn(1000, 3), 7])
+    a, b, c = (make_inputs(mod, s, "cuda") for s in (5, 5, 6))
+    assert a[0].device.type == "cuda" and a[1] == 7
+    assert torch.equal(a[0], b[0]) and not torch.equal(a[0], c[0])
+
+    import numpy as np
+
+    mixed = types.SimpleNamespace(get_inputs=lambda: [
+        torch.randn(8) + torch.from_numpy(np.ones(8, dtype=np.float32))])
+    x = make_inputs(mixed, 5, "cuda")[0]
+    assert x.device.type == "cuda"
+    assert torch.equal(x, make_inputs(mixed, 5, "cuda")[0])
+
+
 def test_illegal_address_is_a_verdict(task, tmp_path):
     cand = tmp_path / "oob.py"
     cand.write_text(cuda_kernel(launch="relu_kernel<<<blocks, 256, 0, s>>>(x, (float*)8, n);"))

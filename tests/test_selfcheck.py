@@ -95,13 +95,13 @@ def test_selfcheck_accepts_honest_lists_degenerate_and_rejects_what_no_kernel_ca
     assert "1 accepted, 1 degenerate, 0 too_large, 1 rejected, 1 error" in text
     assert "L1_90_Stateful" in capsys.readouterr().out
 
-    # resumable: nothing is redone; --retry-errors redoes only the error
+    # resumable: nothing is redone; --retry error redoes only the error
     before = jsonl.read_text()
     assert main(["selfcheck", "--tasks", *map(str, paths[:3]), "--device", "cpu",
                  "--jsonl", str(jsonl)]) == 1
     assert jsonl.read_text() == before
     main(["selfcheck", "--tasks", *map(str, paths), "--device", "cpu", "--jsonl", str(jsonl),
-          "--retry-errors"])
+          "--retry", "error"])
     added = jsonl.read_text()[len(before):].splitlines()
     assert [json.loads(line)["path"] for line in added] == [str(broken)]
 

@@ -15,6 +15,7 @@ tasks are analyzed on a laptop.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -25,7 +26,10 @@ from assay.tasks.instantiate import (as_outputs, build_model, make_inputs, refer
 from assay.tasks.model import Task
 
 DEGENERATE_INPUT_SENSITIVITY = 1e-3
-DEGENERATE_SPREAD = 1e-6
+# The outputs' standard deviation over their RMS under which they are "nearly constant": their
+# mean, as a constant, would then pass float32's rtol (1e-4). Relative, not absolute: a softmax
+# over 393,216 values (KernelBench's L1_23) has a spread of 7e-7 and is anything but constant.
+DEGENERATE_SPREAD = 1e-4
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -69,10 +73,50 @@ def cost(task: Task) -> dict[str, Any]:
     }
 
 
+# Elements per float64 chunk of the statistics below: a GiB-sized output never gets a float64
+# copy, on the device or the host.
+_STAT_CHUNK = 1 << 24
+
+
+def _chunks(x: torch.Tensor) -> Iterator[torch.Tensor]:
+    flat = x.reshape(-1)
+    for i in range(0, flat.numel(), _STAT_CHUNK):
+        yield flat[i:i + _STAT_CHUNK].double()
+
+
 def _rel_change(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    num = sum(float((x.double() - y.double()).norm()) ** 2 for x, y in zip(a, b)) ** 0.5
-    den = sum(float(x.double().norm()) ** 2 for x in a) ** 0.5
+    num = den = 0.0
+    for x, y in zip(a, b):
+        for cx, cy in zip(_chunks(x), _chunks(y)):
+            num += float(torch.linalg.vector_norm(cx - cy)) ** 2
+            den += float(torch.linalg.vector_norm(cx)) ** 2
+    num, den = num ** 0.5, den ** 0.5
     return num / den if den > 0 else (0.0 if num == 0 else float("inf"))
+
+
+def _spread_and_finite(outs: list[torch.Tensor]) -> tuple[float, float, int, bool]:
+    """The standard deviation and the RMS of all outputs' elements together (float64, in
+    chunks), their count, and whether every one is finite."""
+    n, total, total_sq, finite, shift = 0, 0.0, 0.0, True, None
+    for o in outs:
+        for c in _chunks(o):
+            if shift is None:  # sums about a value near the mean: no cancellation
+                shift = float(c.mean())
+            c = c - shift
+            n += c.numel()
+            total += float(c.sum())
+            total_sq += float((c * c).sum())
+            finite = finite and bool(torch.isfinite(c).all())
+    if not finite:
+        return float("nan"), float("nan"), n, False
+    if n == 0:
+        return 0.0, 0.0, 0, True
+    mean = shift + total / n
+    rms = (max(total_sq / n - (total / n) ** 2, 0.0) + mean * mean) ** 0.5
+    if n < 2:
+        return 0.0, rms, n, True
+    var = max(total_sq - total * total / n, 0.0) / (n - 1)
+    return var ** 0.5, rms, n, finite
 
 
 def degeneracy(task: Task, device: str = "cpu") -> dict[str, Any]:
@@ -88,26 +132,28 @@ def degeneracy(task: Task, device: str = "cpu") -> dict[str, Any]:
         # which a meta build cannot
         has_params = any(True for _ in model.parameters())
         with torch.no_grad():
-            return [o.float().cpu() for o in as_outputs(model(*make_inputs(module, input_seed,
-                                                                          device)))]
+            # kept where they were made: the statistics run there, in float64 chunks
+            return [o.float() for o in as_outputs(model(*make_inputs(module, input_seed,
+                                                                     device)))]
 
     base = run(1, 2)
-    other_inputs = run(1, 3)
-    other_weights = run(4, 2)
-    flat = torch.cat([o.flatten() for o in base])
-    spread = float(flat.std()) if flat.numel() > 1 else 0.0
+    input_sensitivity = _rel_change(base, run(1, 3))  # each other run freed once compared
+    weight_sensitivity = _rel_change(base, run(4, 2)) if has_params else None
+    spread, rms, n, finite = _spread_and_finite(base)
     report = {
         "output_spread": spread,
-        "input_sensitivity": _rel_change(base, other_inputs),
-        "weight_sensitivity": _rel_change(base, other_weights) if has_params else None,
-        "finite": bool(torch.isfinite(flat).all()),
+        "relative_spread": spread / rms if rms > 0 else (0.0 if spread == 0 else float("nan")),
+        "input_sensitivity": input_sensitivity,
+        "weight_sensitivity": weight_sensitivity,
+        "finite": finite,
     }
     why = []
     if report["input_sensitivity"] < DEGENERATE_INPUT_SENSITIVITY:
         why.append(f"output changes by only {report['input_sensitivity']:.2g} (relative) when "
                    f"the inputs change")
-    if spread < DEGENERATE_SPREAD and flat.numel() > 1:
-        why.append(f"output spread {spread:.2g}: nearly constant")
+    if n > 1 and spread <= DEGENERATE_SPREAD * rms:
+        why.append(f"output spread {spread:.2g} ({report['relative_spread']:.2g} of its RMS): "
+                   f"nearly constant")
     if not report["finite"]:
         why.append("reference output has NaN or Inf on random inputs")
     report["degenerate"] = bool(why)

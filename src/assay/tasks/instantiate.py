@@ -116,9 +116,23 @@ def reference_model(module: Any, seed: int, device: str | torch.device) -> nn.Mo
 def make_inputs(module: Any, seed: int, device: str | torch.device,
                 distribution: str = "native") -> list:
     """Call the task's ``get_inputs()`` under ``seed``; scale and shift floating tensors
-    (:data:`DISTRIBUTIONS`); move them."""
-    with seeded(seed):
-        values = module.get_inputs()
+    (:data:`DISTRIBUTIONS`); move them.
+
+    On a GPU the task's sampling runs there (``torch.device`` as the default for the factories
+    it calls): KernelBench's largest inputs are GiBs, which the CPU took tens of seconds to draw
+    and copy, for every set and every record. The values are then the device generator's, as
+    deterministic under the seed as the CPU's but not the same numbers. A ``get_inputs`` that
+    cannot run there (numpy, an explicit CPU tensor mixed in) is sampled on the CPU."""
+    values = None
+    if torch.device(device).type == "cuda":
+        try:
+            with seeded(seed), torch.device(device):
+                values = module.get_inputs()
+        except (RuntimeError, TypeError):
+            values = None
+    if values is None:
+        with seeded(seed):
+            values = module.get_inputs()
     if not isinstance(values, (list, tuple)):
         raise TypeError(f"get_inputs() returned {type(values).__name__}, expected a list")
     scale, offset, moved = DISTRIBUTIONS[distribution]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from assay.verify.worker import cuda_ipc_export
+from assay.verify.worker import copy_staged, cuda_ipc_export
 
 if TYPE_CHECKING:
     from assay.verify.reference import Prepared
@@ -107,6 +107,9 @@ class FileArena:
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL,
                           0o644 if own else 0o600)
         os.ftruncate(self.fd, self.nbytes)
+        if own:  # an input arena, filled right away: its pages now, not a fault at a time
+            with contextlib.suppress(OSError):
+                os.posix_fallocate(self.fd, 0, self.nbytes)
         self.buf = torch.from_file(str(self.path), shared=True, size=self.nbytes,
                                    dtype=torch.uint8)
         self._finalizer = weakref.finalize(self, FileArena._cleanup, self.fd,
@@ -187,6 +190,6 @@ def fill_inputs(buf: torch.Tensor, prep: Prepared, descs: dict[str, Any]) -> Non
     pairs += [(x, d) for x, d in zip(prep.init_inputs, descs["init_inputs"])
               if isinstance(x, torch.Tensor)]
     for x, d in pairs:
-        arena_view(buf, d["tensor"]).copy_(x.detach().contiguous())
+        copy_staged(arena_view(buf, d["tensor"]), x.detach().contiguous())
     if buf.device.type == "cuda":
         torch.cuda.synchronize(buf.device)

@@ -202,6 +202,7 @@ class WorkerRun:
         torch.save(job, self.scratch / "job.pt")
         times["job_s"] = time.perf_counter() - t
 
+        prep.release_transients()  # after the arenas are filled: their copies' cache too
         t = time.perf_counter()
         judge = None
         if prep.one_landing:

@@ -365,7 +365,10 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     worker_sets = proto.sets * s.inputs_b
     worker_call = s.params_b + (proto.check_sets + 1) * s.inputs_b + fwd + s.outputs_b
     worker_timing = s.params_b + proto.timing_sets * s.inputs_b + 2 * fwd + FLUSH_B[device]
-    worker = worker_sets + max(worker_call, worker_timing)
+    # and one more of its largest tensors: the caching allocator splits the poisoning's freed
+    # blocks between outputs and snapshots, and a later request of another size finds them
+    # taken (an H200 worker ran out of memory at its plan's 78 GiB, asking for 6 more)
+    worker = worker_sets + max(worker_call, worker_timing) + max(s.inputs_b, s.outputs_b)
     landing = (1 if proto.one_landing else proto.slots) * s.outputs_b
     in_arena = proto.sets * s.inputs_b + s.params_b
 

@@ -6,6 +6,7 @@ longest reduction, and whether the task is degenerate (:func:`prepare`, :class:`
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import secrets
 import time
@@ -116,6 +117,10 @@ class Recomputed:
             self.seconds += time.perf_counter() - t
         return self._last[1], self._last[2]
 
+    def forget(self) -> None:
+        """Drop the set kept (made again when next asked for)."""
+        self._last = None
+
     def view(self, which: int) -> "_RecomputedView":
         return _RecomputedView(self, which)
 
@@ -185,6 +190,20 @@ class Prepared:
             fill_inputs(arena.buf, self, descs)
             self._inputs = {"arena": arena, "descs": descs, "identity": arena.identity()}
         return self._inputs
+
+    def release_transients(self) -> None:
+        """Give back what preparing and comparing left in this process's device cache before a
+        worker runs: the worker is another process, and memory the caching allocator keeps
+        here is memory it cannot have (the plan counts the preparation's transients as
+        reusable). On an H200, KernelBench's 6 GiB elementwise tasks ran the worker out of
+        memory with 105 GiB held by their harness this way. Recomputed references are dropped
+        too (made again when compared)."""
+        for refs in (self.refs, self.refs64):
+            if isinstance(refs, _RecomputedView):
+                refs._rec.forget()
+        if self.device.startswith("cuda") and torch.cuda.is_available():
+            gc.collect()
+            torch.cuda.empty_cache()
 
     def inputs_tampered(self) -> bool:
         return self._inputs is not None and \
@@ -275,9 +294,8 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
     model = reference_model(module, init_seed, device)
     sd = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
-    def draw(distribution: str) -> list:
-        with torch.device(device):  # factories in get_inputs() allocate on the device
-            return make_inputs(module, secrets.randbits(31), device, distribution)
+    def draw(distribution: str) -> list:  # (sampled on the device where it can be)
+        return make_inputs(module, secrets.randbits(31), device, distribution)
 
     check_dists = check_distributions(cfg.input_distributions, proto.check_sets)
     n = len(check_dists)

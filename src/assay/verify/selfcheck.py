@@ -10,7 +10,8 @@ a memory plan), never about the task; a task whose output barely depends on its 
 listed as degenerate with its numbers (``assay.tasks.analyze.degeneracy``).
 
 One JSON line per task, written as soon as it is decided; a rerun with the same JSONL skips the
-tasks already in it (``retry_errors`` redoes those that ended in an error). Tasks run in worker
+tasks already in it (``retry`` names the statuses to redo: ``error``; ``rejected`` after a
+verifier fix; ``too_large`` on a larger GPU). Tasks run in worker
 processes (``jobs`` at a time), so a task that kills its process (a segfault, the OOM killer)
 costs that task, not the run. No baseline is timed: the self-check needs none.
 """
@@ -22,7 +23,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -226,6 +227,8 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
     }
     if lighter:  # verified with a lighter protocol to fit memory (the memory_plan check)
         row["lighter"] = lighter
+    if plan is not None:  # where the sets and references lived (where the seconds went)
+        row["placement"] = plan.placement
     # helper `mem`'s memory plan: a task that cannot fit gets a `too_large` check or verdict
     if "too_large" in [*v.reasons, *d["checks"], str(d.get("verdict")), str(d.get("status"))]:
         row["status"] = "too_large"
@@ -238,7 +241,18 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
         row["status"] = "rejected"
     if v.error and row["status"] not in ("accepted",):
         row["error"] = str(v.error)[:600]
+    if share > 1 and row["status"] == "rejected" and _out_of_memory(row):
+        # The free memory the plan saw was what the tasks in flight left at that moment; they
+        # can grow past it (an H200 at 3 jobs: L1_4's worker found 8 of 140 GiB free). A
+        # reference cannot be at fault for another process's memory: decided alone, later.
+        return {"task": task.id, "status": "deferred", "plan": plan.to_dict() if plan else None,
+                "why": "out of device memory while sharing the GPU"}
     return row
+
+
+def _out_of_memory(row: dict[str, Any]) -> bool:
+    text = " ".join([str(row.get("error", "")), *map(str, row.get("failed", {}).values())])
+    return "OutOfMemoryError" in text or "out of memory" in text
 
 
 # --------------------------------------------------------------------------------------------
@@ -255,6 +269,9 @@ def _pool_init(env: dict[str, str]) -> None:
 
 # Seconds of a time budget kept for what comes after the last task (summaries, shutdown),
 # and the least time left in which a task is started.
+# Statuses a rerun may redo (``retry``): an error, a rejection (after a verifier fix), a task too
+# large for the GPU it met (on a larger one), a degenerate one (after the criterion changed).
+RETRYABLE = ("error", "rejected", "too_large", "degenerate")
 BUDGET_RESERVE_S = 10.0
 MIN_START_S = 30.0
 
@@ -272,7 +289,7 @@ def _kill_pool(pool: ProcessPoolExecutor, before: set) -> None:
 
 def run_selfcheck(paths: list[Path], device: str, size: str = "large",
                   cfg: VerifyConfig | None = None, jsonl: Path | None = None, jobs: int = 1,
-                  budget_s: float | None = None, retry_errors: bool = False,
+                  budget_s: float | None = None, retry: Collection[str] = (),
                   workdir: Path | None = None,
                   progress: Callable[[str], None] | None = None,
                   on_row: Callable[[dict[str, dict]], None] | None = None) -> dict[str, Any]:
@@ -296,7 +313,7 @@ def run_selfcheck(paths: list[Path], device: str, size: str = "large",
     done = latest(read_rows(jsonl))
     todo = [p for p in paths
             if row_key(p, size, device) not in done
-            or (retry_errors and done[row_key(p, size, device)].get("status") == "error")]
+            or done[row_key(p, size, device)].get("status") in retry]
     say(f"selfcheck: {len(paths)} tasks on {device} ({size}), {len(paths) - len(todo)} already "
         f"in {jsonl}" if jsonl else f"selfcheck: {len(paths)} tasks on {device} ({size})")
     peaks = None
@@ -307,7 +324,7 @@ def run_selfcheck(paths: list[Path], device: str, size: str = "large",
     ctx = mp.get_context("spawn")
     env = {"ASSAY_CUDA_ARCH": os.environ.get("ASSAY_CUDA_ARCH", "")}
     queue = list(todo)
-    alone: list[Path] = []  # tasks whose plan does not fit a 1/jobs part of the machine
+    alone: list[Path] = []  # deferred: their plan does not fit a 1/jobs part of the machine
     died: dict[str, int] = {}
     seconds: list[float] = []
     stopped = ""
@@ -315,8 +332,8 @@ def run_selfcheck(paths: list[Path], device: str, size: str = "large",
     n_done = 0
     deadline = None if budget_s is None else t0 + budget_s - BUDGET_RESERVE_S
     while queue or alone:
-        if not queue:  # the deferred ones, one at a time
-            queue, alone, jobs = alone, [], 1
+        if not queue:  # the deferred ones, fewer at a time (3, 2, then 1 in flight)
+            queue, alone, jobs = alone, [], max(1, jobs - 1)
         before = set(mp.active_children())
         pool = ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx,
                                    initializer=_pool_init, initargs=(env,))
@@ -362,8 +379,9 @@ def run_selfcheck(paths: list[Path], device: str, size: str = "large",
                                "error": "the self-check process died (segfault or killed for "
                                         "memory)", "seconds": None}
                     if row.get("status") == "deferred":
-                        alone.append(p)  # too big to share the machine: run it alone, last
-                        say(f"{row.get('task')}: deferred, runs alone after the others")
+                        alone.append(p)  # too big for this share: again with fewer in flight
+                        why = row.get("why") or "does not fit a share of the GPU"
+                        say(f"{row.get('task')}: deferred ({why}), runs later with fewer in flight")
                         continue
                     seconds.append(row.get("seconds") or 0.0)
                     n_done += 1
@@ -531,7 +549,7 @@ def cli(args) -> int:
         return 2
     jsonl = Path(args.jsonl) if args.jsonl else None
     out = run_selfcheck(paths, args.device, args.size, jsonl=jsonl, jobs=args.jobs,
-                        budget_s=args.budget_s, retry_errors=args.retry_errors)
+                        budget_s=args.budget_s, retry=args.retry)
     rows = list(out["rows"].values())
     try:
         print(summary_table(rows), end="")
@@ -562,6 +580,7 @@ def add_parser(sub) -> None:
     s.add_argument("--budget-s", type=float, default=None,
                    help="bound the whole run: start no task that would likely end past "
                         "it, kill what is in flight when it runs out (a rerun redoes it)")
-    s.add_argument("--retry-errors", action="store_true",
-                   help="redo tasks whose JSONL row is an error")
+    s.add_argument("--retry", nargs="+", default=[], choices=RETRYABLE, metavar="STATUS",
+                   help="redo tasks whose JSONL row has one of these statuses "
+                        f"({', '.join(RETRYABLE)})")
     s.set_defaults(fn=cli)
