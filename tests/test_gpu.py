@@ -144,6 +144,26 @@ def test_inputs_are_sampled_on_the_gpu(tmp_path):
     assert torch.equal(x, make_inputs(mixed, 5, "cuda")[0])
 
 
+def test_staged_copies_between_device_and_host_are_exact(monkeypatch):
+    """worker.copy_staged through a pinned buffer smaller than the tensor, both ways, with a
+    last chunk that is partial; a strided source takes the plain copy."""
+    from assay.verify import worker
+
+    monkeypatch.setattr(worker, "STAGE_B", 1 << 12)
+    monkeypatch.setattr(worker, "_STAGE", [])
+    x = torch.randn(3001, device="cuda")
+    host = torch.empty(3001)
+    worker.copy_staged(host, x)
+    assert torch.equal(host, x.cpu())
+    back = torch.empty_like(x)
+    worker.copy_staged(back, host)
+    assert torch.equal(back, x) and worker._STAGE[0].is_pinned()
+    t = torch.randn(64, 80, device="cuda").t()
+    out = torch.empty(80, 64)
+    worker.copy_staged(out, t)
+    assert torch.equal(out, t.cpu())
+
+
 def test_illegal_address_is_a_verdict(task, tmp_path):
     cand = tmp_path / "oob.py"
     cand.write_text(cuda_kernel(launch="relu_kernel<<<blocks, 256, 0, s>>>(x, (float*)8, n);"))

@@ -248,3 +248,23 @@ def test_a_reference_returning_a_view_that_is_not_dense_is_accepted_as_it_is(wri
     assert not _layout_mismatches({**meta, "stride": [96, 1]}, ref, "cpu", "cpu", (96, 1))
     assert not _layout_mismatches({**meta, "stride": [32, 1]}, ref, "cpu", "cpu", (96, 1))
     assert _layout_mismatches({**meta, "stride": [1, 64]}, ref, "cpu", "cpu", (96, 1))
+
+
+def test_out_of_memory_beside_other_tasks_defers_the_task(monkeypatch, tmp_path):
+    """A worker out of device memory while other tasks share the GPU is no verdict on the
+    reference: the row says deferred (run again with fewer in flight); alone, it is one."""
+    from assay.records import Verdict
+    from assay.verify import checks, harness
+
+    def out_of_memory(task, cand, device, *a, **k):
+        v = Verdict(candidate=cand.stem, task=task.id, device=device, policy="strict")
+        checks.record(v, "runs", False, "OutOfMemoryError: CUDA out of memory.")
+        v.error = "OutOfMemoryError: CUDA out of memory."
+        return v.finish()
+
+    monkeypatch.setattr(harness, "verify", out_of_memory)
+    path = REPO / "data/tasks/level1/1_ReLU.py"
+    shared = selfcheck.check_task(path, "cpu", "small", workdir=tmp_path, share=3)
+    assert shared["status"] == "deferred" and "memory" in shared["why"]
+    alone = selfcheck.check_task(path, "cpu", "small", workdir=tmp_path, share=1)
+    assert alone["status"] == "rejected" and alone["reasons"] == ["runs"]

@@ -83,6 +83,33 @@ def test_degeneracy_flags_the_degenerate_bundled_task():
     assert not ok["degenerate"] and ok["input_sensitivity"] > 0.1
 
 
+WIDE_SOFTMAX = """
+import torch
+from torch import nn
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=1) + {offset}
+def get_inputs():
+    return [torch.randn(4, 65536)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_nearly_constant_is_relative_to_the_outputs_size(write_file):
+    """A softmax over a wide row has a tiny spread (about 1e-5 here; KernelBench's L1_23 at
+    393,216 values: 7e-7) and is not constant; the same plus 1000 is (its mean, as a constant,
+    passes float32's rtol), though its spread is the same."""
+    wide = degeneracy(Task.from_file(write_file("level1/1_WideSoftmax.py",
+                                                WIDE_SOFTMAX.format(offset=0.0))))
+    assert wide["output_spread"] < 1e-4 and wide["relative_spread"] > 0.1
+    assert not wide["degenerate"], wide["why"]
+    lifted = degeneracy(Task.from_file(write_file("level1/2_LiftedSoftmax.py",
+                                                  WIDE_SOFTMAX.format(offset=1000.0))))
+    assert lifted["degenerate"] and "nearly constant" in lifted["why"], lifted
+    assert lifted["relative_spread"] < 1e-7
+
+
 CONV_THEN_LINEAR = """
 import torch
 from torch import nn
