@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from assay.tasks.model import Task
-from assay.verify.memory import (CUDA_CONTEXT_B, Protocol, TaskShapes, plan, shapes_or_none,
-                                 task_shapes)
+from assay.verify.memory import (CUDA_CONTEXT_B, Protocol, TaskShapes, plan, plan_for,
+                                 shapes_or_none, task_shapes)
 from assay.verify.settings import VerifyConfig
 
 KERNELBENCH = Path("/work/shared/kernelbench")
@@ -345,3 +345,21 @@ def test_a_few_rounding_outliers_pass_in_a_large_output_and_never_many_or_in_a_s
     assert not with_off(3, 1e-3)             # as few, but far beyond rounding: wrong
     assert not with_off(30, ulp)             # over 1e-6 of the elements: not rounding
     assert not with_off(1, ulp, n=500_000)   # under a million elements: no outlier at all
+
+
+@pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")
+def test_on_cuda_with_a_host_arena_the_workers_sets_stay_on_the_host():
+    """worker.sets_stay_on_host: with ``transfer: host`` the worker's device holds its calls'
+    inputs (and one set's copy for the pristine check), not every set besides; with cuda_ipc
+    it keeps its own device copies. KernelBench's GroupNorm (7 GiB per input) was too_large on
+    an H100 (97.5 GiB with cuda_ipc, 69.5 with the sets on the device); it now fits there."""
+    s = task_shapes(Task.from_file(KERNELBENCH / "level1" / "35_GroupNorm_.py").module())
+    host, ipc = (Protocol.of(VerifyConfig(transfer=t)) for t in ("host", "cuda_ipc"))
+    w_host = plan_for(s, host, "cuda", "host", None, None).parts["worker"]
+    w_ipc = plan_for(s, ipc, "cuda", "host", None, None).parts["worker"]
+    assert w_ipc - w_host >= (host.sets - 1 - host.timing_sets) * s.inputs_b
+    p = plan(s, host, "cuda", int(76.5 * GiB), 120 * GiB)
+    assert p.fits, p.too_large_detail()
+    # on the cpu target the one memory holds everything alike: nothing changes there
+    cpu = [plan_for(s, q, "cpu", "host", None, None).parts["worker"] for q in (host, ipc)]
+    assert cpu[0] == cpu[1]

@@ -341,7 +341,8 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     Harness: parameters; per set its inputs, outputs and float64 outputs (made one set at a
     time, so preparation's transient is one set's forward in both precisions); the host input
     arena (host transfer) and the landing arena for every verified call. Worker (runs while
-    the harness holds all that): every input set materialized, the correctness clones, the
+    the harness holds all that): every input set materialized (on cuda with a host arena the
+    sets stay on the host: a set's copy for the pristine check instead), the correctness clones, the
     timing buffers, a forward, the NaN poisoning of the allocator (an output's size, twice
     over), the cache-flush buffer. Comparison: the wide temporaries of one chunk.
     """
@@ -362,9 +363,14 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
         refs = proto.sets * s.inputs_b  # the input sets alone are kept
     prepare = s.inputs_b + fwd + fwd64 + 2 * chunk_b  # one set, both precisions, its stats
 
-    worker_sets = proto.sets * s.inputs_b
-    worker_call = s.params_b + (proto.check_sets + 1) * s.inputs_b + fwd + s.outputs_b
-    worker_timing = s.params_b + proto.timing_sets * s.inputs_b + 2 * fwd + FLUSH_B[device]
+    # cuda with a host input arena: the worker's sets stay in it (worker.sets_stay_on_host);
+    # a call's pristine inputs are compared on the device (one set's copy) and the perturbed
+    # timing buffers are made from device copies of their sets
+    on_host = cuda and proto.transfer != "cuda_ipc"
+    worker_sets = 0 if on_host else proto.sets * s.inputs_b
+    worker_call = s.params_b + (proto.check_sets + 1 + on_host) * s.inputs_b + fwd + s.outputs_b
+    worker_timing = (s.params_b + proto.timing_sets * (1 + on_host) * s.inputs_b + 2 * fwd
+                     + FLUSH_B[device])
     # and one more of its largest tensors: the caching allocator splits the poisoning's freed
     # blocks between outputs and snapshots, and a later request of another size finds them
     # taken (an H200 worker ran out of memory at its plan's 78 GiB, asking for 6 more)
