@@ -7,7 +7,8 @@
 #   selfcheck   KernelBench's reference self-check (issue #16), --resume; the first time, seeded
 #               from SELFCHECK_SEED (JSONL files, later rows win: e.g. the evidence folders');
 #               RETRY: the row statuses to redo (default: error; also rejected, too_large,
-#               degenerate), ONLY: task-id globs, JOBS: tasks in flight (3)
+#               degenerate), ONLY: task-id globs, JOBS: tasks in flight per GPU (3); on a
+#               machine of several GPUs, one shard of the tasks per GPU (--shard k/N)
 #   redteam     the red-team generator on cuda (issue #19), resumes from its results.jsonl
 #   gputests    pytest -m gpu tests/test_gpu.py (the cuda zoo, Triton cases included)
 #   audit       benchmarks/audit_overhead.py --device cuda (issue #19's last line)
@@ -46,7 +47,8 @@ run_for() {
     fi
   done
   wait "$pid" 2>/dev/null; local rc=$?
-  pkill -9 -f "assay.verify.sandbox" 2>/dev/null  # sandboxed workers run in sessions of their own
+  # sandboxed workers run in sessions of their own (not while other shards still run theirs)
+  [ -n "${SHARED_RUN:-}" ] || pkill -9 -f "assay.verify.sandbox" 2>/dev/null
   echo "[gpu_phases] rc=$rc after ${t}s" >>"$log"; tail -25 "$log"
 }
 
@@ -59,9 +61,32 @@ for phase in "$@"; do
       if [ ! -f "$S/selfcheck/selfcheck.jsonl" ] && [ -n "${SELFCHECK_SEED:-}" ]; then
         cat $SELFCHECK_SEED > "$S/selfcheck/selfcheck.jsonl"
       fi
-      run_for $((secs + 40)) "$S/selfcheck.log" python3 benchmarks/kb_selfcheck.py --source .kb \
-        --levels 1 2 3 --jobs "${JOBS:-3}" --device cuda --transfer cuda_ipc \
-        --out "$S/selfcheck" --resume --retry ${RETRY:-error} --budget-s "$secs" ${ONLY:+--only $ONLY} ;;
+      selfcheck_args=(--source .kb --levels 1 2 3 --jobs "${JOBS:-3}" --device cuda
+        --transfer cuda_ipc --resume --retry ${RETRY:-error} --budget-s "$secs" ${ONLY:+--only $ONLY})
+      gpus=$(nvidia-smi -L | wc -l)
+      if [ "$gpus" -le 1 ]; then
+        run_for $((secs + 40)) "$S/selfcheck.log" python3 benchmarks/kb_selfcheck.py \
+          "${selfcheck_args[@]}" --out "$S/selfcheck"
+      else  # one shard per GPU, each from the whole JSONL; their new rows appended after
+        for k in $(seq 0 $((gpus - 1))); do
+          d="$S/selfcheck-gpu$k"; mkdir -p "$d"; cp "$S/selfcheck/selfcheck.jsonl" "$d/" 2>/dev/null
+          wc -l < "$d/selfcheck.jsonl" > "$d/seed_lines" 2>/dev/null || echo 0 > "$d/seed_lines"
+          CUDA_VISIBLE_DEVICES=$k ASSAY_HOST_SHARE=$gpus SHARED_RUN=1 run_for $((secs + 40)) "$S/selfcheck-gpu$k.log" \
+            python3 benchmarks/kb_selfcheck.py "${selfcheck_args[@]}" --out "$d" \
+            --shard "$k/$gpus" > /dev/null &
+        done
+        wait; pkill -9 -f "assay.verify.sandbox" 2>/dev/null
+        for k in $(seq 0 $((gpus - 1))); do
+          d="$S/selfcheck-gpu$k"
+          # (a row torn by a kill gets its line ended: the next shard's rows start their own)
+          tail -n +$(( $(cat "$d/seed_lines") + 1 )) "$d/selfcheck.jsonl" | sed -e '$a\' \
+            >> "$S/selfcheck/selfcheck.jsonl"
+          tail -4 "$S/selfcheck-gpu$k.log"
+        done
+        # the summary over every shard's rows (no task starts with no time left)
+        python3 benchmarks/kb_selfcheck.py "${selfcheck_args[@]}" --budget-s 0 \
+          --out "$S/selfcheck" 2>&1 | tail -3
+      fi ;;
     redteam)
       run_for "$secs" "$S/redteam.log" python3 benchmarks/redteam.py --target cuda \
         --workers "${WORKERS:-5}" --out "$S/redteam" ;;

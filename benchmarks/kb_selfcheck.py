@@ -60,7 +60,39 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=None, help="first N tasks per level (a trial)")
     p.add_argument("--only", nargs="+", default=None, metavar="GLOB",
                    help="task ids to run, as globs (e.g. L1_23_* L3_*): a rerun of a few")
-    return p.parse_args(argv)
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="every N-th task from the I-th (0-based): one of N processes, one per "
+                        "GPU (CUDA_VISIBLE_DEVICES), each with its own --out")
+    a = p.parse_args(argv)
+    if a.shard is not None:
+        try:
+            i, n = (int(x) for x in a.shard.split("/"))
+        except ValueError:
+            p.error(f"--shard {a.shard}: expected I/N, e.g. 0/4")
+        if not 0 <= i < n:
+            p.error(f"--shard {a.shard}: I must be in 0..N-1")
+        a.shard = (i, n)
+    return a
+
+
+def task_paths(a: argparse.Namespace) -> list[Path]:
+    """The task files of ``a.levels`` under ``a.source``, cut by ``--limit``, ``--only`` and
+    ``--shard``, in level and task order."""
+    from assay.verify import selfcheck
+
+    paths = []
+    for f in (Path(a.source) / f"level{n}" for n in a.levels):
+        paths += selfcheck.task_files([f])[:a.limit] if a.limit else selfcheck.task_files([f])
+    if a.only:
+        import fnmatch
+
+        from assay.tasks.model import level_of, task_id_for
+
+        paths = [p for p in paths if any(fnmatch.fnmatch(task_id_for(level_of(p), p), g)
+                                         for g in a.only)]
+    if a.shard is not None:  # round robin: KernelBench's huge tasks come in runs
+        paths = paths[a.shard[0]::a.shard[1]]
+    return paths
 
 
 def write_summaries(out: Path, a: argparse.Namespace, paths: list, rows: list[dict],
@@ -102,21 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     from assay.verify import selfcheck
 
     src = Path(a.source)
-    folders = [src / f"level{n}" for n in a.levels]
-    missing = [str(f) for f in folders if not f.is_dir()]
+    missing = [str(src / f"level{n}") for n in a.levels if not (src / f"level{n}").is_dir()]
     if missing:
         print(f"error: {', '.join(missing)}: no such level folder", file=sys.stderr)
         return 2
-    paths = []
-    for f in folders:
-        paths += selfcheck.task_files([f])[:a.limit] if a.limit else selfcheck.task_files([f])
-    if a.only:
-        import fnmatch
-
-        from assay.tasks.model import level_of, task_id_for
-
-        paths = [p for p in paths if any(fnmatch.fnmatch(task_id_for(level_of(p), p), g)
-                                         for g in a.only)]
+    paths = task_paths(a)
     out = Path(a.out)
     jsonl = out / "selfcheck.jsonl"
     if jsonl.exists() and not a.resume:

@@ -363,3 +363,14 @@ def test_on_cuda_with_a_host_arena_the_workers_sets_stay_on_the_host():
     # on the cpu target the one memory holds everything alike: nothing changes there
     cpu = [plan_for(s, q, "cpu", "host", None, None).parts["worker"] for q in (host, ipc)]
     assert cpu[0] == cpu[1]
+
+
+def test_runs_sharing_the_host_plan_with_their_part_of_it(monkeypatch):
+    """ASSAY_HOST_SHARE=N (one self-check shard per GPU): each plans with 1/N of the host."""
+    from assay.verify.memory import free_memory
+
+    monkeypatch.delenv("ASSAY_HOST_SHARE", raising=False)
+    whole = free_memory("cpu")[1]
+    monkeypatch.setenv("ASSAY_HOST_SHARE", "4")
+    part = free_memory("cpu")[1]
+    assert whole and part and abs(part * 4 - whole) < whole * 0.2  # (the host moves a little)

@@ -172,6 +172,23 @@ def test_kb_selfcheck_benchmark_resumes_and_refuses_to_overwrite(tmp_path):
     assert kb.main(["--source", str(ZOO), "--levels", "7", "--out", str(tmp_path / "x")]) == 2
 
 
+def test_kb_selfcheck_shards_partition_the_tasks(tmp_path):
+    """--shard I/N (one process per GPU): the N shards together are every task once."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kb_selfcheck",
+                                                  REPO / "benchmarks" / "kb_selfcheck.py")
+    kb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kb)
+    base = ["--source", str(ZOO), "--levels", "1", "2", "--out", str(tmp_path)]
+    every = kb.task_paths(kb.parse(base))
+    shards = [kb.task_paths(kb.parse(base + ["--shard", f"{i}/3"])) for i in range(3)]
+    assert len(every) >= 3 and all(shards)
+    assert sorted(p for s in shards for p in s) == sorted(every)
+    with pytest.raises(SystemExit):
+        kb.parse(base + ["--shard", "3/3"])
+
+
 def test_memory_plan_decides_too_large_and_defers_what_cannot_share(monkeypatch):
     from assay.verify import memory
 

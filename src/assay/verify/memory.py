@@ -29,6 +29,7 @@ free-memory numbers.
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -445,12 +446,15 @@ def plan(shapes: TaskShapes, proto: Protocol, device: str, device_free_b: int | 
 
 
 def free_memory(device: str) -> tuple[int | None, int | None]:
-    """(free device bytes, available host bytes) right now; None where unknown."""
+    """(free device bytes, available host bytes) right now; None where unknown. The host's
+    bytes are divided by ``ASSAY_HOST_SHARE`` (default 1) where that many runs share the host,
+    one per GPU (benchmarks/gpu_phases.sh's self-check shards): each plans with its part."""
     host = None
     try:
         import psutil
 
-        host = int(psutil.virtual_memory().available)
+        share = max(1, int(os.environ.get("ASSAY_HOST_SHARE", "1") or 1))
+        host = int(psutil.virtual_memory().available) // share
     except Exception:  # noqa: BLE001 - no psutil: the host side is not planned
         pass
     dev = None
