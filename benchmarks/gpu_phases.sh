@@ -88,8 +88,9 @@ for phase in "$@"; do
           --out "$S/selfcheck" 2>&1 | tail -3
       fi ;;
     redteam)
+      gpus=$(nvidia-smi -L | wc -l)
       run_for "$secs" "$S/redteam.log" python3 benchmarks/redteam.py --target cuda \
-        --workers "${WORKERS:-5}" --out "$S/redteam" ;;
+        --workers "${WORKERS:-$((5 * gpus))}" --gpus "$gpus" --out "$S/redteam" ;;
     gputests)
       run_for "$secs" "$S/gputests.log" python3 -m pytest -m gpu -q -p no:cacheprovider -rf \
         tests/test_gpu.py ${K:+-k "$K"} ;;

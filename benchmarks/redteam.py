@@ -1,7 +1,7 @@
 """Run the red-team generator's variants (tests/redteam/, issue #19) through the real verifier.
 
     python benchmarks/redteam.py --target cpu|cuda --out DIR [--workers N] [--seed S]
-                                 [--per-group N] [--only SUBSTR ...] [--budget-s S]
+                                 [--per-group N] [--only SUBSTR ...] [--budget-s S] [--gpus N]
 
 Writes DIR/candidates/ (every generated file and manifest.json), DIR/results.jsonl (one row per
 verified variant, appended as each finishes, so a killed run resumes where it stopped: rows
@@ -25,6 +25,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from redteam.generate import Variant, generate, sample, write  # noqa: E402
+
+
+def _pin_gpu(counter, gpus: int) -> None:
+    """Pool initializer: worker i verifies on GPU i mod ``gpus`` (set before torch loads)."""
+    import os
+
+    with counter.get_lock():
+        i = counter.value
+        counter.value += 1
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
 
 
 def _one(v: Variant, path: str, budget_s: float) -> dict:
@@ -105,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
                          "harmless change (default 0: every variant)")
     ap.add_argument("--only", nargs="*", default=[], help="variants whose id contains any of these")
     ap.add_argument("--budget-s", type=float, default=0.1, help="timing budget per candidate")
+    ap.add_argument("--gpus", type=int, default=1,
+                    help="cuda: spread the workers over this many GPUs (worker i on GPU i mod N)")
     a = ap.parse_args(argv)
-    if a.workers < 1:
-        ap.error("--workers must be at least 1")
+    if a.workers < 1 or a.gpus < 1:
+        ap.error("--workers and --gpus must be at least 1")
 
     variants = generate(a.target, a.seed)
     if a.per_group:
@@ -131,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")  # the parent never forks a process holding CUDA
-    with ProcessPoolExecutor(a.workers, mp_context=ctx) as pool, results.open("a") as f:
+    pin = {}
+    if a.target == "cuda" and a.gpus > 1:
+        pin = {"initializer": _pin_gpu, "initargs": (ctx.Value("i", 0), a.gpus)}
+    with ProcessPoolExecutor(a.workers, mp_context=ctx, **pin) as pool, results.open("a") as f:
         futs = {pool.submit(_one, v, str(paths[v.id]), a.budget_s): v for v in todo}
         for i, fut in enumerate(as_completed(futs), 1):
             row = fut.result()

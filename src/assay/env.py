@@ -84,9 +84,16 @@ SANDBOX_NETWORK = EnvVar(
     "the worker's network isolation as the launcher applied it, for the verdict",
     internal=True)
 
+HOST_SHARE = EnvVar(
+    "ASSAY_HOST_SHARE",
+    "how many runs share this host's memory (one per GPU: benchmarks/gpu_phases.sh's "
+    "self-check shards): each memory plan takes that part of the available host memory",
+    "1")
+
 ALL: tuple[EnvVar, ...] = (CONFIG_DIR, KERNEL_CACHE, BASELINE_CACHE, CUDA_ARCH, GPU_LOCK_DIR,
                            SANDBOX_UID, SANDBOX_DISABLE, SANDBOX_PRIVATE_CACHE, MLFLOW_UI,
-                           SLURM_PARTITION, SLURM_ACCOUNT, GPU, BUILD_ONLY, SANDBOX_NETWORK)
+                           SLURM_PARTITION, SLURM_ACCOUNT, GPU, BUILD_ONLY, SANDBOX_NETWORK,
+                           HOST_SHARE)
 
 
 def markdown_table() -> str:

@@ -29,7 +29,6 @@ free-memory numbers.
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -447,13 +446,15 @@ def plan(shapes: TaskShapes, proto: Protocol, device: str, device_free_b: int | 
 
 def free_memory(device: str) -> tuple[int | None, int | None]:
     """(free device bytes, available host bytes) right now; None where unknown. The host's
-    bytes are divided by ``ASSAY_HOST_SHARE`` (default 1) where that many runs share the host,
-    one per GPU (benchmarks/gpu_phases.sh's self-check shards): each plans with its part."""
+    bytes are divided by ``ASSAY_HOST_SHARE`` (``assay.env.HOST_SHARE``) where that many runs
+    share the host, one per GPU (benchmarks/gpu_phases.sh's self-check shards)."""
+    from assay.env import HOST_SHARE
+
     host = None
     try:
         import psutil
 
-        share = max(1, int(os.environ.get("ASSAY_HOST_SHARE", "1") or 1))
+        share = max(1, int(HOST_SHARE.get()))
         host = int(psutil.virtual_memory().available) // share
     except Exception:  # noqa: BLE001 - no psutil: the host side is not planned
         pass
