@@ -91,9 +91,11 @@ for phase in "$@"; do
       gpus=$(nvidia-smi -L | wc -l)
       run_for "$secs" "$S/redteam.log" python3 benchmarks/redteam.py --target cuda \
         --workers "${WORKERS:-$((5 * gpus))}" --gpus "$gpus" --out "$S/redteam" ;;
-    gputests)
-      run_for "$secs" "$S/gputests.log" python3 -m pytest -m gpu -q -p no:cacheprovider -rf \
-        tests/test_gpu.py ${K:+-k "$K"} ;;
+    gputests)  # on several GPUs, one pytest-xdist worker per GPU (tests/conftest.py)
+      gpus=$(nvidia-smi -L | wc -l); spread=()
+      [ "$gpus" -gt 1 ] && spread=(-n "$gpus")
+      GPU_TESTS_SPREAD=$gpus run_for "$secs" "$S/gputests.log" python3 -m pytest -m gpu -q \
+        -p no:cacheprovider -rf "${spread[@]}" tests/test_gpu.py ${K:+-k "$K"} ;;
     audit)
       run_for "$secs" "$S/audit.log" python3 benchmarks/audit_overhead.py --device cuda \
         --repeat "${REPEAT:-3}" --out "$S/audit" ;;

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 import textwrap
 from pathlib import Path
 
-import pytest
-import torch
+# GPU tests spread over a machine's GPUs: with pytest-xdist and GPU_TESTS_SPREAD=N, worker gwK
+# sees GPU K mod N only (set before torch touches CUDA: `-n N` on a machine of N GPUs runs the
+# cuda zoo N times as fast, no test sharing a GPU's timing with another)
+if os.environ.get("GPU_TESTS_SPREAD") and (m := re.fullmatch(
+        r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))):
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(int(m[1]) % int(os.environ["GPU_TESTS_SPREAD"]))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from helpers import REPO  # noqa: F401 - `from conftest import REPO` in older tests
 
