@@ -34,6 +34,7 @@ export ASSAY_KERNEL_CACHE=${ASSAY_KERNEL_CACHE:-/tmp/assay-kernels}
   python3 -c 'import torch, triton; print("torch", torch.__version__, torch.version.cuda,
               "triton", triton.__version__)'
   echo "phases: $*"; } 2>&1 | tee -a "$S/device.txt"
+gpus=$(nvidia-smi -L | wc -l)  # several: the phases spread over them (selfcheck, redteam, gputests)
 
 # run_for SECONDS LOG CMD...: CMD in its own process group, killed with it after SECONDS
 run_for() {
@@ -63,7 +64,6 @@ for phase in "$@"; do
       fi
       selfcheck_args=(--source .kb --levels 1 2 3 --jobs "${JOBS:-3}" --device cuda
         --transfer cuda_ipc --resume --retry ${RETRY:-error} --budget-s "$secs" ${ONLY:+--only $ONLY})
-      gpus=$(nvidia-smi -L | wc -l)
       if [ "$gpus" -le 1 ]; then
         run_for $((secs + 40)) "$S/selfcheck.log" python3 benchmarks/kb_selfcheck.py \
           "${selfcheck_args[@]}" --out "$S/selfcheck"
@@ -71,7 +71,8 @@ for phase in "$@"; do
         for k in $(seq 0 $((gpus - 1))); do
           d="$S/selfcheck-gpu$k"; mkdir -p "$d"; cp "$S/selfcheck/selfcheck.jsonl" "$d/" 2>/dev/null
           wc -l < "$d/selfcheck.jsonl" > "$d/seed_lines" 2>/dev/null || echo 0 > "$d/seed_lines"
-          CUDA_VISIBLE_DEVICES=$k ASSAY_HOST_SHARE=$gpus SHARED_RUN=1 run_for $((secs + 40)) "$S/selfcheck-gpu$k.log" \
+          CUDA_VISIBLE_DEVICES=$k ASSAY_HOST_SHARE=$gpus SHARED_RUN=1 \
+            run_for $((secs + 40)) "$S/selfcheck-gpu$k.log" \
             python3 benchmarks/kb_selfcheck.py "${selfcheck_args[@]}" --out "$d" \
             --shard "$k/$gpus" > /dev/null &
         done
@@ -88,11 +89,10 @@ for phase in "$@"; do
           --out "$S/selfcheck" 2>&1 | tail -3
       fi ;;
     redteam)
-      gpus=$(nvidia-smi -L | wc -l)
       run_for "$secs" "$S/redteam.log" python3 benchmarks/redteam.py --target cuda \
         --workers "${WORKERS:-$((5 * gpus))}" --gpus "$gpus" --out "$S/redteam" ;;
     gputests)  # on several GPUs, one pytest-xdist worker per GPU (tests/conftest.py)
-      gpus=$(nvidia-smi -L | wc -l); spread=()
+      spread=()
       [ "$gpus" -gt 1 ] && spread=(-n "$gpus")
       GPU_TESTS_SPREAD=$gpus run_for "$secs" "$S/gputests.log" python3 -m pytest -m gpu -q \
         -p no:cacheprovider -rf "${spread[@]}" tests/test_gpu.py ${K:+-k "$K"} ;;

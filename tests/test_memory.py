@@ -349,8 +349,9 @@ def test_a_few_rounding_outliers_pass_in_a_large_output_and_never_many_or_in_a_s
 
 @pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")
 def test_on_cuda_with_a_host_arena_the_workers_sets_stay_on_the_host():
-    """worker.sets_stay_on_host: with ``transfer: host`` the worker's device holds its calls'
-    inputs (and one set's copy for the pristine check), not every set besides; with cuda_ipc
+    """memory.sets_stay_on_host (the worker asks it too): with ``transfer: host`` the worker's
+    device holds its calls' inputs (and one set's copy for the pristine check), not every set
+    besides; with cuda_ipc
     it keeps its own device copies. KernelBench's GroupNorm (7 GiB per input) was too_large on
     an H100 (97.5 GiB with cuda_ipc, 69.5 with the sets on the device); it now fits there."""
     s = task_shapes(Task.from_file(KERNELBENCH / "level1" / "35_GroupNorm_.py").module())
@@ -374,3 +375,27 @@ def test_runs_sharing_the_host_plan_with_their_part_of_it(monkeypatch):
     monkeypatch.setenv("ASSAY_HOST_SHARE", "4")
     part = free_memory("cpu")[1]
     assert whole and part and abs(part * 4 - whole) < whole * 0.2  # (the host moves a little)
+
+
+def test_a_workers_own_copy_is_fresh_and_a_strided_input_keeps_its_strides_on_the_host():
+    """worker.fresh never hands back the arena's own tensor; host_view keeps a dense input a
+    view of the arena (no copy) and gives a strided one a host copy with its strides."""
+    import torch
+
+    from assay.verify.arenas import Layout, arena_view
+    from assay.verify.worker import fresh, host_view, moved
+
+    t = torch.randn(5, 7)
+    assert moved(t, "cpu") is t and fresh(t, "cpu") is not t and torch.equal(fresh(t, "cpu"), t)
+    layout = Layout("in")
+    dense = {"tensor": layout.add((5, 7), torch.float32)}
+    strided = {"tensor": layout.add((7, 5), torch.float32, (1, 7))}
+    buf = torch.zeros(layout.size, dtype=torch.uint8)
+    arena_view(buf, dense["tensor"]).copy_(t)
+    arena_view(buf, strided["tensor"]).copy_(t.t())
+    arenas = {"in": buf}
+    v = host_view(arenas, dense)
+    assert torch.equal(v, t) and v.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+    s = host_view(arenas, strided)
+    assert s.stride() == (1, 7) and torch.equal(s, t.t())
+    assert host_view(arenas, {"value": 3}) == 3

@@ -128,6 +128,8 @@ def make_inputs(module: Any, seed: int, device: str | torch.device,
         try:
             with seeded(seed), torch.device(device):
                 values = module.get_inputs()
+        except torch.cuda.OutOfMemoryError:
+            raise  # no room on the device: drawing on the CPU would not fit it there either
         except (RuntimeError, TypeError):
             values = None
     if values is None:

@@ -12,7 +12,7 @@ import torch
 
 from assay.verify.memory import COMPARE_CHUNK
 from assay.verify.settings import VerifyConfig
-from assay.verify.worker import copy_staged
+from assay.verify.worker import moved
 
 PRECISION_SCOPE = 1e-2  # precision judges errors under 1% relative L2; larger ones are wrong
 
@@ -94,11 +94,8 @@ def _chunks(n: int, chunk: int):
 def _wide(t: torch.Tensor, lo: int, hi: int, device) -> torch.Tensor:
     """Elements [lo, hi) of the flattened ``t`` in the wide dtype, a fresh tensor on ``device``."""
     part = t.reshape(-1)[lo:hi]
-    if part.device.type == "cpu" and torch.device(device).type == "cuda":
-        moved = torch.empty(part.shape, dtype=part.dtype, device=device)
-        copy_staged(moved, part)  # host references and landing buffers: through the stage
-        return moved.to(wide_dtype(t.dtype))  # fresh either way
-    return part.to(device=device, dtype=wide_dtype(t.dtype), copy=True)
+    there = moved(part, device)  # host references and landing buffers: through the stage
+    return there.to(dtype=wide_dtype(t.dtype), copy=there is part)
 
 
 def reference_stats(ref: torch.Tensor, ref64: torch.Tensor | None, device=None,

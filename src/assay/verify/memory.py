@@ -334,6 +334,15 @@ def _usable(free: int) -> int:
     return int(free * (1 - HEADROOM))
 
 
+def sets_stay_on_host(device_type: str, transfer: str) -> bool:
+    """On a GPU with the inputs in a host arena (``transfer: host``) the worker's sets stay on
+    the host (``worker.host_view``) and each call's inputs are copied to the device as they are
+    made: the device holds the calls' inputs, not every set besides (KernelBench's 7 GiB norms:
+    21 GiB less, on an 80 GB card the difference between a verdict and ``too_large``). The
+    worker and the memory plan (:func:`plan_for`) both ask this."""
+    return device_type == "cuda" and transfer == "host"
+
+
 def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
              device_free_b: int | None, host_free_b: int | None) -> Plan:
     """Bytes of one verification with the harness's sets and references on ``placement``.
@@ -363,10 +372,10 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
         refs = proto.sets * s.inputs_b  # the input sets alone are kept
     prepare = s.inputs_b + fwd + fwd64 + 2 * chunk_b  # one set, both precisions, its stats
 
-    # cuda with a host input arena: the worker's sets stay in it (worker.sets_stay_on_host);
+    # cuda with a host input arena: the worker's sets stay in it (sets_stay_on_host);
     # a call's pristine inputs are compared on the device (one set's copy) and the perturbed
     # timing buffers are made from device copies of their sets
-    on_host = cuda and proto.transfer != "cuda_ipc"
+    on_host = sets_stay_on_host(device, proto.transfer)
     worker_sets = 0 if on_host else proto.sets * s.inputs_b
     worker_call = s.params_b + (proto.check_sets + 1 + on_host) * s.inputs_b + fwd + s.outputs_b
     worker_timing = (s.params_b + proto.timing_sets * (1 + on_host) * s.inputs_b + 2 * fwd

@@ -25,7 +25,7 @@ from assay.verify.compare import compare_tensor, is_inexact, reference_stats, wi
 from assay.verify.quiet import no_kineto_markers
 from assay.verify.memory import Plan, Protocol, TooLarge, check_distributions, plan_task
 from assay.verify.settings import VerifyConfig
-from assay.verify.worker import copy_staged
+from assay.verify.worker import moved
 
 
 def resolve_device(device: str) -> str:
@@ -260,17 +260,8 @@ def _degenerate(refs: list[list[torch.Tensor]], refs64: list, stats: list, dists
 
 
 def _to(values: list, device: str) -> list:
-    return [_moved(v, device) if isinstance(v, torch.Tensor) else v for v in values]
-
-
-def _moved(v: torch.Tensor, device: str) -> torch.Tensor:
-    """``v.to(device)``; a large cuda tensor reaches the host through the pinned stage
-    (references kept on the host: KernelBench's 6 GiB outputs and their float64 twins)."""
-    if v.is_cuda and torch.device(device).type == "cpu" and v.is_contiguous():
-        out = torch.empty(v.shape, dtype=v.dtype)
-        copy_staged(out, v)
-        return out
-    return v.to(device)
+    # (references kept on the host: KernelBench's 6 GiB outputs go through the pinned stage)
+    return [moved(v, device) if isinstance(v, torch.Tensor) else v for v in values]
 
 
 def borrowed_error(stats: list[dict[str, float]], rms: float) -> dict[str, float]:

@@ -241,7 +241,7 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
         row["status"] = "rejected"
     if v.error and row["status"] not in ("accepted",):
         row["error"] = str(v.error)[:600]
-    if share > 1 and row["status"] == "rejected" and _out_of_memory(row):
+    if share > 1 and not v.accepted and _out_of_memory(row):  # (degenerate ones too: L1_23)
         # The free memory the plan saw was what the tasks in flight left at that moment; they
         # can grow past it (an H200 at 3 jobs: L1_4's worker found 8 of 140 GiB free). A
         # reference cannot be at fault for another process's memory: decided alone, later.
@@ -267,11 +267,11 @@ def _pool_init(env: dict[str, str]) -> None:
         ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
-# Seconds of a time budget kept for what comes after the last task (summaries, shutdown),
-# and the least time left in which a task is started.
 # Statuses a rerun may redo (``retry``): an error, a rejection (after a verifier fix), a task too
 # large for the GPU it met (on a larger one), a degenerate one (after the criterion changed).
 RETRYABLE = ("error", "rejected", "too_large", "degenerate")
+# Seconds of a time budget kept for what comes after the last task (summaries, shutdown),
+# and the least time left in which a task is started.
 BUDGET_RESERVE_S = 10.0
 MIN_START_S = 30.0
 

@@ -67,6 +67,7 @@ from assay.bench import timing  # noqa: E402  (captures the original clocks at i
 from assay.bench.build import cache_dir  # noqa: E402
 from assay.tasks import instantiate  # noqa: E402
 from assay.tasks.instantiate import as_outputs, seeded, set_fp32_numerics  # noqa: E402
+from assay.verify.memory import sets_stay_on_host  # noqa: E402
 from assay.verify.policy import COMPILED_GRAPH  # noqa: E402
 from assay.verify.quiet import no_kineto_markers  # noqa: E402
 
@@ -342,6 +343,23 @@ def copy_staged(dst: torch.Tensor, src: torch.Tensor) -> None:
         b[i:i + n].copy_(stage[:n])
 
 
+def moved(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """``t.to(device)`` (``t`` itself when already there), through the pinned stage between
+    a host and a cuda device; the copy keeps a dense tensor's strides."""
+    device = torch.device(device)
+    if t.device.type == device.type and (device.index is None or t.device == device):
+        return t
+    out = torch.empty_like(t, device=device)
+    copy_staged(out, t)
+    return out
+
+
+def fresh(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """A copy of ``t`` of this process's own on ``device`` (:func:`moved`, or a clone)."""
+    out = moved(t, device)
+    return out.clone() if out is t else out
+
+
 def materialize(arenas: dict[str, torch.Tensor], item: Any, device: torch.device) -> Any:
     """An input (or constructor argument) as this process's own tensor on ``device``."""
     if isinstance(item, dict) and "tensor" in item:
@@ -355,9 +373,7 @@ def materialize(arenas: dict[str, torch.Tensor], item: Any, device: torch.device
                 return out
             except RuntimeError:
                 pass
-        out = torch.empty(view.shape, dtype=view.dtype, device=device)
-        copy_staged(out, view)
-        return out
+        return fresh(view, device)
     if isinstance(item, dict) and "value" in item:
         return item["value"]
     return item
@@ -420,32 +436,13 @@ def poison_allocator(device: torch.device, nbytes: int) -> None:
 
 def clone_inputs(inputs: list, device: torch.device) -> list:
     """Fresh copies on ``device`` (from the host arena through the pinned stage)."""
-    out = []
-    for v in inputs:
-        if isinstance(v, torch.Tensor) and v.device != device:
-            c = torch.empty_like(v, device=device)
-            copy_staged(c, v)
-            v = c
-        elif isinstance(v, torch.Tensor):
-            v = v.clone()
-        out.append(v)
-    return out
-
-
-def sets_stay_on_host(job: dict[str, Any], device: torch.device) -> bool:
-    """On a GPU, with the inputs in a host arena (``transfer: host``) and every input dense,
-    the worker's sets stay there, views of its private mapping, and each call's inputs are
-    copied to the device as they are made: the device then holds the calls' inputs, not every
-    set besides (KernelBench's 7 GiB norms: 21 GiB less, on an 80 GB card the difference
-    between a verdict and ``too_large``). ``verify.memory.plan_for`` plans the same."""
-    return (device.type == "cuda" and job["arenas"].get("in", {}).get("kind") == "file"
-            and all(x["tensor"].get("stride") is None
-                    for s in job["sets"] for x in s if isinstance(x, dict) and "tensor" in x))
+    return [fresh(v, device) if isinstance(v, torch.Tensor) else v for v in inputs]
 
 
 def host_view(arenas: dict[str, torch.Tensor], item: Any) -> Any:
-    """An input left in the (private, copy-on-write) host arena mapping: no copy."""
-    if isinstance(item, dict) and "tensor" in item:
+    """An input kept on the host: a dense one is a view of the (private, copy-on-write) arena
+    mapping, no copy; a strided one a host copy with its strides."""
+    if isinstance(item, dict) and "tensor" in item and item["tensor"].get("stride") is None:
         return arena_view(arenas, item["tensor"])
     return materialize(arenas, item, torch.device("cpu"))
 
@@ -793,7 +790,8 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
 
     t = clock()
     arenas = {name: open_arena(spec) for name, spec in job["arenas"].items()}
-    on_host = sets_stay_on_host(job, device)
+    on_host = sets_stay_on_host(device.type, "host" if job["arenas"]["in"]["kind"] == "file"
+                                else "cuda_ipc")
     sets = [[host_view(arenas, x) if on_host else materialize(arenas, x, device) for x in s]
             for s in job["sets"]]
     state_dict = {k: materialize(arenas, v, torch.device("cpu"))
