@@ -63,15 +63,13 @@ TASKS = {
                 "return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) "
                 "* self.weight"),
     # declined
-    "prologue_matmul": ("self.w = nn.Parameter(torch.randn(dim, 16))",
-                        "return torch.matmul(torch.relu(x), self.w)"),
     "einsum": ("self.w = nn.Parameter(torch.randn(dim, 16))",
                "return torch.einsum('ij,jk->ik', x, self.w)"),
     "sum_dim0": ("", "return x.sum(dim=0)"),
     "half_relu": ("", "return torch.relu(x)"),
 }
 TWO_INPUTS = {"tanh_xy"}
-DECLINED = ("prologue_matmul", "einsum", "sum_dim0", "half_relu")
+DECLINED = ("einsum", "sum_dim0", "half_relu")
 SUPPORTED = [name for name in TASKS if name not in DECLINED]
 ROW_TASKS = {"sum_last", "mean_keep", "max_chain", "softmax", "log_softmax", "layernorm",
              "rmsnorm"}
@@ -227,7 +225,6 @@ def test_non_contiguous_input_is_handled(task_dir, tmp_path):
 
 
 @pytest.mark.parametrize("name, reason", [
-    ("prologue_matmul", "computed tensor"),
     ("einsum", "einsum (matmul)"),
     ("sum_dim0", "trailing dims"),
     ("half_relu", "float16"),
@@ -438,6 +435,10 @@ def test_cuda_candidates_match_reference(task_dir, tmp_path, name):
 # Each task reads its sizes from module globals; the tests try several (tile edges, K slabs,
 # sizes that rule out vector loads).
 
+_RANDOM_STATS = ("with torch.no_grad():\n    {m}.running_mean.uniform_(-1.0, 1.0)\n"
+                 "    {m}.running_var.uniform_(0.5, 2.0)\n    {m}.weight.uniform_(0.5, 2.0)\n"
+                 "    {m}.bias.uniform_(-0.5, 0.5)")
+
 _GEMM_FOOTER = """
 
 def get_inputs():
@@ -488,6 +489,33 @@ GEMM_TASKS = {
                      "return torch.tanh(self.norm(self.conv(x)))",
                      "torch.randn(b, cin, h, w)",
                      {"b": 2, "cin": 3, "cout": 8, "h": 6, "w": 5}),
+    # convolutions of other ranks and transposed ones: the library form, their arguments read
+    # from the module at run time
+    "conv1d_strided_relu": ("cin, cout", "self.conv = nn.Conv1d(cin, cout, 3, stride=2, "
+                            "padding=1, dilation=2)", "x", "return torch.relu(self.conv(x))",
+                            "torch.randn(b, cin, w)", {"b": 2, "cin": 3, "cout": 5, "w": 17}),
+    "convt2d_grouped_tanh": ("cin, cout", "self.conv = nn.ConvTranspose2d(cin, cout, 3, "
+                             "stride=2, padding=1, output_padding=1, groups=2)", "x",
+                             "return torch.tanh(self.conv(x) - 0.25)",
+                             "torch.randn(b, cin, h, w)",
+                             {"b": 2, "cin": 4, "cout": 6, "h": 5, "w": 3}),
+    # BatchNorm as the verifier runs it (eval mode, running statistics): statistics made
+    # non-trivial so that a kernel ignoring them fails
+    "conv3d_bn_relu": ("cin, cout", "self.conv = nn.Conv3d(cin, cout, 2)\n"
+                       "self.bn = nn.BatchNorm3d(cout)\n" + _RANDOM_STATS.format(m="self.bn"),
+                       "x", "return torch.relu(self.bn(self.conv(x)))",
+                       "torch.randn(b, cin, d, h, w)",
+                       {"b": 2, "cin": 3, "cout": 4, "d": 3, "h": 4, "w": 5}),
+    "linear_bn_gelu": ("k, n", "self.fc = nn.Linear(k, n)\nself.bn = nn.BatchNorm1d(n)\n"
+                       + _RANDOM_STATS.format(m="self.bn"), "x",
+                       "return F.gelu(self.bn(self.fc(x)))", "torch.randn(m, k)",
+                       {"m": 12, "k": 40, "n": 24}),
+    "conv_instance_norm": ("cin, cout", "self.conv = nn.Conv2d(cin, cout, 3)\n"
+                           "self.norm = nn.InstanceNorm2d(cout, affine=True)\n"
+                           "with torch.no_grad():\n    self.norm.weight.uniform_(0.5, 2.0)",
+                           "x", "return self.norm(self.conv(x)) / 2.0",
+                           "torch.randn(b, cin, h, w)",
+                           {"b": 2, "cin": 3, "cout": 5, "h": 7, "w": 6}),
 }
 # Sizes tried on each task, over its defaults: tile edges, several K slabs, odd sizes.
 GEMM_SIZES = {
@@ -503,8 +531,15 @@ GEMM_SIZES = {
     "conv_relu_bias": [{}, {"b": 1, "cin": 2, "cout": 4, "h": 3, "w": 11}],
     "conv_gn_tanh": [{}, {"b": 3, "cin": 4, "cout": 6, "h": 4, "w": 4},
                      {"b": 2, "cin": 3, "cout": 16, "h": 12, "w": 20}],  # vectors: 240 pixels
+    "conv1d_strided_relu": [{}, {"b": 1, "cin": 2, "cout": 3, "w": 6}],
+    "convt2d_grouped_tanh": [{}, {"b": 1, "cin": 2, "cout": 2, "h": 1, "w": 4}],
+    "conv3d_bn_relu": [{}, {"b": 1, "cin": 2, "cout": 3, "d": 2, "h": 5, "w": 2}],
+    "linear_bn_gelu": [{}, {"m": 3, "k": 7, "n": 5}],
+    "conv_instance_norm": [{}, {"b": 3, "cin": 2, "cout": 4, "h": 3, "w": 9}],
 }
-LIBRARY_ONLY = {"conv_relu_bias", "conv_gn_tanh"}  # convolutions: the library form only
+# Convolutions: the library form only.
+LIBRARY_ONLY = {"conv_relu_bias", "conv_gn_tanh", "conv1d_strided_relu", "convt2d_grouped_tanh",
+                "conv3d_bn_relu", "conv_instance_norm"}
 # Row-kernel forms after a channels_last convolution (knob layout 1, the result transposed by
 # the candidate's own kernel): clusters of 4 and 2 blocks, no row cache, a warp per row, the
 # rows in registers.
@@ -588,6 +623,22 @@ def test_gemm_cpu_candidates_match_reference(gemm_dir, tmp_path, name):
         _check_gemm(prop, ctx, name, tmp_path)
 
 
+def test_batch_norm_kernels_refuse_training_mode(gemm_dir, tmp_path):
+    """A kernel computing BatchNorm from the running statistics is right in eval mode only (the
+    verifier's); in training mode torch would use batch statistics, so the candidate refuses."""
+    ctx = _gctx(gemm_dir, "linear_bn_gelu")
+    prop = OfflineSynthesizer("cpu").translate(ctx, n=1, rng=random.Random(0))[0]
+    cand = _import(prop.code, tmp_path / "cand_bn.py")
+    mod = ctx.task.module()
+    with seeded(0):
+        new = cand.ModelNew(*mod.get_init_inputs())
+    x = make_inputs(mod, seed=1, device="cpu")
+    with torch.no_grad():
+        assert new.eval()(*x).shape == (mod.m, mod.n)
+        with pytest.raises(RuntimeError, match="eval-mode"):
+            new.train()(*x)
+
+
 def test_group_norm_defaults_count_its_rows(tmp_path):
     """GroupNorm's rows are (sample, group) pairs: with 2 groups over 8 x 10 x 25 the defaults
     see rows of 1000 columns (a warp per row), not rows of 2000 (a block per row)."""
@@ -650,17 +701,16 @@ def test_low_precision_gemm_is_cuda_only(gemm_dir):
 # The bundled suite: what the synthesizer writes, what it declines and why.
 BUNDLED_DECLINES = {
     "L1_17_Conv2d": "a lone nn.Conv2d",
-    "L3_1_MLP": "a second matmul/convolution",
     "L3_2_MultiHead_SelfAttention": "",
     "L3_3_Transformer_Block": "",
-    "L3_4_ResNet_BasicBlock": "nn.BatchNorm2d",
-    "L3_5_Small_CNN_Head": "",
 }
-BUNDLED_LIBRARY = {"L2_4_Conv2d_ReLU_BiasAdd", "L2_5_Conv2d_GroupNorm_Tanh"}
+# Multi-kernel plans of library convolutions with fused epilogues (tests/test_offline_stages.py).
+BUNDLED_LIBRARY = {"L2_4_Conv2d_ReLU_BiasAdd", "L2_5_Conv2d_GroupNorm_Tanh",
+                   "L3_4_ResNet_BasicBlock", "L3_5_Small_CNN_Head"}
 BUNDLED_PRODUCTS = {"L1_14_Square_Matmul", "L1_15_Batched_Matmul",
                     "L2_1_Linear_Bias_ReLU", "L2_2_Linear_GELU_Scale", "L2_3_Matmul_Sigmoid_Sum",
                     "L2_6_Linear_Softmax", "L2_7_Linear_Residual_LayerNorm",
-                    "L2_10_Linear_LayerNorm_Mean_Degenerate"}
+                    "L2_10_Linear_LayerNorm_Mean_Degenerate", "L3_1_MLP"}
 
 
 def _bundled(target: str = "cpu") -> dict[str, TaskContext]:

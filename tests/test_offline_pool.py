@@ -41,8 +41,6 @@ POOLS = {
     "max_chw": ("self.pool = nn.MaxPool2d(2)", "return torch.tanh(self.pool(x))", "3, h, w"),
 }
 DECLINED = {
-    "pool_after_relu": ("self.pool = nn.MaxPool2d(2)", "return self.pool(torch.relu(x))",
-                        "batch, 3, h, w"),
     "return_indices": ("self.pool = nn.MaxPool2d(2, return_indices=True)",
                        "return self.pool(x)[0]", "batch, 3, h, w"),
     "sum_after_pool": ("self.pool = nn.AvgPool2d(2)", "return self.pool(x).sum(dim=-1)",

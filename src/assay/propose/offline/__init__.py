@@ -10,9 +10,11 @@ candidate files (C++/OpenMP for the cpu target, CUDA for the cuda target):
 * row reductions over the trailing dims of a contiguous tensor, after an optional
   elementwise chain: sum, mean, max, min (keepdim or not), norms, logsumexp, softmax,
   log_softmax, layer_norm (weight and bias read from the module at run time), RMSNorm,
-  F.normalize, GroupNorm (rows of channel groups), matrix-vector products;
-* one matrix product (torch.matmul/mm/bmm, F.linear/nn.Linear) or convolution
-  (F.conv2d/nn.Conv2d) of inputs and parameters, followed by any chain of the above (bias,
+  F.normalize, GroupNorm (rows of channel groups), InstanceNorm, matrix-vector products;
+  BatchNorm (and InstanceNorm with running statistics) in eval mode, as the verifier runs
+  tasks: a per-channel affine of the elementwise chain;
+* one matrix product (torch.matmul/mm/bmm, F.linear/nn.Linear) or convolution (1-, 2- or
+  3-D, transposed or not) of inputs and parameters, followed by any chain of the above (bias,
   activation, scaling, residual, softmax, norms, sums): the epilogue. Two forms, told apart
   by the knob ``lib``: a tiled GEMM of its own (fp32 register-blocked SIMT, or WMMA tensor
   cores for float16/bfloat16; C++ on the cpu target) with the elementwise epilogue fused into
@@ -21,9 +23,15 @@ candidate files (C++/OpenMP for the cpu target, CUDA for the cuda target):
   ``POLICY = "permissive"``: the strict kernel audit refuses it, as it should). No TF32: the
   bundled tasks are float32 and the verifier's precision check would refuse it.
 
-Everything else is declined with a reason. Modules: ``graph`` (what pattern is this),
-``families`` (one module per kernel family: its matcher, knob spaces, code and templates, and
-the table of them), ``candidate`` (the file around a family's kernel), ``synthesizer`` (the
+A task that one kernel cannot fuse (a second product or convolution, a pooling after one, a
+reduction of a reduced value, an elementwise prologue before a product, a view between two
+layers) is cut into stages (``stages``): a multi-kernel plan whose kernels ModelNew.forward runs
+in order, each written by its family with knobs of its own (every MLP and CNN of KernelBench's
+level 3 that uses only the ops above). Everything else is declined with a reason.
+
+Modules: ``graph`` (what pattern is this),
+``stages`` (multi-kernel plans), ``families`` (one module per kernel family: its matcher, knob
+spaces, code and templates, and the table of them; ``pipeline`` writes multi-kernel plans), ``candidate`` (the file around a family's kernel), ``synthesizer`` (the
 Proposer).
 """
 

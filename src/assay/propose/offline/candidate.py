@@ -13,10 +13,11 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from assay.propose.offline.families import Family, family_of, triton_form
+from assay.propose.offline.families import Family, family_of, gemm, pipeline, triton_form
 from assay.propose.offline.families.family import Entry
 from assay.propose.offline.families.shared import knob_line, leaf_tensor, render
 from assay.propose.offline.graph import Plan
+from assay.propose.offline.stages import STAGE_INPUT, Pipeline
 
 CANDIDATE = r'''"""Candidate written by Assay's offline synthesizer (v1).
 
@@ -58,30 +59,44 @@ KNOBS = {{ knobs_repr }}
 LANG = {{ lang|tojson }}
 POLICY = {{ policy|tojson }}  # the verifier policy this candidate can pass
 DTYPE = torch.{{ dtype }}
+{% if sources|length == 1 %}
 SOURCE = r"""
-{{ source }}"""
-
-_LIB = None
-_ARGTYPES = {
-{% for name, types in entries %}
-    {{ name|tojson }}: [{{ types }}],
+{{ sources[0] }}"""
+SOURCES = (SOURCE,)
+{% else %}
+SOURCES = (  # one library per kernel of the chain, loaded at its first call
+{% for source in sources %}
+    r"""
+{{ source }}""",
 {% endfor %}
-}
+)
+{% endif %}
+
+_LIBS = {}
+_ARGTYPES = [
+{% for lib_entries in entries %}
+    {
+{% for name, types in lib_entries %}
+        {{ name|tojson }}: [{{ types }}],
+{% endfor %}
+    },
+{% endfor %}
+]
 
 
-def _lib():
-    global _LIB
-    if _LIB is None:
-        lib = load_library(SOURCE, lang=LANG)
-        for name, types in _ARGTYPES.items():
+def _lib(i=0):
+    lib = _LIBS.get(i)
+    if lib is None:
+        lib = load_library(SOURCES[i], lang=LANG)
+        for name, types in _ARGTYPES[i].items():
             getattr(lib, name).argtypes = types
             getattr(lib, name).restype = ctypes.c_int
 {% if target == "cuda" %}
         lib.assay_error_string.argtypes = [ctypes.c_int]
         lib.assay_error_string.restype = ctypes.c_char_p
 {% endif %}
-        _LIB = lib
-    return _LIB
+        _LIBS[i] = lib
+    return lib
 
 
 def _check(err):
@@ -132,6 +147,13 @@ class ModelNew(Model):
     def forward(self, {{ inputs|join(", ") }}):
 {% for line in forward %}
         {{ line }}
+{% endfor %}
+{% for name, args, lines in methods %}
+
+    def {{ name }}(self, {{ args|join(", ") }}):
+{% for line in lines %}
+        {{ line }}
+{% endfor %}
 {% endfor %}
 '''
 
@@ -187,7 +209,11 @@ def _forward_lines(plan: Plan, target: str, knobs: dict[str, Any], family: Famil
     """ModelNew.forward's body, and the kernel entry points it calls with their parameters."""
     head = family.head(plan, target, knobs)
     gk = plan.head_leaf
-    lines = list(head.lines) if head is not None else []
+    lines: list[str] = []
+    for path in plan.eval_only:  # computed with running statistics: eval mode only
+        why = f"{path}: this kernel computes the eval-mode form; call .eval() first"
+        lines += [f"if _attr(self, {path!r}).training:", f"    raise RuntimeError({why!r})"]
+    lines += list(head.lines) if head is not None else []
     for k, lf in enumerate(plan.leaves):
         if k != gk:
             lines.append(f"l{k} = {leaf_tensor(lf)}")
@@ -241,30 +267,75 @@ def _forward_lines(plan: Plan, target: str, knobs: dict[str, Any], family: Famil
     return lines, entries
 
 
-def candidate_file(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
-                   task_source: str) -> str:
-    """The full candidate module: the task's constructor, SOURCE (or, on the triton target,
-    the @triton.jit kernel itself), and ModelNew."""
-    family = family_of(plan)
-    source = family.source(plan, target, knobs, summary)
-    forward, entries = _forward_lines(plan, target, knobs, family)
-    if target == "triton":
-        code, future = task_prelude(task_source)
-        return triton_form.candidate(
-            summary=summary, template=family.template(plan, knobs), knobs=knobs, kernel=source,
-            task_code=code, future=future, inputs=list(plan.inputs), forward=forward,
-            dtype=plan.dtype)
+def _entry_types(entries: list[Entry], target: str) -> list[tuple[str, str]]:
     extra = ["ctypes.c_void_p"] if target == "cuda" else []
+    return [(name, ", ".join([p.ctypes_type for p in ps] + extra)) for name, ps in entries]
+
+
+def _stages(plan: Pipeline, target: str, knobs: dict[str, Any]
+            ) -> tuple[list[str], list[str], list[list[Entry]], list[tuple]]:
+    """A multi-kernel plan's forward (one method call per stage), its kernel sources, their
+    entry points and the stage methods ``(name, arguments, body)``."""
+    forward: list[str] = []
+    sources: list[str] = []
+    entries: list[list[Entry]] = []
+    methods: list[tuple] = []
+    for k, (stage, chosen) in enumerate(zip(plan.stages, pipeline.stage_choices(target, plan,
+                                                                                   knobs))):
+        sp = stage.plan
+        if chosen is None:  # the library's call, no kernel
+            body = gemm.library_lines(sp, target)
+        else:
+            family = family_of(sp)
+            # No names in the kernel's summary: the same plan and knobs in several stages (the
+            # blocks of a ResNet) are one source, built and loaded once.
+            label = f"one {family.template(sp, chosen)} kernel of a multi-kernel plan"
+            src = family.source(sp, target, chosen, label)
+            lines, stage_entries = _forward_lines(sp, target, chosen, family)
+            if src not in sources:
+                sources.append(src)
+                entries.append(stage_entries)
+            body = [line.replace("_lib()", f"_lib({sources.index(src)})") for line in lines]
+        name = f"_stage{k}"
+        methods.append((name, list(sp.inputs), body))
+        call = f"self.{name}({', '.join(sp.inputs)})"
+        last = k == len(plan.stages) - 1
+        if last and not plan.views[k]:
+            forward.append(f"return {call}")
+            continue
+        out = STAGE_INPUT.format(k)
+        forward.append(f"{out} = {call}")
+        if plan.views[k]:  # metadata only: the stage's output is a fresh contiguous tensor
+            forward.append(f"{'return' if last else out + ' ='} {plan.views[k].format(t=out)}")
+    return forward, sources, entries, methods
+
+
+def candidate_file(plan: Plan | Pipeline, target: str, knobs: dict[str, Any], summary: str,
+                   task_source: str) -> str:
+    """The full candidate module: the task's constructor, SOURCE (SOURCES: one per kernel of
+    a multi-kernel plan; on the triton target the @triton.jit kernel itself), and ModelNew."""
+    family = family_of(plan)
     code, future = task_prelude(task_source)
-    if '"""' in source:  # never: the kernel has no triple quotes, but SOURCE is r"""..."""
+    if isinstance(plan, Pipeline):
+        forward, sources, entries, methods = _stages(plan, target, knobs)
+    else:
+        source = family.source(plan, target, knobs, summary)
+        forward, lib_entries = _forward_lines(plan, target, knobs, family)
+        if target == "triton":
+            return triton_form.candidate(
+                summary=summary, template=family.template(plan, knobs), knobs=knobs,
+                kernel=source, task_code=code, future=future, inputs=list(plan.inputs),
+                forward=forward, dtype=plan.dtype)
+        sources, entries, methods = [source], [lib_entries], []
+    if any('"""' in src for src in sources):  # never: SOURCE is r"""...""" and kernels have none
         raise ValueError("kernel source contains a triple quote")
     # A candidate whose product the library computes can pass the permissive policy only.
     library = family.library(plan, target, knobs)
     return render(
         CANDIDATE, summary=summary, template=family.template(plan, knobs), target=target,
         knob_line=knob_line(knobs), knobs_repr=repr(dict(sorted(knobs.items()))),
-        lang="cuda" if target == "cuda" else "cpp", source=source, task_code=code,
+        lang="cuda" if target == "cuda" else "cpp", sources=sources, task_code=code,
         future=future, inputs=list(plan.inputs),
-        entries=[(name, ", ".join([p.ctypes_type for p in ps] + extra)) for name, ps in entries],
-        device_type="cuda" if target == "cuda" else "cpu", forward=forward,
+        entries=[_entry_types(e, target) for e in entries],
+        device_type="cuda" if target == "cuda" else "cpu", forward=forward, methods=methods,
         policy="permissive" if library else "strict", library=library, dtype=plan.dtype)

@@ -27,6 +27,11 @@ A task may instead open with 2-D max or average pooling of a forward input
 its result the leaf ``pool_leaf`` of an elementwise plan over the pooled shape (template
 ``pool``).
 
+Where one kernel would have to end (a second head op, a reduction of a reduced value, a view
+of a computed value), the lowering raises :class:`NeedsCut` naming the fx node, and
+:mod:`stages` cuts the graph there into a multi-kernel plan. BatchNorm (and InstanceNorm with
+running statistics) lowers to its eval-mode affine, as the verifier runs tasks; InstanceNorm
+without them to a row plan over the spatial dims; adaptive average pooling to size 1 to a mean.
 Anything the IR cannot express raises :class:`Unsupported` with a one-line reason that the
 proposer returns as its decline. The plan holds no sizes: sizes are read from the tensors at
 run time, so a plan learned at one size serves every size (``analyze_task`` checks that).
@@ -55,6 +60,20 @@ PREFIX = "offline synthesizer v1 cannot express"
 
 class Unsupported(Exception):
     """The task is outside what the offline synthesizer can write; ``str(e)`` says why."""
+
+
+class _Conflict(Unsupported):
+    """A reduction that the builder's one row shape cannot hold (turned into a NeedsCut)."""
+
+
+class NeedsCut(Unsupported):
+    """What one kernel cannot fuse (a second product, a reduction of a reduced value, ...) but a
+    kernel boundary right before fx node ``before`` may: see :mod:`stages`. Without a boundary
+    it is a decline like any other."""
+
+    def __init__(self, reason: str, before: fx.Node):
+        super().__init__(reason)
+        self.before = before
 
 
 # ----------------------------------------------------------------------------------------------
@@ -104,10 +123,13 @@ class Gemm:
     """The matrix product or convolution at the head of a plan (see the module doc).
 
     ``op``: ``mm`` (``A[..., M, K] @ B[K, N]``), ``bmm`` (``A[b, M, K] @ B[b, K, N]``),
-    ``linear`` (``A[..., K] @ W[N, K]^T``) or ``conv2d`` (NCHW). ``a`` and ``b`` say where the
-    operands come from (a forward input or a model attribute; ``bcast`` is unused). ``conv``:
-    ``("module", path)`` (stride, padding, dilation and groups read from that nn.Conv2d at run
-    time) or ``("const", stride, padding, dilation, groups)``. ``trivial``: what follows the
+    ``linear`` (``A[..., K] @ W[N, K]^T``) or a convolution of :data:`CONV_OPS` (``conv2d``:
+    NCHW; ``conv_transpose3d``: NCDHW, ...). ``a`` and ``b`` say where the operands come from (a
+    forward input or a model attribute; ``bcast`` is unused). ``conv``: ``("module", path)``
+    (the arguments read from that nn.Conv*d/ConvTranspose*d at run time) or ``("const",
+    *args)``: the functional call's arguments after the bias, in its order (stride, padding,
+    dilation, groups; transposed: stride, padding, output_padding, groups, dilation).
+    ``trivial``: what follows the
     product is at most the op's own bias, so a library call plus an epilogue kernel would only
     redo the library's work. ``what`` names the op for descriptions and declines.
     """
@@ -123,6 +145,27 @@ class Gemm:
     @property
     def matmul(self) -> bool:
         return self.op in ("mm", "bmm", "linear")
+
+    @property
+    def is_conv(self) -> bool:
+        return self.op in CONV_OPS
+
+
+# Convolutions the head may be (library form: torch.nn.functional.<op>), with their spatial dims.
+CONV_OPS = {"conv1d": 1, "conv2d": 2, "conv3d": 3, "conv_transpose1d": 1,
+            "conv_transpose2d": 2, "conv_transpose3d": 3}
+_CONV_MODULES = {nn.Conv1d: "conv1d", nn.Conv2d: "conv2d", nn.Conv3d: "conv3d",
+                 nn.ConvTranspose1d: "conv_transpose1d", nn.ConvTranspose2d: "conv_transpose2d",
+                 nn.ConvTranspose3d: "conv_transpose3d"}
+# The functional forms' arguments after (input, weight, bias), with their defaults.
+_CONV_ARGS = (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1))
+_CONV_TRANSPOSE_ARGS = (("stride", 1), ("padding", 0), ("output_padding", 0), ("groups", 1),
+                        ("dilation", 1))
+
+
+def conv_args(op: str) -> tuple[tuple[str, Any], ...]:
+    """The arguments of ``torch.nn.functional.<op>`` after the bias, with their defaults."""
+    return _CONV_TRANSPOSE_ARGS if op.startswith("conv_transpose") else _CONV_ARGS
 
 
 @dataclass(frozen=True)
@@ -166,6 +209,9 @@ class Plan:
     dtype: str = "float32"  # of every leaf and the output (float16/bfloat16: GEMM plans only)
     pool: Pool | None = None  # the pooling whose result is leaf ``pool_leaf``
     pool_leaf: int = -1
+    # Modules computed with their eval-mode semantics (BatchNorm's running statistics): the
+    # candidate refuses to run in training mode.
+    eval_only: tuple[str, ...] = ()
 
     @property
     def head_leaf(self) -> int:
@@ -182,7 +228,7 @@ class Plan:
 
 @dataclass(frozen=True)
 class Analysis:
-    plan: Plan
+    plan: Plan  # or a stages.Pipeline: one plan per kernel, in order
     shape: tuple[int, ...]  # S at the analysed size (for default knobs only, never in code)
     ops: tuple[str, ...]  # the task's ops as recognized, for descriptions
     summary: str
@@ -280,10 +326,16 @@ _POOL_SIGNATURES = {
             "divisor_override"),
 }
 
+# Adaptive average pooling, lowered as a mean when its output size is 1 (global pooling).
+_GLOBAL_POOLS = {F.adaptive_avg_pool1d: "F.adaptive_avg_pool1d",
+                 F.adaptive_avg_pool2d: "F.adaptive_avg_pool2d",
+                 F.adaptive_avg_pool3d: "F.adaptive_avg_pool3d"}
+
 # The ops that may open a plan as its Gemm (see the module doc).
-_GEMM_FUNCTIONS: dict[Any, str] = {torch.matmul: "matmul", operator.matmul: "matmul",
-                                   torch.mm: "mm", torch.bmm: "bmm", F.linear: "linear",
-                                   F.conv2d: "conv2d", torch.conv2d: "conv2d"}
+_GEMM_FUNCTIONS: dict[Any, str] = {
+    torch.matmul: "matmul", operator.matmul: "matmul", torch.mm: "mm", torch.bmm: "bmm",
+    F.linear: "linear", **{getattr(F, op): op for op in CONV_OPS},
+    **{getattr(torch, op): op for op in CONV_OPS if hasattr(torch, op)}}
 _GEMM_METHODS = {"matmul", "mm", "bmm"}
 
 # Positional parameter names of each canonical op (torch's order); keyword arguments are
@@ -334,6 +386,18 @@ _CATEGORIES = (
     (("cumsum", "cumprod", "cummax", "scan"), "scan"),
     (("argmax", "argmin", "topk", "sort"), "index-valued op"),
 )
+
+
+# Views that may sit between two kernels of a multi-kernel plan (stages.py): the candidate
+# applies them to one kernel's output, size-generic, before the next kernel reads it.
+RESHAPE_METHODS = {"view", "reshape", "flatten"}
+RESHAPE_FUNCTIONS = {torch.flatten: "flatten", torch.reshape: "reshape"}
+SIZE_METHODS = {"size"}
+
+
+def is_reshape(node: fx.Node) -> bool:
+    return ((node.op == "call_method" and str(node.target) in RESHAPE_METHODS)
+            or (node.op == "call_function" and node.target in RESHAPE_FUNCTIONS))
 
 
 def _category(name: str) -> str:
@@ -387,6 +451,7 @@ class _Builder:
     pool_node: int | None = None  # the load of the pooled result
     own_bias: int | None = None  # the product's result plus the op's own bias
     dtypes: dict[str, str] = field(default_factory=dict)  # leaf name -> dtype (non-float32)
+    eval_only: list[str] = field(default_factory=list)  # see Plan.eval_only
     _memo: dict[Node, int] = field(default_factory=dict)
 
     def add(self, node: Node, keepdim: bool | None = None) -> int:
@@ -462,11 +527,11 @@ class _Builder:
             raise Unsupported(f"{PREFIX} a reduction over dim(s) {list(dims)} of a {nd}-D "
                               f"tensor (v1 reduces the trailing dims only)")
         if self.nodes[arg].cls != "elem":
-            raise Unsupported(f"{PREFIX} a reduction of an already reduced value")
+            raise _Conflict(f"{PREFIX} a reduction of an already reduced value")
         if self.row_k is None:
             self.row_k, self.row_shape, self.groups = k, in_shape, groups
         elif (self.row_k, self.row_shape, self.groups) != (k, in_shape, groups):
-            raise Unsupported(f"{PREFIX} reductions over different row shapes in one kernel")
+            raise _Conflict(f"{PREFIX} reductions over different row shapes in one kernel")
         # keepdim is part of the node: the same sum kept and squeezed are two shapes.
         return self.add(Node(f"reduce_{kind}", (arg,), (("keepdim", keepdim),), "row"), keepdim)
 
@@ -504,8 +569,14 @@ class _Lowering:
         self.env: dict[fx.Node, Any] = {}
         self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
         self.inputs: list[str] = []
+        self.node: fx.Node | None = None  # the fx node being lowered (where a cut would go)
 
     # -- helpers --------------------------------------------------------------------------
+
+    def cut(self, reason: str) -> NeedsCut:
+        """The decline ``reason``, which a kernel boundary before the current node may lift."""
+        assert self.node is not None
+        return NeedsCut(reason, self.node)
 
     def meta(self, node: fx.Node) -> Any:
         tm = node.meta.get("tensor_meta")
@@ -564,50 +635,14 @@ class _Lowering:
     def run(self) -> tuple[int, list[str]]:
         output = None
         for node in self.gm.graph.nodes:
-            if node.op == "placeholder":
-                tm = node.meta.get("tensor_meta")
-                if tm is None or not hasattr(tm, "shape"):
-                    raise Unsupported(f"{PREFIX} the non-tensor forward argument "
-                                      f"{node.target!r} (v1 takes tensors only)")
-                self.inputs.append(str(node.target))
-                self.env[node] = self.b.leaf("input", str(node.target), len(self.inputs) - 1, tm)
-            elif node.op == "get_attr":
-                self.env[node] = self.b.leaf("attr", str(node.target), -1, self.meta(node))
-            elif node.op == "call_function":
-                if node.target in _GEMM_FUNCTIONS:
-                    self.env[node] = self.gemm_call(node, _GEMM_FUNCTIONS[node.target],
-                                                    node.args, dict(node.kwargs))
-                    continue
-                if node.target in _POOL_FUNCTIONS:
-                    op = _POOL_FUNCTIONS[node.target]
-                    names = _POOL_SIGNATURES[op]
-                    if len(node.args) > len(names) or any(k not in names for k in node.kwargs):
-                        raise _unsupported(f"{op}_pool2d called with unusual arguments")
-                    bound = dict(zip(names, node.args), **node.kwargs)
-                    self.env[node] = self.pool_head(node, op, bound, f"F.{op}_pool2d", "")
-                    continue
-                name = _FUNCTIONS.get(node.target)
-                if name is None:
-                    raise _unsupported(_callable_name(node.target))
-                self.env[node] = self.call(node, name, node.args, dict(node.kwargs))
-            elif node.op == "call_method" and str(node.target) in _GEMM_METHODS:
-                self.env[node] = self.gemm_call(node, str(node.target), node.args,
-                                                dict(node.kwargs))
-            elif node.op == "call_method":
-                base = str(node.target)
-                name = base[:-1] if base.endswith("_") and base[:-1] in _METHODS else base
-                inplace = name != base
-                if name not in _METHODS:
-                    raise _unsupported(f"Tensor.{base}")
-                name = _METHOD_ALIASES.get(name, name)
-                kwargs = dict(node.kwargs)
-                if inplace:
-                    kwargs["inplace"] = True
-                self.env[node] = self.call(node, name, node.args, kwargs)
-            elif node.op == "call_module":
-                self.env[node] = self.module(node)
-            elif node.op == "output":
-                output = node.args[0]
+            self.node = node
+            try:
+                if node.op == "output":
+                    output = node.args[0]
+                else:
+                    self.step(node)
+            except _Conflict as e:  # a reduction this kernel cannot hold: a boundary may
+                raise self.cut(str(e)) from None
         if isinstance(output, (tuple, list)):
             if len(output) != 1:
                 raise Unsupported(f"{PREFIX} a forward returning {len(output)} tensors "
@@ -619,6 +654,69 @@ class _Lowering:
         self.b.dtype_of(self.meta(output).dtype, "the output")
         return out, self.inputs
 
+    def step(self, node: fx.Node) -> None:
+        """Lower one fx node (not the output) into ``self.env``."""
+        if is_reshape(node):
+            # A view of a computed value is free between two kernels (stages.py), not in one.
+            what = (_callable_name(node.target) if node.op == "call_function"
+                    else f"Tensor.{node.target}")
+            raise self.cut(f"{PREFIX} {what} (layout/indexing op) inside one kernel")
+        if (node.op == "call_method" and str(node.target) in SIZE_METHODS and node.users
+                and all(is_reshape(u) for u in node.users)):
+            self.env[node] = None  # a size query of a view: read by the view's boundary
+            return
+        if node.op == "placeholder":
+            tm = node.meta.get("tensor_meta")
+            if tm is None or not hasattr(tm, "shape"):
+                raise Unsupported(f"{PREFIX} the non-tensor forward argument "
+                                  f"{node.target!r} (v1 takes tensors only)")
+            self.inputs.append(str(node.target))
+            self.env[node] = self.b.leaf("input", str(node.target), len(self.inputs) - 1, tm)
+        elif node.op == "get_attr":
+            self.env[node] = self.b.leaf("attr", str(node.target), -1, self.meta(node))
+        elif node.op == "call_function":
+            if node.target in _GEMM_FUNCTIONS:
+                self.env[node] = self.gemm_call(node, _GEMM_FUNCTIONS[node.target],
+                                                node.args, dict(node.kwargs))
+                return
+            if node.target in _POOL_FUNCTIONS:
+                op = _POOL_FUNCTIONS[node.target]
+                names = _POOL_SIGNATURES[op]
+                if len(node.args) > len(names) or any(k not in names for k in node.kwargs):
+                    raise _unsupported(f"{op}_pool2d called with unusual arguments")
+                bound = dict(zip(names, node.args), **node.kwargs)
+                self.env[node] = self.pool_head(node, op, bound, f"F.{op}_pool2d", "")
+                return
+            if node.target in _GLOBAL_POOLS:
+                bound = dict(zip(("input", "output_size"), node.args), **node.kwargs)
+                if set(bound) != {"input", "output_size"}:
+                    raise _unsupported(f"{_GLOBAL_POOLS[node.target]} called with unusual "
+                                       f"arguments")
+                what = _GLOBAL_POOLS[node.target]
+                self.env[node] = self.global_pool(bound["input"], bound["output_size"],
+                                                  int(what[-2]), what)
+                return
+            name = _FUNCTIONS.get(node.target)
+            if name is None:
+                raise _unsupported(_callable_name(node.target))
+            self.env[node] = self.call(node, name, node.args, dict(node.kwargs))
+        elif node.op == "call_method" and str(node.target) in _GEMM_METHODS:
+            self.env[node] = self.gemm_call(node, str(node.target), node.args,
+                                            dict(node.kwargs))
+        elif node.op == "call_method":
+            base = str(node.target)
+            name = base[:-1] if base.endswith("_") and base[:-1] in _METHODS else base
+            inplace = name != base
+            if name not in _METHODS:
+                raise _unsupported(f"Tensor.{base}")
+            name = _METHOD_ALIASES.get(name, name)
+            kwargs = dict(node.kwargs)
+            if inplace:
+                kwargs["inplace"] = True
+            self.env[node] = self.call(node, name, node.args, kwargs)
+        elif node.op == "call_module":
+            self.env[node] = self.module(node)
+
     # -- the product or convolution at the head of the chain -------------------------------
 
     def operand(self, a: Any, op: str) -> tuple[Leaf, Any]:
@@ -627,27 +725,28 @@ class _Lowering:
             return Leaf("input", str(a.target), self.inputs.index(str(a.target))), self.meta(a)
         if isinstance(a, fx.Node) and a.op == "get_attr":
             return Leaf("attr", str(a.target), -1), self.meta(a)
-        raise Unsupported(f"{PREFIX} {op} of a computed tensor (v1 fuses what follows one "
-                          f"matmul/convolution of inputs and parameters, not what precedes it)")
+        raise self.cut(f"{PREFIX} {op} of a computed tensor (v1 fuses what follows one "
+                       f"matmul/convolution of inputs and parameters, not what precedes it)")
 
     def gemm_call(self, node: fx.Node, op: str, args: tuple, kwargs: dict) -> int:
-        """torch.matmul / mm / bmm / F.linear / F.conv2d (also as methods and operator.matmul)."""
-        names = {"matmul": ("input", "other"), "mm": ("input", "mat2"),
-                 "bmm": ("input", "mat2"), "linear": ("input", "weight", "bias"),
-                 "conv2d": ("input", "weight", "bias", "stride", "padding", "dilation",
-                            "groups")}[op]
+        """torch.matmul / mm / bmm / F.linear / F.conv*d / F.conv_transpose*d (also as methods
+        and operator.matmul)."""
+        if op in CONV_OPS:
+            names = ("input", "weight", "bias") + tuple(k for k, _ in conv_args(op))
+        else:
+            names = {"matmul": ("input", "other"), "mm": ("input", "mat2"),
+                     "bmm": ("input", "mat2"), "linear": ("input", "weight", "bias")}[op]
         if len(args) > len(names) or any(k not in names for k in kwargs):
             raise _unsupported(f"torch.{op} called with unusual arguments ({op})")
         bound = dict(zip(names, args), **kwargs)
         x, w = bound["input"], bound.get("other", bound.get("mat2", bound.get("weight")))
         what = {"matmul": "torch.matmul", "mm": "torch.mm", "bmm": "torch.bmm",
-                "linear": "F.linear", "conv2d": "F.conv2d"}[op]
-        if op == "conv2d":
-            conv = ("const",) + tuple(bound.get(k, d) for k, d in
-                                      (("stride", 1), ("padding", 0), ("dilation", 1),
-                                       ("groups", 1)))
-            if any(isinstance(v, fx.Node) for v in conv):
-                raise Unsupported(f"{PREFIX} F.conv2d with arguments computed at run time")
+                "linear": "F.linear"}.get(op, f"F.{op}")
+        if op in CONV_OPS:
+            conv = ("const",) + tuple(bound.get(k, d) for k, d in conv_args(op))
+            if any(isinstance(v, fx.Node) for v in conv) or isinstance(conv[1], str):
+                raise Unsupported(f"{PREFIX} {what} with arguments computed at run time or "
+                                  f"padding={conv[2]!r} (convolution)")
             return self.head(node, op, x, w, bound.get("bias"), what, conv)
         if op in ("matmul", "mm") and isinstance(w, fx.Node) and isinstance(x, fx.Node):
             ws, xs = self.shape(w), self.shape(x)
@@ -676,8 +775,8 @@ class _Lowering:
         """The GEMM/convolution: its operands, checks, and a leaf for its result. ``x``, ``w``
         and ``bias`` are fx nodes, or (Leaf, meta) pairs for a module's parameters."""
         if self.b.gemm is not None or self.b.pool is not None:
-            raise Unsupported(f"{PREFIX} a second matmul/convolution ({what}) in one task (v1 "
-                              f"fuses one GEMM or library call with the chain after it)")
+            raise self.cut(f"{PREFIX} a second matmul/convolution ({what}) in one task (v1 "
+                           f"fuses one GEMM or library call with the chain after it)")
         a, ma = x if isinstance(x, tuple) else self.operand(x, what)
         b, mb = w if isinstance(w, tuple) else self.operand(w, what)
         xs, ws = tuple(int(d) for d in ma.shape), tuple(int(d) for d in mb.shape)
@@ -697,10 +796,11 @@ class _Lowering:
             raise Unsupported(f"{PREFIX} {what} of shapes {list(xs)} and {list(ws)} (matmul)")
         if op == "linear" and (len(xs) < 1 or len(ws) != 2 or xs[-1] != ws[1]):
             raise Unsupported(f"{PREFIX} {what} of shapes {list(xs)} and {list(ws)} (matmul)")
-        if op == "conv2d":
-            if len(xs) != 4 or len(ws) != 4:
-                raise Unsupported(f"{PREFIX} {what} of a {len(xs)}-D input (v1: NCHW; "
-                                  f"convolution)")
+        if op in CONV_OPS:
+            nd = CONV_OPS[op] + 2
+            if len(xs) != nd or len(ws) != nd:
+                raise Unsupported(f"{PREFIX} {what} of a {len(xs)}-D input (v1: batched, "
+                                  f"{nd}-D; convolution)")
             if ma.dtype != torch.float32:
                 raise Unsupported(f"{PREFIX} {what} of dtype "
                                   f"{str(ma.dtype).replace('torch.', '')} (v1 fuses float32 "
@@ -715,8 +815,8 @@ class _Lowering:
             return leaf
         bl, mbias = bias if isinstance(bias, tuple) else self.operand(bias, f"the bias of {what}")
         bshape = tuple(int(d) for d in mbias.shape)
-        if op == "conv2d":
-            bshape = bshape + (1, 1)  # (C,) -> (C, 1, 1): along the channels of NCHW
+        if op in CONV_OPS:  # (C,) -> (C, 1, 1): along the channels of NCHW
+            bshape = bshape + (1,) * CONV_OPS[op]
         v = self.b.op("add", leaf, self.b.leaf(bl.source, bl.name, bl.index, mbias, bshape))
         self.b.own_bias = v
         return v
@@ -724,7 +824,7 @@ class _Lowering:
     def pool_head(self, node: fx.Node, op: str, bound: dict, what: str, module: str) -> int:
         """max_pool2d / avg_pool2d of a forward input: the Pool, and a leaf for its result."""
         if self.b.gemm is not None or self.b.pool is not None:
-            raise Unsupported(f"{PREFIX} {what} after another matmul/convolution/pooling "
+            raise self.cut(f"{PREFIX} {what} after another matmul/convolution/pooling "
                               f"(v1 fuses one head op with the elementwise chain after it; "
                               f"pooling)")
         x, mx = self.operand(bound["input"], what)
@@ -796,6 +896,49 @@ class _Lowering:
             out = b.op("add", out, bias)
         return out
 
+    def channel_norm(self, x: Any, m: nn.Module, t: str) -> int:
+        """BatchNorm and InstanceNorm of an (N, C, ...) tensor, as the verifier runs them (eval
+        mode): with running statistics, a per-channel affine ``(x - mean) * rsqrt(var + eps)``
+        (then the module's weight and bias); InstanceNorm without them normalizes each (sample,
+        channel) over its spatial dims, a row plan. The kernel reads the statistics at run time
+        and refuses training mode (batch statistics it does not compute)."""
+        kind = type(m).__name__
+        shape = self.shape(x)
+        if len(shape) < 2 or shape[1] != m.num_features:
+            raise Unsupported(f"{PREFIX} nn.{kind} {t!r} of shape {list(shape)}")
+        self.b.ops.append("batch_norm" if "Batch" in kind else "instance_norm")
+        view = (int(m.num_features),) + (1,) * (len(shape) - 2)
+        w = bias = None
+        if m.affine:
+            w = self.b.leaf("attr", f"{t}.weight", -1, m.weight, view)
+            bias = self.b.leaf("attr", f"{t}.bias", -1, m.bias, view)
+        if m.track_running_stats and m.running_mean is not None:
+            self.b.eval_only.append(t)
+            b = self.b
+            mean = b.leaf("attr", f"{t}.running_mean", -1, m.running_mean, view)
+            var = b.leaf("attr", f"{t}.running_var", -1, m.running_var, view)
+            scale = b.op("rsqrt", b.op("add", var, b.const(float(m.eps))))
+            out = b.op("mul", b.op("sub", self.value(x), mean), scale)
+            if w is not None:
+                out = b.op("mul", out, w)
+            return b.op("add", out, bias) if bias is not None else out
+        if "Batch" in kind or len(shape) < 3:  # batch statistics: a reduction over dims 0, 2..
+            raise Unsupported(f"{PREFIX} nn.{kind} {t!r} without running statistics (batch "
+                              f"statistics: normalization over non-trailing dims)")
+        return self.normalize(x, tuple(range(2, len(shape))), shape, w, bias, float(m.eps))
+
+    def global_pool(self, x: Any, size: Any, spatial: int, what: str) -> int:
+        """Adaptive average pooling of ``spatial`` dims to one value per plane (output size 1):
+        the mean over those dims, kept as dims of 1. Other output sizes are windows of varying
+        extent."""
+        sizes = tuple(size) if isinstance(size, (tuple, list)) else (size,) * spatial
+        if len(sizes) != spatial or any(v != 1 for v in sizes):
+            raise Unsupported(f"{PREFIX} {what} to output size {size!r} (v1: 1, the global "
+                              f"average; pooling)")
+        nd = len(self.shape(x))
+        self.b.ops.append("adaptive_avg_pool")
+        return self.reduction(x, "mean", tuple(range(nd - spatial, nd)), True)
+
     def module(self, node: fx.Node) -> Any:
         """A leaf torch.nn module: its op with the module's attributes as arguments."""
         m = self.gm.get_submodule(str(node.target))
@@ -835,13 +978,16 @@ class _Lowering:
             w = (Leaf("attr", f"{t}.weight", -1), m.weight)
             bias = (Leaf("attr", f"{t}.bias", -1), m.bias) if m.bias is not None else None
             return self.head(node, "linear", x, w, bias, f"nn.Linear {t!r}")
-        if type(m) is nn.Conv2d:
-            if m.padding_mode != "zeros":
-                raise Unsupported(f"{PREFIX} nn.Conv2d with padding_mode={m.padding_mode!r} "
-                                  f"(convolution)")
+        if type(m) in _CONV_MODULES:
+            if m.padding_mode != "zeros" or isinstance(m.padding, str):
+                raise Unsupported(f"{PREFIX} nn.{type(m).__name__} with padding_mode="
+                                  f"{m.padding_mode!r}, padding={m.padding!r} (convolution)")
             w = (Leaf("attr", f"{t}.weight", -1), m.weight)
             bias = (Leaf("attr", f"{t}.bias", -1), m.bias) if m.bias is not None else None
-            return self.head(node, "conv2d", x, w, bias, f"nn.Conv2d {t!r}", ("module", t))
+            return self.head(node, _CONV_MODULES[type(m)], x, w, bias,
+                             f"nn.{type(m).__name__} {t!r}", ("module", t))
+        if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)):
+            return self.channel_norm(x, m, t)
         if type(m) is nn.GroupNorm:
             self.b.ops.append("group_norm")
             shape = self.shape(x)
@@ -857,6 +1003,9 @@ class _Lowering:
             names = _POOL_SIGNATURES[op][1:]
             bound = {"input": x, **{k: getattr(m, k) for k in names if hasattr(m, k)}}
             return self.pool_head(node, op, bound, f"nn.{type(m).__name__} {t!r}", t)
+        if isinstance(m, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)):
+            spatial = {nn.AdaptiveAvgPool1d: 1, nn.AdaptiveAvgPool2d: 2}.get(type(m), 3)
+            return self.global_pool(x, m.output_size, spatial, f"nn.{type(m).__name__} {t!r}")
         if hasattr(nn, "RMSNorm") and type(m) is nn.RMSNorm:
             self.b.ops.append("rms_norm")
             w = self.b.leaf("attr", f"{t}.weight", -1, m.weight) if m.weight is not None else None
@@ -1199,7 +1348,7 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
     plan = Plan(kind=kind, inputs=tuple(inputs), ndim=len(s), k=k, leaves=tuple(leaves),
                 nodes=tuple(new_nodes), output=remap[out], keepdim=keepdim, anchor=anchor,
                 gemm=gemm, gemm_leaf=gemm_leaf, groups=tuple(groups), dtype=dtype,
-                pool=pool, pool_leaf=pool_leaf)
+                pool=pool, pool_leaf=pool_leaf, eval_only=tuple(dict.fromkeys(builder.eval_only)))
     return plan, tuple(s)
 
 
@@ -1230,8 +1379,10 @@ def _meta_inputs(mod: Any) -> list:
 _KNOWN_MODULES = (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.Mish, nn.SELU, nn.Softsign,
                   nn.Hardsigmoid, nn.Hardswish, nn.Identity, nn.GELU, nn.LeakyReLU, nn.Hardtanh,
                   nn.ELU, nn.Softplus, nn.modules.dropout._DropoutNd, nn.Softmax, nn.LogSoftmax,
-                  nn.LayerNorm, nn.Linear, nn.Conv2d, nn.GroupNorm, nn.MaxPool2d,
-                  nn.AvgPool2d) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
+                  nn.LayerNorm, nn.Linear, nn.GroupNorm, nn.MaxPool2d, nn.AvgPool2d,
+                  nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm,
+                  nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+                  *_CONV_MODULES) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
 
 
 def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
@@ -1279,6 +1430,18 @@ def analyze_module(mod: Any, real: bool = False) -> Analysis:
             raise unknown from None
         raise Unsupported(f"{PREFIX} this task: shape propagation failed "
                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+    try:
+        return analyze_graph(gm)
+    except NeedsCut:
+        # What one kernel cannot fuse: a kernel boundary there (stages imports this module).
+        from assay.propose.offline.stages import split
+
+        return split(gm, analyze_graph)
+
+
+def analyze_graph(gm: fx.GraphModule) -> Analysis:
+    """One plan of a traced graph whose nodes carry their shapes (``tensor_meta``); raises
+    :class:`NeedsCut` where one kernel would have to end, Unsupported for the rest."""
     low = _Lowering(gm)
     out, names = low.run()
     out_node = next(n for n in gm.graph.nodes if n.op == "output").args[0]
@@ -1289,7 +1452,7 @@ def analyze_module(mod: Any, real: bool = False) -> Analysis:
     summary = describe(plan)
     if len(summary) > 160:  # composite ops expand into long formulas: name them instead
         summary = f"{plan.kind} kernel fusing {', '.join(ops)}"
-    return Analysis(plan, s, ops, summary, _row_groups(plan, model))
+    return Analysis(plan, s, ops, summary, _row_groups(plan, gm))
 
 
 def _row_groups(plan: Plan, model: Any) -> int:
@@ -1316,10 +1479,16 @@ def analyze_task(task: Task) -> Analysis:
     main = analyze_module(task.module(), real=task.size == "small" and task.has_small_variant)
     if task.size != "small" and task.has_small_variant:
         other = analyze_module(dataclasses.replace(task, size="small").module(), real=True)
-        if other.plan != main.plan:
+        if structure(other.plan) != structure(main.plan):
             raise Unsupported(f"{PREFIX} this task: its graph's structure differs between "
                               f"sizes")
     return main
+
+
+def structure(plan: Any) -> Any:
+    """What of a plan (or a multi-kernel plan's stages) must not depend on the task's size."""
+    stages = getattr(plan, "stages", None)
+    return plan if stages is None else (tuple(s.plan for s in stages), plan.views)
 
 
 def describe(plan: Plan) -> str:

@@ -8,11 +8,12 @@ templates may keep each in a module of its own (``gemm``: ``gemm_tiled``, ``gemm
 
 from __future__ import annotations
 
-from assay.propose.offline.families import elementwise, gemm, pool, row
+from assay.propose.offline.families import elementwise, gemm, pipeline, pool, row
 from assay.propose.offline.families.family import Family, Space
 from assay.propose.offline.graph import Plan
 
-# Their matchers exclude each other: a plan belongs to one family.
+# Their matchers exclude each other: a plan belongs to one family. A multi-kernel plan
+# (stages.Pipeline) is the pipeline family's, its stages' plans the others'.
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     elementwise.FAMILY, row.FAMILY, pool.FAMILY, gemm.FAMILY)}
 
@@ -23,6 +24,8 @@ KNOB_SPACES: dict[tuple[str, str], Space] = {
 
 def family_of(plan: Plan) -> Family:
     """The family that writes ``plan``."""
+    if pipeline.matches(plan):
+        return pipeline.FAMILY
     found = [f for f in FAMILIES.values() if f.matches(plan)]
     if len(found) != 1:  # pragma: no cover - graph.analyze_task makes plans of one family
         raise ValueError(f"a plan of {len(found)} families: {[f.name for f in found]}")

@@ -72,11 +72,12 @@ class Family:
     template: Callable[[Plan, dict[str, Any]], str]
     # The candidate's niche (see synthesizer.strategy_of).
     strategy: Callable[[Plan, dict[str, Any]], str]
-    # The whole kernel file (C++ or CUDA): (plan, target, knobs, summary).
-    source: Callable[[Plan, str, dict[str, Any], str], str]
+    # The whole kernel file (C++ or CUDA): (plan, target, knobs, summary). None: the file is
+    # assembled from the stages' families (a multi-kernel plan, see candidate.py).
+    source: Callable[[Plan, str, dict[str, Any], str], str] | None
     # ModelNew.forward's calls of the file's entry points once the output is allocated, and
-    # those entry points: (plan, target, knobs, stream arguments).
-    calls: Callable[[Plan, str, dict[str, Any], list[str]], tuple[list[str], list[Entry]]]
+    # those entry points: (plan, target, knobs, stream arguments); None as for ``source``.
+    calls: Callable[[Plan, str, dict[str, Any], list[str]], tuple[list[str], list[Entry]]] | None
     # The values knob ``lib`` may take: (target, analysis, policy).
     libs: Callable[[str, Analysis, str], tuple[int, ...]] = _one_template
     # Why no template of the family can write the plan, or None: (target, analysis, policy).

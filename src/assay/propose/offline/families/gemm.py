@@ -1,5 +1,6 @@
 """The gemm family: one matrix product (torch.matmul/mm/bmm, F.linear/nn.Linear) or convolution
-(F.conv2d/nn.Conv2d) of inputs and parameters, followed by any chain of the elementwise and row
+(1-, 2- or 3-D, transposed or not: F.conv*d/nn.Conv*d, F.conv_transpose*d/nn.ConvTranspose*d)
+of inputs and parameters, followed by any chain of the elementwise and row
 families (bias, activation, scaling, residual, softmax, norms, sums): the epilogue.
 
 Three templates, told apart by the knob ``lib``: 0 = a tiled GEMM of this package, fp32
@@ -24,7 +25,7 @@ from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Pa
                                                    fused_epilogue, head_values, leaf_params,
                                                    leaf_tensor, out_param, pointer, render,
                                                    size_params)
-from assay.propose.offline.graph import PREFIX, Analysis, Plan
+from assay.propose.offline.graph import CONV_OPS, PREFIX, Analysis, Gemm, Plan, conv_args
 
 # The templates of knob lib 0, the product's own GEMM, by name (each module holds its knob
 # space, defaults, C++/CUDA template and kernel writer).
@@ -117,10 +118,10 @@ def declines(target: str, analysis: Analysis, policy: str = "any") -> str | None
         return tri.why_not(analysis.plan)
     if g is None or libs(target, analysis, policy):
         return None
-    if g.op == "conv2d" and g.trivial:
+    if g.is_conv and g.trivial:
         return (f"{PREFIX} a lone {g.what} (convolution): nothing after the library call to "
                 f"fuse, and v1 has no convolution kernel of its own")
-    if g.op == "conv2d":
+    if g.is_conv:
         return (f"{PREFIX} {g.what} under the strict policy (convolution): v1 only fuses "
                 f"what follows a library convolution, which needs the permissive policy")
     return f"{PREFIX} this task ({g.what})"  # pragma: no cover - matmul always has lib=0
@@ -258,13 +259,13 @@ def source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
 # ModelNew.forward
 
 _LIBRARY = {"mm": "torch.mm", "linear": "torch.mm", "bmm": "torch.bmm",
-            "conv2d": "torch.nn.functional.conv2d"}
+            **{op: f"torch.nn.functional.{op}" for op in CONV_OPS}}
 
 
 def library_of(plan: Plan, target: str) -> str:
     """What the library computes in the ``epilogue`` template, for the docstring."""
     assert plan.gemm is not None
-    lib = ("cuDNN" if plan.gemm.op == "conv2d" else "cuBLAS") if target == "cuda" else "ATen"
+    lib = ("cuDNN" if plan.gemm.is_conv else "cuBLAS") if target == "cuda" else "ATen"
     return f"the {plan.gemm.what} ({_LIBRARY[plan.gemm.op]}, {lib})"
 
 
@@ -278,19 +279,18 @@ def _gemm_lines(plan: Plan, target: str, template: str, layout: int = 0) -> list
     assert g is not None
     lines = [f"lA = {leaf_tensor(g.a)}", f"lB = {leaf_tensor(g.b)}"]
     gk = plan.gemm_leaf
-    if g.op == "conv2d":
-        lines.append("_expect(lA.dim() == 4 and lB.dim() == 4, 'conv2d operands are not NCHW')")
-        if g.conv[0] == "module":
-            lines.append(f"conv = _attr(self, {g.conv[1]!r})")
-            lines.append("cargs = (conv.stride, conv.padding, conv.dilation, conv.groups)")
-        else:
-            lines.append(f"cargs = {tuple(g.conv[1:])!r}")
-        if layout:
+    if g.is_conv:
+        nd = CONV_OPS[g.op] + 2
+        lines.append(f"_expect(lA.dim() == {nd} and lB.dim() == {nd}, "
+                     f"'{g.op} operands do not have {nd} dims')")
+        lines += _conv_args(g)
+        fn = f"torch.nn.functional.{g.op}"
+        if layout:  # conv2d only (see _conv_layouts)
             lines.append("cl = torch.channels_last")
-            call = ("g = torch.nn.functional.conv2d(lA.contiguous(memory_format=cl), "
+            call = (f"g = {fn}(lA.contiguous(memory_format=cl), "
                     "lB.contiguous(memory_format=cl), None, *cargs)")
         else:
-            call = "g = torch.nn.functional.conv2d(lA, lB, None, *cargs)"
+            call = f"g = {fn}(lA, lB, None, *cargs)"
         if target == "cuda":
             lines += ["with _ieee_fp32():", f"    {call}"]
         else:
@@ -303,9 +303,9 @@ def _gemm_lines(plan: Plan, target: str, template: str, layout: int = 0) -> list
                       "g.shape[0], g.shape[1], g.shape[2] * g.shape[3], "
                       "torch.cuda.current_stream(g.device).cuda_stream))",
                       "else:",
-                      f"    l{gk} = _tensor(g, 'the conv2d result')"]
+                      f"    l{gk} = _tensor(g, 'the {g.op} result')"]
         else:
-            lines.append(f"l{gk} = _tensor(g, 'the conv2d result')")
+            lines.append(f"l{gk} = _tensor(g, 'the {g.op} result')")
         lines.append("gshape = tuple(g.shape)")
         return lines
     if g.op == "mm":
@@ -330,6 +330,28 @@ def _gemm_lines(plan: Plan, target: str, template: str, layout: int = 0) -> list
     if template == "epilogue":
         lines.append(f"l{gk} = {lib}")
     return lines
+
+
+def _conv_args(g: Gemm) -> list[str]:
+    """``cargs``: the convolution's arguments after the bias, read from its module at run time
+    (or the functional call's constants)."""
+    if g.conv[0] == "module":
+        names = ", ".join(f"conv.{k}" for k, _ in conv_args(g.op))
+        return [f"conv = _attr(self, {g.conv[1]!r})", f"cargs = ({names})"]
+    return [f"cargs = {tuple(g.conv[1:])!r}"]
+
+
+def library_lines(plan: Plan, target: str) -> list[str]:
+    """The body of a kernel-less stage of a multi-kernel plan: a library convolution and at
+    most its own bias (``Gemm.trivial``), one call."""
+    g = plan.gemm
+    assert g is not None and g.is_conv and g.trivial
+    bias = [lf for j, lf in enumerate(plan.leaves) if j != plan.gemm_leaf]
+    lines = [f"lA = {leaf_tensor(g.a)}", f"lB = {leaf_tensor(g.b)}",
+             f"lC = {leaf_tensor(bias[0])}.reshape(-1)" if bias else "lC = None"]
+    lines += _conv_args(g)
+    call = f"return torch.nn.functional.{g.op}(lA, lB, lC, *cargs)"
+    return lines + (["with _ieee_fp32():", f"    {call}"] if target == "cuda" else [call])
 
 
 def _to_nchw(plan: Plan, target: str, layout: int) -> bool:

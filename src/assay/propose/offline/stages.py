@@ -1,0 +1,175 @@
+"""Multi-kernel plans: a task that one kernel cannot fuse, cut into a sequence of stages.
+
+One plan fuses one head op (a product, a convolution, a pooling) with the chain after it, and
+reductions of one row shape. A task with more (every MLP, CNN block and residual block of
+KernelBench's level 3, a level-2 chain with a pooling after its convolution or a reduction of a
+reduced value) is cut right before the op that would not fit (the lowering says where: a
+:class:`graph.NeedsCut`), and each piece becomes a plan of its own, written by its family as
+usual. ``ModelNew.forward`` then runs the stages in order, each one's output an input of the
+next (see :mod:`candidate`).
+
+A cut is made only where exactly one computed value is live across it (the stage's output);
+forward inputs and parameters may be read by any stage. Two live values (two branches that join
+later, attention's q and k) are declined with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import fx
+
+from assay.propose.offline.graph import (PREFIX, RESHAPE_FUNCTIONS, SIZE_METHODS, Analysis,
+                                         NeedsCut, Unsupported, is_reshape)
+
+# A stage's output, as the next stages' argument.
+STAGE_INPUT = "stage{}"
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The stages of a multi-kernel plan, in order; the last one's output is the task's.
+
+    ``inputs`` are the forward's parameter names; each stage's ``plan.inputs`` names its own
+    arguments: forward inputs, and ``stage<k>`` for the output of an earlier stage k."""
+
+    stages: tuple[Analysis, ...] = field(compare=False)  # their shapes are one size's
+    inputs: tuple[str, ...]
+    plans: tuple = ()  # the stages' plans (what compares)
+    # Per stage: a view applied to its output before the next stages read it ("" for none), a
+    # Python expression of ``{t}`` (the output), e.g. ``{t}.view({t}.size(0), -1)``.
+    views: tuple[str, ...] = ()
+
+    @property
+    def dtype(self) -> str:
+        return "float32"
+
+
+def _size_of(node: Any, src: fx.Node) -> int | None:
+    """d for ``src.size(d)`` (a size query of ``src`` feeding a view), else None."""
+    if (isinstance(node, fx.Node) and node.op == "call_method" and str(node.target) in
+            SIZE_METHODS and len(node.args) == 2 and node.args[0] is src and not node.kwargs
+            and isinstance(node.args[1], int)):
+        return node.args[1]
+    return None
+
+
+def view_expr(node: fx.Node) -> str | None:
+    """The view ``node`` (of its first argument) as a size-generic expression of ``{t}``, or
+    None if its arguments are not constants and size queries of that same tensor."""
+    if not is_reshape(node):
+        return None
+    name = (RESHAPE_FUNCTIONS[node.target] if node.op == "call_function"
+            else str(node.target))
+    src, *args = node.args
+    kwargs = dict(node.kwargs)
+    if name == "flatten":
+        names = ("start_dim", "end_dim")
+        bound = dict(zip(names, args), **kwargs)
+        if set(bound) - set(names) or not all(isinstance(v, int) for v in bound.values()):
+            return None
+        return f"{{t}}.flatten({bound.get('start_dim', 0)}, {bound.get('end_dim', -1)})"
+    if kwargs:
+        return None
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):  # view((a, b)) / reshape(x, s)
+        args = list(args[0])
+    parts = []
+    for a in args:
+        d = _size_of(a, src)
+        if d is not None:
+            parts.append(f"{{t}}.size({d})")
+        elif isinstance(a, int) and not isinstance(a, bool):
+            parts.append(str(a))
+        else:
+            return None
+    return f"{{t}}.reshape({', '.join(parts)})" if parts else None
+
+
+def _live_across(nodes: list[fx.Node], cut: fx.Node) -> list[fx.Node]:
+    """The computed values before ``cut`` that ``cut`` or a later node reads."""
+    order = {n: i for i, n in enumerate(nodes)}
+    at = order[cut]
+    return [n for n in nodes[:at] if n.op not in ("placeholder", "get_attr")
+            and any(order[u] >= at for u in n.users)]
+
+
+def _subgraph(gm: fx.GraphModule, nodes: list[fx.Node], output: fx.Node,
+              inputs: dict[fx.Node, str]) -> tuple[fx.GraphModule, dict[fx.Node, fx.Node]]:
+    """A graph of ``nodes`` (computed ones; the parameters they read are copied in) whose
+    arguments are ``inputs`` (a forward input or an earlier stage's output -> its name) and
+    whose result is ``output``, and its nodes' originals. Its root is the task's model:
+    modules and parameters resolve there."""
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    needed = {a for n in nodes for a in n.all_input_nodes} | {output}
+    for src, name in inputs.items():  # forward inputs first, in order, then stage outputs
+        if src in needed:
+            env[src] = g.placeholder(name)
+            env[src].meta = dict(src.meta)
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a not in env and a.op == "get_attr":
+                env[a] = g.node_copy(a)
+        env[n] = g.node_copy(n, lambda a: env[a])
+    g.output(env[output])
+    return fx.GraphModule(gm, g), {copy: src for src, copy in env.items()}
+
+
+def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> Analysis:
+    """Cut ``gm`` (traced, shapes propagated) into stages; ``analyze`` lowers one stage's
+    graph into an :class:`Analysis`, raising :class:`NeedsCut` where it must end."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    out = output.args[0]
+    if isinstance(out, (tuple, list)):
+        if len(out) != 1:
+            raise Unsupported(f"{PREFIX} a forward returning {len(out)} tensors (v1 writes one "
+                              f"output)")
+        out = out[0]
+    forward_inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    names: dict[fx.Node, str] = {n: str(n.target) for n in forward_inputs}
+    stages: list[Analysis] = []
+    views: list[str] = []
+    todo = [n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
+    while True:
+        sub, original = _subgraph(gm, todo, out, names)
+        try:
+            stages.append(analyze(sub))
+            views.append("")
+            break
+        except NeedsCut as cut:
+            at = original.get(cut.before)
+            if at not in todo:  # pragma: no cover - every cut names a node of the graph
+                raise Unsupported(str(cut)) from None
+            view = view_expr(at)
+            # A view's size queries belong to the view, not to the kernel before it.
+            sizes = [n for n in todo if view and n.op == "call_method"
+                     and str(n.target) in SIZE_METHODS and set(n.users) == {at}]
+            before = [n for n in todo[:todo.index(at)] if n not in sizes]
+            if not before:
+                raise Unsupported(str(cut)) from None
+            live = [n for n in _live_across(forward_inputs + todo + [output], at)
+                    if n not in sizes]
+            if view is not None and live != [at.args[0]]:
+                raise Unsupported(f"{cut}: a view of a value that is also read elsewhere") \
+                    from None
+            if len(live) != 1:
+                raise Unsupported(f"{cut} (a kernel boundary there would carry {len(live)} "
+                                  f"values: {', '.join(n.name for n in live)})") from None
+            stages.append(analyze(_subgraph(gm, before, live[0], names)[0]))
+            views.append(view or "")
+            carried = at if view is not None else live[0]
+            names[carried] = STAGE_INPUT.format(len(stages) - 1)
+            todo = todo[todo.index(at) + (1 if view is not None else 0):]
+            if carried is out:  # the task returns the view: the last stage was the last kernel
+                break
+    if len(stages) == 1:  # pragma: no cover - analyze_module tries the whole graph first
+        raise Unsupported(f"{PREFIX} this task")
+    pipeline = Pipeline(tuple(stages), tuple(str(n.target) for n in forward_inputs),
+                        tuple(st.plan for st in stages), tuple(views))
+    ops = tuple(dict.fromkeys(op for st in stages for op in st.ops))
+    summary = f"{len(stages)} kernels: " + "; ".join(st.summary for st in stages)
+    if len(summary) > 160:
+        summary = f"{len(stages)} kernels fusing {', '.join(ops)}"
+    return Analysis(pipeline, stages[-1].shape, ops, summary)

@@ -1,0 +1,212 @@
+"""Multi-kernel plans (propose/offline/stages.py, families/pipeline.py): a task one kernel cannot
+fuse is cut into stages, each written by its family, run in order by ModelNew.forward.
+
+CPU candidates are compiled with g++ and compared with the reference at two sizes, under both
+templates of every stage (own kernels; library product/convolution + fused epilogue).
+"""
+
+from __future__ import annotations
+
+import random
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from assay.propose.base import TaskContext
+from assay.propose.offline import OfflineSynthesizer
+from assay.propose.offline.stages import Pipeline
+from assay.records import Proposal
+from assay.tasks.instantiate import make_inputs, reference_model, seeded
+from assay.tasks.model import Task
+from conftest import import_file
+from helpers import REPO
+
+KERNELBENCH = REPO.parent / "shared" / "kernelbench"
+
+_STATS = """
+with torch.no_grad():
+    for m in self.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-1.0, 1.0)
+            m.running_var.uniform_(0.5, 2.0)
+"""
+
+# name: (init body, forward body, inputs, sizes, other sizes, kernels)
+TASKS = {
+    # three GEMMs, each with its bias and activation fused
+    "mlp": ("self.net = nn.Sequential(nn.Linear(k, h), nn.ReLU(), nn.Linear(h, h), nn.Tanh(), "
+            "nn.Linear(h, n))", "return self.net(x)", "torch.randn(b, k)",
+            {"b": 6, "k": 20, "h": 33, "n": 7}, {"b": 3, "k": 5, "h": 9, "n": 130}, 3),
+    # a residual block: the identity read again by the second stage
+    "residual_block": ("self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)\n"
+                       "self.bn1 = nn.BatchNorm2d(c)\nself.relu = nn.ReLU(inplace=True)\n"
+                       "self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)\n"
+                       "self.bn2 = nn.BatchNorm2d(c)" + _STATS,
+                       "out = self.relu(self.bn1(self.conv1(x)))\n"
+                       "return self.relu(self.bn2(self.conv2(out)) + x)",
+                       "torch.randn(b, c, h, w)", {"b": 2, "c": 4, "h": 6, "w": 5},
+                       {"b": 1, "c": 3, "h": 3, "w": 9}, 2),
+    # a CNN head: convolution, pooling after it, a view between two kernels, a linear layer
+    "cnn_head": ("self.conv = nn.Conv2d(3, c, 3, padding=1)\nself.pool = nn.MaxPool2d(2)\n"
+                 "self.fc = nn.Linear(c * (h // 2) * (w // 2), n)",
+                 "y = self.pool(torch.relu(self.conv(x)))\n"
+                 "return self.fc(y.view(y.size(0), -1))",
+                 "torch.randn(b, 3, h, w)", {"b": 2, "c": 4, "h": 6, "w": 8, "n": 5},
+                 {"b": 3, "c": 2, "h": 6, "w": 8, "n": 3}, 3),
+    # two convolutions in a row (the first a library stage), global average pooling, flatten
+    "conv_conv_gap": ("self.a = nn.Conv2d(c, c, 1)\nself.b = nn.Conv2d(c, n, 3)\n"
+                      "self.gap = nn.AdaptiveAvgPool2d((1, 1))",
+                      "return torch.flatten(self.gap(torch.sigmoid(self.b(self.a(x)))), 1)",
+                      "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 7, "w": 5, "n": 4},
+                      {"b": 1, "c": 2, "h": 4, "w": 9, "n": 6}, 2),
+    # a reduction of a reduced value: the second one in a kernel of its own
+    "sum_then_logsumexp": ("self.fc = nn.Linear(k, n)",
+                           "y = torch.sum(self.fc(x), dim=-1)\n"
+                           "return torch.logsumexp(y * 0.5, dim=-1, keepdim=True)",
+                           "torch.randn(b, m, k)", {"b": 3, "m": 5, "k": 12, "n": 9},
+                           {"b": 2, "m": 17, "k": 3, "n": 40}, 2),
+    # an elementwise prologue before a pooling (the pool kernel reads a stage's output)
+    "relu_then_pool": ("self.pool = nn.MaxPool2d(2)", "return self.pool(torch.relu(x)) - 1.0",
+                       "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 6, "w": 7},
+                       {"b": 1, "c": 2, "h": 5, "w": 4}, 2),
+    # an elementwise prologue before a product
+    "relu_then_matmul": ("self.w = nn.Parameter(torch.randn(k, n) / k ** 0.5)",
+                         "return torch.matmul(torch.relu(x), self.w) * 2.0",
+                         "torch.randn(b, k)", {"b": 4, "k": 10, "n": 6},
+                         {"b": 9, "k": 33, "n": 2}, 2),
+}
+
+
+def _source(name: str) -> str:
+    init, body, inputs, sizes, _, _ = TASKS[name]
+    args = ", ".join(sizes)
+    return ("import torch\nimport torch.nn as nn\n\n"
+            + "".join(f"{k} = {v}\n" for k, v in sizes.items())
+            + f"\n\nclass Model(nn.Module):\n    def __init__(self, {args}):\n"
+            + "        super().__init__()\n" + textwrap.indent(init.strip(), " " * 8) + "\n\n"
+            + "    def forward(self, x):\n" + textwrap.indent(body, " " * 8) + "\n\n\n"
+            + f"def get_inputs():\n    return [{inputs}]\n\n\n"
+            + f"def get_init_inputs():\n    return [{args}]\n")
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("stage_tasks")
+    for name in TASKS:
+        (root / f"{name}.py").write_text(_source(name))
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _kernel_cache(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("ASSAY_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() / "kernels"))
+
+
+def _ctx(task_dir: Path, name: str, target: str = "cpu") -> TaskContext:
+    return TaskContext(Task.from_file(task_dir / f"{name}.py"), target=target)
+
+
+def _check(prop: Proposal, ctx: TaskContext, name: str, tmp_path: Path) -> None:
+    cand = import_file(prop.code, tmp_path / f"cand_{prop.id}.py")
+    for override in ({}, TASKS[name][4]):
+        mod = ctx.task.module()
+        for key, value in override.items():
+            setattr(mod, key, value)
+        ref = reference_model(mod, seed=0, device="cpu")
+        with seeded(0):
+            new = cand.ModelNew(*mod.get_init_inputs())
+        new.eval().load_state_dict(ref.state_dict())
+        inputs = make_inputs(mod, seed=1, device="cpu")
+        with torch.no_grad():
+            expected, got = ref(*inputs), new(*inputs)
+        assert got.shape == expected.shape and got.stride() == expected.stride(), override
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_multi_kernel_candidates_match_the_reference(task_dir, tmp_path, name):
+    ctx = _ctx(task_dir, name)
+    syn = OfflineSynthesizer("cpu")
+    analysis = syn.analyse(ctx)
+    assert isinstance(analysis.plan, Pipeline)
+    assert len(analysis.plan.stages) == TASKS[name][5]
+    props = syn.translate(ctx, n=2, rng=random.Random(0))
+    assert all(p.code is not None for p in props), props[0].declined
+    for prop in props:
+        assert prop.code.count("    def _stage") == TASKS[name][5]
+        _check(prop, ctx, name, tmp_path)
+
+
+def test_knobs_are_per_stage_and_evolve(task_dir):
+    """Each stage's knobs are its own (prefixed s<k>.); a mutation changes some of them, the
+    pipeline's lib switches every stage's template at once."""
+    ctx = _ctx(task_dir, "mlp")
+    syn = OfflineSynthesizer("cpu")
+    analysis = syn.analyse(ctx)
+    space = syn.space(analysis)
+    assert space["lib"] == (0, 1)
+    assert {k.split(".")[0] for k in space if k != "lib"} == {"s0", "s1", "s2"}
+    own, library = (syn.defaults(analysis, {"lib": v}) for v in (0, 1))
+    assert own != library and own["lib"] == 0 and library["lib"] == 1
+    code_own = syn.with_knobs(ctx, own).code
+    code_lib = syn.with_knobs(ctx, library).code
+    assert 'POLICY = "strict"' in code_own and 'POLICY = "permissive"' in code_lib
+    assert "torch.mm(" not in code_own and "torch.mm(" in code_lib
+    parent = syn.with_knobs(ctx, own)
+    from assay.propose.base import Parent
+    kids = syn.mutate(ctx, Parent(parent.id, parent.code, {"knobs": parent.knobs}, {}), 3,
+                      random.Random(1))
+    assert kids and all(k.knobs != own for k in kids)
+
+
+def test_identical_stages_share_one_kernel(task_dir):
+    """The same plan and knobs in several stages (a ResNet's blocks) build one library."""
+    ctx = _ctx(task_dir, "residual_block")
+    prop = OfflineSynthesizer("cpu").translate(ctx, n=1, rng=random.Random(0))[0]
+    assert prop.code.count("_lib(0)") >= 1
+    assert "SOURCES = (" in prop.code
+
+
+def test_strict_policy_declines_library_convolutions(task_dir):
+    syn = OfflineSynthesizer("cpu", policy="strict")
+    props = syn.translate(_ctx(task_dir, "conv_conv_gap"), n=1, rng=random.Random(0))
+    assert props[0].code is None and "strict policy" in props[0].declined
+    # A chain of products is all own kernels under strict.
+    props = syn.translate(_ctx(task_dir, "mlp"), n=1, rng=random.Random(0))
+    assert props[0].code is not None and 'POLICY = "strict"' in props[0].code
+
+
+@pytest.mark.parametrize("body, reason", [
+    # two values live across the boundary before the product
+    ("a = torch.relu(x)\nb = torch.sigmoid(x)\nreturn torch.matmul(a, self.w) + b.sum()",
+     "would carry 2 values"),
+    # a view of a forward input: nothing before it to cut
+    ("return torch.relu(torch.matmul(x.view(x.size(0), -1), self.w))", "inside one kernel"),
+])
+def test_boundaries_that_cannot_be_cut_are_declined(tmp_path, body, reason):
+    src = _source("relu_then_matmul").replace(
+        "        return torch.matmul(torch.relu(x), self.w) * 2.0",
+        textwrap.indent(body, " " * 8))
+    (tmp_path / "t.py").write_text(src)
+    props = OfflineSynthesizer("cpu").translate(_ctx(tmp_path, "t"), 1, random.Random(0))
+    assert props[0].code is None and reason in props[0].declined, props[0].declined
+
+
+def test_triton_declines_multi_kernel_plans(task_dir):
+    props = OfflineSynthesizer("triton").translate(_ctx(task_dir, "mlp", "triton"), 1,
+                                                   random.Random(0))
+    assert props[0].code is None and "pipeline family in Triton" in props[0].declined
+
+
+@pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")
+@pytest.mark.parametrize("stem, kernels", [
+    ("level3/1_MLP", 3), ("level3/4_LeNet5", 7), ("level3/8_ResNetBasicBlock", 3),
+    ("level3/11_VGG16", 21), ("level2/35_Conv2d_Subtract_HardSwish_MaxPool_Mish", 2),
+    ("level2/45_Gemm_Sigmoid_LogSumExp", 2),
+])
+def test_kernelbench_multi_kernel_tasks_get_a_plan(stem, kernels):
+    ctx = TaskContext(Task.from_file(KERNELBENCH / f"{stem}.py"), target="cuda")
+    analysis = OfflineSynthesizer("cuda").analyse(ctx)
+    assert isinstance(analysis.plan, Pipeline) and len(analysis.plan.stages) == kernels
