@@ -29,10 +29,10 @@ layers) is cut into stages (``stages``): a multi-kernel plan whose kernels Model
 in order, each written by its family with knobs of its own (every MLP and CNN of KernelBench's
 level 3 that uses only the ops above). Everything else is declined with a reason.
 
-Modules: ``graph`` (what pattern is this),
-``stages`` (multi-kernel plans), ``families`` (one module per kernel family: its matcher, knob
-spaces, code and templates, and the table of them; ``pipeline`` writes multi-kernel plans), ``candidate`` (the file around a family's kernel), ``synthesizer`` (the
-Proposer).
+Modules: ``graph`` (what pattern is this), ``stages`` (multi-kernel plans), ``families`` (one
+module per kernel family: its matcher, knob spaces, code and templates, and the table of them;
+``pipeline`` writes multi-kernel plans), ``candidate`` (the file around a family's kernel),
+``synthesizer`` (the Proposer).
 """
 
 from assay.propose.offline.graph import Analysis, Plan, Unsupported, analyze_task
