@@ -11,6 +11,10 @@ candidate files (C++/OpenMP for the cpu target, CUDA for the cuda target):
   elementwise chain: sum, mean, max, min (keepdim or not), norms, logsumexp, softmax,
   log_softmax, layer_norm (weight and bias read from the module at run time), RMSNorm,
   F.normalize, GroupNorm (rows of channel groups), matrix-vector products;
+* reductions over a block of dims that does not end at the last (sum, mean, max, min, prod,
+  argmax/argmin with int64 output), normalizations that broadcast them back (RMSNorm over
+  channels), and scans along any dim (cumsum, cumprod, flip-cumsum-flip, of ``x * mask`` with
+  a bool mask): the axis family;
 * one matrix product (torch.matmul/mm/bmm, F.linear/nn.Linear) or convolution
   (F.conv2d/nn.Conv2d) of inputs and parameters, followed by any chain of the above (bias,
   activation, scaling, residual, softmax, norms, sums): the epilogue. Two forms, told apart
