@@ -67,6 +67,13 @@ TASKS = {
                            "return torch.logsumexp(y * 0.5, dim=-1, keepdim=True)",
                            "torch.randn(b, m, k)", {"b": 3, "m": 5, "k": 12, "n": 9},
                            {"b": 2, "m": 17, "k": 3, "n": 40}, 2),
+    # a scan, then a reduction over the scanned dim (two axis kernels); a reduction of a
+    # reduced value down to one number
+    "scan_then_sum": ("pass", "return torch.cumsum(x, dim=1).sum(dim=1)",
+                      "torch.randn(b, m, k)", {"b": 3, "m": 5, "k": 7},
+                      {"b": 1, "m": 9, "k": 2}, 2),
+    "sum_twice": ("pass", "return torch.relu(x).sum(dim=0).sum(dim=0)", "torch.randn(b, k)",
+                  {"b": 4, "k": 9}, {"b": 13, "k": 2}, 2),
     # an elementwise prologue before a pooling (the pool kernel reads a stage's output)
     "relu_then_pool": ("self.pool = nn.MaxPool2d(2)", "return self.pool(torch.relu(x)) - 1.0",
                        "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 6, "w": 7},

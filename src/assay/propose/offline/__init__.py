@@ -13,6 +13,10 @@ candidate files (C++/OpenMP for the cpu target, CUDA for the cuda target):
   F.normalize, GroupNorm (rows of channel groups), InstanceNorm, matrix-vector products;
   BatchNorm (and InstanceNorm with running statistics) in eval mode, as the verifier runs
   tasks: a per-channel affine of the elementwise chain;
+* reductions over a block of dims that does not end at the last (sum, mean, max, min, prod,
+  argmax/argmin with int64 output), normalizations that broadcast them back (RMSNorm over
+  channels), and scans along any dim (cumsum, cumprod, flip-cumsum-flip, of ``x * mask`` with
+  a bool mask): the axis family;
 * one matrix product (torch.matmul/mm/bmm, F.linear/nn.Linear) or convolution (1-, 2- or
   3-D, transposed or not) of inputs and parameters, followed by any chain of the above (bias,
   activation, scaling, residual, softmax, norms, sums): the epilogue. Two forms, told apart

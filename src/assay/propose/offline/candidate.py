@@ -109,15 +109,16 @@ def _check(err):
 {% endif %}
 
 
-def _tensor(t, what):
-    """A contiguous DTYPE tensor on this candidate's device (a copy only if it was strided)."""
+def _tensor(t, what, dtype=DTYPE):
+    """A contiguous ``dtype`` tensor on this candidate's device (a copy only if it was
+    strided)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what}: expected a tensor, got {type(t).__name__}")
     # Attribute reads, not dispatcher calls (t.device builds an object, t.contiguous() goes
     # through the dispatcher even when it returns t): after the timing's cache flush each of
     # those costs ~10 us, as much as a small kernel.
-    if t.dtype != DTYPE or not t.{{ "is_cuda" if device_type == "cuda" else "is_cpu" }}:
-        raise TypeError(f"{what}: expected a {DTYPE} {{ device_type }} tensor, got {t.dtype} on "
+    if t.dtype != dtype or not t.{{ "is_cuda" if device_type == "cuda" else "is_cpu" }}:
+        raise TypeError(f"{what}: expected a {dtype} {{ device_type }} tensor, got {t.dtype} on "
                         f"{t.device}")
     return t if t.is_contiguous() else t.contiguous()
 
@@ -255,6 +256,21 @@ def _forward_lines(plan: Plan, target: str, knobs: dict[str, Any], family: Famil
         else:
             lines.append(f"out = torch.empty(shape, dtype=DTYPE, device={dev}.device)")
         lines.append("if rows == 0 or cols == 0:")
+    elif plan.kind == "axis":
+        a = plan.axis
+        lines.append(f"outer = math.prod(shape[:{a}])")
+        lines.append(f"mid = math.prod(shape[{a}:{a + k}])")
+        lines.append(f"inner = math.prod(shape[{a + k}:])")
+        out_dtype = "DTYPE" if plan.out_dtype == plan.dtype else f"torch.{plan.out_dtype}"
+        if plan.out_is_row:
+            keep = f" + {(1,) * k!r}" if plan.keepdim else ""
+            lines.append(f"out = torch.empty(shape[:{a}]{keep} + shape[{a + k}:], "
+                         f"dtype={out_dtype}, device={dev}.device)")
+            lines.append("_expect(mid > 0 or out.numel() == 0, 'a reduction over an empty "
+                         "dim')")
+        else:
+            lines.append(f"out = torch.empty(shape, dtype={out_dtype}, device={dev}.device)")
+        lines.append("if n == 0:")
     else:
         lines.append(f"out = torch.empty(shape, dtype=DTYPE, device={dev}.device)")
         lines.append("if n == 0:")

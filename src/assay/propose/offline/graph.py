@@ -11,8 +11,13 @@ The task's model is traced with ``torch.fx.symbolic_trace`` and shape-propagated
   on row values, and ``uniform`` values (constants, the row length);
 * the output node.
 
-Two templates cover every plan: ``elementwise`` (no reduction) and ``row`` (one or more passes
-over each row: softmax, layer norm, RMSNorm, sums, ...). Composite ops (softmax, layer_norm,
+Plans without a head op are of three kinds: ``elementwise`` (no reduction), ``row`` (one or
+more passes over each row: softmax, layer norm, RMSNorm, sums, ...) and ``axis``: reductions
+over a block of ``k`` dims starting at ``axis`` that does not end at the last dim (a "row" is
+then an (outer, inner) position, its values ``inner`` apart; RMSNorm over channels broadcasts
+one back), prod and argmax/argmin (int64, only as the output) over any block, and scans
+(cumsum, cumprod) along one dim: ``flip``, cumsum, ``flip`` of that dim is a reversed scan, a
+bool input is a mask read as 0/1. Composite ops (softmax, layer_norm,
 rms_norm, logsumexp, normalize, mean) are lowered into reductions and elementwise nodes here so
 that the code generator only knows three reductions (sum, max, min) and scalar formulas.
 
@@ -56,6 +61,8 @@ from assay.tasks.instantiate import init_inputs, make_inputs
 from assay.tasks.model import Task
 
 PREFIX = "offline synthesizer v1 cannot express"
+# Index-valued reductions: their int64 result can only be the plan's output.
+ARG_REDUCTIONS = ("reduce_argmax", "reduce_argmin")
 
 
 class Unsupported(Exception):
@@ -90,6 +97,7 @@ class Leaf:
     ``"scalar"`` (one element) or ``"block"``: its non-1 dims are S's dims ``a..b`` inclusive, so
     element ``i`` of S reads ``(i // inner) % mid`` with ``inner = prod(S[b+1:])`` and
     ``mid = prod(S[a:b+1])`` (a bias ``(C,)`` is the block of the last dim).
+    ``dtype``: "" (the plan's dtype) or "bool" (a mask, read as 0/1; axis plans only).
     """
 
     source: str
@@ -98,12 +106,16 @@ class Leaf:
     bcast: str = "full"
     a: int = 0
     b: int = 0
+    dtype: str = ""
 
 
 @dataclass(frozen=True)
 class Node:
     """One value. ``op`` is a formula name (see families.shared.FORMULAS), ``load``, ``const``,
-    ``cols`` (the row length) or ``reduce_sum``/``reduce_max``/``reduce_min``.
+    ``cols`` (the row length, or an axis plan's reduced length) or
+    ``reduce_sum``/``reduce_max``/``reduce_min``; axis plans add ``reduce_prod``,
+    ``reduce_argmax``/``reduce_argmin`` (int64 indices, first of ties; only as the output) and
+    the scans ``scan_sum``/``scan_prod`` (``elem`` class; attr ``reverse``: from the end).
 
     ``cls``: ``elem`` (per element of S), ``row`` (per row) or ``uniform`` (one value).
     ``attrs`` is a sorted tuple of (name, value) pairs so plans compare and hash by value.
@@ -190,12 +202,15 @@ class Pool:
 
 @dataclass(frozen=True)
 class Plan:
-    """What to compute, independent of sizes. ``kind`` is ``elementwise`` or ``row``."""
+    """What to compute, independent of sizes. ``kind`` is ``elementwise``, ``row`` or ``axis``
+    (a reduction or scan over the dims ``S[axis:axis + k]``, which do not all trail for a
+    reduction; see the module doc)."""
 
     kind: str
     inputs: tuple[str, ...]  # the forward's parameter names, in order
     ndim: int  # rank of the iteration shape S
-    k: int  # row plans: the trailing dims reduced (rows x cols with cols = prod(S[-k:]))
+    k: int  # row plans: the trailing dims reduced (rows x cols with cols = prod(S[-k:]));
+    # axis plans: the dims reduced or scanned, S[axis:axis + k]
     leaves: tuple[Leaf, ...]
     nodes: tuple[Node, ...]
     output: int
@@ -212,6 +227,12 @@ class Plan:
     # Modules computed with their eval-mode semantics (BatchNorm's running statistics): the
     # candidate refuses to run in training mode.
     eval_only: tuple[str, ...] = ()
+    axis: int = -1  # axis plans: the first reduced or scanned dim
+
+    @property
+    def out_dtype(self) -> str:
+        """The output's dtype: int64 for an argmax/argmin, else the plan's."""
+        return "int64" if self.nodes[self.output].op in ARG_REDUCTIONS else self.dtype
 
     @property
     def head_leaf(self) -> int:
@@ -292,6 +313,12 @@ _register("amax", torch.amax)
 _register("amin", torch.amin)
 _register("sum", torch.sum)
 _register("mean", torch.mean)
+_register("prod", torch.prod)
+_register("argmax", torch.argmax)
+_register("argmin", torch.argmin)
+_register("cumsum", torch.cumsum)
+_register("cumprod", torch.cumprod)
+_register("flip", torch.flip)
 _register("softmax", torch.softmax, F.softmax, torch.special.softmax)
 _register("log_softmax", torch.log_softmax, F.log_softmax, torch.special.log_softmax)
 _register("logsumexp", torch.logsumexp, torch.special.logsumexp)
@@ -308,7 +335,8 @@ _METHODS = {
     "add", "sub", "mul", "div", "true_divide", "neg", "pow", "relu", "sigmoid", "tanh", "exp",
     "log", "abs", "sqrt", "rsqrt", "erf", "sin", "cos", "log1p", "expm1", "reciprocal",
     "square", "clamp", "clip", "clamp_min", "clamp_max", "maximum", "minimum", "max", "min",
-    "amax", "amin", "sum", "mean", "softmax", "log_softmax", "logsumexp", "norm", "contiguous",
+    "amax", "amin", "sum", "mean", "prod", "argmax", "argmin", "cumsum", "cumprod", "flip",
+    "softmax", "log_softmax", "logsumexp", "norm", "contiguous",
     "float", "clone", "detach",
 }
 # detach: the same values (tasks run without autograd; KernelBench keeps a residual with
@@ -357,6 +385,9 @@ _SIGNATURES: dict[str, tuple[str, ...]] = {
     "max": ("input", "dim", "keepdim"), "min": ("input", "dim", "keepdim"),
     "amax": ("input", "dim", "keepdim"), "amin": ("input", "dim", "keepdim"),
     "sum": ("input", "dim", "keepdim"), "mean": ("input", "dim", "keepdim"),
+    "prod": ("input", "dim", "keepdim"), "argmax": ("input", "dim", "keepdim"),
+    "argmin": ("input", "dim", "keepdim"), "cumsum": ("input", "dim"),
+    "cumprod": ("input", "dim"), "flip": ("input", "dims"),
     "softmax": ("input", "dim"), "log_softmax": ("input", "dim"),
     "logsumexp": ("input", "dim", "keepdim"),
     "layer_norm": ("input", "normalized_shape", "weight", "bias", "eps"),
@@ -381,7 +412,7 @@ _CATEGORIES = (
     (("batch_norm", "BatchNorm", "instance_norm", "InstanceNorm", "group_norm", "GroupNorm"),
      "normalization over non-trailing dims"),
     (("view", "reshape", "permute", "transpose", "flatten", "unsqueeze", "squeeze", "cat",
-      "stack", "split", "chunk", "expand", "repeat", "narrow", "select", "index"),
+      "stack", "split", "chunk", "expand", "repeat", "narrow", "select", "index", "size"),
      "layout/indexing op"),
     (("cumsum", "cumprod", "cummax", "scan"), "scan"),
     (("argmax", "argmin", "topk", "sort"), "index-valued op"),
@@ -428,10 +459,12 @@ def _callable_name(target: Any) -> str:
 
 @dataclass
 class _TupleRef:
-    """A (values, indices) result of max/min with a dim: only the values can be used."""
+    """A (values, indices) result of max/min with a dim; ``indices`` lowers the indices
+    (argmax/argmin) when they are asked for."""
 
     values: int
     what: str
+    indices: Any = None  # () -> the IR node of the indices
 
 
 @dataclass
@@ -444,6 +477,8 @@ class _Builder:
     row_k: int | None = None
     row_shape: tuple[int, ...] | None = None
     groups: tuple | None = None  # the row grouping of the first reduction (see Plan.groups)
+    axis: int = -1  # the first reduced or scanned dim of an axis plan (-1: trailing rows)
+    scanned: bool = False  # the reduced dims are a scan's
     ops: list[str] = field(default_factory=list)
     gemm: Gemm | None = None
     gemm_node: int | None = None  # the load of the product's result
@@ -489,6 +524,8 @@ class _Builder:
         return self.add(Node("load", attrs=(("leaf", k),), cls=cls))
 
     def op(self, name: str, *args: int, **attrs: Any) -> int:
+        if any(self.nodes[a].op in ARG_REDUCTIONS for a in args):
+            raise Unsupported(f"{PREFIX} arithmetic on argmax/argmin indices (index-valued op)")
         classes = [self.nodes[a].cls for a in args]
         rows = [a for a in args if self.nodes[a].cls == "row"]
         if "elem" in classes:
@@ -511,29 +548,65 @@ class _Builder:
 
     def dtype_of(self, dtype: torch.dtype, what: str) -> None:
         """float32 always; float16/bfloat16 are noted (only a GEMM plan may use them, all
-        tensors in one dtype: checked when the plan is finished); anything else is declined."""
-        if dtype in (torch.float16, torch.bfloat16):
+        tensors in one dtype: checked when the plan is finished), so is bool (a mask: axis
+        plans only); anything else is declined."""
+        if dtype in (torch.float16, torch.bfloat16, torch.bool):
             self.dtypes[what] = str(dtype).replace("torch.", "")
         elif dtype != torch.float32:
             _check_dtype(dtype, what)
 
     def reduce(self, kind: str, arg: int, dims: tuple[int, ...], keepdim: bool,
                in_shape: tuple[int, ...], groups: tuple = ()) -> int:
-        """A reduction of ``arg`` (shape ``in_shape``) over ``dims``, which must be trailing;
-        ``groups`` splits each row into that many rows (GroupNorm)."""
+        """A reduction of ``arg`` (shape ``in_shape``) over ``dims``, a contiguous block:
+        trailing (a row plan; ``groups`` splits each row into that many rows, GroupNorm) or
+        not (an axis plan)."""
         nd = len(in_shape)
         k = len(dims)
-        if k == 0 or dims != tuple(range(nd - k, nd)):
+        if k == 0 or dims != tuple(range(dims[0], dims[0] + k)):
             raise Unsupported(f"{PREFIX} a reduction over dim(s) {list(dims)} of a {nd}-D "
-                              f"tensor (v1 reduces the trailing dims only)")
+                              f"tensor (v1 reduces a contiguous block of dims only)")
         if self.nodes[arg].cls != "elem":
             raise _Conflict(f"{PREFIX} a reduction of an already reduced value")
-        if self.row_k is None:
-            self.row_k, self.row_shape, self.groups = k, in_shape, groups
-        elif (self.row_k, self.row_shape, self.groups) != (k, in_shape, groups):
-            raise _Conflict(f"{PREFIX} reductions over different row shapes in one kernel")
+        axis = -1 if dims[-1] == nd - 1 else dims[0]
+        if groups and axis >= 0:  # pragma: no cover - GroupNorm reduces the trailing dims
+            raise Unsupported(f"{PREFIX} a grouped reduction over non-trailing dims")
+        self.over(k, in_shape, groups, axis, False, "reductions")
         # keepdim is part of the node: the same sum kept and squeezed are two shapes.
         return self.add(Node(f"reduce_{kind}", (arg,), (("keepdim", keepdim),), "row"), keepdim)
+
+    def over(self, k: int, in_shape: tuple[int, ...], groups: tuple, axis: int, scan: bool,
+             what: str) -> None:
+        """Records the dims a reduction or scan runs over: one set of dims per kernel."""
+        if self.row_k is None:
+            self.row_k, self.row_shape, self.groups = k, in_shape, groups
+            self.axis, self.scanned = axis, scan
+        elif (self.row_k, self.row_shape, self.groups, self.axis, self.scanned) != (
+                k, in_shape, groups, axis, scan):
+            raise _Conflict(f"{PREFIX} {what} over different dims in one kernel (or a scan "
+                            f"beside a reduction)")
+
+    def scan(self, kind: str, arg: int, dim: int, in_shape: tuple[int, ...]) -> int:
+        """The inclusive scan (cumsum, cumprod) of ``arg`` along ``dim``; a scan of a flip of
+        that dim is the flip of a reversed scan (flip, cumsum, flip: a suffix sum)."""
+        node = self.nodes[arg]
+        reverse = node.op == "flip" and node.attr("dims") == (dim,)
+        if reverse:
+            arg = node.args[0]
+        if self.nodes[arg].cls != "elem":
+            raise _Conflict(f"{PREFIX} a scan of a reduced or uniform value")
+        self.over(1, in_shape, (), dim, True, "scans")
+        out = self.add(Node(f"scan_{kind}", (arg,), (("reverse", reverse),), "elem"))
+        return self.flip(out, (dim,)) if reverse else out
+
+    def flip(self, arg: int, dims: tuple[int, ...]) -> int:
+        """``arg`` flipped along ``dims``: only a flip that a scan or another flip undoes
+        survives into a plan (checked when it is finished)."""
+        node = self.nodes[arg]
+        if node.op == "flip" and node.attr("dims") == dims:
+            return node.args[0]
+        if node.cls != "elem":
+            raise Unsupported(f"{PREFIX} a flip of a reduced or uniform value")
+        return self.add(Node("flip", (arg,), (("dims", dims),), "elem"))
 
     def squeeze(self, row: int, keepdim: bool) -> int:
         """The row value ``row`` with another keepdim (the same numbers, another shape)."""
@@ -651,7 +724,8 @@ class _Lowering:
         if not isinstance(output, fx.Node):
             raise Unsupported(f"{PREFIX} a forward that returns {type(output).__name__}")
         out = self.value(output)
-        self.b.dtype_of(self.meta(output).dtype, "the output")
+        if self.b.nodes[out].op not in ARG_REDUCTIONS:  # those are int64, as torch's
+            self.b.dtype_of(self.meta(output).dtype, "the output")
         return out, self.inputs
 
     def step(self, node: fx.Node) -> None:
@@ -1024,12 +1098,14 @@ class _Lowering:
             if isinstance(src, _TupleRef):
                 if bound["index"] == 0:
                     return src.values
-                raise _unsupported(f"the indices of {src.what} (argmax)")
+                if bound["index"] == 1:
+                    return src.indices()
+                raise _unsupported(f"element {bound['index']!r} of {src.what}")
             raise _unsupported("tensor indexing/slicing")
         if op == "getattr":
             src = self.env.get(x) if isinstance(x, fx.Node) else None
-            if isinstance(src, _TupleRef) and bound["name"] == "values":
-                return src.values
+            if isinstance(src, _TupleRef) and bound["name"] in ("values", "indices"):
+                return src.values if bound["name"] == "values" else src.indices()
             raise _unsupported(f"the attribute .{bound['name']}")
         if op in ("identity", "pos"):
             return self.value(x)
@@ -1079,10 +1155,22 @@ class _Lowering:
             dim = bound.get("dim")
             if isinstance(dim, fx.Node):  # torch.max(a, b): elementwise
                 return b.op(f"{op}2", self.value(x), self.value(dim))
-            values = self.reduction(x, op, dim, bool(bound.get("keepdim", False)))
-            return _TupleRef(values, f"torch.{op}(dim=...)")
-        if op in ("amax", "amin", "sum", "mean"):
+            keep = bool(bound.get("keepdim", False))
+            values = self.reduction(x, op, dim, keep)
+            return _TupleRef(values, f"torch.{op}(dim=...)",
+                             lambda: self.reduction(x, f"arg{op}", dim, keep))
+        if op in ("amax", "amin", "sum", "mean", "prod", "argmax", "argmin"):
             return self.reduction(x, op, bound.get("dim"), bool(bound.get("keepdim", False)))
+        if op in ("cumsum", "cumprod"):
+            shape = self.shape(x)
+            dim = bound.get("dim")
+            if dim is None:
+                raise Unsupported(f"{PREFIX} {op} without a dim")
+            (d,) = _norm_dims(dim, len(shape), op)
+            return b.scan(op.removeprefix("cum"), self.value(x), d, shape)
+        if op == "flip":
+            return b.flip(self.value(x), _norm_dims(bound.get("dims"), len(self.shape(x)),
+                                                    op))
         if op in ("softmax", "log_softmax"):
             return self.softmax(x, bound.get("dim"), log=op == "log_softmax")
         if op == "logsumexp":
@@ -1150,9 +1238,9 @@ class _Lowering:
     def reduction(self, x: Any, op: str, dim: Any, keepdim: bool) -> int:
         shape = self.shape(x)
         dims = _norm_dims(dim, len(shape), op)
-        kind = {"sum": "sum", "mean": "sum", "amax": "max", "max": "max",
-                "amin": "min", "min": "min"}[op]
-        if op in ("max", "min") and len(dims) != 1:
+        kind = {"sum": "sum", "mean": "sum", "amax": "max", "max": "max", "amin": "min",
+                "min": "min", "prod": "prod", "argmax": "argmax", "argmin": "argmin"}[op]
+        if op in ("max", "min", "argmax", "argmin", "prod") and len(dims) != 1:
             raise Unsupported(f"{PREFIX} torch.{op} over several dims")
         r = self.b.reduce(kind, self.value(x), dims, keepdim, shape)
         if op == "mean":
@@ -1269,21 +1357,37 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
     s = builder.row_shape if kind == "row" else out_shape
     assert s is not None
     k = builder.row_k or 0
+    flips = [i for i in order if nodes[i].op == "flip"]
+    if flips:
+        raise Unsupported(f"{PREFIX} a flip along dims {list(nodes[flips[0]].attr('dims'))} "
+                          f"(v1 flips only around a scan of that dim: flip, cumsum, flip)")
+    # Reductions over non-trailing dims, and those the row family lacks (prod, argmax,
+    # argmin) even over the trailing dims, are axis plans (see families.axis), so are scans.
+    axis = builder.axis
+    if axis < 0 and kind == "row" and any(
+            nodes[i].op in ("reduce_prod",) + ARG_REDUCTIONS for i in order):
+        axis = len(s) - k
+    if axis >= 0:
+        kind = "axis"
     keepdim = builder.keep.get(out, False) if nodes[out].cls == "row" else False
     # The output's shape must be what the templates produce from S.
     if nodes[out].cls == "elem":
         expected = tuple(s)
+    elif kind == "axis":
+        expected = tuple(s[:axis]) + ((1,) * k if keepdim else ()) + tuple(s[axis + k:])
     else:
         expected = tuple(s[: len(s) - k]) + ((1,) * k if keepdim else ())
     if tuple(out_shape) != expected:
         raise Unsupported(f"{PREFIX} an output of shape {list(out_shape)} from an iteration "
                           f"shape {list(s)} (broadcast beyond the inputs)")
 
+    masks = {lf.name for lf, _ in builder.leaves if builder.dtypes.get(lf.name) == "bool"}
     leaves = []
     for old in used_leaves:
         lf, shape = builder.leaves[old]
         bcast, a, bb = _classify(shape, tuple(s), repr(lf.name))
-        leaves.append(dataclasses.replace(lf, bcast=bcast, a=a, b=bb))
+        leaves.append(dataclasses.replace(lf, bcast=bcast, a=a, b=bb,
+                                          dtype="bool" if lf.name in masks else ""))
     anchors = [j for j, lf in enumerate(leaves) if lf.bcast == "full"]
     if not anchors:
         raise Unsupported(f"{PREFIX} an iteration shape {list(s)} that no input has "
@@ -1303,6 +1407,9 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
                                   f"{list(s)}")
             gemm = dataclasses.replace(gemm, trivial=out in (builder.gemm_node,
                                                              builder.own_bias))
+            if kind == "axis":
+                raise Unsupported(f"{PREFIX} a reduction or scan over a dim after "
+                                  f"{gemm.what} (v1 fuses trailing row reductions only)")
     pool, pool_leaf = builder.pool, -1
     if pool is not None:
         found = [j for j, lf in enumerate(leaves) if lf.source == "pool"]
@@ -1327,7 +1434,11 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
     names = [lf.name for lf in leaves if lf.source != "gemm"] + ["the output"]
     if gemm is not None:
         names.append("the matmul operands")
-    low = {builder.dtypes[n] for n in names if n in builder.dtypes}
+    used_masks = [n for n in names if n in masks]
+    if used_masks and kind != "axis":
+        raise Unsupported(f"{PREFIX} the bool tensor {used_masks[0]!r} here (v1 reads bool "
+                          f"masks in reductions and scans over a dim only)")
+    low = {builder.dtypes[n] for n in names if n in builder.dtypes and n not in masks}
     dtype = "float32"
     if low:
         ok = (gemm is not None and gemm.matmul and kind == "elementwise" and len(low) == 1
@@ -1348,7 +1459,8 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
     plan = Plan(kind=kind, inputs=tuple(inputs), ndim=len(s), k=k, leaves=tuple(leaves),
                 nodes=tuple(new_nodes), output=remap[out], keepdim=keepdim, anchor=anchor,
                 gemm=gemm, gemm_leaf=gemm_leaf, groups=tuple(groups), dtype=dtype,
-                pool=pool, pool_leaf=pool_leaf, eval_only=tuple(dict.fromkeys(builder.eval_only)))
+                pool=pool, pool_leaf=pool_leaf, axis=axis if kind == "axis" else -1,
+                eval_only=tuple(dict.fromkeys(builder.eval_only)))
     return plan, tuple(s)
 
 

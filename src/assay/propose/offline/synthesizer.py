@@ -97,7 +97,8 @@ def _parent_knobs(parent: Parent) -> Any:
 
 def strategy_of(analysis: Analysis, knobs: dict[str, int] | None = None) -> str:
     """The niche of a template: a single op streams (vectorize), several fuse (fusion), a row
-    reduces (rowreduce), a window pools (pooling); a product tiles (tiling), uses tensor cores
+    reduces (rowreduce), a reduction over a dim walks it (axisreduce), a line scans (scan),
+    a window pools (pooling); a product tiles (tiling), uses tensor cores
     (tensor_cores) or leaves the product to the library and fuses the rest (epilogue)."""
     return family_of(analysis.plan).strategy(analysis.plan, knobs or {})
 

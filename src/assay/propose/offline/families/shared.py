@@ -528,10 +528,11 @@ def pointer(target: str, name: str, py: str, elt: str = "float", const: bool = T
 
 def leaf_params(plan: Plan, target: str, skip: int = -1, elt: str = "float"
                  ) -> tuple[list[Param], list[Param]]:
-    """The leaves' pointers (``t<k>``) and the block-broadcast leaves' geometry (``inner<k>``,
-    ``mid<k>``), leaf ``skip`` left out (a head op's result that the kernel gets otherwise)."""
-    ptrs = [pointer(target, f"t{k}", f"l{k}.data_ptr()", elt)
-            for k in range(len(plan.leaves)) if k != skip]
+    """The leaves' pointers (``t<k>``; a bool mask's are ``bool*``) and the block-broadcast
+    leaves' geometry (``inner<k>``, ``mid<k>``), leaf ``skip`` left out (a head op's result
+    that the kernel gets otherwise)."""
+    ptrs = [pointer(target, f"t{k}", f"l{k}.data_ptr()", lf.dtype or elt)
+            for k, lf in enumerate(plan.leaves) if k != skip]
     geometry = []
     for k, lf in enumerate(plan.leaves):
         if lf.bcast == "block" and k != skip:
@@ -549,10 +550,13 @@ def out_param(target: str, py: str = "out.data_ptr()", elt: str = "float") -> Pa
 
 
 def fused_params(plan: Plan, target: str) -> list[Param]:
-    """assay_forward's parameters for an elementwise or row plan."""
+    """assay_forward's parameters for an elementwise, row or axis plan (an axis plan's tensor
+    is (outer, mid, inner) with the reduced or scanned dims as mid; argmax writes int64)."""
     ptrs, geometry = leaf_params(plan, target)
-    sizes = size_params("rows", "cols") if plan.kind == "row" else size_params("n")
-    return ptrs + [out_param(target)] + sizes + geometry
+    sizes = {"row": size_params("rows", "cols"),
+             "axis": size_params("outer", "mid", "inner")}.get(plan.kind, size_params("n"))
+    out = out_param(target, elt="int64_t" if plan.out_dtype == "int64" else "float")
+    return ptrs + [out] + sizes + geometry
 
 
 def forward_call(params: list[Param], stream: list[str]
@@ -571,9 +575,10 @@ def fused_calls(plan: Plan, target: str, knobs: dict[str, Any], stream: list[str
 def leaf_tensor(lf: Leaf) -> str:
     """The candidate's Python expression for a leaf's tensor (a forward input or an attribute
     of the model), checked and made contiguous by the candidate's ``_tensor``."""
+    dtype = f", torch.{lf.dtype}" if lf.dtype else ""
     if lf.source == "input":
-        return f"_tensor({lf.name}, {lf.name!r})"
-    return f"_tensor(_attr(self, {lf.name!r}), {'self.' + lf.name!r})"
+        return f"_tensor({lf.name}, {lf.name!r}{dtype})"
+    return f"_tensor(_attr(self, {lf.name!r}), {'self.' + lf.name!r}{dtype})"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -655,6 +660,7 @@ def fused_kernel(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
                     omp_clause=f" num_threads(assay_threads({threads}))" if threads > 1 else "",
                     simdlen=4 * int(knobs["unroll"])), sched
     kparams = ", ".join(f"{p.ctype} {p.name}" for p in params)
-    return dict(common, block=int(knobs["block"]), vec=int(knobs["vec"]), kparams=kparams,
+    # vec: the vector width of families that have the knob (1: scalar accesses).
+    return dict(common, block=int(knobs["block"]), vec=int(knobs.get("vec", 1)), kparams=kparams,
                 params=kparams + ", void* stream_ptr",
                 kargs=", ".join(p.name for p in params)), sched
