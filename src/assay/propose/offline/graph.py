@@ -3,7 +3,7 @@
 The task's model is traced with ``torch.fx.symbolic_trace`` and shape-propagated on meta tensors
 (no memory, any size), then lowered into a small IR, the :class:`Plan`:
 
-* leaves: the forward's tensor arguments and the module's parameters/buffers, each with how it
+* leaves: the forward's float tensor arguments and the module's parameters/buffers, each with how it
   broadcasts against the iteration shape ``S`` (full, a single value, or a contiguous block of
   dims, e.g. a bias of shape ``(C,)`` along the last dim);
 * nodes in topological order: elementwise ops (``elem`` class: one value per element of ``S``),
@@ -11,10 +11,16 @@ The task's model is traced with ``torch.fx.symbolic_trace`` and shape-propagated
   on row values, and ``uniform`` values (constants, the row length);
 * the output node.
 
-Two templates cover every plan: ``elementwise`` (no reduction) and ``row`` (one or more passes
-over each row: softmax, layer norm, RMSNorm, sums, ...). Composite ops (softmax, layer_norm,
-rms_norm, logsumexp, normalize, mean) are lowered into reductions and elementwise nodes here so
-that the code generator only knows three reductions (sum, max, min) and scalar formulas.
+Two kinds of plan cover every task: ``elementwise`` (no reduction) and ``row`` (one or more
+passes over each row: softmax, layer norm, RMSNorm, sums, ...). A reduction over every dim (no
+dim: ``x.sum()``, ``torch.mean(x)``, ``torch.norm(x)``) is a row plan of one row (``k ==
+ndim``), its value a 0-d tensor that also broadcasts back over the tensor (``x / norm(x)``);
+the ``total`` family writes those. Composite ops (softmax, layer_norm, rms_norm, logsumexp,
+normalize, mean, and the losses mse_loss, l1_loss, smooth_l1_loss, huber_loss and kl_div with
+their reductions) are lowered into reductions and elementwise nodes here so that the code
+generator only knows three reductions (sum, max, min) and scalar formulas. Losses over rows
+of a per-row reduction (triplet_margin_loss, cross_entropy) are declined: a plan does not hold
+a reduction of reduced values.
 
 A task may open with one matrix product or convolution (``torch.matmul``/``mm``/``bmm``,
 ``F.linear``/``nn.Linear``, ``F.conv2d``/``nn.Conv2d``) whose operands are inputs or parameters:
@@ -84,7 +90,8 @@ class Leaf:
 @dataclass(frozen=True)
 class Node:
     """One value. ``op`` is a formula name (see families.shared.FORMULAS), ``load``, ``const``,
-    ``cols`` (the row length) or ``reduce_sum``/``reduce_max``/``reduce_min``.
+    ``cols`` (the row length), ``size`` (the run-time size of S's dim ``dim``: kl_div's
+    batchmean, in full reductions only) or ``reduce_sum``/``reduce_max``/``reduce_min``.
 
     ``cls``: ``elem`` (per element of S), ``row`` (per row) or ``uniform`` (one value).
     ``attrs`` is a sorted tuple of (name, value) pairs so plans compare and hash by value.
@@ -152,7 +159,8 @@ class Plan:
     kind: str
     inputs: tuple[str, ...]  # the forward's parameter names, in order
     ndim: int  # rank of the iteration shape S
-    k: int  # row plans: the trailing dims reduced (rows x cols with cols = prod(S[-k:]))
+    k: int  # row plans: the trailing dims reduced (rows x cols with cols = prod(S[-k:]));
+    # k == ndim: a full reduction (one row)
     leaves: tuple[Leaf, ...]
     nodes: tuple[Node, ...]
     output: int
@@ -254,6 +262,14 @@ _register("rms_norm", getattr(F, "rms_norm", None))
 _register("normalize", F.normalize)
 _register("group_norm", F.group_norm)
 _register("norm", torch.norm)
+_register("vector_norm", torch.linalg.vector_norm)
+_register("mse_loss", F.mse_loss)
+_register("l1_loss", F.l1_loss)
+_register("smooth_l1_loss", F.smooth_l1_loss)
+_register("huber_loss", F.huber_loss)
+_register("kl_div", F.kl_div)
+_register("triplet_margin_loss", F.triplet_margin_loss)
+_register("cross_entropy", F.cross_entropy)
 _register("dropout", F.dropout)
 _register("getitem", operator.getitem)
 _register("getattr", builtins.getattr)
@@ -312,6 +328,16 @@ _SIGNATURES: dict[str, tuple[str, ...]] = {
     "group_norm": ("input", "num_groups", "weight", "bias", "eps"),
     "normalize": ("input", "p", "dim", "eps"),
     "norm": ("input", "p", "dim", "keepdim"),
+    "vector_norm": ("input", "ord", "dim", "keepdim"),
+    "mse_loss": ("input", "target", "size_average", "reduce", "reduction", "weight"),
+    "l1_loss": ("input", "target", "size_average", "reduce", "reduction", "weight"),
+    "smooth_l1_loss": ("input", "target", "size_average", "reduce", "reduction", "beta"),
+    "huber_loss": ("input", "target", "reduction", "delta", "weight"),
+    "kl_div": ("input", "target", "size_average", "reduce", "reduction", "log_target"),
+    "triplet_margin_loss": ("anchor", "positive", "negative", "margin", "p", "eps", "swap",
+                            "size_average", "reduce", "reduction"),
+    "cross_entropy": ("input", "target", "weight", "size_average", "ignore_index", "reduce",
+                      "reduction", "label_smoothing"),
     "dropout": ("input", "p", "training", "inplace"),
     "identity": ("input",),
     "getitem": ("input", "index"), "getattr": ("input", "name"),
@@ -319,6 +345,18 @@ _SIGNATURES: dict[str, tuple[str, ...]] = {
 _UNARY_FORMULAS = {"neg", "relu", "relu6", "sigmoid", "tanh", "exp", "log", "abs", "sqrt",
                    "rsqrt", "erf", "sin", "cos", "log1p", "expm1", "reciprocal", "square",
                    "silu", "mish", "selu", "softsign", "hardsigmoid", "hardswish"}
+
+# Losses lowered into an elementwise chain and its reduction (Model losses: see _Lowering.loss).
+_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div")
+_LOSS_MODULES = {nn.MSELoss: "mse_loss", nn.L1Loss: "l1_loss", nn.SmoothL1Loss: "smooth_l1_loss",
+                 nn.HuberLoss: "huber_loss", nn.KLDivLoss: "kl_div",
+                 nn.TripletMarginLoss: "triplet_margin_loss",
+                 nn.CrossEntropyLoss: "cross_entropy"}
+# Losses whose value is a mean over rows of a per-row reduction (a reduction of reduced
+# values, which a plan cannot hold yet), and what each needs.
+_ROW_LOSSES = {"triplet_margin_loss": "per-row distances, then their mean",
+               "cross_entropy": "a per-row logsumexp minus the int64 target's logit, then "
+                                "their mean"}
 
 # Why a common op is out of reach, for the decline message.
 _CATEGORIES = (
@@ -367,6 +405,14 @@ class _TupleRef:
     """A (values, indices) result of max/min with a dim: only the values can be used."""
 
     values: int
+    what: str
+
+
+@dataclass
+class _IntInput:
+    """A forward input of an integer dtype: declined where a kernel would read it, so that an
+    op that cannot take it anyway (cross_entropy's targets) names itself first."""
+
     what: str
 
 
@@ -429,7 +475,8 @@ class _Builder:
         if "elem" in classes:
             cls, keepdim = "elem", None
             for r in rows:
-                if not self.keep[r]:
+                # A full reduction's 0-d value broadcasts against anything (x / norm(x)).
+                if not self.keep[r] and not self.full:
                     raise Unsupported(f"{PREFIX} a reduced value without keepdim=True "
                                       f"broadcast against the unreduced tensor")
         elif rows:
@@ -443,6 +490,11 @@ class _Builder:
             cls, keepdim = "uniform", None
         node = Node(name, tuple(args), tuple(sorted(attrs.items())), cls)
         return self.add(node, keepdim)
+
+    @property
+    def full(self) -> bool:
+        """Whether the reductions are over every dim (one row: a full reduction)."""
+        return self.row_shape is not None and self.row_k == len(self.row_shape)
 
     def dtype_of(self, dtype: torch.dtype, what: str) -> None:
         """float32 always; float16/bfloat16 are noted (only a GEMM plan may use them, all
@@ -483,9 +535,13 @@ def _check_dtype(dtype: torch.dtype, what: str) -> None:
                           f"(v1 handles float32 only)")
 
 
-def _norm_dims(dim: Any, ndim: int, what: str) -> tuple[int, ...]:
+def _norm_dims(dim: Any, ndim: int, what: str, full: bool = False) -> tuple[int, ...]:
+    """The sorted non-negative dims of ``dim``; no dim means every dim where ``full`` (a
+    reduction to one value: sum, mean, amax, norm), a decline otherwise."""
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
-        raise Unsupported(f"{PREFIX} {what} over all dims (a full reduction to one value)")
+        if full:
+            return tuple(range(ndim))
+        raise Unsupported(f"{PREFIX} {what} without a dim")
     dims = dim if isinstance(dim, (list, tuple)) else (dim,)
     if not all(isinstance(d, int) for d in dims):
         raise Unsupported(f"{PREFIX} {what} with a dim computed at run time")
@@ -523,6 +579,8 @@ class _Lowering:
             v = self.env[a]
             if isinstance(v, _TupleRef):
                 raise Unsupported(f"{PREFIX} the (values, indices) pair of {v.what}")
+            if isinstance(v, _IntInput):
+                raise Unsupported(f"{PREFIX} {v.what} (v1 handles float32 only)")
             if not isinstance(v, int):
                 raise Unsupported(f"{PREFIX} the non-tensor value {a.name!r}")
             return v
@@ -570,6 +628,10 @@ class _Lowering:
                     raise Unsupported(f"{PREFIX} the non-tensor forward argument "
                                       f"{node.target!r} (v1 takes tensors only)")
                 self.inputs.append(str(node.target))
+                if not tm.dtype.is_floating_point and not tm.dtype.is_complex:
+                    self.env[node] = _IntInput(f"{node.target} of dtype "
+                                               f"{str(tm.dtype).replace('torch.', '')}")
+                    continue
                 self.env[node] = self.b.leaf("input", str(node.target), len(self.inputs) - 1, tm)
             elif node.op == "get_attr":
                 self.env[node] = self.b.leaf("attr", str(node.target), -1, self.meta(node))
@@ -800,6 +862,14 @@ class _Lowering:
         """A leaf torch.nn module: its op with the module's attributes as arguments."""
         m = self.gm.get_submodule(str(node.target))
         t = str(node.target)
+        if type(m) in _LOSS_MODULES:  # the module's settings as the functional's arguments
+            names = ("reduction", "beta", "delta", "log_target", "margin", "p", "eps", "swap",
+                     "ignore_index", "label_smoothing", "weight")
+            kw = {k: getattr(m, k) for k in names if hasattr(m, k)}
+            if isinstance(kw.get("weight"), torch.Tensor):
+                raise Unsupported(f"{PREFIX} nn.{type(m).__name__} with weight=")
+            return self.call(node, _LOSS_MODULES[type(m)], tuple(node.args),
+                             {**node.kwargs, **kw})
         if len(node.args) != 1 or node.kwargs:
             raise _unsupported(f"nn.{type(m).__name__} called with extra arguments")
         x = node.args[0]
@@ -930,6 +1000,8 @@ class _Lowering:
             dim = bound.get("dim")
             if isinstance(dim, fx.Node):  # torch.max(a, b): elementwise
                 return b.op(f"{op}2", self.value(x), self.value(dim))
+            if dim is None:  # torch.max(x): one value, no indices
+                return self.reduction(x, op, None, False)
             values = self.reduction(x, op, dim, bool(bound.get("keepdim", False)))
             return _TupleRef(values, f"torch.{op}(dim=...)")
         if op in ("amax", "amin", "sum", "mean"):
@@ -944,6 +1016,14 @@ class _Lowering:
         if op == "norm":
             return self.norm(x, bound.get("p", "fro"), bound.get("dim"),
                              bool(bound.get("keepdim", False)))
+        if op == "vector_norm":
+            return self.norm(x, bound.get("ord", 2), bound.get("dim"),
+                             bool(bound.get("keepdim", False)))
+        if op in _LOSSES:
+            return self.loss(op, bound)
+        if op in _ROW_LOSSES:
+            raise Unsupported(f"{PREFIX} {op} ({_ROW_LOSSES[op]}: a reduction of reduced "
+                              f"values)")
         if op == "normalize":
             p, dim, eps = bound.get("p", 2.0), bound.get("dim", 1), bound.get("eps", 1e-12)
             n = self.norm(x, p, dim, True)
@@ -1000,14 +1080,57 @@ class _Lowering:
 
     def reduction(self, x: Any, op: str, dim: Any, keepdim: bool) -> int:
         shape = self.shape(x)
-        dims = _norm_dims(dim, len(shape), op)
+        dims = _norm_dims(dim, len(shape), op, full=True)
         kind = {"sum": "sum", "mean": "sum", "amax": "max", "max": "max",
                 "amin": "min", "min": "min"}[op]
-        if op in ("max", "min") and len(dims) != 1:
+        if op in ("max", "min") and dim is not None and len(dims) != 1:
             raise Unsupported(f"{PREFIX} torch.{op} over several dims")
         r = self.b.reduce(kind, self.value(x), dims, keepdim, shape)
         if op == "mean":
             r = self.b.op("div", r, self.b.cols())
+        return r
+
+    def loss(self, op: str, bound: dict) -> int:
+        """mse_loss, l1_loss, smooth_l1_loss, huber_loss, kl_div: torch's per-element loss,
+        then its reduction: ``mean`` and ``sum`` over every element (a full reduction),
+        kl_div's ``batchmean`` (the sum over the input's first dim's size), ``none`` (the
+        elementwise chain itself)."""
+        for legacy in ("size_average", "reduce", "weight"):
+            if bound.get(legacy) is not None:
+                raise Unsupported(f"{PREFIX} {op} with {legacy}=")
+        x, t = bound["input"], bound["target"]
+        if not (isinstance(x, fx.Node) and isinstance(t, fx.Node)):
+            raise Unsupported(f"{PREFIX} {op} of a number")
+        b, xv, tv = self.b, self.value(x), self.value(t)
+        if op == "kl_div":
+            if bound.get("log_target", False):  # exp(t) * (t - x)
+                per = b.op("mul", b.op("exp", tv), b.op("sub", tv, xv))
+            else:  # xlogy(t, t) - t * x: a zero target contributes 0, as in torch
+                per = b.op("sub", b.op("xlogy", tv, tv), b.op("mul", tv, xv))
+        else:
+            d = b.op("sub", xv, tv)
+            if op == "mse_loss":
+                per = b.op("mul", d, d)
+            elif op == "l1_loss":
+                per = b.op("abs", d)
+            elif op == "smooth_l1_loss":
+                per = b.op("smooth_l1", b.op("abs", d), beta=float(bound.get("beta", 1.0)))
+            else:
+                per = b.op("huber", b.op("abs", d), delta=float(bound.get("delta", 1.0)))
+        reduction = bound.get("reduction", "mean")
+        if reduction == "none":
+            return per
+        shape = tuple(int(d) for d in torch.broadcast_shapes(self.shape(x), self.shape(t)))
+        if reduction not in ("mean", "sum") and not (op == "kl_div" and reduction == "batchmean"):
+            raise Unsupported(f"{PREFIX} {op} with reduction={reduction!r}")
+        if reduction == "batchmean" and len(self.shape(x)) != len(shape):
+            raise Unsupported(f"{PREFIX} kl_div batchmean of an input broadcast to "
+                              f"{list(shape)}")
+        r = b.reduce("sum", per, tuple(range(len(shape))), False, shape)
+        if reduction == "mean":
+            return b.op("div", r, b.cols())
+        if reduction == "batchmean":  # the first dim's size, read at run time
+            return b.op("div", r, b.add(Node("size", attrs=(("dim", 0),), cls="uniform")))
         return r
 
     def exp_sums(self, x: Any, dims: tuple[int, ...]) -> tuple[int, int, int]:
@@ -1030,7 +1153,7 @@ class _Lowering:
 
     def norm(self, x: Any, p: Any, dim: Any, keepdim: bool) -> int:
         shape = self.shape(x)
-        dims = _norm_dims(dim, len(shape), "norm")
+        dims = _norm_dims(dim, len(shape), "norm", full=True)
         v = self.value(x)
         if p in ("fro", 2, 2.0):
             return self.b.op("sqrt", self.b.reduce("sum", self.b.op("mul", v, v), dims,
@@ -1154,6 +1277,9 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
                                   f"{list(s)}")
             gemm = dataclasses.replace(gemm, trivial=out in (builder.gemm_node,
                                                              builder.own_bias))
+            if builder.full:
+                raise Unsupported(f"{PREFIX} a full reduction after {gemm.what} (v1 fuses "
+                                  f"rows of a product's result, not one value of all of it)")
     pool, pool_leaf = builder.pool, -1
     if pool is not None:
         found = [j for j, lf in enumerate(leaves) if lf.source == "pool"]
@@ -1231,7 +1357,7 @@ _KNOWN_MODULES = (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.Mish, nn.SELU, nn.So
                   nn.Hardsigmoid, nn.Hardswish, nn.Identity, nn.GELU, nn.LeakyReLU, nn.Hardtanh,
                   nn.ELU, nn.Softplus, nn.modules.dropout._DropoutNd, nn.Softmax, nn.LogSoftmax,
                   nn.LayerNorm, nn.Linear, nn.Conv2d, nn.GroupNorm, nn.MaxPool2d,
-                  nn.AvgPool2d) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
+                  nn.AvgPool2d, *_LOSS_MODULES) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
 
 
 def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
