@@ -43,8 +43,6 @@ POOLS = {
 DECLINED = {
     "return_indices": ("self.pool = nn.MaxPool2d(2, return_indices=True)",
                        "return self.pool(x)[0]", "batch, 3, h, w"),
-    "sum_after_pool": ("self.pool = nn.AvgPool2d(2)", "return self.pool(x).sum(dim=-1)",
-                       "batch, 3, h, w"),
 }
 # (batch, h, w): odd sizes, a width not a multiple of 4, a plane wider than a strip.
 SHAPES = [(2, 9, 11), (1, 16, 20), (3, 5, 6)]

@@ -74,6 +74,14 @@ TASKS = {
                       {"b": 1, "m": 9, "k": 2}, 2),
     "sum_twice": ("pass", "return torch.relu(x).sum(dim=0).sum(dim=0)", "torch.randn(b, k)",
                   {"b": 4, "k": 9}, {"b": 13, "k": 2}, 2),
+    # a product, then a sum of all of it (the total family's kernel); a pooling, then a
+    # reduction over the pooled rows
+    "matmul_then_total": ("self.w = nn.Parameter(torch.randn(k, n))",
+                          "return torch.matmul(x, self.w).sum()", "torch.randn(b, k)",
+                          {"b": 5, "k": 8, "n": 6}, {"b": 2, "k": 33, "n": 3}, 2),
+    "pool_then_sum": ("self.pool = nn.AvgPool2d(2)", "return self.pool(x).sum(dim=-1)",
+                      "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 6, "w": 8},
+                      {"b": 1, "c": 2, "h": 5, "w": 5}, 2),
     # an elementwise prologue before a pooling (the pool kernel reads a stage's output)
     "relu_then_pool": ("self.pool = nn.MaxPool2d(2)", "return self.pool(torch.relu(x)) - 1.0",
                        "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 6, "w": 7},

@@ -3,7 +3,7 @@
 The task's model is traced with ``torch.fx.symbolic_trace`` and shape-propagated on meta tensors
 (no memory, any size), then lowered into a small IR, the :class:`Plan`:
 
-* leaves: the forward's tensor arguments and the module's parameters/buffers, each with how it
+* leaves: the forward's float tensor arguments and the module's parameters/buffers, each with how it
   broadcasts against the iteration shape ``S`` (full, a single value, or a contiguous block of
   dims, e.g. a bias of shape ``(C,)`` along the last dim);
 * nodes in topological order: elementwise ops (``elem`` class: one value per element of ``S``),
@@ -17,9 +17,15 @@ over a block of ``k`` dims starting at ``axis`` that does not end at the last di
 then an (outer, inner) position, its values ``inner`` apart; RMSNorm over channels broadcasts
 one back), prod and argmax/argmin (int64, only as the output) over any block, and scans
 (cumsum, cumprod) along one dim: ``flip``, cumsum, ``flip`` of that dim is a reversed scan, a
-bool input is a mask read as 0/1. Composite ops (softmax, layer_norm,
-rms_norm, logsumexp, normalize, mean) are lowered into reductions and elementwise nodes here so
-that the code generator only knows three reductions (sum, max, min) and scalar formulas.
+bool input is a mask read as 0/1. A reduction over every dim (no dim: ``x.sum()``,
+``torch.mean(x)``, ``torch.norm(x)``) is a row plan of one row (``k == ndim``), its value a 0-d
+tensor that also broadcasts back over the tensor (``x / norm(x)``); the ``total`` family writes
+those. Composite ops (softmax, layer_norm, rms_norm, logsumexp, normalize, mean, and the losses
+mse_loss, l1_loss, smooth_l1_loss, huber_loss and kl_div with their reductions) are lowered
+into reductions and elementwise nodes here so that the code generator only knows three
+reductions (sum, max, min) and scalar formulas. Losses over rows of a per-row reduction
+(triplet_margin_loss, cross_entropy) are declined: one plan does not hold a reduction of
+reduced values, and a kernel boundary cannot split a loss's one op.
 
 A task may open with one matrix product or convolution (``torch.matmul``/``mm``/``bmm``,
 ``F.linear``/``nn.Linear``, ``F.conv2d``/``nn.Conv2d``) whose operands are inputs or parameters:
@@ -112,7 +118,8 @@ class Leaf:
 @dataclass(frozen=True)
 class Node:
     """One value. ``op`` is a formula name (see families.shared.FORMULAS), ``load``, ``const``,
-    ``cols`` (the row length, or an axis plan's reduced length) or
+    ``cols`` (the row length, or an axis plan's reduced length), ``size`` (the run-time size
+    of S's dim ``dim``: kl_div's batchmean, in full reductions only) or
     ``reduce_sum``/``reduce_max``/``reduce_min``; axis plans add ``reduce_prod``,
     ``reduce_argmax``/``reduce_argmin`` (int64 indices, first of ties; only as the output) and
     the scans ``scan_sum``/``scan_prod`` (``elem`` class; attr ``reverse``: from the end).
@@ -210,7 +217,8 @@ class Plan:
     inputs: tuple[str, ...]  # the forward's parameter names, in order
     ndim: int  # rank of the iteration shape S
     k: int  # row plans: the trailing dims reduced (rows x cols with cols = prod(S[-k:]));
-    # axis plans: the dims reduced or scanned, S[axis:axis + k]
+    # axis plans: the dims reduced or scanned, S[axis:axis + k]; k == ndim: a full
+    # reduction (one row)
     leaves: tuple[Leaf, ...]
     nodes: tuple[Node, ...]
     output: int
@@ -327,6 +335,14 @@ _register("rms_norm", getattr(F, "rms_norm", None))
 _register("normalize", F.normalize)
 _register("group_norm", F.group_norm)
 _register("norm", torch.norm)
+_register("vector_norm", torch.linalg.vector_norm)
+_register("mse_loss", F.mse_loss)
+_register("l1_loss", F.l1_loss)
+_register("smooth_l1_loss", F.smooth_l1_loss)
+_register("huber_loss", F.huber_loss)
+_register("kl_div", F.kl_div)
+_register("triplet_margin_loss", F.triplet_margin_loss)
+_register("cross_entropy", F.cross_entropy)
 _register("dropout", F.dropout)
 _register("getitem", operator.getitem)
 _register("getattr", builtins.getattr)
@@ -395,6 +411,16 @@ _SIGNATURES: dict[str, tuple[str, ...]] = {
     "group_norm": ("input", "num_groups", "weight", "bias", "eps"),
     "normalize": ("input", "p", "dim", "eps"),
     "norm": ("input", "p", "dim", "keepdim"),
+    "vector_norm": ("input", "ord", "dim", "keepdim"),
+    "mse_loss": ("input", "target", "size_average", "reduce", "reduction", "weight"),
+    "l1_loss": ("input", "target", "size_average", "reduce", "reduction", "weight"),
+    "smooth_l1_loss": ("input", "target", "size_average", "reduce", "reduction", "beta"),
+    "huber_loss": ("input", "target", "reduction", "delta", "weight"),
+    "kl_div": ("input", "target", "size_average", "reduce", "reduction", "log_target"),
+    "triplet_margin_loss": ("anchor", "positive", "negative", "margin", "p", "eps", "swap",
+                            "size_average", "reduce", "reduction"),
+    "cross_entropy": ("input", "target", "weight", "size_average", "ignore_index", "reduce",
+                      "reduction", "label_smoothing"),
     "dropout": ("input", "p", "training", "inplace"),
     "identity": ("input",),
     "getitem": ("input", "index"), "getattr": ("input", "name"),
@@ -402,6 +428,18 @@ _SIGNATURES: dict[str, tuple[str, ...]] = {
 _UNARY_FORMULAS = {"neg", "relu", "relu6", "sigmoid", "tanh", "exp", "log", "abs", "sqrt",
                    "rsqrt", "erf", "sin", "cos", "log1p", "expm1", "reciprocal", "square",
                    "silu", "mish", "selu", "softsign", "hardsigmoid", "hardswish"}
+
+# Losses lowered into an elementwise chain and its reduction (Model losses: see _Lowering.loss).
+_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div")
+_LOSS_MODULES = {nn.MSELoss: "mse_loss", nn.L1Loss: "l1_loss", nn.SmoothL1Loss: "smooth_l1_loss",
+                 nn.HuberLoss: "huber_loss", nn.KLDivLoss: "kl_div",
+                 nn.TripletMarginLoss: "triplet_margin_loss",
+                 nn.CrossEntropyLoss: "cross_entropy"}
+# Losses whose value is a mean over rows of a per-row reduction (a reduction of reduced
+# values, which a plan cannot hold yet), and what each needs.
+_ROW_LOSSES = {"triplet_margin_loss": "per-row distances, then their mean",
+               "cross_entropy": "a per-row logsumexp minus the int64 target's logit, then "
+                                "their mean"}
 
 # Why a common op is out of reach, for the decline message.
 _CATEGORIES = (
@@ -468,6 +506,14 @@ class _TupleRef:
 
 
 @dataclass
+class _IntInput:
+    """A forward input of an integer dtype: declined where a kernel would read it, so that an
+    op that cannot take it anyway (cross_entropy's targets) names itself first."""
+
+    what: str
+
+
+@dataclass
 class _Builder:
     """Accumulates IR nodes (hash-consed) and the facts a Plan needs (leaves, row shape)."""
 
@@ -531,7 +577,8 @@ class _Builder:
         if "elem" in classes:
             cls, keepdim = "elem", None
             for r in rows:
-                if not self.keep[r]:
+                # A full reduction's 0-d value broadcasts against anything (x / norm(x)).
+                if not self.keep[r] and not self.full:
                     raise Unsupported(f"{PREFIX} a reduced value without keepdim=True "
                                       f"broadcast against the unreduced tensor")
         elif rows:
@@ -545,6 +592,11 @@ class _Builder:
             cls, keepdim = "uniform", None
         node = Node(name, tuple(args), tuple(sorted(attrs.items())), cls)
         return self.add(node, keepdim)
+
+    @property
+    def full(self) -> bool:
+        """Whether the reductions are over every dim (one row: a full reduction)."""
+        return self.row_shape is not None and self.row_k == len(self.row_shape)
 
     def dtype_of(self, dtype: torch.dtype, what: str) -> None:
         """float32 always; float16/bfloat16 are noted (only a GEMM plan may use them, all
@@ -576,7 +628,14 @@ class _Builder:
 
     def over(self, k: int, in_shape: tuple[int, ...], groups: tuple, axis: int, scan: bool,
              what: str) -> None:
-        """Records the dims a reduction or scan runs over: one set of dims per kernel."""
+        """Records the dims a reduction or scan runs over: one set of dims per kernel. After a
+        head op only trailing row reductions fuse (into the product's epilogue; none after a
+        pooling): anything else starts a kernel of its own."""
+        if self.pool is not None or (self.gemm is not None and (
+                axis >= 0 or scan or k == len(in_shape))):
+            head = self.pool.what if self.pool is not None else self.gemm.what
+            raise _Conflict(f"{PREFIX} {what} over dims {list(range(len(in_shape)))[-k:]} "
+                            f"after {head} in one kernel")
         if self.row_k is None:
             self.row_k, self.row_shape, self.groups = k, in_shape, groups
             self.axis, self.scanned = axis, scan
@@ -621,9 +680,13 @@ def _check_dtype(dtype: torch.dtype, what: str) -> None:
                           f"(v1 handles float32 only)")
 
 
-def _norm_dims(dim: Any, ndim: int, what: str) -> tuple[int, ...]:
+def _norm_dims(dim: Any, ndim: int, what: str, full: bool = False) -> tuple[int, ...]:
+    """The sorted non-negative dims of ``dim``; no dim means every dim where ``full`` (a
+    reduction to one value: sum, mean, amax, norm), a decline otherwise."""
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
-        raise Unsupported(f"{PREFIX} {what} over all dims (a full reduction to one value)")
+        if full:
+            return tuple(range(ndim))
+        raise Unsupported(f"{PREFIX} {what} without a dim")
     dims = dim if isinstance(dim, (list, tuple)) else (dim,)
     if not all(isinstance(d, int) for d in dims):
         raise Unsupported(f"{PREFIX} {what} with a dim computed at run time")
@@ -667,6 +730,8 @@ class _Lowering:
             v = self.env[a]
             if isinstance(v, _TupleRef):
                 raise Unsupported(f"{PREFIX} the (values, indices) pair of {v.what}")
+            if isinstance(v, _IntInput):
+                raise Unsupported(f"{PREFIX} {v.what} (v1 handles float32 only)")
             if not isinstance(v, int):
                 raise Unsupported(f"{PREFIX} the non-tensor value {a.name!r}")
             return v
@@ -745,6 +810,10 @@ class _Lowering:
                 raise Unsupported(f"{PREFIX} the non-tensor forward argument "
                                   f"{node.target!r} (v1 takes tensors only)")
             self.inputs.append(str(node.target))
+            if tm.dtype != torch.bool and not tm.dtype.is_floating_point:  # bool: a mask
+                self.env[node] = _IntInput(f"{node.target} of dtype "
+                                           f"{str(tm.dtype).replace('torch.', '')}")
+                return
             self.env[node] = self.b.leaf("input", str(node.target), len(self.inputs) - 1, tm)
         elif node.op == "get_attr":
             self.env[node] = self.b.leaf("attr", str(node.target), -1, self.meta(node))
@@ -1017,6 +1086,14 @@ class _Lowering:
         """A leaf torch.nn module: its op with the module's attributes as arguments."""
         m = self.gm.get_submodule(str(node.target))
         t = str(node.target)
+        if type(m) in _LOSS_MODULES:  # the module's settings as the functional's arguments
+            names = ("reduction", "beta", "delta", "log_target", "margin", "p", "eps", "swap",
+                     "ignore_index", "label_smoothing", "weight")
+            kw = {k: getattr(m, k) for k in names if hasattr(m, k)}
+            if isinstance(kw.get("weight"), torch.Tensor):
+                raise Unsupported(f"{PREFIX} nn.{type(m).__name__} with weight=")
+            return self.call(node, _LOSS_MODULES[type(m)], tuple(node.args),
+                             {**node.kwargs, **kw})
         if len(node.args) != 1 or node.kwargs:
             raise _unsupported(f"nn.{type(m).__name__} called with extra arguments")
         x = node.args[0]
@@ -1155,6 +1232,8 @@ class _Lowering:
             dim = bound.get("dim")
             if isinstance(dim, fx.Node):  # torch.max(a, b): elementwise
                 return b.op(f"{op}2", self.value(x), self.value(dim))
+            if dim is None:  # torch.max(x): one value, no indices
+                return self.reduction(x, op, None, False)
             keep = bool(bound.get("keepdim", False))
             values = self.reduction(x, op, dim, keep)
             return _TupleRef(values, f"torch.{op}(dim=...)",
@@ -1181,6 +1260,14 @@ class _Lowering:
         if op == "norm":
             return self.norm(x, bound.get("p", "fro"), bound.get("dim"),
                              bool(bound.get("keepdim", False)))
+        if op == "vector_norm":
+            return self.norm(x, bound.get("ord", 2), bound.get("dim"),
+                             bool(bound.get("keepdim", False)))
+        if op in _LOSSES:
+            return self.loss(op, bound)
+        if op in _ROW_LOSSES:
+            raise Unsupported(f"{PREFIX} {op} ({_ROW_LOSSES[op]}: a reduction of reduced "
+                              f"values)")
         if op == "normalize":
             p, dim, eps = bound.get("p", 2.0), bound.get("dim", 1), bound.get("eps", 1e-12)
             n = self.norm(x, p, dim, True)
@@ -1237,14 +1324,60 @@ class _Lowering:
 
     def reduction(self, x: Any, op: str, dim: Any, keepdim: bool) -> int:
         shape = self.shape(x)
-        dims = _norm_dims(dim, len(shape), op)
+        # No dim: every dim, a full reduction (the total family), for those that have one.
+        dims = _norm_dims(dim, len(shape), op, full=op in ("sum", "mean", "amax", "amin", "max",
+                                                          "min"))
         kind = {"sum": "sum", "mean": "sum", "amax": "max", "max": "max", "amin": "min",
                 "min": "min", "prod": "prod", "argmax": "argmax", "argmin": "argmin"}[op]
-        if op in ("max", "min", "argmax", "argmin", "prod") and len(dims) != 1:
+        if (op in ("max", "min", "argmax", "argmin", "prod") and dim is not None
+                and len(dims) != 1):
             raise Unsupported(f"{PREFIX} torch.{op} over several dims")
         r = self.b.reduce(kind, self.value(x), dims, keepdim, shape)
         if op == "mean":
             r = self.b.op("div", r, self.b.cols())
+        return r
+
+    def loss(self, op: str, bound: dict) -> int:
+        """mse_loss, l1_loss, smooth_l1_loss, huber_loss, kl_div: torch's per-element loss,
+        then its reduction: ``mean`` and ``sum`` over every element (a full reduction),
+        kl_div's ``batchmean`` (the sum over the input's first dim's size), ``none`` (the
+        elementwise chain itself)."""
+        for legacy in ("size_average", "reduce", "weight"):
+            if bound.get(legacy) is not None:
+                raise Unsupported(f"{PREFIX} {op} with {legacy}=")
+        x, t = bound["input"], bound["target"]
+        if not (isinstance(x, fx.Node) and isinstance(t, fx.Node)):
+            raise Unsupported(f"{PREFIX} {op} of a number")
+        b, xv, tv = self.b, self.value(x), self.value(t)
+        if op == "kl_div":
+            if bound.get("log_target", False):  # exp(t) * (t - x)
+                per = b.op("mul", b.op("exp", tv), b.op("sub", tv, xv))
+            else:  # xlogy(t, t) - t * x: a zero target contributes 0, as in torch
+                per = b.op("sub", b.op("xlogy", tv, tv), b.op("mul", tv, xv))
+        else:
+            d = b.op("sub", xv, tv)
+            if op == "mse_loss":
+                per = b.op("mul", d, d)
+            elif op == "l1_loss":
+                per = b.op("abs", d)
+            elif op == "smooth_l1_loss":
+                per = b.op("smooth_l1", b.op("abs", d), beta=float(bound.get("beta", 1.0)))
+            else:
+                per = b.op("huber", b.op("abs", d), delta=float(bound.get("delta", 1.0)))
+        reduction = bound.get("reduction", "mean")
+        if reduction == "none":
+            return per
+        shape = tuple(int(d) for d in torch.broadcast_shapes(self.shape(x), self.shape(t)))
+        if reduction not in ("mean", "sum") and not (op == "kl_div" and reduction == "batchmean"):
+            raise Unsupported(f"{PREFIX} {op} with reduction={reduction!r}")
+        if reduction == "batchmean" and len(self.shape(x)) != len(shape):
+            raise Unsupported(f"{PREFIX} kl_div batchmean of an input broadcast to "
+                              f"{list(shape)}")
+        r = b.reduce("sum", per, tuple(range(len(shape))), False, shape)
+        if reduction == "mean":
+            return b.op("div", r, b.cols())
+        if reduction == "batchmean":  # the first dim's size, read at run time
+            return b.op("div", r, b.add(Node("size", attrs=(("dim", 0),), cls="uniform")))
         return r
 
     def exp_sums(self, x: Any, dims: tuple[int, ...]) -> tuple[int, int, int]:
@@ -1267,7 +1400,7 @@ class _Lowering:
 
     def norm(self, x: Any, p: Any, dim: Any, keepdim: bool) -> int:
         shape = self.shape(x)
-        dims = _norm_dims(dim, len(shape), "norm")
+        dims = _norm_dims(dim, len(shape), "norm", full=True)
         v = self.value(x)
         if p in ("fro", 2, 2.0):
             return self.b.op("sqrt", self.b.reduce("sum", self.b.op("mul", v, v), dims,
@@ -1407,9 +1540,12 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
                                   f"{list(s)}")
             gemm = dataclasses.replace(gemm, trivial=out in (builder.gemm_node,
                                                              builder.own_bias))
-            if kind == "axis":
+            if kind == "axis":  # pragma: no cover - the builder cuts before (head_conflict)
                 raise Unsupported(f"{PREFIX} a reduction or scan over a dim after "
                                   f"{gemm.what} (v1 fuses trailing row reductions only)")
+            if builder.full:  # pragma: no cover - likewise
+                raise Unsupported(f"{PREFIX} a full reduction after {gemm.what} (v1 fuses "
+                                  f"rows of a product's result, not one value of all of it)")
     pool, pool_leaf = builder.pool, -1
     if pool is not None:
         found = [j for j, lf in enumerate(leaves) if lf.source == "pool"]
@@ -1494,7 +1630,8 @@ _KNOWN_MODULES = (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.Mish, nn.SELU, nn.So
                   nn.LayerNorm, nn.Linear, nn.GroupNorm, nn.MaxPool2d, nn.AvgPool2d,
                   nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm,
                   nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
-                  *_CONV_MODULES) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
+                  *_CONV_MODULES, *_LOSS_MODULES) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm")
+                                                     else ())
 
 
 def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:

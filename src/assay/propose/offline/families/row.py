@@ -13,7 +13,8 @@ from typing import Any
 from assay.propose.offline.families import triton_form as tri
 from assay.propose.offline.families.family import Family, Space
 from assay.propose.offline.families.shared import (CPP_FORWARD_CLOSE, CPP_FORWARD_OPEN, CUDA_COMMON,
-                                                   Names, Schedule, elem_closure, fused_calls,
+                                                   CUDA_REDUCE_OPS, Names, Schedule, after_pass,
+                                                   elem_closure, fused_calls,
                                                    fused_kernel, knob_line, leaf_kind, leaves_of,
                                                    render, vector_conditions, vector_flags,
                                                    vector_index)
@@ -74,34 +75,7 @@ CUDA_ROW = r"""
 #include <cooperative_groups.h>
 namespace cg = cooperative_groups;
 
-// Sums accumulate in double: each thread adds cols / threads values in sequence, and a float
-// running sum over a long row drifts past 1e-5 of torch's (pairwise) result when values cancel.
-// A vector's VEC terms are added in float first, so that a double conversion and addition is
-// paid once per vector rather than per element (the GroupNorm row kernel is not memory-bound).
-struct AssaySum {
-  using T = double;
-  __device__ static T id() { return 0.0; }
-  __device__ static T op(T a, T b) { return a + b; }
-};
-struct AssayMax {
-  using T = float;
-  __device__ static T id() { return -INFINITY; }
-  __device__ static T op(T a, T b) { return assay_max2(a, b); }
-};
-struct AssayMin {
-  using T = float;
-  __device__ static T id() { return INFINITY; }
-  __device__ static T op(T a, T b) { return assay_min2(a, b); }
-};
-
-template <class Op>
-__device__ __forceinline__ typename Op::T assay_warp_reduce(typename Op::T v) {
-  #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = Op::op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-{% if warp_per_row %}
+""" + CUDA_REDUCE_OPS + r"""{% if warp_per_row %}
 // One warp per row: for short rows a whole block would idle; the warp reduces with shuffles
 // only, no shared memory and no __syncthreads.
 template <class Op, int SPLIT>
@@ -423,14 +397,6 @@ def _row_prologue(plan: Plan, sched: Schedule) -> list[str]:
     return [names.define(j) for j in range(len(plan.nodes)) if sched.where(j) == "row"]
 
 
-def _after(plan: Plan, sched: Schedule, p: int) -> list[str]:
-    """Row values that become available once pass ``p`` is done (not the reductions)."""
-    names = Names(plan, sched)
-    return [names.define(j) for j, n in enumerate(plan.nodes)
-            if sched.where(j) == "after" and not n.op.startswith("reduce_")
-            and sched.avail[j] == p + 1]
-
-
 _IDENT_CPP = {"sum": "0.0", "max": "-INFINITY", "min": "INFINITY"}
 _OP_CUDA = {"sum": "AssaySum", "max": "AssayMax", "min": "AssayMin"}
 
@@ -556,7 +522,7 @@ def _row_passes(plan: Plan, sched: Schedule, target: str, vec_ok: Callable[[int]
                             else f"out[i] = {names(out)};")
             if target == "cuda":
                 vec_ptrs.append("out")
-        after += _after(plan, sched, p)
+        after += after_pass(plan, sched, p)
         if plan.out_is_row and p == sched.passes - 1:
             after.append(f"if (leader) out[r] = {names(out)};" if target == "cuda"
                          else f"out[r] = {names(out)};")
@@ -580,7 +546,9 @@ def _row_passes(plan: Plan, sched: Schedule, target: str, vec_ok: Callable[[int]
 
 
 def matches(plan: Plan) -> bool:
-    return plan.kind == "row" and plan.gemm is None and plan.pool is None
+    """Row plans of several rows (one row, a full reduction, is the total family's)."""
+    return (plan.kind == "row" and plan.gemm is None and plan.pool is None
+            and (plan.k < plan.ndim or bool(plan.groups)))
 
 
 def space(target: str, analysis: Analysis, lib: int | None = None, policy: str = "any") -> Space:

@@ -58,6 +58,16 @@ ASSAY_FN float assay_softplus(float x, float beta, float threshold) {
 ASSAY_FN float assay_mish(float x) { return x * tanhf(log1pf(expf(x))); }
 ASSAY_FN float assay_hardsigmoid(float x) { return assay_clamp(x + 3.0f, 0.0f, 6.0f) / 6.0f; }
 ASSAY_FN float assay_hardswish(float x) { return x * assay_clamp(x + 3.0f, 0.0f, 6.0f) / 6.0f; }
+// The losses' per-element terms as ATen writes them (z = |input - target|).
+ASSAY_FN float assay_smooth_l1(float z, float beta) {
+  return z < beta ? 0.5f * z * z / beta : z - 0.5f * beta;
+}
+ASSAY_FN float assay_huber(float z, float delta) {
+  return z < delta ? 0.5f * z * z : delta * (z - 0.5f * delta);
+}
+ASSAY_FN float assay_xlogy(float x, float y) {
+  return y != y ? y : (x == 0.0f ? 0.0f : x * logf(y));
+}
 
 // A broadcast operand's index, (i / inner) % mid, per element: a 64-bit division is a long
 // software sequence on a GPU, so below 2^31 it is a multiply-high and a shift by a divider
@@ -255,6 +265,36 @@ extern "C" const char* assay_error_string(int code) {
 """
 
 
+# The reductions of the CUDA row and total kernels: their types, identities and warp step.
+CUDA_REDUCE_OPS = r"""// Sums accumulate in double: each thread adds cols / threads values in sequence, and a float
+// running sum over a long row drifts past 1e-5 of torch's (pairwise) result when values cancel.
+// A vector's VEC terms are added in float first, so that a double conversion and addition is
+// paid once per vector rather than per element (the GroupNorm row kernel is not memory-bound).
+struct AssaySum {
+  using T = double;
+  __device__ static T id() { return 0.0; }
+  __device__ static T op(T a, T b) { return a + b; }
+};
+struct AssayMax {
+  using T = float;
+  __device__ static T id() { return -INFINITY; }
+  __device__ static T op(T a, T b) { return assay_max2(a, b); }
+};
+struct AssayMin {
+  using T = float;
+  __device__ static T id() { return INFINITY; }
+  __device__ static T op(T a, T b) { return assay_min2(a, b); }
+};
+
+template <class Op>
+__device__ __forceinline__ typename Op::T assay_warp_reduce(typename Op::T v) {
+  #pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = Op::op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+"""
+
 # ----------------------------------------------------------------------------------------------
 # Scalar formulas (C syntax shared by C++ and CUDA)
 
@@ -332,6 +372,11 @@ FORMULAS: dict[str, Formula] = {
     "pow": lambda a, at: f"powf({a[0]}, {a[1]})",
     "pow_const": lambda a, at: _pow_const(a[0], at["exponent"]),
     "rpow_const": lambda a, at: f"powf({c_float(at['base'])}, {a[0]})",
+    "smooth_l1": lambda a, at: f"assay_smooth_l1({a[0]}, {c_float(at['beta'])})",
+    "huber": lambda a, at: f"assay_huber({a[0]}, {c_float(at['delta'])})",
+    "xlogy": lambda a, at: f"assay_xlogy({a[0]}, {a[1]})",
+    # The size of dim ``dim`` of S: a kernel parameter (only the total family passes it).
+    "size": lambda a, at: f"(float)size{at['dim']}",
 }
 
 
@@ -485,6 +530,14 @@ class Names:
             return f"const float v{j} = {_access(kind, k)};"
         formula = FORMULAS[n.op]([self(a) for a in n.args], dict(n.attrs))
         return f"const float v{j} = {formula};"
+
+
+def after_pass(plan: Plan, sched: Schedule, p: int) -> list[str]:
+    """Row values that become available once pass ``p`` is done (not the reductions)."""
+    names = Names(plan, sched)
+    return [names.define(j) for j, n in enumerate(plan.nodes)
+            if sched.where(j) == "after" and not n.op.startswith("reduce_")
+            and sched.avail[j] == p + 1]
 
 
 def elem_closure(plan: Plan, sched: Schedule, targets: list[int],
