@@ -5,6 +5,8 @@
         --budget-s 500 --out $OUT/kb                   # KernelBench level 1; rerun to go on
     PYTHONPATH=src python benchmarks/synth_suite.py --device cpu --tasks 'L1_1_*,L2_1_*' \\
         --out /tmp/synth                                                           # smoke test
+    PYTHONPATH=src python benchmarks/synth_suite.py --source ../shared/kernelbench --plans-only \
+        --out /tmp/plans                        # no device: coverage and declines (plans.md)
     PYTHONPATH=src python benchmarks/synth_suite.py --kernels triton --out $OUT/synth-triton
         # target=triton: the synthesizer's Triton forms (elementwise, row, GEMM), compiled by Triton
         # at their first launch (no build phase); on --device cpu, Triton's interpreter
@@ -177,7 +179,7 @@ def warm_compile(path: str, level: int, size: str, device: str, mode: str) -> di
 
 
 def build_candidate(path: str) -> dict[str, Any]:
-    """Compile a candidate's SOURCE into the shared kernel cache (nvcc / g++ process); a Triton
+    """Compile a candidate's SOURCE (SOURCES) into the shared kernel cache (nvcc / g++ process); a Triton
     candidate has none (Triton compiles at the first launch, inside the verification)."""
     from assay.bench.build import BuildError, build
 
@@ -189,9 +191,14 @@ def build_candidate(path: str) -> dict[str, Any]:
         for node in ast.parse(Path(path).read_text()).body:
             if (isinstance(node, ast.Assign) and len(node.targets) == 1
                     and isinstance(node.targets[0], ast.Name)
-                    and node.targets[0].id in ("SOURCE", "LANG")):
-                consts[node.targets[0].id] = ast.literal_eval(node.value)
-        build(consts["SOURCE"], lang=consts["LANG"])
+                    and node.targets[0].id in ("SOURCE", "SOURCES", "LANG")):
+                try:
+                    consts[node.targets[0].id] = ast.literal_eval(node.value)
+                except ValueError:  # SOURCES = (SOURCE,) beside a single kernel's SOURCE
+                    pass
+        # One kernel (SOURCE) or one per distinct kernel of a multi-kernel plan (SOURCES).
+        for source in consts.get("SOURCES") or (consts["SOURCE"],):
+            build(source, lang=consts["LANG"])
         return {"ok": True, "seconds": round(time.perf_counter() - t, 2)}
     except BuildError as e:
         return {"ok": False, "seconds": round(time.perf_counter() - t, 2),
@@ -343,6 +350,46 @@ def fmt(x: Any, spec: str = ".3g", none: str = "-") -> str:
         return str(x)
 
 
+def by_reason(pairs: Any) -> list[str]:
+    """Table rows ``| tasks | reason | which |`` of (reason, task) pairs, largest group first."""
+    why: dict[str, list[str]] = {}
+    for reason, task in pairs:
+        why.setdefault(reason, []).append(task)
+    return [f"| {len(ids)} | {reason[:160].replace('|', '/')} | {', '.join(ids[:12])}"
+            f"{' ...' if len(ids) > 12 else ''} |"
+            for reason, ids in sorted(why.items(), key=lambda kv: -len(kv[1]))]
+
+
+def plans_summary(runs: list[TaskRun], meta: dict[str, Any]) -> str:
+    """``--plans-only``: which tasks the synthesizer writes kernels for (how many kernels, which
+    templates and policies), and why it declines the others. No device, nothing verified."""
+    lines, table = [], []
+    for level in sorted({r.level for r in runs if isinstance(r.level, int)}):
+        mine = [r for r in runs if r.level == level]
+        have = [r for r in mine if r.cands]
+        strict = [r for r in have if any(c.policy == "strict" for c in r.cands)]
+        multi = [r for r in have if _kernels(r) > 1]
+        lines.append(f"- Level {level}: a plan for {len(have)}/{len(mine)} tasks "
+                     f"({len(strict)} with a candidate of the strict policy, {len(multi)} of "
+                     f"several kernels)")
+    for r in runs:
+        if r.cands:
+            forms = sorted({f"{c.strategy} ({c.policy})" for c in r.cands})
+            table.append(f"| {r.id} | {r.level} | {_kernels(r)} | {', '.join(forms)} |")
+    return "\n".join([
+        f"# Offline synthesizer plans on {meta['source']} (target {meta['target']}, size "
+        f"{meta['size']}; analysis only, nothing built or verified)", "", *lines, "",
+        "## Declined, by reason", "", "| tasks | reason | which |", "| --- | --- | --- |",
+        *by_reason((r.declined or r.error or "", r.id) for r in runs if not r.cands), "",
+        "## Planned", "", "| task | level | kernels | templates (policy) |",
+        "| --- | --- | --- | --- |", *table, ""])
+
+
+def _kernels(run: TaskRun) -> int:
+    """How many kernels the task's candidates run (a multi-kernel plan's stages)."""
+    return max(1, run.cands[0].path.read_text().count("    def _stage")) if run.cands else 0
+
+
 def summarize(runs: list[TaskRun], peaks: dict[str, Any] | None, meta: dict[str, Any]
               ) -> tuple[str, dict[str, Any]]:
     bw = (peaks or {}).get("bandwidth_gbs")
@@ -428,13 +475,8 @@ def summarize(runs: list[TaskRun], peaks: dict[str, Any] | None, meta: dict[str,
                "not_done": sum(1 for x in suite if x["skipped"]), "targets": TARGETS}
     # Every task without an accepted kernel, grouped by why: the synthesizer's decline reason,
     # an error, the time budget, or the verifier's rejection reasons.
-    why: dict[str, list[str]] = {}
-    for x in suite:
-        if not x["accepted"]:
-            why.setdefault(x["note"] or "no candidate verified", []).append(x["task"])
-    declines = [f"| {len(ids)} | {reason[:160].replace('|', '/')} | {', '.join(ids[:12])}"
-                f"{' ...' if len(ids) > 12 else ''} |"
-                for reason, ids in sorted(why.items(), key=lambda kv: -len(kv[1]))]
+    declines = by_reason((x["note"] or "no candidate verified", x["task"])
+                         for x in suite if not x["accepted"])
     probes = [x for x in rows if not isinstance(x["level"], int)]
     head = [
         f"# Offline synthesizer on {meta['source']} ({meta['device']}, size {meta['size']}"
@@ -500,7 +542,54 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-probes", action="store_true",
                     help="skip the float16/bfloat16 tensor-core probe tasks (cuda)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plans-only", action="store_true",
+                    help="no device: propose for the target --device names (auto: cuda) and "
+                         "write plans.md (coverage per level, declines by reason); nothing is "
+                         "built, timed or verified, and --out's earlier outcomes are not read")
     return ap.parse_args(argv)
+
+
+def _runs(args: argparse.Namespace, done: dict[str, TaskRun]) -> list[TaskRun]:
+    """The suite's tasks (--source, --levels, --tasks), an earlier outcome where ``done`` has
+    one."""
+    from assay.tasks.suite import discover
+
+    levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    include = [g.strip() for g in args.tasks.split(",") if g.strip()]
+    refs, errors = discover(Path(args.source), levels=levels, include=include)
+    for e in errors:
+        log(f"task file skipped: {e}")
+    return [done.get(r.id) or TaskRun(r.id, r.level, r.path) for r in refs]
+
+
+def _propose_all(runs: list[TaskRun], kernels: str, size: str, args: argparse.Namespace,
+                 out: Path) -> None:
+    from assay.tasks.model import Task
+
+    for run in runs:
+        try:
+            lvl = run.level if isinstance(run.level, int) else 0
+            run.task = Task.from_file(run.path, size=size, level=lvl)
+            propose(run, kernels, args.variants, args.mutations, args.seed, out)
+        except Exception as e:  # noqa: BLE001 - one task's failure is recorded
+            run.error = f"proposing: {one_line(e)}"
+        what = (f"declined: {run.declined}" if run.declined else f"error: {run.error}"
+                if run.error else ", ".join(f"{c.strategy}{'*' if c.must else ''}"
+                                            for c in run.cands))
+        log(f"{run.id}: {len(run.cands)} candidate(s) {what}")
+
+
+def plans_only(args: argparse.Namespace, out: Path) -> int:
+    """--plans-only: the synthesizer's coverage of the suite, without a device."""
+    target = "cpu" if args.device == "cpu" else "cuda"
+    kernels = "triton" if args.kernels == "triton" else target
+    size = args.size or ("large" if target == "cuda" else "small")
+    runs = _runs(args, {})
+    _propose_all(runs, kernels, size, args, out)
+    meta = {"source": args.source, "target": kernels, "size": size}
+    (out / "plans.md").write_text(plans_summary(runs, meta))
+    log(f"wrote {out / 'plans.md'}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -510,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     absolute_pythonpath(REPO / "src")  # the verifier's sandboxed workers import assay too
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.plans_only:
+        return plans_only(args, out)
 
     import torch
 
@@ -517,8 +608,6 @@ def main(argv: list[str] | None = None) -> int:
     from assay.bench.device import device_name, peaks as device_peaks
     from assay.bench.timing import TimingConfig
     from assay.tasks.analyze import cost, degeneracy
-    from assay.tasks.model import Task
-    from assay.tasks.suite import discover
     from assay.verify.harness import prepare, verify
     from assay.verify.memory import TooLarge
     from assay.verify.reference import resolve_device
@@ -538,13 +627,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.environ.get('ASSAY_CUDA_ARCH', '-')}")
 
     # -- tasks and proposals -------------------------------------------------------------------
-    levels = [int(x) for x in args.levels.split(",") if x.strip()]
     include = [g.strip() for g in args.tasks.split(",") if g.strip()]
-    refs, errors = discover(Path(args.source), levels=levels, include=include)
-    for e in errors:
-        log(f"task file skipped: {e}")
     done = {} if args.fresh else load_done(out)
-    runs = [done.get(r.id) or TaskRun(r.id, r.level, r.path) for r in refs]
+    runs = _runs(args, done)
     if target == "cuda" and not args.no_probes:
         pdir = out / "probe_tasks"
         pdir.mkdir(exist_ok=True)
@@ -556,17 +641,8 @@ def main(argv: list[str] | None = None) -> int:
     todo = [run for run in runs if run.id not in done]
     log(f"{len(runs)} tasks: {len(runs) - len(todo)} decided by an earlier run into {out}, "
         f"{len(todo)} to do")
+    _propose_all(todo, kernels, size, args, out)
     for run in todo:
-        try:
-            lvl = run.level if isinstance(run.level, int) else 0
-            run.task = Task.from_file(run.path, size=size, level=lvl)
-            propose(run, kernels, args.variants, args.mutations, args.seed, out)
-        except Exception as e:  # noqa: BLE001 - one task's failure is recorded
-            run.error = f"proposing: {one_line(e)}"
-        what = (f"declined: {run.declined}" if run.declined else f"error: {run.error}"
-                if run.error else ", ".join(f"{c.strategy}{'*' if c.must else ''}"
-                                            for c in run.cands))
-        log(f"{run.id}: {len(run.cands)} candidate(s) {what}")
         if not run.cands:
             save_done(out, run)  # declined (or failed to propose): decided
     covered = [r for r in todo if r.cands]
