@@ -225,3 +225,17 @@ def test_kernelbench_multi_kernel_tasks_get_a_plan(stem, kernels):
     ctx = TaskContext(Task.from_file(KERNELBENCH / f"{stem}.py"), target="cuda")
     analysis = OfflineSynthesizer("cuda").analyse(ctx)
     assert isinstance(analysis.plan, Pipeline) and len(analysis.plan.stages) == kernels
+
+
+def test_cuda_multi_kernel_candidates_load_each_kernel_apart(task_dir, tmp_path):
+    """The cuda form (compiled by the families' own nvcc tests; imported here, which builds
+    nothing): one library per distinct kernel, each stage launching on the current stream."""
+    ctx = _ctx(task_dir, "cnn_head", "cuda")
+    for prop in OfflineSynthesizer("cuda").translate(ctx, n=2, rng=random.Random(0)):
+        cand = import_file(prop.code, tmp_path / f"cuda_{prop.id}.py")
+        assert cand.LANG == "cuda" and len(cand.SOURCES) == len(cand._ARGTYPES) >= 2
+        assert all("__global__" in src for src in cand.SOURCES)
+        calls = [line for line in prop.code.splitlines() if "_check(_lib(" in line]
+        assert calls and all("cuda_stream" in line for line in calls)
+        assert {f"_lib({i})" for i in range(len(cand.SOURCES))} <= {
+            line.split("_check(")[1].split(".")[0] for line in calls}
