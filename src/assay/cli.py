@@ -48,6 +48,7 @@ def _verify(args: argparse.Namespace) -> int:
         print("error: --device cuda: no CUDA device is visible on this machine "
               "(use --device cpu or auto)", file=sys.stderr)
         return 2
+    _hold_cpu_threads(device)
     from assay.bench.baseline_cache import TrustedChild
 
     child = None if args.no_baseline or refused else TrustedChild()
@@ -132,8 +133,23 @@ def _verify_folder(args: argparse.Namespace) -> int:
         print("error: --device cuda: no CUDA device is visible on this machine "
               "(use --device cpu or auto)", file=sys.stderr)
         return 2
+    _hold_cpu_threads(device)
     args.device, args.size = device, resolve_size(args.size, device)
     return batch(args, from_cfg(compose([f"verify={args.policy}"]).verify))
+
+
+def _hold_cpu_threads(device: str) -> None:
+    """On cpu, eager, torch.compile and the candidate compute on the campaign's thread count
+    (target.cpu_threads), here and in every process started after (the baseline's child, the
+    sandboxed worker): with the libraries' default of one thread per core, a reference sharing
+    a busy machine waits at each OpenMP barrier for a descheduled thread (a tiny MLP measured
+    23 ms eager instead of 0.02 ms, and its candidate '156x faster')."""
+    if device != "cpu":
+        return
+    from assay import gpu
+    from assay.app import compose
+
+    gpu.hold_cpu_threads(int(compose(["target=cpu"]).target.cpu_threads))
 
 
 def _device(name: str) -> str | None:

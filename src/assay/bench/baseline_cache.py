@@ -39,11 +39,12 @@ METHOD = 2
 
 
 def baseline_key(task: Task, device_name: str, torch_version: str, cfg: TimingConfig,
-                 compile_: bool, compile_mode: str = "default") -> str:
-    """A pure function of what the baseline depends on."""
+                 compile_: bool, compile_mode: str = "default", threads: str = "") -> str:
+    """A pure function of what the baseline depends on (on cpu, the thread count too: a
+    baseline timed on the libraries' default threads is not one timed on the step's)."""
     parts = {"task": task.source_hash, "size": task.size, "device": device_name,
              "torch": torch_version, "timing": dataclasses.asdict(cfg), "compile": compile_,
-             "compile_mode": compile_mode, "method": METHOD}
+             "compile_mode": compile_mode, "method": METHOD, "threads": threads}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -56,7 +57,9 @@ def cached_baseline(task: Task, device: str, cfg: TimingConfig, compile_: bool,
 
     from assay.bench.device import device_name
 
-    key = baseline_key(task, device_name(device), torch.__version__, cfg, compile_, compile_mode)
+    threads = os.environ.get("OMP_NUM_THREADS", "default") if device == "cpu" else ""
+    key = baseline_key(task, device_name(device), torch.__version__, cfg, compile_, compile_mode,
+                       threads)
     root = cache_root()
     path = root / f"{task.id}-{key}.json"
     if path.exists() and not refresh:
