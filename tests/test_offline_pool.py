@@ -39,6 +39,11 @@ POOLS = {
                         "return torch.relu(F.max_pool2d(x, 2)) * self.scale + 0.5",
                         "batch, 4, h, w"),
     "max_chw": ("self.pool = nn.MaxPool2d(2)", "return torch.tanh(self.pool(x))", "3, h, w"),
+    # 1-D pooling of (N, C, L): the 2-D kernel with windows of height 1
+    "max1d_dil_ceil": ("self.pool = nn.MaxPool1d(3, stride=2, padding=1, dilation=2, "
+                       "ceil_mode=True)", "return self.pool(x) * 2.0", "batch, h, w"),
+    "avg1d_fn": ("", "return F.avg_pool1d(x, 4, stride=3, padding=2, count_include_pad=False)",
+                 "batch, h, w"),
 }
 DECLINED = {
     "return_indices": ("self.pool = nn.MaxPool2d(2, return_indices=True)",
@@ -147,7 +152,8 @@ def test_cpu_pool_candidates_match_torch(pool_dir, tmp_path, name):
     assert len(props) == 2 and all(p.code for p in props)
     for p in props:
         assert p.strategy == "pooling" and set(p.knobs) == set(KNOB_SPACES[("cpu", "pool")])
-        assert "_pool2d(" not in p.code.split("class ModelNew")[1]  # no library pooling call
+        library = ("_pool2d(", "_pool1d(")  # no library pooling call
+        assert not any(c in p.code.split("class ModelNew")[1] for c in library)
         _check(p.code, path, tmp_path, "cpu")
 
 

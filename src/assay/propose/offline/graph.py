@@ -360,9 +360,12 @@ _METHODS = {
 _METHOD_ALIASES = {"true_divide": "div", "clip": "clamp", "float": "identity",
                    "contiguous": "identity", "clone": "identity", "detach": "identity"}
 
-# 2-D pooling, which may open a plan as its Pool.
-_POOL_FUNCTIONS: dict[Any, str] = {F.max_pool2d: "max", F.avg_pool2d: "avg",
-                                   torch.max_pool2d: "max"}
+# 1-D and 2-D pooling, which may open a plan as its Pool: (op, spatial dims).
+_POOL_FUNCTIONS: dict[Any, tuple[str, int]] = {
+    F.max_pool2d: ("max", 2), F.avg_pool2d: ("avg", 2), torch.max_pool2d: ("max", 2),
+    F.max_pool1d: ("max", 1), F.avg_pool1d: ("avg", 1), torch.max_pool1d: ("max", 1)}
+_POOL_MODULES = {nn.MaxPool2d: ("max", 2), nn.AvgPool2d: ("avg", 2), nn.MaxPool1d: ("max", 1),
+                 nn.AvgPool1d: ("avg", 1)}
 _POOL_SIGNATURES = {
     "max": ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
             "return_indices"),
@@ -823,12 +826,13 @@ class _Lowering:
                                                 node.args, dict(node.kwargs))
                 return
             if node.target in _POOL_FUNCTIONS:
-                op = _POOL_FUNCTIONS[node.target]
+                op, spatial = _POOL_FUNCTIONS[node.target]
                 names = _POOL_SIGNATURES[op]
                 if len(node.args) > len(names) or any(k not in names for k in node.kwargs):
-                    raise _unsupported(f"{op}_pool2d called with unusual arguments")
+                    raise _unsupported(f"{op}_pool{spatial}d called with unusual arguments")
                 bound = dict(zip(names, node.args), **node.kwargs)
-                self.env[node] = self.pool_head(node, op, bound, f"F.{op}_pool2d", "")
+                self.env[node] = self.pool_head(node, op, bound, f"F.{op}_pool{spatial}d", "",
+                                                spatial)
                 return
             if node.target in _GLOBAL_POOLS:
                 bound = dict(zip(("input", "output_size"), node.args), **node.kwargs)
@@ -964,17 +968,20 @@ class _Lowering:
         self.b.own_bias = v
         return v
 
-    def pool_head(self, node: fx.Node, op: str, bound: dict, what: str, module: str) -> int:
-        """max_pool2d / avg_pool2d of a forward input: the Pool, and a leaf for its result."""
+    def pool_head(self, node: fx.Node, op: str, bound: dict, what: str, module: str,
+                  spatial: int = 2) -> int:
+        """max_pool2d / avg_pool2d of a forward input: the Pool, and a leaf for its result.
+        1-D pooling of an (N, C, L) input is the 2-D pooling of that tensor read as CHW with a
+        window of height 1 (planes N, rows C, columns L): the same windows, the same divisor."""
         if self.b.gemm is not None or self.b.pool is not None:
             raise self.cut(f"{PREFIX} {what} after another matmul/convolution/pooling "
                               f"(v1 fuses one head op with the elementwise chain after it; "
                               f"pooling)")
         x, mx = self.operand(bound["input"], what)
         xs = tuple(int(d) for d in mx.shape)
-        if len(xs) not in (3, 4):
-            raise Unsupported(f"{PREFIX} {what} of a {len(xs)}-D input (v1: NCHW or CHW; "
-                              f"pooling)")
+        if len(xs) not in ((3, 4) if spatial == 2 else (3,)):
+            raise Unsupported(f"{PREFIX} {what} of a {len(xs)}-D input (v1: NCHW or CHW, NCL "
+                              f"for 1-D; pooling)")
         _check_dtype(mx.dtype, f"the input of {what}")
         if bound.get("return_indices"):
             raise Unsupported(f"{PREFIX} {what} with return_indices (index-valued op)")
@@ -985,9 +992,9 @@ class _Lowering:
                 v = default
             if isinstance(v, fx.Node):
                 raise Unsupported(f"{PREFIX} {what} with {name} computed at run time")
-            v = tuple(v) if isinstance(v, (list, tuple)) else (v, v)
+            v = tuple(v) if isinstance(v, (list, tuple)) else (v,) * spatial
             if len(v) == 1:
-                v = (v[0], v[0])
+                v = (v[0], v[0]) if spatial == 2 else ((0 if name == "padding" else 1), v[0])
             if len(v) != 2 or not all(isinstance(a, int) and not isinstance(a, bool)
                                       for a in v):
                 raise Unsupported(f"{PREFIX} {what} with {name}={bound.get(name)!r}")
@@ -1003,7 +1010,7 @@ class _Lowering:
                 or isinstance(divisor, fx.Node)):
             raise Unsupported(f"{PREFIX} {what} with kernel {kernel}, stride {stride}, "
                               f"padding {padding} (pooling)")
-        self.b.ops.append(f"{op}_pool2d")
+        self.b.ops.append(f"{op}_pool{spatial}d")
         self.b.pool = Pool(op, x, kernel, stride, padding, dilation,
                            bool(bound.get("ceil_mode", False)),
                            bool(bound.get("count_include_pad", True)), int(divisor), module,
@@ -1149,11 +1156,11 @@ class _Lowering:
                 bias = self.b.leaf("attr", f"{t}.bias", -1, m.bias, view)
             return self.group_norm(x, ("attr", t), int(m.num_groups), w, bias, float(m.eps),
                                    f"nn.GroupNorm {t!r}")
-        if type(m) in (nn.MaxPool2d, nn.AvgPool2d):
-            op = "max" if type(m) is nn.MaxPool2d else "avg"
+        if type(m) in _POOL_MODULES:
+            op, spatial = _POOL_MODULES[type(m)]
             names = _POOL_SIGNATURES[op][1:]
             bound = {"input": x, **{k: getattr(m, k) for k in names if hasattr(m, k)}}
-            return self.pool_head(node, op, bound, f"nn.{type(m).__name__} {t!r}", t)
+            return self.pool_head(node, op, bound, f"nn.{type(m).__name__} {t!r}", t, spatial)
         if isinstance(m, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)):
             spatial = {nn.AdaptiveAvgPool1d: 1, nn.AdaptiveAvgPool2d: 2}.get(type(m), 3)
             return self.global_pool(x, m.output_size, spatial, f"nn.{type(m).__name__} {t!r}")
@@ -1627,7 +1634,7 @@ def _meta_inputs(mod: Any) -> list:
 _KNOWN_MODULES = (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.Mish, nn.SELU, nn.Softsign,
                   nn.Hardsigmoid, nn.Hardswish, nn.Identity, nn.GELU, nn.LeakyReLU, nn.Hardtanh,
                   nn.ELU, nn.Softplus, nn.modules.dropout._DropoutNd, nn.Softmax, nn.LogSoftmax,
-                  nn.LayerNorm, nn.Linear, nn.GroupNorm, nn.MaxPool2d, nn.AvgPool2d,
+                  nn.LayerNorm, nn.Linear, nn.GroupNorm, *_POOL_MODULES,
                   nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm,
                   nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
                   *_CONV_MODULES, *_LOSS_MODULES) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm")

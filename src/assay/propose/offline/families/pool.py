@@ -1,5 +1,6 @@
-"""The pool family: 2-D max or average pooling of a forward input (NCHW or CHW) with the
-elementwise chain after it fused into the store. C++: OpenMP threads over (plane, output row);
+"""The pool family: 2-D max or average pooling of a forward input (NCHW or CHW; 1-D pooling
+of NCL as CHW with windows of height 1) with the elementwise chain after it fused into the
+store. C++: OpenMP threads over (plane, output row);
 CUDA: a thread per run of consecutive outputs of a row, windows read straight from global
 memory."""
 
