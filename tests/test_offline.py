@@ -487,6 +487,13 @@ GEMM_TASKS = {
                      "return torch.tanh(self.norm(self.conv(x)))",
                      "torch.randn(b, cin, h, w)",
                      {"b": 2, "cin": 3, "cout": 8, "h": 6, "w": 5}),
+    # GroupNorm of a (rows, features) product: a row is one group, the bias and the affine
+    # vary along it (indexed by the element, not the column)
+    "linear_gn_swish": ("k, n", "self.fc = nn.Linear(k, n)\nself.gn = nn.GroupNorm(4, n)\n"
+                        "with torch.no_grad():\n    self.gn.weight.uniform_(0.5, 2.0)\n"
+                        "    self.gn.bias.uniform_(-0.5, 0.5)", "x",
+                        "y = self.gn(self.fc(x)); return y * torch.sigmoid(y)",
+                        "torch.randn(m, k)", {"m": 6, "k": 20, "n": 32}),
     # convolutions of other ranks and transposed ones: the library form, their arguments read
     # from the module at run time
     "conv1d_strided_relu": ("cin, cout", "self.conv = nn.Conv1d(cin, cout, 3, stride=2, "
@@ -529,6 +536,7 @@ GEMM_SIZES = {
     "conv_relu_bias": [{}, {"b": 1, "cin": 2, "cout": 4, "h": 3, "w": 11}],
     "conv_gn_tanh": [{}, {"b": 3, "cin": 4, "cout": 6, "h": 4, "w": 4},
                      {"b": 2, "cin": 3, "cout": 16, "h": 12, "w": 20}],  # vectors: 240 pixels
+    "linear_gn_swish": [{}, {"m": 3, "k": 7, "n": 12}],
     "conv1d_strided_relu": [{}, {"b": 1, "cin": 2, "cout": 3, "w": 6}],
     "convt2d_grouped_tanh": [{}, {"b": 1, "cin": 2, "cout": 2, "h": 1, "w": 4}],
     "conv3d_bn_relu": [{}, {"b": 1, "cin": 2, "cout": 3, "d": 2, "h": 5, "w": 2}],

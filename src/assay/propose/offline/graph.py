@@ -1566,11 +1566,6 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
     groups = builder.groups or ()
     if groups and nodes[out].cls != "elem":
         raise Unsupported(f"{PREFIX} a per-group reduced output (group statistics)")
-    if groups:
-        for j, lf in enumerate(leaves):  # channel parameters of a GroupNorm: no (c)olumn forms
-            if lf.bcast == "block" and lf.b == len(s) - 1:
-                raise Unsupported(f"{PREFIX} {lf.name!r} broadcast along the last dim of a "
-                                  f"grouped normalization")
 
     # Dtypes: float32, or one of float16/bfloat16 throughout a GEMM with an elementwise
     # epilogue (the tensor-core template).

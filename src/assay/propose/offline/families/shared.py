@@ -389,7 +389,8 @@ def leaf_kind(plan: Plan, k: int) -> str:
 
     elementwise: full ``[i]``, scalar ``[0]``, mod ``[i % mid]``, general
     ``[(i / inner) % mid]``; row plans add col ``[c]`` (a weight over the whole row), colmod
-    ``[c % mid]`` and rowconst (one value per row, loaded once per row).
+    ``[c % mid]`` and rowconst (one value per row, loaded once per row); rows of channel groups
+    use mod and general for what varies within the row.
     """
     lf = plan.leaves[k]
     if lf.bcast in ("full", "scalar"):
@@ -397,6 +398,10 @@ def leaf_kind(plan: Plan, k: int) -> str:
     nd = plan.ndim
     if plan.kind == "row":
         first_col = nd - plan.k
+        if plan.groups and lf.b >= first_col:
+            # A row is one group of the trailing dims (GroupNorm of (N, C): C / G columns), so
+            # a column is not a position along them: index by the element, i = base + c.
+            return "mod" if lf.b == nd - 1 else "general"
         if lf.b == nd - 1 and lf.a == first_col:
             return "col"
         if lf.b == nd - 1 and lf.a > first_col:
