@@ -82,6 +82,11 @@ TASKS = {
     "pool_then_sum": ("self.pool = nn.AvgPool2d(2)", "return self.pool(x).sum(dim=-1)",
                       "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 6, "w": 8},
                       {"b": 1, "c": 2, "h": 5, "w": 5}, 2),
+    # views between kernels: unsqueeze for a 1-D pooling of a product's rows, squeeze after
+    "linear_pool1d_sum": ("self.fc = nn.Linear(k, n)",
+                          "y = nn.functional.max_pool1d(self.fc(x).unsqueeze(1), 2)\n"
+                          "return y.squeeze(1).sum(dim=1) * 0.5", "torch.randn(b, k)",
+                          {"b": 4, "k": 9, "n": 12}, {"b": 3, "k": 5, "n": 7}, 3),
     # an elementwise prologue before a pooling (the pool kernel reads a stage's output)
     "relu_then_pool": ("self.pool = nn.MaxPool2d(2)", "return self.pool(torch.relu(x)) - 1.0",
                        "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 6, "w": 7},
@@ -197,8 +202,8 @@ def test_strict_policy_declines_library_convolutions(task_dir):
     # two values live across the boundary before the product
     ("a = torch.relu(x)\nb = torch.sigmoid(x)\nreturn torch.matmul(a, self.w) + b.sum()",
      "would carry 2 values"),
-    # a view of a forward input: nothing before it to cut
-    ("return torch.relu(torch.matmul(x.view(x.size(0), -1), self.w))", "inside one kernel"),
+    # a view of a forward input as a product's operand: no kernel before it to end
+    ("return torch.relu(torch.matmul(x.view(x.size(0), -1), self.w))", "computes nothing"),
 ])
 def test_boundaries_that_cannot_be_cut_are_declined(tmp_path, body, reason):
     src = _source("relu_then_matmul").replace(
@@ -239,3 +244,27 @@ def test_cuda_multi_kernel_candidates_load_each_kernel_apart(task_dir, tmp_path)
         assert calls and all("cuda_stream" in line for line in calls)
         assert {f"_lib({i})" for i in range(len(cand.SOURCES))} <= {
             line.split("_check(")[1].split(".")[0] for line in calls}
+
+
+def test_views_of_inputs_are_read_in_their_shape(tmp_path):
+    """``a.unsqueeze(1) * b`` (KernelBench's diagonal matmul): one kernel reading ``a`` as a
+    column; a view can never give the shape the kernel iterates over."""
+    src = ("import torch\nimport torch.nn as nn\n\nn, m = 6, 10\n\n\n"
+           "class Model(nn.Module):\n    def forward(self, a, b):\n"
+           "        return a.unsqueeze(1) * torch.relu(b)\n\n\n"
+           "def get_inputs():\n    return [torch.randn(n), torch.randn(n, m)]\n\n\n"
+           "def get_init_inputs():\n    return []\n")
+    (tmp_path / "diag.py").write_text(src)
+    ctx = _ctx(tmp_path, "diag")
+    syn = OfflineSynthesizer("cpu")
+    assert not isinstance(syn.analyse(ctx).plan, Pipeline)
+    prop = syn.translate(ctx, n=1, rng=random.Random(0))[0]
+    cand = import_file(prop.code, tmp_path / "cand_diag.py")
+    mod = ctx.task.module()
+    inputs = make_inputs(mod, seed=1, device="cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(cand.ModelNew()(*inputs), mod.Model()(*inputs))
+    (tmp_path / "flat.py").write_text(src.replace("a.unsqueeze(1) * torch.relu(b)",
+                                                  "torch.relu(b.view(-1))"))
+    props = syn.translate(_ctx(tmp_path, "flat"), n=1, rng=random.Random(0))
+    assert props[0].code is None and "no input has" in props[0].declined, props[0].declined

@@ -462,8 +462,9 @@ _CATEGORIES = (
 
 # Views that may sit between two kernels of a multi-kernel plan (stages.py): the candidate
 # applies them to one kernel's output, size-generic, before the next kernel reads it.
-RESHAPE_METHODS = {"view", "reshape", "flatten"}
-RESHAPE_FUNCTIONS = {torch.flatten: "flatten", torch.reshape: "reshape"}
+RESHAPE_METHODS = {"view", "reshape", "flatten", "unsqueeze", "squeeze"}
+RESHAPE_FUNCTIONS = {torch.flatten: "flatten", torch.reshape: "reshape",
+                     torch.unsqueeze: "unsqueeze", torch.squeeze: "squeeze"}
 SIZE_METHODS = {"size"}
 
 
@@ -536,6 +537,7 @@ class _Builder:
     own_bias: int | None = None  # the product's result plus the op's own bias
     dtypes: dict[str, str] = field(default_factory=dict)  # leaf name -> dtype (non-float32)
     eval_only: list[str] = field(default_factory=list)  # see Plan.eval_only
+    viewed: set[int] = field(default_factory=set)  # leaves read through a view: no anchors
     _memo: dict[Node, int] = field(default_factory=dict)
 
     def add(self, node: Node, keepdim: bool | None = None) -> int:
@@ -561,8 +563,8 @@ class _Builder:
         bias ``(C,)`` read as ``(C, 1, 1)``, a matrix-vector operand ``(K, 1)`` as ``(K,)``)."""
         self.dtype_of(meta.dtype, name)
         shape = tuple(int(s) for s in (meta.shape if shape is None else shape))
-        for k, (lf, _) in enumerate(self.leaves):
-            if lf.source == source and lf.name == name:
+        for k, (lf, shp) in enumerate(self.leaves):
+            if lf.source == source and lf.name == name and shp == shape:
                 break
         else:
             self.leaves.append((Leaf(source, name, index), shape))
@@ -798,6 +800,8 @@ class _Lowering:
 
     def step(self, node: fx.Node) -> None:
         """Lower one fx node (not the output) into ``self.env``."""
+        if is_reshape(node) and self.leaf_view(node):
+            return
         if is_reshape(node):
             # A view of a computed value is free between two kernels (stages.py), not in one.
             what = (_callable_name(node.target) if node.op == "call_function"
@@ -863,6 +867,23 @@ class _Lowering:
             self.env[node] = self.call(node, name, node.args, kwargs)
         elif node.op == "call_module":
             self.env[node] = self.module(node)
+
+    def leaf_view(self, node: fx.Node) -> bool:
+        """A view of a forward input or parameter (``a.unsqueeze(1) * b``): the same tensor
+        read in the view's shape, which the kernel's broadcast follows (the candidate hands the
+        kernel a contiguous tensor, whose elements a view keeps in order). Never the shape the
+        kernel iterates over (an anchor): the candidate reads that from a tensor it is given."""
+        src = node.args[0] if node.args else None
+        load = self.env.get(src) if isinstance(src, fx.Node) else None
+        if not isinstance(load, int) or self.b.nodes[load].op != "load":
+            return False
+        lf, _ = self.b.leaves[self.b.nodes[load].attr("leaf")]
+        if lf.source not in ("input", "attr"):
+            return False
+        view = self.b.leaf(lf.source, lf.name, lf.index, self.meta(node))
+        self.b.viewed.add(self.b.nodes[view].attr("leaf"))
+        self.env[node] = view
+        return True
 
     # -- the product or convolution at the head of the chain -------------------------------
 
@@ -1054,7 +1075,10 @@ class _Lowering:
         and refuses training mode (batch statistics it does not compute)."""
         kind = type(m).__name__
         shape = self.shape(x)
-        if len(shape) < 2 or shape[1] != m.num_features:
+        stats = m.track_running_stats and m.running_mean is not None
+        # num_features matters only to the affine and the running statistics (torch ignores
+        # it, with a warning, in an InstanceNorm that has neither).
+        if len(shape) < 2 or ((m.affine or stats) and shape[1] != m.num_features):
             raise Unsupported(f"{PREFIX} nn.{kind} {t!r} of shape {list(shape)}")
         self.b.ops.append("batch_norm" if "Batch" in kind else "instance_norm")
         view = (int(m.num_features),) + (1,) * (len(shape) - 2)
@@ -1062,7 +1086,7 @@ class _Lowering:
         if m.affine:
             w = self.b.leaf("attr", f"{t}.weight", -1, m.weight, view)
             bias = self.b.leaf("attr", f"{t}.bias", -1, m.bias, view)
-        if m.track_running_stats and m.running_mean is not None:
+        if stats:
             self.b.eval_only.append(t)
             b = self.b
             mean = b.leaf("attr", f"{t}.running_mean", -1, m.running_mean, view)
@@ -1528,7 +1552,8 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
         bcast, a, bb = _classify(shape, tuple(s), repr(lf.name))
         leaves.append(dataclasses.replace(lf, bcast=bcast, a=a, b=bb,
                                           dtype="bool" if lf.name in masks else ""))
-    anchors = [j for j, lf in enumerate(leaves) if lf.bcast == "full"]
+    anchors = [j for j, (lf, old) in enumerate(zip(leaves, used_leaves))
+               if lf.bcast == "full" and old not in builder.viewed]
     if not anchors:
         raise Unsupported(f"{PREFIX} an iteration shape {list(s)} that no input has "
                           f"(outer broadcast)")

@@ -65,6 +65,13 @@ def view_expr(node: fx.Node) -> str | None:
             else str(node.target))
     src, *args = node.args
     kwargs = dict(node.kwargs)
+    if name in ("unsqueeze", "squeeze"):
+        bound = dict(zip(("dim",), args), **kwargs)
+        dim = bound.get("dim")
+        if set(bound) - {"dim"} or not isinstance(dim, int) or (name == "unsqueeze"
+                                                               and dim is None):
+            return None
+        return f"{{t}}.{name}({dim})"
     if name == "flatten":
         names = ("start_dim", "end_dim")
         bound = dict(zip(names, args), **kwargs)
@@ -149,6 +156,9 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
             before = [n for n in todo[:todo.index(at)] if n not in sizes]
             if not before:
                 raise Unsupported(str(cut)) from None
+            if all(is_reshape(n) or str(n.target) in SIZE_METHODS for n in before):
+                raise Unsupported(f"{cut} (what precedes it views the forward's inputs and "
+                                  f"computes nothing: v1 has no kernel to end there)") from None
             live = [n for n in _live_across(forward_inputs + todo + [output], at)
                     if n not in sizes]
             if view is not None and live != [at.args[0]]:
