@@ -119,7 +119,11 @@ POOL_AVG_DIVIDE = r"""
 {% else %}
         const IDX divide = {% if depth %}(d1 - d0) * {% endif %}(h1 - h0) * (w1 - w0);
 {% endif %}
-        acc = ({% if depth %}d0 >= d1 || {% endif %}h0 >= h1 || w0 >= w1) ? 0.0f : acc / (float)divide;
+{% if depth %}
+        acc = (d0 >= d1 || h0 >= h1 || w0 >= w1) ? 0.0f : acc / (float)divide;
+{% else %}
+        acc = (h0 >= h1 || w0 >= w1) ? 0.0f : acc / (float)divide;
+{% endif %}
       }
 """
 
