@@ -1,4 +1,4 @@
-"""The offline synthesizer's pooling template: max/avg pool2d (+ an elementwise epilogue).
+"""The offline synthesizer's pooling template: max/avg pool1d/2d/3d (+ an elementwise epilogue).
 
 CPU candidates are built with g++ and compared exactly with torch (the same window bounds,
 divisor and summation order); CUDA candidates are compiled with nvcc here and compared on the
@@ -23,6 +23,8 @@ from assay.tasks.model import Task
 from conftest import import_file
 from helpers import REPO
 
+KERNELBENCH = REPO.parent / "shared" / "kernelbench"
+
 # name: (init lines, forward body, input shape expression)
 POOLS = {
     "max_3s2p1": ("self.pool = nn.MaxPool2d(3, stride=2, padding=1)", "return self.pool(x)",
@@ -44,6 +46,20 @@ POOLS = {
                        "ceil_mode=True)", "return self.pool(x) * 2.0", "batch, h, w"),
     "avg1d_fn": ("", "return F.avg_pool1d(x, 4, stride=3, padding=2, count_include_pad=False)",
                  "batch, h, w"),
+    # 3-D pooling of (N, C, D, H, W) and (C, D, H, W); depth h - 2: 7, 14, 3
+    "max3d_dil_ceil": ("self.pool = nn.MaxPool3d(3, stride=(2, 2, 1), padding=1, "
+                       "dilation=(2, 1, 2), ceil_mode=True)", "return self.pool(x)",
+                       "batch, 2, h - 2, h, w"),
+    "max3d_fn_epilogue": ("self.scale = nn.Parameter(torch.randn(3, 1, 1, 1))",
+                          "return torch.relu(F.max_pool3d(x, (2, 3, 2), stride=(1, 2, 2))) "
+                          "* self.scale + 0.5", "batch, 3, h - 2, h, w"),
+    "avg3d_ceil_nopad": ("self.pool = nn.AvgPool3d((3, 2, 3), stride=(2, 3, 2), padding=1, "
+                         "ceil_mode=True, count_include_pad=False)", "return self.pool(x)",
+                         "batch, 2, h - 2, h, w"),
+    "avg3d_ceil_cdhw": ("self.pool = nn.AvgPool3d(3, stride=2, padding=1, ceil_mode=True)",
+                        "return self.pool(x)", "2, h - 2, h, w"),
+    "avg3d_divisor_fn": ("", "return F.avg_pool3d(x, 2, stride=(1, 2, 1), divisor_override=5)",
+                         "batch, 2, h - 2, h, w"),
 }
 DECLINED = {
     "return_indices": ("self.pool = nn.MaxPool2d(2, return_indices=True)",
@@ -134,6 +150,19 @@ def test_bundled_pooling_tasks_are_recognized():
         assert a.shape == (32, 64, 64, 64)  # the pooled output is the iteration shape
 
 
+@pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")
+@pytest.mark.parametrize("stem, op", [("level1/43_Max_Pooling_3D", "max"),
+                                      ("level1/46_Average_Pooling_3D", "avg")])
+def test_kernelbench_3d_pooling_gets_a_plan(stem, op):
+    a = analyze_task(Task.from_file(KERNELBENCH / f"{stem}.py"))
+    pool = a.plan.pool
+    assert pool is not None and pool.op == op and pool.spatial == 3
+    dilation = 3 if op == "max" else 1
+    assert pool.depth == (3, 2, 1, dilation)
+    assert (pool.kernel, pool.stride, pool.padding, pool.dilation) == \
+        ((3, 3), (2, 2), (1, 1), (dilation, dilation))
+
+
 @pytest.mark.parametrize("name", sorted(DECLINED))
 def test_what_pooling_cannot_express_is_declined(pool_dir, name):
     with pytest.raises(Unsupported) as e:
@@ -152,7 +181,7 @@ def test_cpu_pool_candidates_match_torch(pool_dir, tmp_path, name):
     assert len(props) == 2 and all(p.code for p in props)
     for p in props:
         assert p.strategy == "pooling" and set(p.knobs) == set(KNOB_SPACES[("cpu", "pool")])
-        library = ("_pool2d(", "_pool1d(")  # no library pooling call
+        library = ("_pool3d(", "_pool2d(", "_pool1d(")  # no library pooling call
         assert not any(c in p.code.split("class ModelNew")[1] for c in library)
         _check(p.code, path, tmp_path, "cpu")
 
@@ -180,13 +209,15 @@ def test_pool_evolution_operators_stay_in_the_space(pool_dir):
 def test_cuda_pool_candidates_compile(pool_dir, tmp_path):
     from assay.bench.build import build
     sources = set()
-    for name in ("max_ceil_dil", "avg_ceil_nopad", "max_fn_epilogue"):
-        for cols, vec in ((1, 0), (4, 1)):
+    for name, forms in (("max_ceil_dil", ((1, 0), (4, 1))), ("avg_ceil_nopad", ((1, 0), (4, 1))),
+                        ("max_fn_epilogue", ((1, 0), (4, 1))), ("avg3d_ceil_nopad", ((4, 1),))):
+        for cols, vec in forms:
             knobs = {"block": 128, "cols": cols, "vec": vec}
             ctx = _ctx(pool_dir / f"{name}.py", "cuda")
             prop = OfflineSynthesizer("cuda").with_knobs(ctx, knobs)
             sources.add(_import(prop.code, tmp_path / f"cuda_{prop.id}.py").SOURCE)
-    assert len(sources) == 6
+    assert len(sources) == 7
+    assert sum("constexpr int KD = 3" in src for src in sources) == 1  # the 3-D one
     for src in sources:
         assert build(src, lang="cuda").exists()
 

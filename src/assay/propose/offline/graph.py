@@ -33,10 +33,10 @@ it becomes :class:`Gemm`, and its result a leaf (``source="gemm"``) of the plan 
 it (bias, activation, scaling, residual, softmax, norms, sums: the epilogue). A matrix-vector
 product (second operand ``(K,)`` or ``(K, 1)``) is lowered as a row reduction instead.
 GroupNorm over NC... tensors is a row plan whose rows are (sample, group) pairs (``groups``).
-A task may instead open with 2-D max or average pooling of a forward input
-(``nn.MaxPool2d``/``nn.AvgPool2d``, ``F.max_pool2d``/``F.avg_pool2d``): it becomes :class:`Pool`,
-its result the leaf ``pool_leaf`` of an elementwise plan over the pooled shape (template
-``pool``).
+A task may instead open with 1-D, 2-D or 3-D max or average pooling of a forward input
+(``nn.MaxPool{1,2,3}d``/``nn.AvgPool{1,2,3}d``, ``F.max_pool{1,2,3}d``/``F.avg_pool{1,2,3}d``):
+it becomes :class:`Pool`, its result the leaf ``pool_leaf`` of an elementwise plan over the
+pooled shape (template ``pool``).
 
 Where one kernel would have to end (a second head op, a reduction of a reduced value, a view
 of a computed value), the lowering raises :class:`NeedsCut` naming the fx node, and
@@ -189,10 +189,12 @@ def conv_args(op: str) -> tuple[tuple[str, Any], ...]:
 
 @dataclass(frozen=True)
 class Pool:
-    """2-D max or average pooling of a forward input (NCHW or CHW) at the head of a plan; its
-    result is leaf ``pool_leaf`` and what follows is an elementwise epilogue. Pairs are
-    (height, width). ``divisor`` 0 = none (avg_pool2d's ``divisor_override``); ``module``: the
-    nn module's path whose attributes must still match at run time ("" for F calls)."""
+    """2-D or 3-D max or average pooling of a forward input (NCHW or CHW; NCDHW or CDHW when
+    ``spatial`` is 3) at the head of a plan; its result is leaf ``pool_leaf`` and what follows
+    is an elementwise epilogue. Pairs are (height, width); ``depth`` is the window along D of
+    3-D pooling as (kernel, stride, padding, dilation), (1, 1, 0, 1) for 2-D (and for 1-D,
+    lowered as 2-D). ``divisor`` 0 = none (``divisor_override``); ``module``: the nn module's
+    path whose attributes must still match at run time ("" for F calls)."""
 
     op: str  # "max" or "avg"
     x: Leaf
@@ -205,6 +207,8 @@ class Pool:
     divisor: int = 0
     module: str = ""
     what: str = ""
+    depth: tuple[int, int, int, int] = (1, 1, 0, 1)  # along D: kernel, stride, padding, dilation
+    spatial: int = 2  # the pooled dims the kernel reads: 2 (1-D runs as 2-D) or 3
 
 
 @dataclass(frozen=True)
@@ -360,12 +364,13 @@ _METHODS = {
 _METHOD_ALIASES = {"true_divide": "div", "clip": "clamp", "float": "identity",
                    "contiguous": "identity", "clone": "identity", "detach": "identity"}
 
-# 1-D and 2-D pooling, which may open a plan as its Pool: (op, spatial dims).
+# 1-D, 2-D and 3-D pooling, which may open a plan as its Pool: (op, spatial dims).
 _POOL_FUNCTIONS: dict[Any, tuple[str, int]] = {
     F.max_pool2d: ("max", 2), F.avg_pool2d: ("avg", 2), torch.max_pool2d: ("max", 2),
-    F.max_pool1d: ("max", 1), F.avg_pool1d: ("avg", 1), torch.max_pool1d: ("max", 1)}
+    F.max_pool1d: ("max", 1), F.avg_pool1d: ("avg", 1), torch.max_pool1d: ("max", 1),
+    F.max_pool3d: ("max", 3), F.avg_pool3d: ("avg", 3), torch.max_pool3d: ("max", 3)}
 _POOL_MODULES = {nn.MaxPool2d: ("max", 2), nn.AvgPool2d: ("avg", 2), nn.MaxPool1d: ("max", 1),
-                 nn.AvgPool1d: ("avg", 1)}
+                 nn.AvgPool1d: ("avg", 1), nn.MaxPool3d: ("max", 3), nn.AvgPool3d: ("avg", 3)}
 _POOL_SIGNATURES = {
     "max": ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
             "return_indices"),
@@ -991,23 +996,25 @@ class _Lowering:
 
     def pool_head(self, node: fx.Node, op: str, bound: dict, what: str, module: str,
                   spatial: int = 2) -> int:
-        """max_pool2d / avg_pool2d of a forward input: the Pool, and a leaf for its result.
+        """max_pool / avg_pool of a forward input: the Pool, and a leaf for its result.
         1-D pooling of an (N, C, L) input is the 2-D pooling of that tensor read as CHW with a
-        window of height 1 (planes N, rows C, columns L): the same windows, the same divisor."""
+        window of height 1 (planes N, rows C, columns L): the same windows, the same divisor.
+        3-D pooling reads (N, C, D, H, W) or (C, D, H, W) with its depth window apart."""
         if self.b.gemm is not None or self.b.pool is not None:
             raise self.cut(f"{PREFIX} {what} after another matmul/convolution/pooling "
                               f"(v1 fuses one head op with the elementwise chain after it; "
                               f"pooling)")
         x, mx = self.operand(bound["input"], what)
         xs = tuple(int(d) for d in mx.shape)
-        if len(xs) not in ((3, 4) if spatial == 2 else (3,)):
+        if len(xs) not in {1: (3,), 2: (3, 4), 3: (4, 5)}[spatial]:
             raise Unsupported(f"{PREFIX} {what} of a {len(xs)}-D input (v1: NCHW or CHW, NCL "
-                              f"for 1-D; pooling)")
+                              f"for 1-D, NCDHW or CDHW for 3-D; pooling)")
         _check_dtype(mx.dtype, f"the input of {what}")
         if bound.get("return_indices"):
             raise Unsupported(f"{PREFIX} {what} with return_indices (index-valued op)")
+        n = max(spatial, 2)  # 1-D pooling is 2-D pooling with windows of height 1
 
-        def pair(name: str, default: Any) -> tuple[int, int]:
+        def dims(name: str, default: Any) -> tuple[int, ...]:
             v = bound.get(name, default)
             if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
                 v = default
@@ -1015,27 +1022,34 @@ class _Lowering:
                 raise Unsupported(f"{PREFIX} {what} with {name} computed at run time")
             v = tuple(v) if isinstance(v, (list, tuple)) else (v,) * spatial
             if len(v) == 1:
-                v = (v[0], v[0]) if spatial == 2 else ((0 if name == "padding" else 1), v[0])
-            if len(v) != 2 or not all(isinstance(a, int) and not isinstance(a, bool)
+                v = (v[0],) * n if spatial > 1 else ((0 if name == "padding" else 1), v[0])
+            if len(v) != n or not all(isinstance(a, int) and not isinstance(a, bool)
                                       for a in v):
                 raise Unsupported(f"{PREFIX} {what} with {name}={bound.get(name)!r}")
-            return int(v[0]), int(v[1])
+            return tuple(int(a) for a in v)
 
-        kernel = pair("kernel_size", None)
-        stride = pair("stride", kernel)
-        padding = pair("padding", 0)
-        dilation = pair("dilation", 1) if op == "max" else (1, 1)
+        kernel = dims("kernel_size", None)
+        stride = dims("stride", kernel)
+        padding = dims("padding", 0)
+        dilation = dims("dilation", 1) if op == "max" else (1,) * n
         divisor = bound.get("divisor_override") or 0
+        # torch's checks: positive windows, strides and dilations; padding at most half the
+        # window (the output's size is checked at run time)
         if (min(kernel) <= 0 or min(stride) <= 0 or min(dilation) <= 0 or min(padding) < 0
-                or padding[0] > kernel[0] // 2 or padding[1] > kernel[1] // 2
+                or any(p > k // 2 for p, k in zip(padding, kernel))
                 or isinstance(divisor, fx.Node)):
             raise Unsupported(f"{PREFIX} {what} with kernel {kernel}, stride {stride}, "
                               f"padding {padding} (pooling)")
         self.b.ops.append(f"{op}_pool{spatial}d")
-        self.b.pool = Pool(op, x, kernel, stride, padding, dilation,
+        depth = (1, 1, 0, 1)
+        if spatial == 3:
+            depth = (kernel[0], stride[0], padding[0], dilation[0])
+            kernel, stride, padding, dilation = (t[1:] for t in (kernel, stride, padding,
+                                                                 dilation))
+        self.b.pool = Pool(op, x, kernel, stride, padding, dilation,  # type: ignore[arg-type]
                            bool(bound.get("ceil_mode", False)),
                            bool(bound.get("count_include_pad", True)), int(divisor), module,
-                           what)
+                           what, depth, 3 if spatial == 3 else 2)
         leaf = self.b.leaf("pool", "pool", -1, self.meta(node))
         self.b.pool_node = leaf
         return leaf
@@ -1775,9 +1789,13 @@ def describe(plan: Plan) -> str:
         if n.op == "load":
             lf = plan.leaves[n.attr("leaf")]
             if lf.source == "pool" and plan.pool is not None:
-                x = plan.pool.x
-                names[i] = (f"{plan.pool.op}_pool2d({x.name if x.source == 'input' else 'self.' + x.name}, "
-                            f"k={plan.pool.kernel}, s={plan.pool.stride}, p={plan.pool.padding})")
+                pl, x = plan.pool, plan.pool.x
+                k, s, p = pl.kernel, pl.stride, pl.padding
+                if pl.spatial == 3:
+                    k, s, p = ((pl.depth[j],) + t for j, t in enumerate((k, s, p)))
+                names[i] = (f"{pl.op}_pool{pl.spatial}d("
+                            f"{x.name if x.source == 'input' else 'self.' + x.name}, "
+                            f"k={k}, s={s}, p={p})")
             elif lf.source == "gemm" and plan.gemm is not None:
                 g = plan.gemm
                 ops = [o.name if o.source == "input" else f"self.{o.name}" for o in (g.a, g.b)]

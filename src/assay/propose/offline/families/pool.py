@@ -1,6 +1,7 @@
 """The pool family: 2-D max or average pooling of a forward input (NCHW or CHW; 1-D pooling
-of NCL as CHW with windows of height 1) with the elementwise chain after it fused into the
-store. C++: OpenMP threads over (plane, output row);
+of NCL as CHW with windows of height 1) or 3-D pooling (NCDHW or CDHW: the same kernels with a
+depth loop around the window and output rows over (plane, output depth, output row)), with the
+elementwise chain after it fused into the store. C++: OpenMP threads over (plane, output row);
 CUDA: a thread per run of consecutive outputs of a row, windows read straight from global
 memory."""
 
@@ -33,14 +34,31 @@ constexpr int KH = {{ kh }}, KW = {{ kw }};  // window
 constexpr int SH = {{ sh }}, SW = {{ sw }};  // stride
 constexpr int PH = {{ ph }}, PW = {{ pw }};  // padding
 constexpr int DH = {{ dh }}, DW = {{ dw }};  // dilation
+{% if depth %}
+constexpr int KD = {{ kd }}, SD = {{ sd }}, PD = {{ pd }}, DD = {{ dd }};  // along D (3-D)
+{% endif %}
+"""
+
+# 3-D pooling: the depth slices of the window, outermost (torch's order), each an input plane
+# ``xd`` that ROW(ih) reads; ``ds`` is the window's first slice, DI the input's depth.
+DEPTH_OPEN = r"""
+      #pragma unroll
+      for (int kd = 0; kd < KD; ++kd) {
+        const IDX id = ds + (IDX)kd * DD;  // DD is 1 for avg pooling
+        if (id < 0 || id >= DI) continue;
+        const float* xd = xp + id * HI * WI;
 """
 
 # One output element: ``hs``/``ws`` are its window's corner (padding included), `ROW(ih)` a
 # pointer to input row ih of the plane, `LOAD(p)` a read, IDX the index type, HI x WI the plane. Both windows are
 # unrolled over KH x KW with bounds checks, visiting the in-bounds elements in torch's order.
+# 3-D: the same inside DEPTH_OPEN's loop.
 POOL_WINDOW = r"""
 {% if op == "max" %}
       float acc = -INFINITY;
+{% if depth %}
+{{ depth_open }}
+{% endif %}
       #pragma unroll
       for (int kh = 0; kh < KH; ++kh) {
         const IDX ih = hs + (IDX)kh * DH;
@@ -54,8 +72,14 @@ POOL_WINDOW = r"""
           if (v > acc || v != v) acc = v;  // NaN propagates, as in torch
         }
       }
+{% if depth %}
+{{ depth_close }}
+{% endif %}
 {% else %}
       float acc = 0.0f;
+{% if depth %}
+{{ depth_open }}
+{% endif %}
       #pragma unroll
       for (int kh = 0; kh < KH; ++kh) {
         const IDX ih = hs + kh;  // avg pooling has no dilation
@@ -68,15 +92,22 @@ POOL_WINDOW = r"""
           acc += LOAD(r + iw);
         }
       }
+{% if depth %}
+{{ depth_close }}
+{% endif %}
 {{ avg_divide }}
 {% endif %}
 """
 
 # The average's divisor, torch's: the window clipped to the padded input (ceil_mode can
 # overhang it), or to the input itself (count_include_pad=False), or divisor_override; `acc`
-# (the window's sum) becomes the average.
+# (the window's sum) becomes the average. 3-D: the product of the three extents, each clipped.
 POOL_AVG_DIVIDE = r"""
       {
+{% if depth %}
+        const IDX de = ds + KD < DI + PD ? ds + KD : DI + PD;
+        const IDX d0 = ds > 0 ? ds : 0, d1 = de < DI ? de : DI;
+{% endif %}
         const IDX he = hs + KH < HI + PH ? hs + KH : HI + PH;
         const IDX we = ws + KW < WI + PW ? ws + KW : WI + PW;
         const IDX h0 = hs > 0 ? hs : 0, w0 = ws > 0 ? ws : 0;
@@ -84,11 +115,15 @@ POOL_AVG_DIVIDE = r"""
 {% if divisor %}
         const IDX divide = {{ divisor }};
 {% elif count_include_pad %}
-        const IDX divide = (he - hs) * (we - ws);
+        const IDX divide = {% if depth %}(de - ds) * {% endif %}(he - hs) * (we - ws);
 {% else %}
-        const IDX divide = (h1 - h0) * (w1 - w0);
+        const IDX divide = {% if depth %}(d1 - d0) * {% endif %}(h1 - h0) * (w1 - w0);
 {% endif %}
+{% if depth %}
+        acc = (d0 >= d1 || h0 >= h1 || w0 >= w1) ? 0.0f : acc / (float)divide;
+{% else %}
         acc = (h0 >= h1 || w0 >= w1) ? 0.0f : acc / (float)divide;
+{% endif %}
       }
 """
 
@@ -100,6 +135,22 @@ extern "C" int assay_forward({{ params }}) {
 {% for line in prologue %}
   {{ line }}
 {% endfor %}
+{% if depth %}
+  const IDX DI = D;
+{% if parallel %}
+  #pragma omp parallel for collapse(2) schedule(static){{ omp_clause }} if(planes * OD * OH * OW > 32768)
+{% endif %}
+  for (int64_t pd = 0; pd < planes * OD; ++pd) {  // (plane, output depth)
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const int64_t plane = pd / OD, od = pd - plane * OD;
+      const float* xp = x + plane * D * H * W;
+#define ROW(ih) (xd + (ih) * W)
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const int64_t ds = od * SD - PD, hs = oh * SH - PH, ws = ow * SW - PW;
+{{ window }}
+        const float acc_v = acc;
+        const int64_t i = (pd * OH + oh) * OW + ow;
+{% else %}
 {% if parallel %}
   #pragma omp parallel for collapse(2) schedule(static){{ omp_clause }} if(planes * OH * OW > 32768)
 {% endif %}
@@ -112,6 +163,7 @@ extern "C" int assay_forward({{ params }}) {
 {{ window }}
         const float acc_v = acc;
         const int64_t i = (plane * OH + oh) * OW + ow;
+{% endif %}
         (void)i;
 {% for line in epi_body %}
         {{ line }}
@@ -152,14 +204,27 @@ assay_pool({{ kparams }}) {
 {% endfor %}
   const IDX HI = (IDX)H, WI = (IDX)W;
   const IDX groups = ((IDX)OW + COLS - 1) / COLS;  // threads' items per output row
+{% if depth %}
+  const IDX DI = (IDX)D;
+  const IDX items = (IDX)planes * (IDX)OD * (IDX)OH * groups;
+{% else %}
   const IDX items = (IDX)planes * (IDX)OH * groups;
+{% endif %}
   const IDX step = (IDX)gridDim.x * {{ block }};
   for (IDX t = (IDX)blockIdx.x * {{ block }} + (IDX)threadIdx.x; t < items; t += step) {
     const IDX r = t / groups;  // the output row, counted over all planes
     const IDX ow0 = (t - r * groups) * COLS;
+{% if depth %}
+    const IDX pd = r / OH, oh = r - pd * OH;  // (plane, output depth), output row
+    const IDX plane = pd / OD, od = pd - plane * OD;
+    const IDX ds = od * SD - PD;
+    const float* __restrict__ xp = x + plane * DI * HI * WI;
+#define ROW(ih) (xd + (ih) * WI)
+{% else %}
     const IDX plane = r / OH, oh = r - plane * OH;
     const float* __restrict__ xp = x + plane * HI * WI;
 #define ROW(ih) (xp + (ih) * WI)
+{% endif %}
     float pooled[COLS];
     const IDX c0 = ow0 * SW;  // the thread's own chunk of input columns
     if (VIN && VLOADS > 0 && ow0 + COLS <= OW && c0 + COLS * SW <= WI) {
@@ -171,6 +236,9 @@ assay_pool({{ kparams }}) {
 {% endif %}
       #pragma unroll
       for (int c = 0; c < COLS; ++c) pooled[c] = pad;
+{% if depth %}
+{{ depth_open }}
+{% endif %}
       #pragma unroll
       for (int kh = 0; kh < KH; ++kh) {
         const IDX ih = hs + (IDX)kh * DH;
@@ -202,6 +270,9 @@ assay_pool({{ kparams }}) {
           }
         }
       }
+{% if depth %}
+{{ depth_close }}
+{% endif %}
 {% if op != "max" %}
       #pragma unroll
       for (int c = 0; c < COLS; ++c) {
@@ -257,15 +328,20 @@ static int assay_launch(int64_t blocks, bool vin, cudaStream_t stream, {{ kparam
 
 extern "C" int assay_forward({{ params }}) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  if (planes <= 0 || OH <= 0 || OW <= 0) return 0;
-  const int64_t items = planes * OH * ((OW + COLS - 1) / COLS);
+  if (planes <= 0 || {% if depth %}OD <= 0 || {% endif %}OH <= 0 || OW <= 0) return 0;
+  const int64_t items = planes * {% if depth %}OD * {% endif %}OH * ((OW + COLS - 1) / COLS);
   int64_t blocks = (items + {{ block - 1 }}) / {{ block }};
   const int64_t cap = (int64_t)assay_sm_count() * {{ 2048 // block * 16 }};  // 16 waves, then stride
   if (blocks > cap) blocks = cap;
   // 32-bit indices when every index, and the grid-stride loop's last step, stays below 2^31.
   const int64_t limit = 2147483647;
+{% if depth %}
+  const bool narrow = planes * D * H * W < limit && planes * OD * OH * OW < limit
+                      && items + blocks * {{ block }} < limit;
+{% else %}
   const bool narrow = planes * H * W < limit && planes * OH * OW < limit
                       && items + blocks * {{ block }} < limit;
+{% endif %}
   const bool vout = COLS > 1 && OW % COLS == 0 && assay_aligned(out, 4 * COLS);
   const bool vin = VLOADS > 0 && W % 4 == 0 && assay_aligned(x, 16);  // every row 16-byte aligned
   if (narrow) {
@@ -280,11 +356,14 @@ extern "C" int assay_forward({{ params }}) {
 
 def _pool_params(plan: Plan, target: str) -> list[Param]:
     """assay_forward's parameters for a pooling plan: the pooled input, the epilogue's other
-    leaves, the output, the geometry (planes = N*C, input H x W, output OH x OW), leaf
-    geometry."""
+    leaves, the output, the geometry (planes = N*C, input H x W, output OH x OW; 3-D: input
+    D x H x W, output OD x OH x OW), leaf geometry."""
+    assert plan.pool is not None
     x = pointer(target, "x", "lx.data_ptr()")
     ptrs, geometry = leaf_params(plan, target, plan.pool_leaf)
-    return [x] + ptrs + [out_param(target)] + size_params("planes", "H", "W", "OH", "OW") + geometry
+    sizes = (("planes", "D", "H", "W", "OD", "OH", "OW") if plan.pool.spatial == 3
+             else ("planes", "H", "W", "OH", "OW"))
+    return [x] + ptrs + [out_param(target)] + size_params(*sizes) + geometry
 
 
 def pool_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
@@ -294,11 +373,15 @@ def pool_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) ->
     prologue, body, out_expr = fused_epilogue(plan, False)
     params = _pool_params(plan, target)
     kparams = ", ".join(f"{p.ctype} {p.name}" for p in params)
+    depth = pool.spatial == 3
     geometry = {"kh": pool.kernel[0], "kw": pool.kernel[1], "sh": pool.stride[0],
                 "sw": pool.stride[1], "ph": pool.padding[0], "pw": pool.padding[1],
-                "dh": pool.dilation[0], "dw": pool.dilation[1]}
+                "dh": pool.dilation[0], "dw": pool.dilation[1], "depth": depth,
+                **dict(zip(("kd", "sd", "pd", "dd"), pool.depth)),
+                "depth_open": render(DEPTH_OPEN) if depth else "",
+                "depth_close": "      }" if depth else ""}
     avg_divide = render(POOL_AVG_DIVIDE, divisor=pool.divisor,
-                        count_include_pad=pool.count_include_pad)
+                        count_include_pad=pool.count_include_pad, depth=depth)
     window = render(POOL_WINDOW, op=pool.op, avg_divide=avg_divide, **geometry)
     kargs = ", ".join(p.name for p in params)
     values = dict(head_values("pool", knobs, summary), prologue=prologue, epi_body=body,
@@ -320,24 +403,31 @@ def pool_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) ->
 
 
 def _pool_lines(plan: Plan) -> list[str]:
-    """The pooled input ``lx``, its planes and the output's size (torch's formula, ceil_mode
-    included); ``gshape`` is the output's shape."""
+    """The pooled input ``lx``, its planes and the output's size per dim (torch's formula,
+    ceil_mode included); ``gshape`` is the output's shape."""
     pool = plan.pool
     assert pool is not None
-    lines = [f"lx = {leaf_tensor(pool.x)}",
-             "_expect(lx.dim() in (3, 4), 'the pooled input is not CHW or NCHW')",
-             "H, W = lx.shape[-2], lx.shape[-1]"]
-    for out, size, k, s_, p, d in (("OH", "H", pool.kernel[0], pool.stride[0],
-                                    pool.padding[0], pool.dilation[0]),
-                                   ("OW", "W", pool.kernel[1], pool.stride[1],
-                                    pool.padding[1], pool.dilation[1])):
+    dims = [("OH", "H", pool.kernel[0], pool.stride[0], pool.padding[0], pool.dilation[0]),
+            ("OW", "W", pool.kernel[1], pool.stride[1], pool.padding[1], pool.dilation[1])]
+    if pool.spatial == 3:
+        dims.insert(0, ("OD", "D", *pool.depth))
+        lines = [f"lx = {leaf_tensor(pool.x)}",
+                 "_expect(lx.dim() in (4, 5), 'the pooled input is not CDHW or NCDHW')",
+                 "D, H, W = lx.shape[-3], lx.shape[-2], lx.shape[-1]"]
+    else:
+        lines = [f"lx = {leaf_tensor(pool.x)}",
+                 "_expect(lx.dim() in (3, 4), 'the pooled input is not CHW or NCHW')",
+                 "H, W = lx.shape[-2], lx.shape[-1]"]
+    for out, size, k, s_, p, d in dims:
         extra = s_ - 1 if pool.ceil_mode else 0
         lines.append(f"{out} = ({size} + {2 * p} - {d * (k - 1)} - 1 + {extra}) // {s_} + 1")
         if pool.ceil_mode:  # the last window must start inside the input or its left padding
             lines.append(f"{out} -= 1 if ({out} - 1) * {s_} >= {size} + {p} else 0")
-    lines += ["_expect(OH > 0 and OW > 0, 'the pooled output would be empty')",
-              "planes = math.prod(lx.shape[:-2])",
-              "gshape = tuple(lx.shape[:-2]) + (OH, OW)"]
+    outs = tuple(d[0] for d in dims)
+    lines += [f"_expect({' and '.join(f'{o} > 0' for o in outs)}, "
+              f"'the pooled output would be empty')",
+              f"planes = math.prod(lx.shape[:-{len(outs)}])",
+              f"gshape = tuple(lx.shape[:-{len(outs)}]) + ({', '.join(outs)})"]
     return lines
 
 
