@@ -164,7 +164,10 @@ assay_conv_tiles({{ kparams }}) {
   __shared__ int64_t m_base[BM];    // the pixel's sample's input offset; -1 past M
   __shared__ int m_d[BM], m_h[BM], m_w[BM];  // its output coordinates
   __shared__ int64_t k_chan[BK];    // the K index's input channel offset; -1 past K
-  __shared__ int k_d[BK], k_h[BK], k_w[BK], k_tap[BK];
+  __shared__ int k_d[BK], k_h[BK], k_w[BK];
+{% if transposed %}
+  __shared__ int k_tap[BK];         // its tap, for the weights' index
+{% endif %}
 {% for line in prologue %}
   {{ line }}
 {% endfor %}
@@ -199,7 +202,9 @@ assay_conv_tiles({{ kparams }}) {
       if (k < K) {
         const int64_t cl = k / KV, tap = k % KV;
         k_chan[e] = cl * DHWi;
+{% if transposed %}
         k_tap[e] = (int)tap;
+{% endif %}
         k_w[e] = (int)(tap % cv.Kw);
         k_h[e] = (int)((tap / cv.Kw) % cv.Kh);
         k_d[e] = (int)(tap / (cv.Kw * cv.Kh));
@@ -369,7 +374,7 @@ def kernel(values: dict[str, Any], params: list[Param], target: str, knobs: dict
     kparams = ", ".join([f"{p.ctype} {p.name}" for p in kernel_params] + ["const AssayConv cv"])
     kargs = ", ".join([p.name for p in kernel_params] + ["cv"])
     bm, bn = int(knobs["tile_m"]), int(knobs["tile_n"])
-    tm, tn = min(int(knobs["thread_m"]), bm), min(int(knobs["thread_n"]), bn)
+    tm, tn = int(knobs["thread_m"]), int(knobs["thread_n"])
     while (bm // tm) * (bn // tn) > 1024:  # a block's limit: larger register tiles instead
         tm *= 2
     return common + render(CUDA_CONV, **values, params=signature + ", void* stream_ptr",
