@@ -217,7 +217,7 @@ SWEEPS = {
         "data/tasks/level1/7_Sum_Dim.py": [{"regs": 0}, {"regs": 8}],
         "data/tasks/level1/8_Mean_Dim.py": [{"regs": 0}, {"regs": 8}, {"regs": 4, "block": 1024}],
         "data/tasks/level1/9_Max_Dim.py": [{}, {"regs": 8}],
-        _L2_5: [{"layout": 1, **k} for k in (
+        _L2_5: [{"lib": 1, "layout": 1, **k} for k in (
             {}, {"split": 8}, {"split": 8, "block": 512}, {"split": 8, "cache_row": 0},
             {"split": 8, "regs": 8}, {"split": 8, "regs": 4, "block": 512},
             {"split": 4, "regs": 16})],

@@ -55,7 +55,8 @@ TASKS = {
                  "return self.fc(y.view(y.size(0), -1))",
                  "torch.randn(b, 3, h, w)", {"b": 2, "c": 4, "h": 6, "w": 8, "n": 5},
                  {"b": 3, "c": 2, "h": 6, "w": 8, "n": 3}, 3),
-    # two convolutions in a row (the first a library stage), global average pooling, flatten
+    # two convolutions in a row (the first alone: the library's call under lib 1), global
+    # average pooling, flatten
     "conv_conv_gap": ("self.a = nn.Conv2d(c, c, 1)\nself.b = nn.Conv2d(c, n, 3)\n"
                       "self.gap = nn.AdaptiveAvgPool2d((1, 1))",
                       "return torch.flatten(self.gap(torch.sigmoid(self.b(self.a(x)))), 1)",
@@ -189,10 +190,17 @@ def test_identical_stages_share_one_kernel(task_dir):
     assert "SOURCES = (" in prop.code
 
 
-def test_strict_policy_declines_library_convolutions(task_dir):
+def test_strict_policy_writes_every_convolution_with_its_own_kernel(task_dir):
+    """Under strict a lone convolution stage is the conv template's kernel, not the library's
+    call (which lib 1 makes it under the permissive policy)."""
     syn = OfflineSynthesizer("cpu", policy="strict")
-    props = syn.translate(_ctx(task_dir, "conv_conv_gap"), n=1, rng=random.Random(0))
-    assert props[0].code is None and "strict policy" in props[0].declined
+    ctx = _ctx(task_dir, "conv_conv_gap")
+    props = syn.translate(ctx, n=1, rng=random.Random(0))
+    assert 'POLICY = "strict"' in props[0].code
+    assert "torch.nn.functional.conv2d(" not in props[0].code
+    assert props[0].code.count(".assay_conv(") == 2 and "lib" not in props[0].knobs
+    library = OfflineSynthesizer("cpu").with_knobs(ctx, {"lib": 1}).code
+    assert 'POLICY = "permissive"' in library and "torch.nn.functional.conv2d(" in library
     # A chain of products is all own kernels under strict.
     props = syn.translate(_ctx(task_dir, "mlp"), n=1, rng=random.Random(0))
     assert props[0].code is not None and 'POLICY = "strict"' in props[0].code

@@ -77,7 +77,7 @@ def test_plans_only_reports_coverage_and_declines_without_a_device(tmp_path):
     its declines by reason; nothing is built or verified."""
     source = tmp_path / "kb"
     for level, name in ((1, "1_ReLU.py"), (1, "17_Conv2d.py"), (3, "1_MLP.py"),
-                        (3, "4_ResNet_BasicBlock.py")):
+                        (3, "2_MultiHead_SelfAttention.py"), (3, "4_ResNet_BasicBlock.py")):
         (source / f"level{level}").mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / f"data/tasks/level{level}" / name, source / f"level{level}" / name)
     out = tmp_path / "out"
@@ -86,7 +86,7 @@ def test_plans_only_reports_coverage_and_declines_without_a_device(tmp_path):
     assert rc == 0
     md = (out / "plans.md").read_text()
     assert "target cuda" in md and "nothing built or verified" in md
-    assert "Level 1: a plan for 1/2 tasks" in md and "Level 3: a plan for 2/2 tasks" in md
-    assert "| 1 | offline synthesizer v1 cannot express a lone nn.Conv2d" in md
+    assert "Level 1: a plan for 2/2 tasks" in md and "Level 3: a plan for 2/3 tasks" in md
+    assert "| 1 | offline synthesizer v1 cannot express" in md and "L3_2_MultiHead" in md
     assert "| L3_1_MLP | 3 | 3 |" in md and "| L3_4_ResNet_BasicBlock | 3 |" in md
     assert not (out / "results.json").exists() and not (out / "tasks").exists()

@@ -19,13 +19,16 @@ candidate files (C++/OpenMP for the cpu target, CUDA for the cuda target):
   a bool mask): the axis family;
 * one matrix product (torch.matmul/mm/bmm, F.linear/nn.Linear) or convolution (1-, 2- or
   3-D, transposed or not) of inputs and parameters, followed by any chain of the above (bias,
-  activation, scaling, residual, softmax, norms, sums): the epilogue. Two forms, told apart
-  by the knob ``lib``: a tiled GEMM of its own (fp32 register-blocked SIMT, or WMMA tensor
-  cores for float16/bfloat16; C++ on the cpu target) with the elementwise epilogue fused into
-  its stores or followed by the row kernel (verifiable under the strict policy); or the
-  library's GEMM/convolution followed by one fused epilogue kernel (the candidate says
-  ``POLICY = "permissive"``: the strict kernel audit refuses it, as it should). No TF32: the
-  bundled tasks are float32 and the verifier's precision check would refuse it.
+  activation, scaling, residual, softmax, norms, sums): the epilogue. Forms told apart by
+  the knob ``lib``: a tiled GEMM of its own (0: fp32 register-blocked SIMT, or WMMA tensor
+  cores for float16/bfloat16; C++ on the cpu target) or a convolution of its own (2: an
+  implicit GEMM on cuda, with a direct kernel for depthwise ones; a direct convolution in C++;
+  float32, every stride/padding/dilation/groups/output_padding) with the elementwise epilogue
+  fused into its stores or followed by the row kernel (verifiable under the strict policy, a
+  lone convolution included); or the library's GEMM/convolution followed by one fused epilogue
+  kernel (1: the candidate says ``POLICY = "permissive"``: the strict kernel audit refuses it,
+  as it should). No TF32: the bundled tasks are float32 and the verifier's precision check
+  would refuse it.
 
 A task that one kernel cannot fuse (a second product or convolution, a pooling after one, a
 reduction of a reduced value, an elementwise prologue before a product, a view between two

@@ -170,7 +170,8 @@ class Gemm:
         return self.op in CONV_OPS
 
 
-# Convolutions the head may be (library form: torch.nn.functional.<op>), with their spatial dims.
+# Convolutions the head may be (the gemm family's conv template, or the library form:
+# torch.nn.functional.<op>), with their spatial dims.
 CONV_OPS = {"conv1d": 1, "conv2d": 2, "conv3d": 3, "conv_transpose1d": 1,
             "conv_transpose2d": 2, "conv_transpose3d": 3}
 _CONV_MODULES = {nn.Conv1d: "conv1d", nn.Conv2d: "conv2d", nn.Conv3d: "conv3d",

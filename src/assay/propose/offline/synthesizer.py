@@ -7,8 +7,9 @@ or two knobs of a parent, crossover takes each knob from one of the parents, rep
 to the defaults (or, if the parent already had them, to the most conservative set).
 
 A family may have several templates, told apart by the knob ``lib`` (a matrix product: 0 = the
-tiled GEMM of this package with the epilogue fused into its stores, strict policy; 1 = the
-library's GEMM followed by one fused epilogue kernel, permissive policy; see families.gemm).
+tiled GEMM of this package with the epilogue fused into its stores, strict policy; a
+convolution: 2 = this package's convolution kernel, likewise; 1 = the library's GEMM or
+convolution followed by one fused epilogue kernel, permissive policy; see families.gemm).
 Mutating ``lib`` switches templates: the knobs both share keep their values, the others take the
 new template's defaults.
 """

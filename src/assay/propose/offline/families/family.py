@@ -4,9 +4,9 @@ A family is one shape of work (a fused elementwise chain, a row reduction, a poo
 product): the plans it writes, the knobs of its templates with their defaults, and the code.
 Each family module ends with its ``FAMILY``; ``families.FAMILIES`` is the table of them all.
 
-A family may have several templates, told apart by the knob ``lib`` (the matrix product: its
-own tiled GEMM, or the library's followed by one fused epilogue kernel); ``libs`` lists the
-values that ``lib`` may take for a plan (empty: one template, no knob ``lib``).
+A family may have several templates, told apart by the knob ``lib`` (the matrix product or
+convolution: its own kernel, or the library's followed by one fused epilogue kernel); ``libs``
+lists the values that ``lib`` may take for a plan (empty: one template, no knob ``lib``).
 """
 
 from __future__ import annotations

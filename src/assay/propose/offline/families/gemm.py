@@ -3,14 +3,16 @@
 of inputs and parameters, followed by any chain of the elementwise and row
 families (bias, activation, scaling, residual, softmax, norms, sums): the epilogue.
 
-Three templates, told apart by the knob ``lib``: 0 = a tiled GEMM of this package, fp32
+Templates, told apart by the knob ``lib``: 0 = a tiled GEMM of this package, fp32
 register-blocked SIMT (``gemm``; C++ on the cpu target) or WMMA tensor cores for
-float16/bfloat16 (``gemm_tc``), with an elementwise epilogue fused into its stores or followed
-by the row kernel (strict policy); 1 = the library's GEMM or convolution followed by one fused
-epilogue kernel (``epilogue``; the candidate says ``POLICY = "permissive"``: the strict kernel
-audit refuses it, as it should). A convolution has only the library form, float16/bfloat16
-products only the tensor-core GEMM. No TF32: the bundled tasks are float32 and the verifier's
-precision check would refuse it.
+float16/bfloat16 (``gemm_tc``); 2 = a convolution of this package (``conv``: an implicit GEMM
+on cuda, a direct convolution in C++ on the cpu target; float32); both with an elementwise
+epilogue fused into their stores or followed by the row kernel (strict policy); 1 = the
+library's GEMM or convolution followed by one fused epilogue kernel (``epilogue``; the
+candidate says ``POLICY = "permissive"``: the strict kernel audit refuses it, as it should; not
+offered where nothing but the op's own bias follows it). A product's own template comes first
+(0 or 2), then the library's. float16/bfloat16 products have only the tensor-core GEMM. No
+TF32: the bundled tasks are float32 and the verifier's precision check would refuse it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from assay.propose.offline.families import elementwise, gemm_tc, gemm_tiled, row
+from assay.propose.offline.families import elementwise, gemm_conv, gemm_tc, gemm_tiled, row
 from assay.propose.offline.families import triton_form as tri
 from assay.propose.offline.families.family import Entry, Family, Head, Space
 from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Param, fused_calls,
@@ -27,12 +29,12 @@ from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Pa
                                                    size_params)
 from assay.propose.offline.graph import CONV_OPS, PREFIX, Analysis, Gemm, Plan, conv_args
 
-# The templates of knob lib 0, the product's own GEMM, by name (each module holds its knob
-# space, defaults, C++/CUDA template and kernel writer).
-_OWN_GEMM: dict[str, ModuleType] = {"gemm": gemm_tiled, "gemm_tc": gemm_tc}
+# The templates of this package's own (knob lib 0: the product's GEMM; 2: the convolution), by
+# name (each module holds its knob space, defaults, C++/CUDA template and kernel writer).
+_OWN: dict[str, ModuleType] = {"gemm": gemm_tiled, "gemm_tc": gemm_tc, "conv": gemm_conv}
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
-    **gemm_tiled.KNOB_SPACES, **gemm_tc.KNOB_SPACES,
+    **gemm_tiled.KNOB_SPACES, **gemm_tc.KNOB_SPACES, **gemm_conv.KNOB_SPACES,
     # Triton (target triton): the output tile (block_m x block_n) of one program, the K slab
     # per tl.dot (block_k), warps per program, software-pipelining depth of the K loop.
     ("triton", "gemm"): tri.GEMM_KNOB_SPACE, ("triton", "gemm_tc"): tri.GEMM_KNOB_SPACE}
@@ -103,8 +105,9 @@ def libs(target: str, analysis: Analysis, policy: str = "any") -> tuple[int, ...
     if target == "triton":  # its own GEMM only (a library product: no Triton form yet)
         return (0,) if g.matmul else ()
     custom = g.matmul and (analysis.plan.dtype == "float32" or target == "cuda")
+    conv = g.is_conv and analysis.plan.dtype == "float32"
     library = not g.trivial and analysis.plan.dtype == "float32" and policy != "strict"
-    return tuple(v for v, ok in ((0, custom), (1, library)) if ok)
+    return tuple(v for v, ok in ((0, custom), (2, conv), (1, library)) if ok)
 
 
 def declines(target: str, analysis: Analysis, policy: str = "any") -> str | None:
@@ -118,13 +121,8 @@ def declines(target: str, analysis: Analysis, policy: str = "any") -> str | None
         return tri.why_not(analysis.plan)
     if g is None or libs(target, analysis, policy):
         return None
-    if g.is_conv and g.trivial:
-        return (f"{PREFIX} a lone {g.what} (convolution): nothing after the library call to "
-                f"fuse, and v1 has no convolution kernel of its own")
-    if g.is_conv:
-        return (f"{PREFIX} {g.what} under the strict policy (convolution): v1 only fuses "
-                f"what follows a library convolution, which needs the permissive policy")
-    return f"{PREFIX} this task ({g.what})"  # pragma: no cover - matmul always has lib=0
+    # never: a matmul always has lib 0, a (float32: graph's check) convolution lib 2
+    return f"{PREFIX} this task ({g.what})"  # pragma: no cover
 
 
 def _conv_layouts(target: str, analysis: Analysis) -> bool:
@@ -138,16 +136,18 @@ def _conv_layouts(target: str, analysis: Analysis) -> bool:
 
 def template(plan: Plan, knobs: dict[str, Any]) -> str:
     """``gemm`` (the tiled fp32 GEMM; a row epilogue follows as a second kernel), ``gemm_tc``
-    (tensor cores, float16/bfloat16) or ``epilogue`` (the library computes the product, one
-    fused kernel the rest; knob ``lib`` = 1)."""
-    if int(knobs.get("lib", 0)):
-        return "epilogue"
+    (tensor cores, float16/bfloat16), ``conv`` (the convolution's own kernel, knob ``lib`` = 2)
+    or ``epilogue`` (the library computes the product, one fused kernel the rest; ``lib`` =
+    1)."""
+    lib = int(knobs.get("lib", 0))
+    if lib:
+        return "epilogue" if lib == 1 else "conv"
     return "gemm" if plan.dtype == "float32" else "gemm_tc"
 
 
 def strategy(plan: Plan, knobs: dict[str, Any]) -> str:
-    """A product tiles (tiling), uses tensor cores (tensor_cores) or leaves the product to the
-    library and fuses the rest (epilogue)."""
+    """A product or convolution tiles (tiling), uses tensor cores (tensor_cores) or leaves the
+    product to the library and fuses the rest (epilogue)."""
     return {"epilogue": "epilogue", "gemm_tc": "tensor_cores"}.get(template(plan, knobs),
                                                                     "tiling")
 
@@ -164,7 +164,7 @@ def space(target: str, analysis: Analysis, lib: int | None = None, policy: str =
         if _conv_layouts(target, analysis):
             out["layout"] = (0, 1)
         return out
-    out.update(KNOB_SPACES[(target, template(plan, {"lib": 0}))])
+    out.update(KNOB_SPACES[(target, template(plan, {"lib": lib}))])
     if plan.kind == "row":  # the row kernel after the GEMM has its own knobs
         out.update(row.space(target, analysis))
     return out
@@ -181,8 +181,8 @@ def defaults(target: str, analysis: Analysis, lib: int | None = None,
         if _conv_layouts(target, analysis):
             knobs["layout"] = 0
         return knobs
-    knobs = {"lib": 0, **(_triton_defaults(plan) if target == "triton"
-                          else _OWN_GEMM[template(plan, {"lib": 0})].defaults(target))}
+    knobs = {"lib": lib, **(_triton_defaults(plan) if target == "triton"
+                            else _OWN[template(plan, {"lib": lib})].defaults(target))}
     if plan.kind == "row":
         knobs.update(row.defaults(target, analysis))
     return knobs
@@ -196,7 +196,7 @@ def safe(target: str, plan: Plan, knobs: dict[str, Any]) -> dict[str, int]:
     if name == "epilogue":
         return _chain(plan).safe(target)
     out = ({"block_m": 32, "block_n": 32, "block_k": 16, "num_warps": 4, "num_stages": 1}
-           if target == "triton" else _OWN_GEMM[name].safe(target))
+           if target == "triton" else _OWN[name].safe(target))
     if plan.kind == "row":
         out.update(row.safe(target))
     return out
@@ -207,41 +207,53 @@ def safe(target: str, plan: Plan, knobs: dict[str, Any]) -> dict[str, int]:
 
 
 def _gemm_params(plan: Plan, target: str, fused: bool) -> list[Param]:
-    """assay_gemm's parameters: operands, the epilogue's leaves (when fused), the output (the
-    product itself, ``g``, when a row kernel follows), sizes, batch strides, leaf geometry."""
+    """assay_gemm's (assay_conv's) parameters: operands, the epilogue's leaves (when fused), the
+    output (the product itself, ``g``, when a row kernel follows), sizes and batch strides (the
+    convolution's geometry, ``cg``), leaf geometry."""
+    assert plan.gemm is not None
     elt = "float" if plan.dtype == "float32" else "assay_elt"
-    ps = [pointer(target, name, f"l{name}.data_ptr()", elt) for name in ("A", "B")]
+    conv = plan.gemm.is_conv
+    ps = [pointer(target, name, f"l{op}.data_ptr()", elt)
+          for name, op in zip(("x", "w") if conv else ("A", "B"), ("A", "B"))]
     ptrs, geometry = leaf_params(plan, target, plan.gemm_leaf, elt) if fused else ([], [])
     out = out_param(target, "out.data_ptr()" if fused else "g.data_ptr()", elt)
-    return ps + ptrs + [out] + size_params("M", "N", "K", "batch", "sA", "sB", "sC") + geometry
+    sizes = ([Param("int64_t", v, f"cg[{j}]", "ctypes.c_int64")
+              for j, v in enumerate(gemm_conv.SIZES)] if conv
+             else size_params("M", "N", "K", "batch", "sA", "sB", "sC"))
+    return ps + ptrs + [out] + sizes + geometry
 
 
 def _product_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
-    """The tiled GEMM (cpu, cuda fp32) or tensor-core GEMM (cuda float16/bfloat16) with the
-    elementwise epilogue fused into its stores, or storing the product for the row kernel that
-    follows (whose source comes first in the file)."""
-    assert plan.gemm is not None and plan.gemm.matmul
+    """The tiled GEMM (cpu, cuda fp32), tensor-core GEMM (cuda float16/bfloat16) or convolution
+    with the elementwise epilogue fused into its stores, or storing the product for the row
+    kernel that follows (whose source comes first in the file)."""
+    assert plan.gemm is not None
     name = template(plan, knobs)
     fused = plan.kind == "elementwise"
     prologue, body, out_expr = (fused_epilogue(plan, name == "gemm_tc") if fused
                                 else ([], [], "acc_v"))
     params = _gemm_params(plan, target, fused)
-    kparams = ", ".join(f"{p.ctype} {p.name}" for p in params)
     common = head_values(name, knobs, summary)
-    values = dict(common, prologue=prologue, epi_body=body, epi_out=out_expr,
-                  bm=int(knobs["tile_m"]), bn=int(knobs["tile_n"]), bk=int(knobs["k_step"]),
-                  trans_b=plan.gemm.op == "linear", kparams=kparams,
-                  kargs=", ".join(p.name for p in params),
-                  params=kparams if target == "cpu" else kparams + ", void* stream_ptr")
-    gemm = _OWN_GEMM[name].kernel(values, target, knobs, plan)
+    if name == "conv":
+        gemm = gemm_conv.kernel(dict(common, prologue=prologue, epi_body=body, epi_out=out_expr),
+                                params, target, knobs, plan)
+    else:
+        kparams = ", ".join(f"{p.ctype} {p.name}" for p in params)
+        values = dict(common, prologue=prologue, epi_body=body, epi_out=out_expr,
+                      bm=int(knobs["tile_m"]), bn=int(knobs["tile_n"]),
+                      bk=int(knobs["k_step"]), trans_b=plan.gemm.op == "linear",
+                      kparams=kparams, kargs=", ".join(p.name for p in params),
+                      params=kparams if target == "cpu" else kparams + ", void* stream_ptr")
+        gemm = _OWN[name].kernel(values, target, knobs, plan)
     if fused:
         return render(CPP_PREAMBLE if target == "cpu" else CUDA_COMMON, **common) + gemm
     return row.source(plan, target, knobs, summary, label=name) + gemm
 
 
 def source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
-    """The tiled or tensor-core GEMM with its epilogue, or (template ``epilogue``) the epilogue
-    kernel that follows the library call, and the channels_last transpose when it needs one."""
+    """The tiled or tensor-core GEMM or the convolution with its epilogue, or (template
+    ``epilogue``) the epilogue kernel that follows the library call, and the channels_last
+    transpose when it needs one."""
     if target == "triton":  # the product's own Triton GEMM (libs: no library form)
         fused = plan.kind == "elementwise"
         name = template(plan, knobs)
@@ -270,8 +282,9 @@ def library_of(plan: Plan, target: str) -> str:
 
 
 def _gemm_lines(plan: Plan, target: str, template: str, layout: int = 0) -> list[str]:
-    """The product's operands and sizes (lA, lB, M, N, K, batch, sA, sB, sC, gshape); in the
-    epilogue template also the library call, whose result is leaf ``l<gemm_leaf>``.
+    """The product's operands and sizes (lA, lB, M, N, K, batch, sA, sB, sC, gshape; a
+    convolution's geometry ``cg`` in the conv template); in the epilogue template also the
+    library call, whose result is leaf ``l<gemm_leaf>``.
     ``layout`` 1: the convolution runs on channels_last copies of its operands (its result,
     channels_last too, becomes contiguous NCHW again for the epilogue kernel: on cuda through
     the file's own transpose, assay_to_nchw)."""
@@ -284,6 +297,8 @@ def _gemm_lines(plan: Plan, target: str, template: str, layout: int = 0) -> list
         lines.append(f"_expect(lA.dim() == {nd} and lB.dim() == {nd}, "
                      f"'{g.op} operands do not have {nd} dims')")
         lines += _conv_args(g)
+        if template == "conv":
+            return lines + _conv_geometry(g)
         fn = f"torch.nn.functional.{g.op}"
         if layout:  # conv2d only (see _conv_layouts)
             lines.append("cl = torch.channels_last")
@@ -341,6 +356,47 @@ def _conv_args(g: Gemm) -> list[str]:
     return [f"cargs = {tuple(g.conv[1:])!r}"]
 
 
+def _conv_geometry(g: Gemm) -> list[str]:
+    """The conv template's geometry ``cg`` (gemm_conv.SIZES: 3-D, the missing leading spatial
+    dims of size 1) and the output's shape ``gshape``, from the operands and ``cargs`` at run
+    time, as torch computes them; arguments the kernel cannot take (padding='same', a negative
+    padding) raise."""
+    sp = CONV_OPS[g.op]
+    names = [f"c_{k}" for k, _ in conv_args(g.op)]
+    dims = [k for k in names if k != "c_groups"]  # stride, padding, [output_padding,] dilation
+    dim_list = ", ".join(dims)
+    ones, zeros = "1, " * (3 - sp), "0, " * (3 - sp)
+    lines = [f"{', '.join(names)} = cargs",
+             f"{dim_list} = (tuple(v) if isinstance(v, (tuple, list)) else (v,) * {sp} "
+             f"for v in ({dim_list},))",
+             f"if not (type(c_groups) is int and c_groups > 0 and all(len(v) == {sp} and "
+             f"all(type(u) is int for u in v) for v in ({dim_list},)) and "
+             "min(c_stride + c_dilation) > 0 and min(c_padding) >= 0):",
+             f"    raise ValueError('{g.op}: this kernel takes positive integer strides, "
+             "dilations and groups and non-negative integer padding, not ' + repr(cargs))",
+             "xs, ks = tuple(lA.shape[2:]), tuple(lB.shape[2:])"]
+    if g.op.startswith("conv_transpose"):
+        lines += ["Co = lB.shape[1] * c_groups",
+                  f"_expect(lA.shape[1] == lB.shape[0] and lB.shape[0] % c_groups == 0, "
+                  f"'{g.op} input channels do not match the weight and groups')",
+                  "_expect(all(o < s or o < d for o, s, d in zip(c_output_padding, c_stride, "
+                  "c_dilation)), 'output_padding must be smaller than stride or dilation')",
+                  "ys = tuple((i - 1) * s - 2 * p + d * (k - 1) + o + 1 for i, k, s, p, d, o in "
+                  "zip(xs, ks, c_stride, c_padding, c_dilation, c_output_padding))"]
+    else:
+        lines += ["Co = lB.shape[0]",
+                  f"_expect(lA.shape[1] == lB.shape[1] * c_groups and Co % c_groups == 0, "
+                  f"'{g.op} input channels do not match the weight and groups')",
+                  "ys = tuple((i + 2 * p - d * (k - 1) - 1) // s + 1 for i, k, s, p, d in "
+                  "zip(xs, ks, c_stride, c_padding, c_dilation))"]
+    return lines + [
+        f"_expect(min(ys) > 0, '{g.op} output size is not positive')",
+        "gshape = (lA.shape[0], Co) + ys",
+        f"cg = (lA.shape[0], lA.shape[1], {ones}*xs, Co, {ones}*ys, {ones}*ks, "
+        f"{ones}*c_stride, {zeros}*c_padding, {ones}*c_dilation, c_groups)",
+        f"_expect(max(cg) < 2 ** 31, '{g.op} sizes past 2^31 (32-bit coordinates)')"]
+
+
 def library_lines(plan: Plan, target: str) -> list[str]:
     """The body of a kernel-less stage of a multi-kernel plan: a library convolution and at
     most its own bias (``Gemm.trivial``), one call."""
@@ -366,9 +422,10 @@ def head(plan: Plan, target: str, knobs: dict[str, Any]) -> Head:
 
 def calls(plan: Plan, target: str, knobs: dict[str, Any], stream: list[str]
           ) -> tuple[list[str], list[Entry]]:
-    """The GEMM's call (its result ``g`` allocated first when a row kernel follows), the
-    transpose's entry point (called from the head's lines) and the epilogue kernel's call."""
-    custom = template(plan, knobs) in ("gemm", "gemm_tc")
+    """The GEMM's or convolution's call (its result ``g`` allocated first when a row kernel
+    follows), the transpose's entry point (called from the head's lines) and the epilogue
+    kernel's call."""
+    custom = template(plan, knobs) in _OWN
     fused = custom and plan.kind == "elementwise"
     lines: list[str] = []
     entries: list[Entry] = []
@@ -382,10 +439,11 @@ def calls(plan: Plan, target: str, knobs: dict[str, Any], stream: list[str]
         return lines, entries
     if custom:
         gp = _gemm_params(plan, target, fused)
-        entries.append(("assay_gemm", gp))
+        entry = "assay_conv" if template(plan, knobs) == "conv" else "assay_gemm"
+        entries.append((entry, gp))
         if not fused:
             lines.append("g = torch.empty(gshape, dtype=DTYPE, device=lA.device)")
-        lines.append(f"_check(_lib().assay_gemm({', '.join([p.py for p in gp] + stream)}))")
+        lines.append(f"_check(_lib().{entry}({', '.join([p.py for p in gp] + stream)}))")
         if not fused:
             lines.append(f"l{plan.gemm_leaf} = g")
     if _to_nchw(plan, target, int(knobs.get("layout", 0))):

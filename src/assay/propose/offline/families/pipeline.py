@@ -3,10 +3,11 @@ family, run one after the other by ``ModelNew.forward`` (the file: :mod:`candida
 
 Knobs: each stage's, prefixed ``s<k>.`` (``s0.block``, ``s2.lib``...), so the evolution tunes
 every kernel of the chain. The knob ``lib`` picks the templates of all stages at once: 0 = each
-stage's first (its own kernels, strict policy), 1 = the library's product or convolution with a
-fused epilogue wherever a stage has that form (permissive). A stage that is a library
-convolution and nothing else (a convolution feeding another convolution) has no kernel of its
-own: ``ModelNew`` calls the library for it, which only the permissive policy accepts.
+stage's first (its own kernels: GEMMs and convolutions of this package, strict policy), 1 = the
+library's product or convolution with a fused epilogue wherever a stage has that form
+(permissive). Under lib 1 a stage that is a convolution and nothing else (a convolution feeding
+another convolution) has no kernel of its own: ``ModelNew`` calls the library for it (unless
+every stage is one such: then lib 1 is not offered).
 """
 
 from __future__ import annotations
@@ -23,10 +24,16 @@ def matches(plan: Any) -> bool:
     return isinstance(plan, Pipeline)
 
 
-def library_stage(stage: Analysis) -> bool:
-    """A convolution with at most its own bias after it: the library's call, no kernel."""
+def _lone_conv(stage: Analysis) -> bool:
+    """A convolution with at most its own bias after it."""
     g = getattr(stage.plan, "gemm", None)
     return g is not None and g.is_conv and g.trivial
+
+
+def library_stage(stage: Analysis, lib: int | None) -> bool:
+    """A lone convolution under the pipeline's ``lib`` 1: the library's call, no kernel (under
+    lib 0 the gemm family's convolution kernel writes it)."""
+    return lib == 1 and _lone_conv(stage)
 
 
 def _stage_lib(target: str, stage: Analysis, lib: int | None, policy: str) -> int | None:
@@ -50,23 +57,17 @@ def _prefixed(k: int, knobs: dict[str, Any]) -> dict[str, Any]:
 def libs(target: str, analysis: Analysis, policy: str = "any") -> tuple[int, ...]:
     stages = analysis.plan.stages
     differ = any(_stage_lib(target, s, 0, policy) != _stage_lib(target, s, 1, policy)
-                 for s in stages if not library_stage(s))
-    return (0, 1) if differ else ()
+                 for s in stages)
+    # Lone convolutions become library calls under lib 1 (permissive), if a kernel is left.
+    lone = sum(map(_lone_conv, stages))
+    return (0, 1) if differ or (policy != "strict" and 0 < lone < len(stages)) else ()
 
 
 def declines(target: str, analysis: Analysis, policy: str = "any") -> str | None:
     stages = analysis.plan.stages
-    if all(library_stage(s) for s in stages):
-        return f"{PREFIX} a chain of library convolutions with nothing of its own to compute"
     for k, s in enumerate(stages):
         if s.plan.dtype != "float32":
             return f"{PREFIX} {s.plan.dtype} in a multi-kernel plan (float32 only)"
-        if library_stage(s):
-            if policy == "strict":
-                return (f"{PREFIX} kernel {k + 1} of {len(stages)}, a lone "
-                        f"{s.plan.gemm.what}, under the strict policy (v1 has no convolution "
-                        f"kernel of its own)")
-            continue
         why = families.family_of(s.plan).declines(target, s, policy)
         if why:
             return f"kernel {k + 1} of {len(stages)}: {why}"
@@ -76,7 +77,7 @@ def declines(target: str, analysis: Analysis, policy: str = "any") -> str | None
 def _each(target: str, analysis: Analysis, lib: int | None, policy: str):
     """(k, stage, its family, its template) of every stage with a kernel of its own."""
     for k, s in enumerate(analysis.plan.stages):
-        if not library_stage(s):
+        if not library_stage(s, lib):
             yield k, s, families.family_of(s.plan), _stage_lib(target, s, lib, policy)
 
 
@@ -108,7 +109,7 @@ def stage_choices(target: str, plan: Pipeline, knobs: dict[str, Any], policy: st
     None for a library stage."""
     out: list[dict[str, Any] | None] = []
     for k, s in enumerate(plan.stages):
-        if library_stage(s):
+        if library_stage(s, knobs.get("lib")):
             out.append(None)
             continue
         slib = _stage_lib(target, s, knobs.get("lib"), policy)
