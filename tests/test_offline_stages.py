@@ -88,6 +88,18 @@ TASKS = {
                           "y = nn.functional.max_pool1d(self.fc(x).unsqueeze(1), 2)\n"
                           "return y.squeeze(1).sum(dim=1) * 0.5", "torch.randn(b, k)",
                           {"b": 4, "k": 9, "n": 12}, {"b": 3, "k": 5, "n": 7}, 3),
+    # views folded into one boundary (squeeze, squeeze), a dropout before the product
+    # (identity in eval), the product reading the view of the first kernel's output
+    "gap_squeeze_fc": ("self.conv = nn.Conv2d(c, c, 3)\nself.drop = nn.Dropout(0.0)\n"
+                       "self.fc = nn.Linear(c, n)",
+                       "y = nn.functional.adaptive_avg_pool2d(torch.relu(self.conv(x)), 1)\n"
+                       "return self.fc(self.drop(y.squeeze(-1).squeeze(-1)))",
+                       "torch.randn(b, c, h, w)", {"b": 2, "c": 4, "h": 6, "w": 5, "n": 3},
+                       {"b": 3, "c": 2, "h": 4, "w": 7, "n": 5}, 2),
+    "gap_squeeze": ("self.conv = nn.Conv2d(c, c, 3)",
+                    "y = nn.functional.adaptive_avg_pool2d(torch.relu(self.conv(x)), 1)\n"
+                    "return y.squeeze(-1).squeeze(-1)", "torch.randn(b, c, h, w)",
+                    {"b": 2, "c": 4, "h": 6, "w": 5}, {"b": 3, "c": 2, "h": 4, "w": 7}, 1),
     # an elementwise prologue before a pooling (the pool kernel reads a stage's output)
     "relu_then_pool": ("self.pool = nn.MaxPool2d(2)", "return self.pool(torch.relu(x)) - 1.0",
                        "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 6, "w": 7},

@@ -899,6 +899,13 @@ class _Lowering:
             return Leaf("input", str(a.target), self.inputs.index(str(a.target))), self.meta(a)
         if isinstance(a, fx.Node) and a.op == "get_attr":
             return Leaf("attr", str(a.target), -1), self.meta(a)
+        v = self.env.get(a) if isinstance(a, fx.Node) else None
+        if isinstance(v, int) and self.b.nodes[v].op == "load":  # an identity (dropout in eval)
+            k = self.b.nodes[v].attr("leaf")
+            lf, shape = self.b.leaves[k]
+            if (lf.source in ("input", "attr") and k not in self.b.viewed
+                    and shape == self.shape(a)):
+                return Leaf(lf.source, lf.name, lf.index), self.meta(a)
         raise self.cut(f"{PREFIX} {op} of a computed tensor (v1 fuses what follows one "
                        f"matmul/convolution of inputs and parameters, not what precedes it)")
 

@@ -94,6 +94,23 @@ def view_expr(node: fx.Node) -> str | None:
     return f"{{t}}.reshape({', '.join(parts)})" if parts else None
 
 
+def _more_views(view: str, carried: fx.Node, todo: list[fx.Node]
+                ) -> tuple[str, fx.Node, list[fx.Node]]:
+    """Fold the views that follow a boundary's view of ``carried`` (each the only reader of
+    the one before, its size queries included) into its expression."""
+    while True:
+        nxt = next((n for n in todo if not (n.op == "call_method" and str(n.target) in
+                                            SIZE_METHODS and n.args[0] is carried)), None)
+        more = view_expr(nxt) if nxt is not None and nxt.args and nxt.args[0] is carried else None
+        if more is None or any(u is not nxt and u not in todo[:todo.index(nxt)]
+                               for u in carried.users):
+            return view, carried, todo
+        view = more.format(t=view)
+        todo = [n for n in todo if n is not nxt and not (n.op == "call_method" and n.args
+                                                          and n.args[0] is carried)]
+        carried = nxt
+
+
 def _live_across(nodes: list[fx.Node], cut: fx.Node) -> list[fx.Node]:
     """The computed values before ``cut`` that ``cut`` or a later node reads."""
     order = {n: i for i, n in enumerate(nodes)}
@@ -168,13 +185,15 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
                 raise Unsupported(f"{cut} (a kernel boundary there would carry {len(live)} "
                                   f"values: {', '.join(n.name for n in live)})") from None
             stages.append(analyze(_subgraph(gm, before, live[0], names)[0]))
-            views.append(view or "")
             carried = at if view is not None else live[0]
-            names[carried] = STAGE_INPUT.format(len(stages) - 1)
             todo = todo[todo.index(at) + (1 if view is not None else 0):]
+            if view is not None:  # views of the view (x.squeeze(-1).squeeze(-1)) fold into it
+                view, carried, todo = _more_views(view, carried, todo)
+            views.append(view or "")
+            names[carried] = STAGE_INPUT.format(len(stages) - 1)
             if carried is out:  # the task returns the view: the last stage was the last kernel
                 break
-    if len(stages) == 1:  # pragma: no cover - analyze_module tries the whole graph first
+    if len(stages) == 1 and not views[0]:  # pragma: no cover - tried whole by analyze_module
         raise Unsupported(f"{PREFIX} this task")
     pipeline = Pipeline(tuple(stages), tuple(str(n.target) for n in forward_inputs),
                         tuple(st.plan for st in stages), tuple(views))
