@@ -10,7 +10,8 @@
 #               degenerate), ONLY: task-id globs, JOBS: tasks in flight per GPU (3); on a
 #               machine of several GPUs, one shard of the tasks per GPU (--shard k/N)
 #   redteam     the red-team generator on cuda (issue #19), resumes from its results.jsonl
-#   gputests    pytest -m gpu tests/test_gpu.py (the cuda zoo, Triton cases included)
+#   gputests    pytest -m gpu $FILES (default tests/test_gpu.py: the cuda zoo, Triton cases
+#               included; the synthesizer's families: FILES="tests/test_offline*.py"), K: -k
 #   audit       benchmarks/audit_overhead.py --device cuda (issue #19's last line)
 #   triton      benchmarks/triton_evidence.sh (issue #20)
 #   synthkb     the offline synthesizer on KernelBench (issue #17), resumable; LEVELS=1
@@ -95,7 +96,7 @@ for phase in "$@"; do
       spread=()
       [ "$gpus" -gt 1 ] && spread=(-n "$gpus")
       GPU_TESTS_SPREAD=$gpus run_for "$secs" "$S/gputests.log" python3 -m pytest -m gpu -q \
-        -p no:cacheprovider -rf "${spread[@]}" tests/test_gpu.py ${K:+-k "$K"} ;;
+        -p no:cacheprovider -rf "${spread[@]}" ${FILES:-tests/test_gpu.py} ${K:+-k "$K"} ;;
     audit)
       run_for "$secs" "$S/audit.log" python3 benchmarks/audit_overhead.py --device cuda \
         --repeat "${REPEAT:-3}" --out "$S/audit" ;;

@@ -109,16 +109,17 @@ def _ctx(task_dir: Path, name: str, target: str = "cpu") -> TaskContext:
     return TaskContext(Task.from_file(task_dir / f"{name}.py"), target=target)
 
 
-def _check(code: str, ctx: TaskContext, path: Path, shapes: list[tuple[int, ...]]) -> None:
+def _check(code: str, ctx: TaskContext, path: Path, shapes: list[tuple[int, ...]],
+           device: str = "cpu") -> None:
     """The candidate's ModelNew equals the reference (values, shape, dtype) at ``shapes``."""
     cand = import_file(code, path)
     for shape in shapes:
         mod = ctx.task.module()
         mod.shape = shape  # get_inputs reads it at call time
-        ref = reference_model(mod, seed=0, device="cpu")
+        ref = reference_model(mod, seed=0, device=device)
         with seeded(0):
-            new = cand.ModelNew().eval()
-        inputs = make_inputs(mod, seed=1, device="cpu")
+            new = cand.ModelNew().to(device).eval()
+        inputs = make_inputs(mod, seed=1, device=device)
         with torch.no_grad():
             expected, got = ref(*inputs), new(*inputs)
         assert got.shape == expected.shape and got.dtype == expected.dtype, shape
@@ -205,3 +206,16 @@ def test_kernelbench_tasks_get_a_plan():
     with pytest.raises(Exception, match="cannot express"):
         syn.analyse(TaskContext(Task.from_file(KERNELBENCH / "92_cumsum_exclusive.py"),
                                 "cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", SUPPORTED)
+def test_cuda_candidates_match_reference(task_dir, tmp_path, name):
+    """The cuda form on the GPU: the defaults and a split reduction or a block-per-line scan."""
+    ctx = _ctx(task_dir, name, "cuda")
+    syn = OfflineSynthesizer("cuda")
+    props = syn.translate(ctx, n=2, rng=random.Random(0))
+    for prop in props:
+        assert prop.code is not None, prop.declined
+        _check(prop.code, ctx, tmp_path / f"cuda_{prop.id}.py", SHAPES, "cuda")

@@ -102,19 +102,31 @@ def _ctx(task_dir: Path, name: str, target: str = "cpu") -> TaskContext:
     return TaskContext(Task.from_file(task_dir / f"{name}.py"), target=target)
 
 
-def _model_pair(cand, mod):
-    ref = reference_model(mod, seed=0, device="cpu")
+def _model_pair(cand, mod, device: str = "cpu"):
+    ref = reference_model(mod, seed=0, device=device)
     with seeded(0):
         new = cand.ModelNew(*mod.get_init_inputs())
-    new.eval().load_state_dict(ref.state_dict())
+    new.to(device).eval().load_state_dict(ref.state_dict())
     return ref, new
 
 
 @pytest.mark.parametrize("name", list(TASKS))
 def test_cpu_convolutions_match_torch(task_dir, tmp_path, name):
-    ctx = _ctx(task_dir, name)
-    syn = OfflineSynthesizer("cpu", policy="strict")
-    prop = syn.with_knobs(ctx, {"lib": 2, **TASKS[name][5]})
+    _check_conv(task_dir, tmp_path, name, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", list(TASKS))
+def test_cuda_convolutions_match_torch(task_dir, tmp_path, name):
+    _check_conv(task_dir, tmp_path, name, "cuda")
+
+
+def _check_conv(task_dir: Path, tmp_path: Path, name: str, device: str) -> None:
+    """The conv template (lib 2, the task's knobs) equals torch at two sizes, under strict."""
+    ctx = _ctx(task_dir, name, device)
+    syn = OfflineSynthesizer(device, policy="strict")
+    prop = syn.with_knobs(ctx, {"lib": 2, **(TASKS[name][5] if device == "cpu" else {})})
     assert prop.strategy == "tiling" and prop.knobs["lib"] == 2
     cand = import_file(prop.code, tmp_path / f"cand_{prop.id}.py")
     assert cand.POLICY == "strict" and cand.TEMPLATE == "conv"
@@ -122,8 +134,8 @@ def test_cpu_convolutions_match_torch(task_dir, tmp_path, name):
         mod = ctx.task.module()
         for key, value in override.items():
             setattr(mod, key, value)
-        ref, new = _model_pair(cand, mod)
-        (x,) = make_inputs(mod, seed=1, device="cpu")
+        ref, new = _model_pair(cand, mod, device)
+        (x,) = make_inputs(mod, seed=1, device=device)
         with torch.no_grad():
             expected, got = ref(x), new(x)
         assert got.shape == expected.shape and got.stride() == expected.stride(), override

@@ -141,17 +141,18 @@ def _ctx(task_dir: Path, name: str, target: str = "cpu") -> TaskContext:
     return TaskContext(Task.from_file(task_dir / f"{name}.py"), target=target)
 
 
-def _check(prop: Proposal, ctx: TaskContext, name: str, tmp_path: Path) -> None:
+def _check(prop: Proposal, ctx: TaskContext, name: str, tmp_path: Path,
+           device: str = "cpu") -> None:
     cand = import_file(prop.code, tmp_path / f"cand_{prop.id}.py")
     for override in ({}, TASKS[name][4]):
         mod = ctx.task.module()
         for key, value in override.items():
             setattr(mod, key, value)
-        ref = reference_model(mod, seed=0, device="cpu")
+        ref = reference_model(mod, seed=0, device=device)
         with seeded(0):
             new = cand.ModelNew(*mod.get_init_inputs())
-        new.eval().load_state_dict(ref.state_dict())
-        inputs = make_inputs(mod, seed=1, device="cpu")
+        new.to(device).eval().load_state_dict(ref.state_dict())
+        inputs = make_inputs(mod, seed=1, device=device)
         with torch.no_grad():
             expected, got = ref(*inputs), new(*inputs)
         assert got.shape == expected.shape and got.stride() == expected.stride(), override
@@ -170,6 +171,16 @@ def test_multi_kernel_candidates_match_the_reference(task_dir, tmp_path, name):
     for prop in props:
         assert prop.code.count("    def _stage") == TASKS[name][5]
         _check(prop, ctx, name, tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", list(TASKS))
+def test_cuda_multi_kernel_candidates_match_the_reference(task_dir, tmp_path, name):
+    ctx = _ctx(task_dir, name, "cuda")
+    for prop in OfflineSynthesizer("cuda").translate(ctx, n=2, rng=random.Random(0)):
+        assert prop.code is not None, prop.declined
+        _check(prop, ctx, name, tmp_path, "cuda")
 
 
 def test_knobs_are_per_stage_and_evolve(task_dir):

@@ -105,19 +105,19 @@ def _ctx(task_dir: Path, name: str, target: str = "cpu") -> TaskContext:
     return TaskContext(Task.from_file(task_dir / f"{name}.py"), target=target)
 
 
-def _check(code: str, ctx: TaskContext, tmp_path: Path, tag: str) -> None:
+def _check(code: str, ctx: TaskContext, tmp_path: Path, tag: str, device: str = "cpu") -> None:
     """The candidate equals torch at every shape: same shape, strides and dtype (a 0-d tensor
     for a full reduction), values within float rounding of torch's own sums."""
     cand = import_file(code, tmp_path / f"cand_{tag}.py")
     for batch, dim in SHAPES:
         mod = ctx.task.module()
         mod.batch, mod.dim = batch, dim
-        ref = reference_model(mod, seed=0, device="cpu")
+        ref = reference_model(mod, seed=0, device=device)
         with seeded(0):
             new = cand.ModelNew(*mod.get_init_inputs())
-        new.eval()
+        new.to(device).eval()
         for seed, dist in ((1, "native"), (2, "large")):
-            inputs = make_inputs(mod, seed=seed, device="cpu", distribution=dist)
+            inputs = make_inputs(mod, seed=seed, device=device, distribution=dist)
             with torch.no_grad():
                 expected, got = ref(*inputs), new(*inputs)
             assert got.shape == expected.shape and got.stride() == expected.stride()
@@ -189,3 +189,15 @@ def test_kernelbench_losses_get_a_plan(stem):
     task = Task.from_file(KERNELBENCH / f"{stem}.py")
     analysis = OfflineSynthesizer("cuda").analyse(TaskContext(task, "cuda"))
     assert analysis.plan.k == analysis.plan.ndim
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", SUPPORTED)
+def test_cuda_candidates_match_torch(task_dir, tmp_path, name):
+    """The cuda form on the GPU (per-block partials combined in a fixed order): the same
+    values twice, and torch's within rounding."""
+    ctx = _ctx(task_dir, name, "cuda")
+    for prop in OfflineSynthesizer("cuda").translate(ctx, n=2, rng=random.Random(1)):
+        assert prop.code is not None, prop.declined
+        _check(prop.code, ctx, tmp_path, prop.id, "cuda")
