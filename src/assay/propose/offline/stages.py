@@ -94,20 +94,25 @@ def view_expr(node: fx.Node) -> str | None:
     return f"{{t}}.reshape({', '.join(parts)})" if parts else None
 
 
+def _is_size_of(node: fx.Node, src: fx.Node) -> bool:
+    return (node.op == "call_method" and str(node.target) in SIZE_METHODS and bool(node.args)
+            and node.args[0] is src)
+
+
 def _more_views(view: str, carried: fx.Node, todo: list[fx.Node]
                 ) -> tuple[str, fx.Node, list[fx.Node]]:
     """Fold the views that follow a boundary's view of ``carried`` (each the only reader of
-    the one before, its size queries included) into its expression."""
+    the one before, its size queries aside) into its expression."""
     while True:
-        nxt = next((n for n in todo if not (n.op == "call_method" and str(n.target) in
-                                            SIZE_METHODS and n.args[0] is carried)), None)
-        more = view_expr(nxt) if nxt is not None and nxt.args and nxt.args[0] is carried else None
-        if more is None or any(u is not nxt and u not in todo[:todo.index(nxt)]
+        nxt = next((n for n in todo if not _is_size_of(n, carried)), None)
+        if nxt is None or not nxt.args or nxt.args[0] is not carried:
+            return view, carried, todo
+        more = view_expr(nxt)
+        if more is None or any(u is not nxt and not _is_size_of(u, carried)
                                for u in carried.users):
             return view, carried, todo
         view = more.format(t=view)
-        todo = [n for n in todo if n is not nxt and not (n.op == "call_method" and n.args
-                                                          and n.args[0] is carried)]
+        todo = [n for n in todo if n is not nxt and not _is_size_of(n, carried)]
         carried = nxt
 
 
