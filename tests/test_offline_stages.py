@@ -100,6 +100,14 @@ TASKS = {
                     "y = nn.functional.adaptive_avg_pool2d(torch.relu(self.conv(x)), 1)\n"
                     "return y.squeeze(-1).squeeze(-1)", "torch.randn(b, c, h, w)",
                     {"b": 2, "c": 4, "h": 6, "w": 5}, {"b": 3, "c": 2, "h": 4, "w": 7}, 1),
+    # a global average plus a bias of its shape (per row, not per element: a kernel of its
+    # own, with the channel reduction after it)
+    "gap_bias_lse": ("self.conv = nn.Conv2d(c, c, 3)\n"
+                     "self.bias = nn.Parameter(torch.randn(c, 1, 1))",
+                     "y = torch.mean(self.conv(x), dim=(2, 3), keepdim=True) + self.bias\n"
+                     "return torch.logsumexp(y, dim=1, keepdim=True) * 2.0",
+                     "torch.randn(b, c, h, w)", {"b": 2, "c": 4, "h": 6, "w": 5},
+                     {"b": 3, "c": 3, "h": 5, "w": 7}, 2),
     # an elementwise prologue before a pooling (the pool kernel reads a stage's output)
     "relu_then_pool": ("self.pool = nn.MaxPool2d(2)", "return self.pool(torch.relu(x)) - 1.0",
                        "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 6, "w": 7},

@@ -585,6 +585,12 @@ class _Builder:
             raise Unsupported(f"{PREFIX} arithmetic on argmax/argmin indices (index-valued op)")
         classes = [self.nodes[a].cls for a in args]
         rows = [a for a in args if self.nodes[a].cls == "row"]
+        if "elem" in classes and rows and all(
+                self.row_shaped(a) for a in args if self.nodes[a].cls == "elem"):
+            # A reduced value with parameters of its own shape (a bias added after a global
+            # pooling): a value per row, not per element of S. Its own kernel computes it.
+            raise _Conflict(f"{PREFIX} a reduced value combined with tensors of its shape in "
+                            f"the kernel that reduces it")
         if "elem" in classes:
             cls, keepdim = "elem", None
             for r in rows:
@@ -603,6 +609,20 @@ class _Builder:
             cls, keepdim = "uniform", None
         node = Node(name, tuple(args), tuple(sorted(attrs.items())), cls)
         return self.add(node, keepdim)
+
+    def row_shaped(self, a: int) -> bool:
+        """Whether node ``a`` loads a tensor of size 1 along every reduced dim (it broadcasts
+        like a reduced value, so arithmetic with one stays per row)."""
+        node = self.nodes[a]
+        if node.op != "load" or self.row_shape is None or self.row_k is None:
+            return False
+        shape = self.leaves[node.attr("leaf")][1]
+        nd = len(self.row_shape)
+        if len(shape) > nd:
+            return False
+        padded = (1,) * (nd - len(shape)) + tuple(shape)
+        first = self.axis if self.axis >= 0 else nd - self.row_k
+        return all(padded[d] == 1 for d in range(first, first + self.row_k))
 
     @property
     def full(self) -> bool:
