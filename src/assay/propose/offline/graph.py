@@ -51,8 +51,10 @@ run time, so a plan learned at one size serves every size (``analyze_task`` chec
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import functools
+import io
 import math
 import operator
 from dataclasses import dataclass, field
@@ -1740,7 +1742,9 @@ def analyze_module(mod: Any, real: bool = False) -> Analysis:
         raise Unsupported(f"{PREFIX} a forward that torch.fx cannot trace "
                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
     try:
-        ShapeProp(gm).propagate(*inputs)
+        # ShapeProp prints the failing node's traceback before raising; the decline says why.
+        with contextlib.redirect_stderr(io.StringIO()):
+            ShapeProp(gm).propagate(*inputs)
     except Exception as e:  # noqa: BLE001
         # Most often an op without a meta kernel, which v1 could not express anyway: name it.
         unknown = _first_unknown_op(gm)
