@@ -56,9 +56,26 @@ def _start_order(items) -> dict:
             for item in items for path in [item.nodeid.split("::")[0]]}
 
 
+def _name_xdist_groups(config, items) -> None:
+    """`--dist loadgroup` on a pytest-xdist worker: the `@group` suffix on the node ids of
+    xdist_group tests, which the controller schedules by. pytest-xdist 3.8 sets it in
+    `item._nodeid`, which pytest 9 no longer reads (node ids live in `item._id`), so its groups
+    were silently ignored. Harmless where xdist did it already (the last `@` counts)."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import coerce_node_id
+
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if names and not item.nodeid.endswith("@" + "_".join(names)):
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")
+
+
 def pytest_collection_modifyitems(config, items):
     order = _start_order(items)
     items.sort(key=order.__getitem__)  # stable: file order within each rank
+    _name_xdist_groups(config, items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
