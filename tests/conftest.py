@@ -21,7 +21,61 @@ import torch  # noqa: E402
 from helpers import REPO  # noqa: F401 - `from conftest import REPO` in older tests
 
 
+# The longest tests (minutes each on CI's two cores), longest first: pytest-xdist hands tests out
+# in collection order, so these start first and the two workers end together rather than one
+# finishing a campaign alone at the end. The other tests of their modules follow them (a module's
+# fixtures are made once where its tests run in a row), then the other `slow` tests, then the
+# rest, each in file order. An entry gone stale costs only balance.
+LONGEST_FIRST = (
+    "tests/test_pipeline.py::test_readme_recipes_on_the_ci_campaign",
+    "tests/test_pipeline.py::test_killed_campaign_resumes_without_losing_or_redoing_work",
+    "tests/test_triton_campaign.py::test_a_triton_campaign_runs_end_to_end",
+    "tests/test_bad_tasks.py::test_campaign_over_bad_and_good_tasks_finishes_the_good_ones",
+    "tests/test_kill_resume.py::test_ten_sigkills_at_random_points_leave_the_same_archive",
+    "tests/test_evolution_llm.py::test_evolution_with_two_llm_backends",
+    "tests/test_install.py::test_installed_wheel_runs_the_ci_campaign",
+    "tests/test_offline.py::test_cuda_gemm_candidates_compile",
+    "tests/test_offline.py::test_cuda_gemm_corners_compile",
+    "tests/test_offline.py::test_cuda_candidates_compile",
+)
+
+
+def _start_order(items) -> dict:
+    """item -> its place in the start order (see LONGEST_FIRST)."""
+    rank = {}
+    for item in items:
+        name = item.nodeid.split("[")[0]
+        rank[item] = (LONGEST_FIRST.index(name) if name in LONGEST_FIRST
+                      else len(LONGEST_FIRST) + ("slow" not in item.keywords))
+    module, first = {}, {}
+    for i, item in enumerate(items):
+        path = item.nodeid.split("::")[0]
+        module[path] = min(module.get(path, rank[item]), rank[item])
+        first.setdefault(path, i)
+    return {item: (module[path], first[path], rank[item])
+            for item in items for path in [item.nodeid.split("::")[0]]}
+
+
+def _name_xdist_groups(config, items) -> None:
+    """`--dist loadgroup` on a pytest-xdist worker: the `@group` suffix on the node ids of
+    xdist_group tests, which the controller schedules by. pytest-xdist 3.8 sets it in
+    `item._nodeid`, which pytest 9 no longer reads (node ids live in `item._id`), so its groups
+    were silently ignored. Harmless where xdist did it already (the last `@` counts)."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import coerce_node_id
+
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if names and not item.nodeid.endswith("@" + "_".join(names)):
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")
+
+
 def pytest_collection_modifyitems(config, items):
+    order = _start_order(items)
+    items.sort(key=order.__getitem__)  # stable: file order within each rank
+    _name_xdist_groups(config, items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,3 +40,108 @@ def env(**extra: str) -> dict[str, str]:
     e["PATH"] = f"{Path(sys.executable).parent}:{e['PATH']}"
     e.update(extra)
     return e
+
+
+# --- nvcc: many candidate sources, few compiler runs ---------------------------------------------
+# A CUDA candidate's nvcc run is mostly fixed cost: the runtime and cooperative_groups headers
+# go through the preprocessor, cudafe++ and the host compiler each time (0.6 s of a 1-3 s build;
+# 101 sources of test_offline.py: 104 s of CPU one by one, 13 s in units of 12). The compile
+# tests ask whether each source builds, so several go into one translation unit, compiled by
+# build() (the product's nvcc command): each source in a namespace of its own, its extern "C"
+# entry points renamed by a macro (still C linkage: a second definition within the source still
+# fails), its macros undefined after it, its line numbers kept. Only sources of the same #include
+# lines, in the same order, share a unit, and those lines head the unit, so none builds on a
+# header that it does not include itself; the first source of each such group is also built
+# alone, as it is (an include hoisted above code that needed it late would show there). A unit
+# that fails is built again source by source: the verdict, and the log shown, are the source's.
+
+_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include\b.*$", re.M)
+_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)", re.M)
+_EXTERN_C = re.compile(r'extern[ \t]+"C"[ \t]+[^;{(]*?\b(\w+)[ \t]*\(')
+
+
+def _split_includes(source: str) -> tuple[tuple[str, ...], str] | None:
+    """(the source's #include lines, in order; the source without them), or None where one is
+    not at file scope (inside braces or an #if) or the source has an `extern "C" {` block:
+    such a source builds alone."""
+    depth, opened, includes, kept = 0, 0, [], []
+    for line in source.splitlines(keepends=True):
+        code = line.split("//", 1)[0]
+        if _INCLUDE.match(line):
+            if depth or opened:
+                return None
+            includes.append(line.strip())
+            kept.append("\n")  # the source's line numbers stay
+            continue
+        if re.match(r"[ \t]*#[ \t]*if", code):
+            opened += 1
+        elif re.match(r"[ \t]*#[ \t]*endif", code):
+            opened -= 1
+        depth += code.count("{") - code.count("}")
+        kept.append(line)
+    body = "".join(kept)
+    if re.search(r'extern[ \t]+"C"[ \t]*\{', body):
+        return None
+    return tuple(includes), body
+
+
+def cuda_translation_unit(sources: Sequence[str]) -> str:
+    """One CUDA source that defines everything ``sources`` do (each of the same leading
+    #include lines, as _split_includes gives them), each in a namespace of its own."""
+    includes: tuple[str, ...] | None = None
+    parts = []
+    for i, source in enumerate(sources):
+        split = _split_includes(source)
+        assert split is not None and includes in (None, split[0]), "sources cannot share a unit"
+        includes, body = split
+        entries = sorted(set(_EXTERN_C.findall(body)))
+        macros = sorted(set(_DEFINE.findall(body)))
+        parts += [f"// ---- source {i}", *(f"#define {n} {n}__assay_{i}" for n in entries),
+                  f"namespace assay_source_{i} {{", f"#line 1 \"source_{i}.cu\"", body,
+                  f"}}  // namespace assay_source_{i}",
+                  *(f"#undef {n}" for n in entries + macros)]
+    return "\n".join([*(includes or ()), *parts]) + "\n"
+
+
+def build_cuda_sources(sources: dict[str, object] | Sequence[str], per_unit: int = 12,
+                       workers: int = 2) -> None:
+    """nvcc every CUDA source, ``per_unit`` sources to a translation unit (see above),
+    ``workers`` compiler runs at a time; each must build. ``sources`` maps a source to what
+    names it in a failure (a list names it by its place)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from assay.bench.build import BuildError, build
+
+    labels = dict(sources) if isinstance(sources, dict) else {s: i for i, s in enumerate(sources)}
+    groups: dict[object, list[str]] = {}
+    for source in labels:
+        split = _split_includes(source)
+        groups.setdefault(split[0] if split else ("alone", source), []).append(source)
+    jobs: list[list[str]] = []  # a list of one source: built as it is
+    for members in groups.values():
+        if len(members) > 1:
+            jobs.append(members[:1])
+        n = -(-len(members) // per_unit)
+        jobs += [members[k::n] for k in range(n)]
+
+    def build_alone(source: str) -> None:
+        try:
+            lib = build(source, lang="cuda")
+        except BuildError as e:
+            raise AssertionError(f"{labels[source]}: {e}\n{e.log[-4000:]}") from e
+        assert lib.exists(), labels[source]
+
+    def run(job: list[str]) -> None:
+        if len(job) == 1:
+            return build_alone(job[0])
+        try:
+            if build(cuda_translation_unit(job), lang="cuda").exists():
+                return
+        except BuildError:
+            pass  # found out source by source
+        for source in job:
+            build_alone(source)
+
+    jobs.sort(key=len, reverse=True)  # the longest first: the workers end together
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(run, jobs))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from assay.bench.build import BuildError, build, is_cached, load_library
+from assay.bench.build import BuildError, build, is_cached, load_library, nvcc_path
 from assay.verify.compile_service import CompileService
 
 SOURCE = r"""
@@ -71,3 +71,55 @@ def test_a_lock_file_not_ours_builds_outside_the_cache(tmp_path, monkeypatch):
     import ctypes
 
     assert ctypes.CDLL(str(lib)).answer() == 42
+
+
+# --- tests/helpers.build_cuda_sources: the compile tests' nvcc runs, several sources to a unit --
+
+_CUDA = r"""
+// a kernel %(tag)s
+#include <cuda_runtime.h>
+#include <stdint.h>
+#define ASSAY_SCALE %(scale)s
+__global__ void assay_kernel(float* x, int64_t n) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= ASSAY_SCALE;
+}
+static int assay_blocks(int64_t n) { return (int)((n + 255) / 256); }
+extern "C" int assay_forward(float* x, int64_t n, void* stream) {
+  %(body)s
+  assay_kernel<<<assay_blocks(n), 256, 0, static_cast<cudaStream_t>(stream)>>>(x, n);
+  return (int)cudaGetLastError();
+}
+"""
+_CG = "#include <cooperative_groups.h>\nnamespace cg = cooperative_groups;\n"
+
+
+def _cuda(tag: str, body: str = "", scale: str = "2.0f", before: str = "") -> str:
+    return before + _CUDA % {"tag": tag, "body": body, "scale": scale}
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_cuda_sources_built_together_fail_as_they_would_alone(tmp_path):
+    """Sources that share a translation unit keep their own names, macros and headers: good
+    ones build; a broken one, one leaning on a header only another source includes, and one
+    defining its C entry point twice each fail, named, with their own compiler log."""
+    from helpers import build_cuda_sources, cuda_translation_unit
+
+    good = {_cuda(f"g{i}", scale=f"{i}.0f"): f"good{i}" for i in range(3)}
+    good[_cuda("cg", before=_CG, body="(void)sizeof(cg::thread_block);")] = "with_cg"
+    build_cuda_sources(good)  # the same names and macros in each: kept apart
+    unit = cuda_translation_unit(list(good)[:3])
+    assert unit.count("\nnamespace assay_source_") == 3 and "assay_forward__assay_2" in unit
+    assert build(unit, lang="cuda").exists()
+
+    bad = {
+        "broken": _cuda("b", body="int broken( {"),
+        "no_cg_include": _cuda("n", body="(void)sizeof(cooperative_groups::thread_block);"),
+        "two_c_entries": _cuda("t") + 'extern "C" int assay_forward(int x) { return x; }\n',
+    }
+    for name, source in bad.items():
+        with pytest.raises(BuildError):
+            build(source, lang="cuda")  # alone: rejected
+        with pytest.raises(AssertionError, match=rf"^{name}: cuda build failed") as e:
+            build_cuda_sources({**good, source: name})  # beside good ones: still rejected
+        assert "error" in str(e.value)

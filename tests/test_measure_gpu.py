@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from assay.bench.build import nvcc_path
-from helpers import REPO
+from helpers import REPO, build_cuda_sources
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +60,6 @@ def test_candidates_are_distinct(mg):
 
 @pytest.mark.skipif(nvcc_path() is None, reason="needs nvcc")
 def test_generated_cuda_sources_compile(mg, env):
-    from assay.bench.build import build
-
     sources = [c.source for c in mg.build_candidates(3, "cuda")] + [mg.TRIL_CUDA]
-    for src in sources:
-        assert build(src, "cuda").exists()
+    assert len(set(sources)) == 4
+    build_cuda_sources(sources)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 import textwrap
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from assay.records import Proposal
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO
+from helpers import REPO, build_cuda_sources
 
 # ---------------------------------------------------------------------------------------------
 # Tiny tasks in KernelBench format. Each takes `dim` as its init input and one (batch, dim)
@@ -121,17 +120,6 @@ def _ctx(task_dir: Path, name: str, target: str = "cpu", size: str = "large") ->
 
 _import = import_file
 
-
-
-def build_all_cuda(sources: dict) -> None:
-    """nvcc every source (two at a time); each must give a library."""
-    def compile_one(item):
-        source, key = item
-        return key, build(source, lang="cuda")
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for key, lib in pool.map(compile_one, sources.items()):
-            assert lib.exists(), key
 
 def _check_candidate(prop: Proposal, ctx: TaskContext, tmp_path: Path, loose: bool,
                      device: str = "cpu", shapes: list[tuple[int, int]] = SHAPES) -> None:
@@ -358,7 +346,7 @@ def test_cuda_candidates_compile(task_dir, tmp_path):
     assert {dict(k[1])["persistent"] for k in sources.values()
             if k[0] not in ROW_TASKS} == {0, 1}
 
-    build_all_cuda(sources)
+    build_cuda_sources(sources)
 
 
 def test_with_knobs_refuses_knobs_outside_the_space(task_dir):
@@ -834,7 +822,7 @@ def test_cuda_gemm_candidates_compile(gemm_dir, tmp_path):
     gemm = [dict(k[1]) for k in sources.values() if dict(k[1]).get("lib") == 0]
     assert {k["load_vec"] for k in gemm} >= {1, 4, 8} and {k["stages"] for k in gemm} >= {1, 2}
 
-    build_all_cuda(sources)
+    build_cuda_sources(sources)
 
 
 # Corners of the fp32 GEMM space that translate may never draw: 32 threads whose slab rows are
@@ -876,7 +864,7 @@ def test_cuda_gemm_corners_compile(gemm_dir, tmp_path):
             prop = _gemm_corner(syn, ctx, overrides)
             cand = _import(prop.code, tmp_path / f"corner_{prop.id}.py")
             sources[cand.SOURCE] = (name, tuple(sorted(overrides.items())))
-    build_all_cuda(sources)
+    build_cuda_sources(sources)
 
 
 @pytest.mark.gpu

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from assay.bench.build import build, nvcc_path
+from assay.bench.build import nvcc_path
 from assay.propose.base import TaskContext
 from assay.propose.offline import OfflineSynthesizer
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO
+from helpers import REPO, build_cuda_sources
 
 # Tiny tasks in KernelBench format: one input of shape `shape` (and a bool mask of the same
 # shape where the forward takes one); the tests override `shape`.
@@ -181,11 +181,14 @@ def test_cuda_sources_compile(task_dir, tmp_path):
         "rms": syn.with_knobs(_ctx(task_dir, "rms_channels", "cuda"), {"split": 2}),
         "scan": syn.with_knobs(_ctx(task_dir, "masked_cumsum", "cuda"), {"form": 0}),
     }
+    built = {}
     for name, prop in sources.items():
         assert prop.code is not None, prop.declined
         cand = import_file(prop.code, tmp_path / f"cuda_{name}.py")
         assert "cudaGetLastError" in cand.SOURCE and "cuda_stream" in prop.code
-        assert build(cand.SOURCE, lang="cuda").exists(), name
+        built[cand.SOURCE] = name
+    assert len(built) == len(sources)
+    build_cuda_sources(built)
 
 
 KERNELBENCH = REPO.parent / "shared" / "kernelbench" / "level1"

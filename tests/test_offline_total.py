@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from assay.bench.build import build, nvcc_path
+from assay.bench.build import nvcc_path
 from assay.propose.base import TaskContext
 from assay.propose.offline import KNOB_SPACES, OfflineSynthesizer
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO
+from helpers import REPO, build_cuda_sources
 
 # Tiny tasks in KernelBench format: `forward(x, y)` over two (batch, dim) inputs unless the
 # task gives its own inputs; the tests override `batch` and `dim` to try other shapes.
@@ -169,12 +169,14 @@ def test_cuda_sources_compile(task_dir):
     """Two reductions to one value in one pass (a sum and a max) and a value broadcast back
     over the tensor (two passes), each with its default knobs."""
     synth = OfflineSynthesizer("cuda")
+    sources = {}
     for name in ("sum_and_max", "frobenius"):
         prop = synth.translate(_ctx(task_dir, name, "cuda"), n=1, rng=random.Random(0))[0]
         assert prop.code is not None, prop.declined
         assert "ws = torch.empty(" in prop.code
-        source = prop.code.split('SOURCE = r"""', 1)[1].split('"""', 1)[0]
-        assert build(source, lang="cuda").exists(), name
+        sources[prop.code.split('SOURCE = r"""', 1)[1].split('"""', 1)[0]] = name
+    assert len(sources) == 2
+    build_cuda_sources(sources)
 
 
 # KernelBench's level-1 losses and norms (read-only), where this checkout has them.

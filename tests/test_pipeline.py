@@ -1,7 +1,12 @@
 """The whole DAG on the cpu target: dry run, lint, and a campaign killed mid-way and resumed.
 
 The campaign is the CI one (config tasks=ci, evolve=ci): three small tasks, two generations
-after translation, the offline synthesizer. Runs in a temporary working directory.
+after translation, the offline synthesizer. Runs in a temporary working directory. One campaign
+serves both DAG tests (the `ci_campaign` fixture): the README's bare snakemake starts it, a
+SIGKILL stops it mid-way, the same command finishes it; the resume test reads it, the README test
+works on a copy of its own. (`assay run`, which `make run` calls, making the CI campaign from an
+empty folder: tests/test_install.py, from the installed wheel.) pytest-xdist keeps both tests on
+one worker under `--dist loadgroup` (`make test`); elsewhere each worker makes the campaign.
 """
 
 from __future__ import annotations
@@ -58,9 +63,14 @@ def verdict_files(results: Path) -> dict[str, tuple[int, str]]:
             for p in results.glob("ci/*/*/gen_*/verdicts/*.json")}
 
 
-def test_killed_campaign_resumes_without_losing_or_redoing_work(tmp_path):
-    results = tmp_path / "results"
-    proc = subprocess.Popen(snakemake(tmp_path), stdout=subprocess.DEVNULL,
+@pytest.fixture(scope="module")
+def ci_campaign(tmp_path_factory) -> dict:
+    """The CI campaign in a folder of its own: started by the README's bare snakemake, killed
+    with SIGKILL once some candidates are judged (generation 1 still to come), finished by the
+    same command. Its verdict files at the kill, and the resuming run."""
+    work = tmp_path_factory.mktemp("ci_campaign")
+    results = work / "results"
+    proc = subprocess.Popen(snakemake(work), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=env(), start_new_session=True)
     deadline = time.monotonic() + 900
     # Kill once some candidates are judged, while generation 1 is still to come.
@@ -69,14 +79,24 @@ def test_killed_campaign_resumes_without_losing_or_redoing_work(tmp_path):
         if len(done) >= 2:
             break
         time.sleep(0.5)
-    assert proc.poll() is None, "the campaign finished before it could be killed"
+    finished_first = proc.poll() is not None
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     before = verdict_files(results)
+    resumed = subprocess.run(snakemake(work), capture_output=True, text=True, env=env(),
+                             timeout=1500)
+    return {"work": work, "finished_first": finished_first, "before": before,
+            "resumed": resumed}
+
+
+@pytest.mark.xdist_group("ci_campaign")
+def test_killed_campaign_resumes_without_losing_or_redoing_work(ci_campaign):
+    results = ci_campaign["work"] / "results"
+    assert not ci_campaign["finished_first"], "the campaign finished before it could be killed"
+    before = ci_campaign["before"]
     assert before, "nothing was judged before the kill"
 
-    r = subprocess.run(snakemake(tmp_path), capture_output=True, text=True, env=env(),
-                       timeout=1500)
+    r = ci_campaign["resumed"]
     assert r.returncode == 0, r.stderr[-4000:]
     after = verdict_files(results)
     for path, stamp in before.items():
@@ -181,14 +201,19 @@ def files(folder: Path, pattern: str) -> dict[str, tuple[int, str]]:
             for p in folder.glob(pattern)}
 
 
-def test_readme_recipes_on_the_ci_campaign(tmp_path):
-    """make run; make dry-run and a bare snakemake plan nothing after it; make rerun TASK=...
-    redoes that task alone, verdicts judged again; a deleted task folder comes back; one step
-    runs in an empty folder holding only its declared inputs."""
+@pytest.mark.xdist_group("ci_campaign")
+def test_readme_recipes_on_the_ci_campaign(ci_campaign, tmp_path):
+    """On a copy of `ci_campaign`'s folder (modification times kept): make run and make
+    dry-run, and a bare snakemake, have nothing left to do; make rerun TASK=... redoes that task
+    alone, verdicts judged again; a deleted task folder comes back; one step runs in an empty
+    folder holding only its declared inputs."""
+    r = ci_campaign["resumed"]
+    assert r.returncode == 0, r.stderr[-4000:]
+    shutil.copytree(ci_campaign["work"], tmp_path, dirs_exist_ok=True, symlinks=True)
     c = tmp_path / "results" / "ci"
-    r = assay_run(tmp_path, *CI)
-    assert r.returncode == 0, r.stdout[-4000:]
     assert (c / "report.html").exists()
+    r = assay_run(tmp_path, *CI)
+    assert r.returncode == 0 and "Nothing to be done" in r.stdout, r.stdout[-3000:]
 
     # Nothing planned after the run: by `make dry-run`'s command, and by the README's bare one.
     r = assay_run(tmp_path, "--dry-run", *CI)
