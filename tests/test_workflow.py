@@ -38,6 +38,20 @@ def test_no_overrides_means_workflow_yaml_as_for_a_bare_snakemake():
     assert "--dry-run" in snakemake_command([], 2, dry_run=True)
 
 
+def test_assay_run_outside_the_checkout_uses_the_packages_workflow_profile(tmp_path):
+    """Snakemake finds profiles/default in the folder it runs in or beside the Snakefile; the
+    package's Snakefile has none beside it, so from any other folder `assay run` names the
+    package's (without it a killed campaign's resume stops at its incomplete files)."""
+    from assay.cli import profile_args
+
+    args = profile_args([], cwd=tmp_path)
+    assert args[0] == "--workflow-profile"
+    assert (Path(args[1]) / "config.yaml").read_text() == (
+        REPO / "profiles" / "default" / "config.yaml").read_text()
+    assert profile_args([], cwd=REPO) == []  # a checkout's own, found by Snakemake
+    assert profile_args(["--workflow-profile", "slurm"], cwd=tmp_path) == []
+
+
 def test_rerun_forces_the_first_file_of_the_task_per_backend():
     assert rerun_files([*CI, "llms=[offline,other]"], ["L1_1_ReLU"]) == [
         "results/ci/offline/L1_1_ReLU/gen_0/proposals.json",

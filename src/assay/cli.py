@@ -229,6 +229,20 @@ def snakemake_command(words: list[str], cores: int, dry_run: bool = False,
     return cmd + list(extra)
 
 
+def profile_args(extra: list[str], cwd: Path | None = None) -> list[str]:
+    """The workflow profile for Snakemake run on the package's Snakefile: the folder's own
+    profiles/default if it has one (a checkout's), else the package's, so `assay run` from any
+    folder resumes a killed campaign (rerun-incomplete, nolock, keep-going: the profile's) as a
+    bare `snakemake` in the checkout does. A profile named after `--` wins."""
+    if any(a.split("=")[0] in ("--profile", "--workflow-profile") for a in extra):
+        return []
+    if ((cwd or Path.cwd()) / "profiles" / "default").is_dir():
+        return []  # Snakemake finds it there by itself
+    from assay.resources import package_dir
+
+    return ["--workflow-profile", str(package_dir() / "workflow" / "profiles" / "default")]
+
+
 def rerun_files(overrides: list[str], tasks: list[str]) -> list[str]:
     """The first file of each task's DAG, one per LLM backend (translation's proposals):
     forcing it redoes every stage of the task, verification included, then the campaign's
@@ -257,8 +271,8 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     # This interpreter runs Snakemake (and through it every step) on the Snakefile inside the
     # package, so `assay run` works from any folder; results land in the current one.
-    cmd = snakemake_command(args.words, args.cores, args.dry_run, forced, args.snakemake_args,
-                            snakefile())
+    extra = profile_args(args.snakemake_args) + list(args.snakemake_args)
+    cmd = snakemake_command(args.words, args.cores, args.dry_run, forced, extra, snakefile())
     print("assay: " + " ".join(shlex.quote(w) for w in cmd), file=sys.stderr, flush=True)
     return subprocess.call(cmd)
 
@@ -273,7 +287,8 @@ Run the campaign DAG with Snakemake in this folder (results/ lands here).
   assay run campaign=ci -- --keep-incomplete  words after -- go to Snakemake as they are
 
 Words holding '=' are Hydra overrides, the others Snakemake targets (files under results/).
-The command it runs is printed first. To start a task from scratch, delete
+The workflow profile is this folder's profiles/default if it has one, else the package's
+(name another after --: --workflow-profile slurm). The command it runs is printed first. To start a task from scratch, delete
 results/<campaign>/<llm>/<task>/ and run again. `make run`, `make dry-run` and
 `make rerun TASK=...` call this."""
 
