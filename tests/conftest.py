@@ -84,6 +84,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _threads_back():
+    """Each test leaves this worker's thread count as it found it: `assay verify` called in
+    process (assay.cli.main) holds the campaign's threads for its process, as a step does, and
+    a later test of the same worker (say, one that checks a candidate changing the thread count
+    is caught) must not start from its setting."""
+    before = torch.get_num_threads()
+    env = {v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                          "TORCHINDUCTOR_COMPILE_THREADS")}
+    yield
+    for var, value in env.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture
 def write_file(tmp_path):
     """write_file("name.py", source) -> Path; dedents the source."""
