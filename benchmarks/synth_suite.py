@@ -247,6 +247,7 @@ class TaskRun:
     error: str | None = None
     skipped: str | None = None
     wall_s: float = 0.0
+    kernels: int = 0  # the kernels its candidates run (a multi-kernel plan's stages), if planned
 
     def best(self, policy: str | None = None) -> Cand | None:
         ok = [c for c in self.cands if c.verdict and c.verdict.get("accepted")
@@ -304,6 +305,7 @@ def propose(run: TaskRun, target: str, variants: int, mutations: int, seed: int,
     if props and props[0].code is None:
         run.declined = props[0].declined
         return
+    run.kernels = len(getattr(syn.analyse(ctx).plan, "stages", (None,)))
     defaults = []
     seen = set()
     for p in props:  # the first proposal of each template (and conv layout) is its default
@@ -368,14 +370,14 @@ def plans_summary(runs: list[TaskRun], meta: dict[str, Any]) -> str:
         mine = [r for r in runs if r.level == level]
         have = [r for r in mine if r.cands]
         strict = [r for r in have if any(c.policy == "strict" for c in r.cands)]
-        multi = [r for r in have if _kernels(r) > 1]
+        multi = [r for r in have if r.kernels > 1]
         lines.append(f"- Level {level}: a plan for {len(have)}/{len(mine)} tasks "
                      f"({len(strict)} with a candidate of the strict policy, {len(multi)} of "
                      f"several kernels)")
     for r in runs:
         if r.cands:
             forms = sorted({f"{c.strategy} ({c.policy})" for c in r.cands})
-            table.append(f"| {r.id} | {r.level} | {_kernels(r)} | {', '.join(forms)} |")
+            table.append(f"| {r.id} | {r.level} | {r.kernels} | {', '.join(forms)} |")
     return "\n".join([
         f"# Offline synthesizer plans on {meta['source']} (target {meta['target']}, size "
         f"{meta['size']}; analysis only, nothing built or verified)", "", *lines, "",
@@ -383,11 +385,6 @@ def plans_summary(runs: list[TaskRun], meta: dict[str, Any]) -> str:
         *by_reason((r.declined or r.error or "", r.id) for r in runs if not r.cands), "",
         "## Planned", "", "| task | level | kernels | templates (policy) |",
         "| --- | --- | --- | --- |", *table, ""])
-
-
-def _kernels(run: TaskRun) -> int:
-    """How many kernels the task's candidates run (a multi-kernel plan's stages)."""
-    return max(1, run.cands[0].path.read_text().count("    def _stage")) if run.cands else 0
 
 
 def summarize(runs: list[TaskRun], peaks: dict[str, Any] | None, meta: dict[str, Any]

@@ -382,9 +382,9 @@ _POOL_SIGNATURES = {
 }
 
 # Adaptive average pooling, lowered as a mean when its output size is 1 (global pooling).
-_GLOBAL_POOLS = {F.adaptive_avg_pool1d: "F.adaptive_avg_pool1d",
-                 F.adaptive_avg_pool2d: "F.adaptive_avg_pool2d",
-                 F.adaptive_avg_pool3d: "F.adaptive_avg_pool3d"}
+_GLOBAL_POOLS = {F.adaptive_avg_pool1d: ("F.adaptive_avg_pool1d", 1),
+                 F.adaptive_avg_pool2d: ("F.adaptive_avg_pool2d", 2),
+                 F.adaptive_avg_pool3d: ("F.adaptive_avg_pool3d", 3)}
 
 # The ops that may open a plan as its Gemm (see the module doc).
 _GEMM_FUNCTIONS: dict[Any, str] = {
@@ -867,13 +867,12 @@ class _Lowering:
                                                 spatial)
                 return
             if node.target in _GLOBAL_POOLS:
+                what, spatial = _GLOBAL_POOLS[node.target]
                 bound = dict(zip(("input", "output_size"), node.args), **node.kwargs)
                 if set(bound) != {"input", "output_size"}:
-                    raise _unsupported(f"{_GLOBAL_POOLS[node.target]} called with unusual "
-                                       f"arguments")
-                what = _GLOBAL_POOLS[node.target]
+                    raise _unsupported(f"{what} called with unusual arguments")
                 self.env[node] = self.global_pool(bound["input"], bound["output_size"],
-                                                  int(what[-2]), what)
+                                                  spatial, what)
                 return
             name = _FUNCTIONS.get(node.target)
             if name is None:
@@ -1708,11 +1707,12 @@ _KNOWN_MODULES = (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.Mish, nn.SELU, nn.So
 def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
     """The decline for the first op outside the v1 tables, found without shapes."""
     for node in gm.graph.nodes:
-        if (node.op == "call_function" and node.target not in _FUNCTIONS
-                and node.target not in _GEMM_FUNCTIONS and node.target not in _POOL_FUNCTIONS):
+        if (node.op == "call_function" and not any(
+                node.target in table for table in (_FUNCTIONS, _GEMM_FUNCTIONS, _POOL_FUNCTIONS,
+                                                   _GLOBAL_POOLS, RESHAPE_FUNCTIONS))):
             return _unsupported(_callable_name(node.target))
         if (node.op == "call_method" and str(node.target).rstrip("_") not in _METHODS
-                and str(node.target) not in _GEMM_METHODS):
+                and str(node.target) not in _GEMM_METHODS | RESHAPE_METHODS | SIZE_METHODS):
             return _unsupported(f"Tensor.{node.target}")
         if node.op == "call_module":
             m = gm.get_submodule(str(node.target))

@@ -16,7 +16,7 @@ later, attention's q and k) are declined with the reason.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torch import fx
@@ -35,9 +35,8 @@ class Pipeline:
     ``inputs`` are the forward's parameter names; each stage's ``plan.inputs`` names its own
     arguments: forward inputs, and ``stage<k>`` for the output of an earlier stage k."""
 
-    stages: tuple[Analysis, ...] = field(compare=False)  # their shapes are one size's
+    stages: tuple[Analysis, ...]  # their shapes are one size's (graph.structure: the plans)
     inputs: tuple[str, ...]
-    plans: tuple = ()  # the stages' plans (what compares)
     # Per stage: a view applied to its output before the next stages read it ("" for none), a
     # Python expression of ``{t}`` (the output), e.g. ``{t}.view({t}.size(0), -1)``.
     views: tuple[str, ...] = ()
@@ -201,7 +200,7 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
     if len(stages) == 1 and not views[0]:  # pragma: no cover - tried whole by analyze_module
         raise Unsupported(f"{PREFIX} this task")
     pipeline = Pipeline(tuple(stages), tuple(str(n.target) for n in forward_inputs),
-                        tuple(st.plan for st in stages), tuple(views))
+                        tuple(views))
     ops = tuple(dict.fromkeys(op for st in stages for op in st.ops))
     summary = f"{len(stages)} kernels: " + "; ".join(st.summary for st in stages)
     if len(summary) > 160:

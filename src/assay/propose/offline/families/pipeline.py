@@ -133,6 +133,8 @@ def template(plan: Pipeline, knobs: dict[str, Any]) -> str:
 def strategy(plan: Pipeline, knobs: dict[str, Any]) -> str:
     """The strategy of the first stage with a head op (a product, a pooling), else the
     first stage's: what most of the time goes to."""
+    # Family.strategy takes no target; a pipeline's stages are float32, whose templates are
+    # the same on every native target, so any one gives the same choices.
     chosen = stage_choices("cuda", plan, knobs)
     ranked = sorted(range(len(plan.stages)),
                     key=lambda k: (chosen[k] is None, getattr(plan.stages[k].plan, "head_leaf",
@@ -146,13 +148,11 @@ def strategy(plan: Pipeline, knobs: dict[str, Any]) -> str:
 
 def library(plan: Pipeline, target: str, knobs: dict[str, Any]) -> str:
     """What the library computes in this candidate, over all stages ("": nothing)."""
-    from assay.propose.offline.families import gemm
-
     parts = []
     for s, chosen in zip(plan.stages, stage_choices(target, plan, knobs)):
         fam = families.family_of(s.plan)
         if chosen is None:
-            parts.append(gemm.library_of(s.plan, target))
+            parts.append(families.gemm.library_of(s.plan, target))
         elif fam.library(s.plan, target, chosen):
             parts.append(fam.library(s.plan, target, chosen))
     return "; ".join(parts)
