@@ -104,6 +104,14 @@ def _threads_back():
 
 
 @pytest.fixture
+def offline_builds(monkeypatch, tmp_path_factory):
+    """Kernel builds of the synthesizer's tests: one cache for the session's tests (a kernel
+    built once), CUDA sources for sm_90 (compiled here, run on the H100/H200)."""
+    monkeypatch.setenv("ASSAY_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() / "kernels"))
+    monkeypatch.setenv("ASSAY_CUDA_ARCH", "sm_90")
+
+
+@pytest.fixture
 def write_file(tmp_path):
     """write_file("name.py", source) -> Path; dedents the source."""
     def write(name: str, text: str) -> Path:

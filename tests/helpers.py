@@ -145,3 +145,11 @@ def build_cuda_sources(sources: dict[str, object] | Sequence[str], per_unit: int
     jobs.sort(key=len, reverse=True)  # the longest first: the workers end together
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(run, jobs))
+
+
+def task_ctx(folder: Path, name: str, target: str = "cpu") -> "TaskContext":
+    """The proposer's context for task file ``folder/name.py`` on ``target``."""
+    from assay.propose.base import TaskContext
+    from assay.tasks.model import Task
+
+    return TaskContext(Task.from_file(folder / f"{name}.py"), target=target)

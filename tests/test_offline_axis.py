@@ -20,7 +20,9 @@ from assay.propose.offline import OfflineSynthesizer
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO, build_cuda_sources
+from helpers import REPO, build_cuda_sources, task_ctx
+
+pytestmark = pytest.mark.usefixtures("offline_builds")
 
 # Tiny tasks in KernelBench format: one input of shape `shape` (and a bool mask of the same
 # shape where the forward takes one); the tests override `shape`.
@@ -99,16 +101,6 @@ def task_dir(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture(autouse=True)
-def _env(monkeypatch, tmp_path_factory):
-    monkeypatch.setenv("ASSAY_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() / "kernels"))
-    monkeypatch.setenv("ASSAY_CUDA_ARCH", "sm_90")
-
-
-def _ctx(task_dir: Path, name: str, target: str = "cpu") -> TaskContext:
-    return TaskContext(Task.from_file(task_dir / f"{name}.py"), target=target)
-
-
 def _check(code: str, ctx: TaskContext, path: Path, shapes: list[tuple[int, ...]],
            device: str = "cpu") -> None:
     """The candidate's ModelNew equals the reference (values, shape, dtype) at ``shapes``."""
@@ -128,7 +120,7 @@ def _check(code: str, ctx: TaskContext, path: Path, shapes: list[tuple[int, ...]
 
 @pytest.mark.parametrize("name", SUPPORTED)
 def test_cpu_candidates_match_reference(task_dir, tmp_path, name):
-    ctx = _ctx(task_dir, name)
+    ctx = task_ctx(task_dir, name)
     syn = OfflineSynthesizer("cpu")
     prop = syn.translate(ctx, n=1, rng=random.Random(0))[0]
     assert prop.code is not None, prop.declined
@@ -140,7 +132,7 @@ def test_cpu_candidates_match_reference(task_dir, tmp_path, name):
 
 
 def test_rmsnorm_over_channels_of_4d(task_dir, tmp_path):
-    ctx = _ctx(task_dir, "rms4d")
+    ctx = task_ctx(task_dir, "rms4d")
     prop = OfflineSynthesizer("cpu").translate(ctx, n=1, rng=random.Random(0))[0]
     _check(prop.code, ctx, tmp_path / "cand_rms4d.py", [(2, 6, 3, 5), (3, 1, 1, 7)])
 
@@ -148,7 +140,7 @@ def test_rmsnorm_over_channels_of_4d(task_dir, tmp_path):
 def test_argmax_ties_take_the_first_index(task_dir, tmp_path):
     cands = {}
     for name in ("argmax_mid", "argmin_keep"):
-        code = OfflineSynthesizer("cpu").translate(_ctx(task_dir, name), 1,
+        code = OfflineSynthesizer("cpu").translate(task_ctx(task_dir, name), 1,
                                                    random.Random(0))[0].code
         cands[name] = import_file(code, tmp_path / f"cand_{name}.py").ModelNew()
     x = torch.randint(0, 3, (3, 40, 5)).float()  # many equal values along every dim
@@ -159,14 +151,14 @@ def test_argmax_ties_take_the_first_index(task_dir, tmp_path):
 
 @pytest.mark.parametrize("name", sorted(DECLINED))
 def test_unsupported_tasks_are_declined(task_dir, name):
-    prop = OfflineSynthesizer("cpu").translate(_ctx(task_dir, name), 1, random.Random(0))[0]
+    prop = OfflineSynthesizer("cpu").translate(task_ctx(task_dir, name), 1, random.Random(0))[0]
     assert prop.code is None
     assert prop.declined.startswith("offline synthesizer v1 cannot express")
     assert DECLINED[name] in prop.declined
 
 
 def test_triton_target_declines_the_family(task_dir):
-    prop = OfflineSynthesizer("triton").translate(_ctx(task_dir, "cumsum_mid", "triton"), 1,
+    prop = OfflineSynthesizer("triton").translate(task_ctx(task_dir, "cumsum_mid", "triton"), 1,
                                                   random.Random(0))[0]
     assert prop.code is None and "axis family in Triton" in prop.declined
 
@@ -177,9 +169,9 @@ def test_cuda_sources_compile(task_dir, tmp_path):
     both scan forms (a thread per line, a block per line of a reversed masked scan)."""
     syn = OfflineSynthesizer("cuda")
     sources = {
-        "argmax": syn.with_knobs(_ctx(task_dir, "argmax_mid", "cuda"), {"split": 4}),
-        "rms": syn.with_knobs(_ctx(task_dir, "rms_channels", "cuda"), {"split": 2}),
-        "scan": syn.with_knobs(_ctx(task_dir, "masked_cumsum", "cuda"), {"form": 0}),
+        "argmax": syn.with_knobs(task_ctx(task_dir, "argmax_mid", "cuda"), {"split": 4}),
+        "rms": syn.with_knobs(task_ctx(task_dir, "rms_channels", "cuda"), {"split": 2}),
+        "scan": syn.with_knobs(task_ctx(task_dir, "masked_cumsum", "cuda"), {"form": 0}),
     }
     built = {}
     for name, prop in sources.items():
@@ -216,7 +208,7 @@ def test_kernelbench_tasks_get_a_plan():
 @pytest.mark.parametrize("name", SUPPORTED)
 def test_cuda_candidates_match_reference(task_dir, tmp_path, name):
     """The cuda form on the GPU: the defaults and a split reduction or a block-per-line scan."""
-    ctx = _ctx(task_dir, name, "cuda")
+    ctx = task_ctx(task_dir, name, "cuda")
     syn = OfflineSynthesizer("cuda")
     props = syn.translate(ctx, n=2, rng=random.Random(0))
     for prop in props:

@@ -22,7 +22,9 @@ from assay.propose.offline import OfflineSynthesizer
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO
+from helpers import REPO, task_ctx
+
+pytestmark = pytest.mark.usefixtures("offline_builds")
 
 KERNELBENCH = REPO.parent / "shared" / "kernelbench"
 
@@ -92,16 +94,6 @@ def task_dir(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture(autouse=True)
-def _env(monkeypatch, tmp_path_factory):
-    monkeypatch.setenv("ASSAY_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() / "kernels"))
-    monkeypatch.setenv("ASSAY_CUDA_ARCH", "sm_90")
-
-
-def _ctx(task_dir: Path, name: str, target: str = "cpu") -> TaskContext:
-    return TaskContext(Task.from_file(task_dir / f"{name}.py"), target=target)
-
-
 def _model_pair(cand, mod, device: str = "cpu"):
     ref = reference_model(mod, seed=0, device=device)
     with seeded(0):
@@ -124,7 +116,7 @@ def test_cuda_convolutions_match_torch(task_dir, tmp_path, name):
 
 def _check_conv(task_dir: Path, tmp_path: Path, name: str, device: str) -> None:
     """The conv template (lib 2, the task's knobs) equals torch at two sizes, under strict."""
-    ctx = _ctx(task_dir, name, device)
+    ctx = task_ctx(task_dir, name, device)
     syn = OfflineSynthesizer(device, policy="strict")
     prop = syn.with_knobs(ctx, {"lib": 2, **(TASKS[name][5] if device == "cpu" else {})})
     assert prop.strategy == "tiling" and prop.knobs["lib"] == 2
@@ -145,7 +137,7 @@ def _check_conv(task_dir: Path, tmp_path: Path, name: str, device: str) -> None:
 def test_arguments_are_read_at_run_time(task_dir, tmp_path):
     """Nothing is specialised: the module's stride, padding and dilation changed after the
     candidate was written are the ones computed; a padding the kernel cannot take raises."""
-    ctx = _ctx(task_dir, "conv2d_grouped_padded")
+    ctx = task_ctx(task_dir, "conv2d_grouped_padded")
     prop = OfflineSynthesizer("cpu", policy="strict").with_knobs(ctx, {"lib": 2, "threads": 2})
     cand = import_file(prop.code, tmp_path / "cand_runtime.py")  # the same source: one build
     ref, new = _model_pair(cand, ctx.task.module())
@@ -163,16 +155,16 @@ def test_templates_offered_per_policy(task_dir):
     """The conv template first under every policy; the library form too where an epilogue
     follows and the policy allows it; a lone convolution has no library form."""
     for name in TASKS:
-        analysis = OfflineSynthesizer("cpu").analyse(_ctx(task_dir, name))
+        analysis = OfflineSynthesizer("cpu").analyse(task_ctx(task_dir, name))
         libs = OfflineSynthesizer("cpu").space(analysis)["lib"]
         assert libs == ((2,) if name in LONE else (2, 1)), name
         strict = OfflineSynthesizer("cpu", policy="strict")
-        assert strict.space(strict.analyse(_ctx(task_dir, name)))["lib"] == (2,)
-    props = OfflineSynthesizer("cpu").translate(_ctx(task_dir, "convt2d_grouped_tanh"), n=2,
+        assert strict.space(strict.analyse(task_ctx(task_dir, name)))["lib"] == (2,)
+    props = OfflineSynthesizer("cpu").translate(task_ctx(task_dir, "convt2d_grouped_tanh"), n=2,
                                                 rng=random.Random(0))
     assert [(p.knobs["lib"], p.strategy) for p in props] == [(2, "tiling"), (1, "epilogue")]
     # repair of a parent with the defaults: the safest form of the template
-    (safe,) = OfflineSynthesizer("cuda").repair(_ctx(task_dir, "conv3d_strided", "cuda"),
+    (safe,) = OfflineSynthesizer("cuda").repair(task_ctx(task_dir, "conv3d_strided", "cuda"),
                                                 Parent("p", None, {}, {"knobs": {"lib": 2}}),
                                                 random.Random(0))
     assert safe.knobs["lib"] == 2 and safe.knobs["tile_m"] == 32
@@ -187,7 +179,7 @@ def test_cuda_convolutions_compile(task_dir, tmp_path):
              ("convt3d_strided_dilated", {"tile_m": 128, "tile_n": 64, "thread_m": 2,
                                           "thread_n": 1, "k_step": 32, "depthwise": 0})]
     for name, knobs in cases:
-        prop = syn.with_knobs(_ctx(task_dir, name, "cuda"), {"lib": 2, **knobs})
+        prop = syn.with_knobs(task_ctx(task_dir, name, "cuda"), {"lib": 2, **knobs})
         cand = import_file(prop.code, tmp_path / f"cuda_{prop.id}.py")
         assert cand.POLICY == "strict" and "assay_conv_tiles" in cand.SOURCE
         assert build(cand.SOURCE, lang="cuda").exists(), name
@@ -212,7 +204,7 @@ def test_source_names_no_library_kernel(task_dir, tmp_path):
     read as custom."""
     from assay.verify.policy import LIBRARY_KERNEL
 
-    prop = OfflineSynthesizer("cuda").with_knobs(_ctx(task_dir, "conv2d_softmax", "cuda"),
+    prop = OfflineSynthesizer("cuda").with_knobs(task_ctx(task_dir, "conv2d_softmax", "cuda"),
                                                  {"lib": 2})
     source = import_file(prop.code, tmp_path / "names.py").SOURCE
     names = set(re.findall(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)\(",

@@ -21,7 +21,9 @@ from assay.records import Proposal
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO
+from helpers import REPO, task_ctx
+
+pytestmark = pytest.mark.usefixtures("offline_builds")
 
 KERNELBENCH = REPO.parent / "shared" / "kernelbench"
 
@@ -140,15 +142,6 @@ def task_dir(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture(autouse=True)
-def _kernel_cache(monkeypatch, tmp_path_factory):
-    monkeypatch.setenv("ASSAY_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() / "kernels"))
-
-
-def _ctx(task_dir: Path, name: str, target: str = "cpu") -> TaskContext:
-    return TaskContext(Task.from_file(task_dir / f"{name}.py"), target=target)
-
-
 def _check(prop: Proposal, ctx: TaskContext, name: str, tmp_path: Path,
            device: str = "cpu") -> None:
     cand = import_file(prop.code, tmp_path / f"cand_{prop.id}.py")
@@ -169,7 +162,7 @@ def _check(prop: Proposal, ctx: TaskContext, name: str, tmp_path: Path,
 
 @pytest.mark.parametrize("name", list(TASKS))
 def test_multi_kernel_candidates_match_the_reference(task_dir, tmp_path, name):
-    ctx = _ctx(task_dir, name)
+    ctx = task_ctx(task_dir, name)
     syn = OfflineSynthesizer("cpu")
     analysis = syn.analyse(ctx)
     assert isinstance(analysis.plan, Pipeline)
@@ -185,7 +178,7 @@ def test_multi_kernel_candidates_match_the_reference(task_dir, tmp_path, name):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", list(TASKS))
 def test_cuda_multi_kernel_candidates_match_the_reference(task_dir, tmp_path, name):
-    ctx = _ctx(task_dir, name, "cuda")
+    ctx = task_ctx(task_dir, name, "cuda")
     for prop in OfflineSynthesizer("cuda").translate(ctx, n=2, rng=random.Random(0)):
         assert prop.code is not None, prop.declined
         _check(prop, ctx, name, tmp_path, "cuda")
@@ -194,7 +187,7 @@ def test_cuda_multi_kernel_candidates_match_the_reference(task_dir, tmp_path, na
 def test_knobs_are_per_stage_and_evolve(task_dir):
     """Each stage's knobs are its own (prefixed s<k>.); a mutation changes some of them, the
     pipeline's lib switches every stage's template at once."""
-    ctx = _ctx(task_dir, "mlp")
+    ctx = task_ctx(task_dir, "mlp")
     syn = OfflineSynthesizer("cpu")
     analysis = syn.analyse(ctx)
     space = syn.space(analysis)
@@ -213,19 +206,26 @@ def test_knobs_are_per_stage_and_evolve(task_dir):
     assert kids and all(k.knobs != own for k in kids)
 
 
-def test_identical_stages_share_one_kernel(task_dir):
-    """The same plan and knobs in several stages (a ResNet's blocks) build one library."""
-    ctx = _ctx(task_dir, "residual_block")
-    prop = OfflineSynthesizer("cpu").translate(ctx, n=1, rng=random.Random(0))[0]
-    assert prop.code.count("_lib(0)") >= 1
-    assert "SOURCES = (" in prop.code
+def test_identical_stages_share_one_kernel(tmp_path, task_dir):
+    """The same plan and knobs in several stages (a ResNet's blocks) are one kernel source,
+    built and loaded once; other stages keep their own."""
+    src = _source("mlp").replace("nn.Tanh()", "nn.ReLU()").replace(
+        "nn.Linear(h, n))", "nn.Linear(h, h), nn.ReLU())")
+    (tmp_path / "relu_mlp.py").write_text(src)
+    syn = OfflineSynthesizer("cpu")
+    same = syn.translate(task_ctx(tmp_path, "relu_mlp"), n=1, rng=random.Random(0))[0]
+    cand = import_file(same.code, tmp_path / "cand_same.py")
+    assert same.code.count("    def _stage") == 3 and len(cand.SOURCES) == 1
+    assert same.code.count("_lib(0).") == 3
+    other = syn.translate(task_ctx(task_dir, "mlp"), n=1, rng=random.Random(0))[0]  # relu, tanh, -
+    assert len(import_file(other.code, tmp_path / "cand_other.py").SOURCES) == 3
 
 
 def test_strict_policy_writes_every_convolution_with_its_own_kernel(task_dir):
     """Under strict a lone convolution stage is the conv template's kernel, not the library's
     call (which lib 1 makes it under the permissive policy)."""
     syn = OfflineSynthesizer("cpu", policy="strict")
-    ctx = _ctx(task_dir, "conv_conv_gap")
+    ctx = task_ctx(task_dir, "conv_conv_gap")
     props = syn.translate(ctx, n=1, rng=random.Random(0))
     assert 'POLICY = "strict"' in props[0].code
     assert "torch.nn.functional.conv2d(" not in props[0].code
@@ -233,7 +233,7 @@ def test_strict_policy_writes_every_convolution_with_its_own_kernel(task_dir):
     library = OfflineSynthesizer("cpu").with_knobs(ctx, {"lib": 1}).code
     assert 'POLICY = "permissive"' in library and "torch.nn.functional.conv2d(" in library
     # A chain of products is all own kernels under strict.
-    props = syn.translate(_ctx(task_dir, "mlp"), n=1, rng=random.Random(0))
+    props = syn.translate(task_ctx(task_dir, "mlp"), n=1, rng=random.Random(0))
     assert props[0].code is not None and 'POLICY = "strict"' in props[0].code
 
 
@@ -249,12 +249,12 @@ def test_boundaries_that_cannot_be_cut_are_declined(tmp_path, body, reason):
         "        return torch.matmul(torch.relu(x), self.w) * 2.0",
         textwrap.indent(body, " " * 8))
     (tmp_path / "t.py").write_text(src)
-    props = OfflineSynthesizer("cpu").translate(_ctx(tmp_path, "t"), 1, random.Random(0))
+    props = OfflineSynthesizer("cpu").translate(task_ctx(tmp_path, "t"), 1, random.Random(0))
     assert props[0].code is None and reason in props[0].declined, props[0].declined
 
 
 def test_triton_declines_multi_kernel_plans(task_dir):
-    props = OfflineSynthesizer("triton").translate(_ctx(task_dir, "mlp", "triton"), 1,
+    props = OfflineSynthesizer("triton").translate(task_ctx(task_dir, "mlp", "triton"), 1,
                                                    random.Random(0))
     assert props[0].code is None and "pipeline family in Triton" in props[0].declined
 
@@ -274,7 +274,7 @@ def test_kernelbench_multi_kernel_tasks_get_a_plan(stem, kernels):
 def test_cuda_multi_kernel_candidates_load_each_kernel_apart(task_dir, tmp_path):
     """The cuda form (compiled by the families' own nvcc tests; imported here, which builds
     nothing): one library per distinct kernel, each stage launching on the current stream."""
-    ctx = _ctx(task_dir, "cnn_head", "cuda")
+    ctx = task_ctx(task_dir, "cnn_head", "cuda")
     for prop in OfflineSynthesizer("cuda").translate(ctx, n=2, rng=random.Random(0)):
         cand = import_file(prop.code, tmp_path / f"cuda_{prop.id}.py")
         assert cand.LANG == "cuda" and len(cand.SOURCES) == len(cand._ARGTYPES) >= 2
@@ -294,7 +294,7 @@ def test_views_of_inputs_are_read_in_their_shape(tmp_path):
            "def get_inputs():\n    return [torch.randn(n), torch.randn(n, m)]\n\n\n"
            "def get_init_inputs():\n    return []\n")
     (tmp_path / "diag.py").write_text(src)
-    ctx = _ctx(tmp_path, "diag")
+    ctx = task_ctx(tmp_path, "diag")
     syn = OfflineSynthesizer("cpu")
     assert not isinstance(syn.analyse(ctx).plan, Pipeline)
     prop = syn.translate(ctx, n=1, rng=random.Random(0))[0]
@@ -305,5 +305,5 @@ def test_views_of_inputs_are_read_in_their_shape(tmp_path):
         torch.testing.assert_close(cand.ModelNew()(*inputs), mod.Model()(*inputs))
     (tmp_path / "flat.py").write_text(src.replace("a.unsqueeze(1) * torch.relu(b)",
                                                   "torch.relu(b.view(-1))"))
-    props = syn.translate(_ctx(tmp_path, "flat"), n=1, rng=random.Random(0))
+    props = syn.translate(task_ctx(tmp_path, "flat"), n=1, rng=random.Random(0))
     assert props[0].code is None and "no input has" in props[0].declined, props[0].declined

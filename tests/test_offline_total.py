@@ -21,7 +21,9 @@ from assay.propose.offline import KNOB_SPACES, OfflineSynthesizer
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO, build_cuda_sources
+from helpers import REPO, build_cuda_sources, task_ctx
+
+pytestmark = pytest.mark.usefixtures("offline_builds")
 
 # Tiny tasks in KernelBench format: `forward(x, y)` over two (batch, dim) inputs unless the
 # task gives its own inputs; the tests override `batch` and `dim` to try other shapes.
@@ -95,16 +97,6 @@ def task_dir(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture(autouse=True)
-def _env(monkeypatch, tmp_path_factory):
-    monkeypatch.setenv("ASSAY_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() / "kernels"))
-    monkeypatch.setenv("ASSAY_CUDA_ARCH", "sm_90")
-
-
-def _ctx(task_dir: Path, name: str, target: str = "cpu") -> TaskContext:
-    return TaskContext(Task.from_file(task_dir / f"{name}.py"), target=target)
-
-
 def _check(code: str, ctx: TaskContext, tmp_path: Path, tag: str, device: str = "cpu") -> None:
     """The candidate equals torch at every shape: same shape, strides and dtype (a 0-d tensor
     for a full reduction), values within float rounding of torch's own sums."""
@@ -129,7 +121,7 @@ def _check(code: str, ctx: TaskContext, tmp_path: Path, tag: str, device: str = 
 
 @pytest.mark.parametrize("name", SUPPORTED)
 def test_cpu_candidates_match_torch(task_dir, tmp_path, name):
-    ctx = _ctx(task_dir, name)
+    ctx = task_ctx(task_dir, name)
     # The defaults, then other knobs (serial, other blocks and simd lengths) for a few.
     n = 2 if name in ("sum_all", "max_all", "frobenius", "kl_batchmean") else 1
     props = OfflineSynthesizer("cpu").translate(ctx, n=n, rng=random.Random(1))
@@ -144,7 +136,7 @@ def test_cpu_candidates_match_torch(task_dir, tmp_path, name):
 
 
 def test_full_reduction_output_is_zero_dim(task_dir):
-    analysis = OfflineSynthesizer("cpu").analyse(_ctx(task_dir, "mse"))
+    analysis = OfflineSynthesizer("cpu").analyse(task_ctx(task_dir, "mse"))
     plan = analysis.plan
     assert plan.kind == "row" and plan.k == plan.ndim and plan.out_is_row and not plan.keepdim
 
@@ -152,14 +144,14 @@ def test_full_reduction_output_is_zero_dim(task_dir):
 @pytest.mark.filterwarnings("ignore:size_average and reduce args")
 @pytest.mark.parametrize("name", sorted(DECLINED))
 def test_declines_name_the_op(task_dir, name):
-    prop = OfflineSynthesizer("cpu").translate(_ctx(task_dir, name), n=1,
+    prop = OfflineSynthesizer("cpu").translate(task_ctx(task_dir, name), n=1,
                                                rng=random.Random(0))[0]
     assert prop.code is None
     assert DECLINED[name] in prop.declined, prop.declined
 
 
 def test_triton_target_declines_full_reductions(task_dir):
-    prop = OfflineSynthesizer("triton").translate(_ctx(task_dir, "mse", "triton"), n=1,
+    prop = OfflineSynthesizer("triton").translate(task_ctx(task_dir, "mse", "triton"), n=1,
                                                   rng=random.Random(0))[0]
     assert prop.code is None and "total family in Triton" in prop.declined
 
@@ -171,7 +163,7 @@ def test_cuda_sources_compile(task_dir):
     synth = OfflineSynthesizer("cuda")
     sources = {}
     for name in ("sum_and_max", "frobenius"):
-        prop = synth.translate(_ctx(task_dir, name, "cuda"), n=1, rng=random.Random(0))[0]
+        prop = synth.translate(task_ctx(task_dir, name, "cuda"), n=1, rng=random.Random(0))[0]
         assert prop.code is not None, prop.declined
         assert "ws = torch.empty(" in prop.code
         sources[prop.code.split('SOURCE = r"""', 1)[1].split('"""', 1)[0]] = name
@@ -199,7 +191,7 @@ def test_kernelbench_losses_get_a_plan(stem):
 def test_cuda_candidates_match_torch(task_dir, tmp_path, name):
     """The cuda form on the GPU (per-block partials combined in a fixed order): the same
     values twice, and torch's within rounding."""
-    ctx = _ctx(task_dir, name, "cuda")
+    ctx = task_ctx(task_dir, name, "cuda")
     for prop in OfflineSynthesizer("cuda").translate(ctx, n=2, rng=random.Random(1)):
         assert prop.code is not None, prop.declined
         _check(prop.code, ctx, tmp_path, prop.id, "cuda")
