@@ -11,10 +11,13 @@
 #               machine of several GPUs, one shard of the tasks per GPU (--shard k/N)
 #   redteam     the red-team generator on cuda (issue #19), resumes from its results.jsonl
 #   gputests    pytest -m gpu $FILES (default tests/test_gpu.py: the cuda zoo, Triton cases
-#               included; the synthesizer's families: FILES="tests/test_offline*.py"), K: -k
+#               included; the synthesizer's families: FILES="tests/test_offline*.py"), K: -k,
+#               XDIST: pytest-xdist workers (default: one per GPU where there are several)
 #   audit       benchmarks/audit_overhead.py --device cuda (issue #19's last line)
 #   triton      benchmarks/triton_evidence.sh (issue #20)
-#   synthkb     the offline synthesizer on KernelBench (issue #17), resumable; LEVELS=1
+#   synthkb     the offline synthesizer on KernelBench (issue #17), resumable; LEVELS=1,
+#               VARIANTS / MUTATIONS (synth_suite's defaults), TASKS: id globs, SAMPLE: tasks
+#               per level (seeded), LIMIT: undecided tasks taken per call
 # Needs: the wheels in .whl/ (hydra-core, omegaconf, antlr4, psutil, rich, markdown-it-py,
 # mdurl, pygments; snakemake's for triton) and KernelBench in .kb/ (a copy of
 # ../shared/kernelbench), both carried. Example, two calls on one warm machine:
@@ -95,7 +98,8 @@ for phase in "$@"; do
     gputests)  # on several GPUs, one pytest-xdist worker per GPU (tests/conftest.py)
       spread=()
       [ "$gpus" -gt 1 ] && spread=(-n "$gpus")
-      GPU_TESTS_SPREAD=$gpus run_for "$secs" "$S/gputests.log" python3 -m pytest -m gpu -q \
+      [ -n "${XDIST:-}" ] && spread=(-n "$XDIST")
+      GPU_TESTS_SPREAD=$gpus run_for "$secs" "$S/gputests.log" python3 -m pytest -m gpu -v --tb=short \
         -p no:cacheprovider -rf "${spread[@]}" ${FILES:-tests/test_gpu.py} ${K:+-k "$K"} ;;
     audit)
       run_for "$secs" "$S/audit.log" python3 benchmarks/audit_overhead.py --device cuda \
@@ -104,7 +108,9 @@ for phase in "$@"; do
       OUT=$S/triton run_for "$secs" "$S/triton.log" bash benchmarks/triton_evidence.sh ;;
     synthkb)
       run_for "$secs" "$S/synthkb.log" python3 benchmarks/synth_suite.py --source .kb \
-        --levels "${LEVELS:-1}" --out "$S/synthkb" --budget-s $((secs - 60)) --grace-s 30 ;;
+        --levels "${LEVELS:-1}" --out "$S/synthkb" --budget-s $((secs - 60)) --grace-s 30 \
+        ${VARIANTS:+--variants $VARIANTS} ${MUTATIONS:+--mutations $MUTATIONS} \
+        ${TASKS:+--tasks "$TASKS"} ${SAMPLE:+--sample $SAMPLE} ${LIMIT:+--limit $LIMIT} ;;
     *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, synthkb)" ;;
   esac
 done

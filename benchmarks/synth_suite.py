@@ -520,6 +520,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--size", default=None, help="large | small (default: large on cuda)")
     ap.add_argument("--tasks", default="", help="comma-separated id globs, e.g. 'L1_1_*,L2_*'")
     ap.add_argument("--levels", default="1,2,3")
+    ap.add_argument("--sample", type=int, default=0,
+                    help="this many tasks per level, drawn with --seed (0: every task), beside "
+                         "those --out has decided; the same draw on every rerun (a larger "
+                         "sample holds a smaller), so a sampled run resumes like a full one")
+    ap.add_argument("--limit", type=int, default=0,
+                    help="take at most this many undecided tasks in this run (0: all): a "
+                         "device call builds and warms up only what it can finish")
     ap.add_argument("--variants", type=int, default=4, help="translate proposals per task")
     ap.add_argument("--mutations", type=int, default=2, help="mutants of the defaults")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
@@ -556,6 +563,16 @@ def _runs(args: argparse.Namespace, done: dict[str, TaskRun]) -> list[TaskRun]:
     refs, errors = discover(Path(args.source), levels=levels, include=include)
     for e in errors:
         log(f"task file skipped: {e}")
+    if args.sample > 0:
+        rng = random.Random(args.seed)
+        by_level: dict[object, list] = {}
+        for r in refs:
+            by_level.setdefault(r.level, []).append(r)
+        keep = set()
+        for group in by_level.values():  # a shuffle's prefix: a larger sample holds a smaller
+            rng.shuffle(group)
+            keep |= {id(r) for r in group[:args.sample]}
+        refs = [r for r in refs if id(r) in keep or r.id in done]  # decided ones stay
     return [done.get(r.id) or TaskRun(r.id, r.level, r.path) for r in refs]
 
 
@@ -637,7 +654,12 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(done.get(name) or TaskRun(name, "probe", pdir / f"{name}.py"))
     todo = [run for run in runs if run.id not in done]
     log(f"{len(runs)} tasks: {len(runs) - len(todo)} decided by an earlier run into {out}, "
-        f"{len(todo)} to do")
+        f"{len(todo)} to do" + (f", {args.limit} of them in this run" if 0 < args.limit
+                                < len(todo) else ""))
+    if args.limit > 0:
+        later = {run.id for run in todo[args.limit:]}
+        todo = todo[:args.limit]
+        runs = [run for run in runs if run.id not in later]
     _propose_all(todo, kernels, size, args, out)
     for run in todo:
         if not run.cands:

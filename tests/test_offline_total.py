@@ -158,16 +158,17 @@ def test_triton_target_declines_full_reductions(task_dir):
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 def test_cuda_sources_compile(task_dir):
-    """Two reductions to one value in one pass (a sum and a max) and a value broadcast back
-    over the tensor (two passes), each with its default knobs."""
+    """Two reductions to one value in one pass (a sum and a max), a value broadcast back over
+    the tensor (two passes) and an operand broadcast along the rows (hinge: vector flags in
+    the pass kernels, none in the finish kernel), each with its default knobs."""
     synth = OfflineSynthesizer("cuda")
     sources = {}
-    for name in ("sum_and_max", "frobenius"):
+    for name in ("sum_and_max", "frobenius", "hinge"):
         prop = synth.translate(task_ctx(task_dir, name, "cuda"), n=1, rng=random.Random(0))[0]
         assert prop.code is not None, prop.declined
         assert "ws = torch.empty(" in prop.code
         sources[prop.code.split('SOURCE = r"""', 1)[1].split('"""', 1)[0]] = name
-    assert len(sources) == 2
+    assert len(sources) == 3
     build_cuda_sources(sources)
 
 

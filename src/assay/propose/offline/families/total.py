@@ -135,7 +135,7 @@ __device__ __forceinline__ typename Op::T assay_block_reduce(typename Op::T v, d
 template <int VEC>
 __global__ void __launch_bounds__({{ block }})
 assay_total_pass{{ loop.index0 }}({{ kparams }}, float* __restrict__ rv, double* __restrict__ part) {
-{% for line in prologue %}
+{% for line in prologue + vflags %}
   {{ line }}
 {% endfor %}
 {% for line in p.known %}
@@ -409,8 +409,8 @@ def source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
     kparams = ", ".join(f"{p.ctype} {p.name}" for p in params if p.name != "ws")
     kargs = ", ".join(p.name for p in params if p.name != "ws")
     passes, vec_ptrs = _cuda_passes(plan, sched)
-    values.update(kparams=kparams, kargs=kargs,
-                  prologue=values["prologue"] + vector_flags(plan, sched.kinds))
+    # the vector flags read VEC: the pass kernels' (the finish kernels have no VEC)
+    values.update(kparams=kparams, kargs=kargs, vflags=vector_flags(plan, sched.kinds))
     return render(CUDA_COMMON, **values) + render(
         CUDA_TOTAL, **values, passes=passes, vec_ptrs=vec_ptrs, width=width,
         blocks_per_sm=int(knobs["blocks_per_sm"]), max_blocks=_MAX_BLOCKS,
