@@ -784,7 +784,8 @@ def test_kernel_names_are_not_taken_for_library_kernels(gemm_dir, task_dir, tmp_
             cand = _import(prop.code, tmp_path / f"names_{prop.id}.py")
             names |= set(re.findall(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)\(",
                                     cand.SOURCE))
-    assert names == {"assay_matmul_tiles", "assay_elementwise", "assay_rows"}
+    assert names == {"assay_matmul_tiles", "assay_matmul_parts_sum", "assay_elementwise",
+                     "assay_rows"}
     assert not [n for n in names if LIBRARY_KERNEL.search(f"void {n}<4>(float const*, long)")]
 
 
@@ -886,6 +887,42 @@ def test_cuda_gemm_candidates_match_reference(gemm_dir, tmp_path, name):
         props.append(syn.with_knobs(ctx, {"regs": 4}))
     for prop in props:
         _check_gemm(prop, ctx, name, tmp_path, device="cuda")
+
+
+# Split K (gemm_tiled knob split_k): few output tiles and a long K. linear (B^T, float4 loads
+# and stores), matmul + bias with N % 4 != 0 (scalar form), a batched product, and the row
+# kernel after the product (the parts' sum stores the product itself).
+SPLIT_K = {"linear_relu": {"m": 40, "k": 4100, "n": 48},
+           "matmul_bias_sigmoid": {"m": 33, "k": 2051, "n": 98},
+           "bmm_scale": {"b": 3, "m": 17, "k": 3001, "n": 24},
+           "linear_softmax": {"m": 24, "k": 5000, "n": 130}}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", list(SPLIT_K))
+def test_cuda_split_k_matches_reference(gemm_dir, tmp_path, name):
+    """K cut into parts (the kernel says how many: more than one here), their sums added in a
+    fixed order: torch's values, the same bits on every call."""
+    ctx = _gctx(gemm_dir, name, "cuda")
+    syn = OfflineSynthesizer("cuda")
+    for knobs in ({}, {"load_vec": 1, "cp_async": 1, "stages": 3, "tile_m": 64}):
+        prop = _gemm_corner(syn, ctx, {"split_k": 1, **knobs})
+        cand = _import(prop.code, tmp_path / f"split_{prop.id}.py")
+        mod = ctx.task.module()
+        for key, value in SPLIT_K[name].items():
+            setattr(mod, key, value)
+        b, m, k, n = (getattr(mod, v, 1) for v in ("b", "m", "k", "n"))
+        assert cand._lib().assay_gemm_parts(m, n, k, b) > 1
+        ref = reference_model(mod, seed=0, device="cuda")
+        with seeded(0):
+            new = cand.ModelNew(*mod.get_init_inputs())
+        new.to("cuda").eval().load_state_dict(ref.state_dict())
+        inputs = make_inputs(mod, seed=1, device="cuda")
+        with torch.no_grad():
+            expected, got, again = ref(*inputs), new(*inputs), new(*inputs)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        assert torch.equal(got, again)
 
 
 def test_broadcast_index_divider_matches_integer_division(tmp_path):

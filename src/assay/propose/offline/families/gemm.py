@@ -206,10 +206,11 @@ def safe(target: str, plan: Plan, knobs: dict[str, Any]) -> dict[str, int]:
 # The kernel file
 
 
-def _gemm_params(plan: Plan, target: str, fused: bool) -> list[Param]:
+def _gemm_params(plan: Plan, target: str, fused: bool, split: bool = False) -> list[Param]:
     """assay_gemm's (assay_conv's) parameters: operands, the epilogue's leaves (when fused), the
     output (the product itself, ``g``, when a row kernel follows), sizes and batch strides (the
-    convolution's geometry, ``cg``), leaf geometry."""
+    convolution's geometry, ``cg``), leaf geometry; ``split``: the split-K workspace and its
+    number of parts (gemm_tiled.uses_split)."""
     assert plan.gemm is not None
     elt = "float" if plan.dtype == "float32" else "assay_elt"
     conv = plan.gemm.is_conv
@@ -220,7 +221,9 @@ def _gemm_params(plan: Plan, target: str, fused: bool) -> list[Param]:
     sizes = ([Param("int64_t", v, f"cg[{j}]", "ctypes.c_int64")
               for j, v in enumerate(gemm_conv.SIZES)] if conv
              else size_params("M", "N", "K", "batch", "sA", "sB", "sC"))
-    return ps + ptrs + [out] + sizes + geometry
+    ws = [pointer(target, "ws", "ws.data_ptr()", "float", const=False),
+          *size_params("parts")] if split else []
+    return ps + ptrs + [out] + sizes + geometry + ws
 
 
 def _product_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
@@ -232,7 +235,8 @@ def _product_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str
     fused = plan.kind == "elementwise"
     prologue, body, out_expr = (fused_epilogue(plan, name == "gemm_tc") if fused
                                 else ([], [], "acc_v"))
-    params = _gemm_params(plan, target, fused)
+    params = _gemm_params(plan, target, fused, name == "gemm" and
+                          gemm_tiled.uses_split(target, knobs))
     common = head_values(name, knobs, summary)
     if name == "conv":
         gemm = gemm_conv.kernel(dict(common, prologue=prologue, epi_body=body, epi_out=out_expr),
@@ -438,9 +442,15 @@ def calls(plan: Plan, target: str, knobs: dict[str, Any], stream: list[str]
             lines += row.calls(plan, target, knobs, stream)[0]
         return lines, entries
     if custom:
-        gp = _gemm_params(plan, target, fused)
+        split = template(plan, knobs) == "gemm" and gemm_tiled.uses_split(target, knobs)
+        gp = _gemm_params(plan, target, fused, split)
         entry = "assay_conv" if template(plan, knobs) == "conv" else "assay_gemm"
         entries.append((entry, gp))
+        if split:  # the parts K is cut into, the kernel's choice; their sums' workspace
+            entries.append(("assay_gemm_parts", size_params("M", "N", "K", "batch")))
+            lines += ["parts = _lib().assay_gemm_parts(M, N, K, batch)",
+                      "ws = torch.empty(parts * batch * M * N if parts > 1 else 4, "
+                      "dtype=torch.float32, device=lA.device)"]
         if not fused:
             lines.append("g = torch.empty(gshape, dtype=DTYPE, device=lA.device)")
         lines.append(f"_check(_lib().{entry}({', '.join([p.py for p in gp] + stream)}))")

@@ -32,10 +32,14 @@ KNOB_SPACES: dict[tuple[str, str], Space] = {
     # warp_tile: 1 = a warp's lanes own a 4 x 8 (or 8 x 4) grid of sub-tiles repeated over the
     # warp's tile (conflict-free float4 reads of shared memory), 0 = each thread's sub-tiles
     # adjacent (bank conflicts for 8- and 16-wide thread tiles).
+    # split_k: 1 = where the output has fewer tiles than the device has SMs and K is long
+    # (L1_6's 256 x 256 output of K = 524288: 4 tiles on 132 SMs, 0.04x of cuBLAS without it),
+    # K is cut into parts, one block per (tile, part), each part's sums stored to a workspace
+    # and added in a fixed order by a second kernel that applies the epilogue; 0 = never.
     ("cuda", "gemm"): {"tile_m": (64, 128, 256), "tile_n": (64, 128), "k_step": (8, 16, 32),
                        "thread_m": (4, 8), "thread_n": (4, 8, 16), "load_vec": (1, 4),
                        "stages": (1, 2, 3, 4), "cp_async": (0, 1), "min_blocks": (1, 2),
-                       "warp_tile": (0, 1)},
+                       "warp_tile": (0, 1), "split_k": (0, 1)},
 }
 
 # GEMMs. `assay_gemm` computes C = A @ B (or A @ B^T: a linear layer's weight is [N, K]) for a
@@ -290,7 +294,7 @@ struct assay_gemm_operand {
 // (the two halves of a warp land 16 banks apart); 16- and 32-deep slabs conflict 2- and 4-way
 // there, a few stores per slab against BK x {{ tm // 4 + tn // 4 }} float4 reads.
 {% endif %}
-template <int VEC>
+template <int VEC{% if split %}, bool SPLIT{% endif %}>
 __global__ void __launch_bounds__({{ nt }}, {{ min_blocks }})
 assay_matmul_tiles({{ kparams }}) {
   constexpr int BM = {{ bm }}, BN = {{ bn }}, BK = {{ bk }}, TM = {{ tm }}, TN = {{ tn }};
@@ -321,7 +325,17 @@ assay_matmul_tiles({{ kparams }}) {
 {% for line in prologue %}
   {{ line }}
 {% endfor %}
+{% if split %}
+  // Split K (SPLIT): blockIdx.z = product * parts + part; part p sums K's slabs
+  // [kb, kb + klen), a whole number of BK-slabs, and stores them to the workspace.
+  const int64_t part = SPLIT ? blockIdx.z % parts : 0;
+  const int64_t bz = SPLIT ? blockIdx.z / parts : blockIdx.z;
+  const int64_t kchunk = SPLIT ? ((K + parts - 1) / parts + BK - 1) / BK * BK : K;
+  const int64_t kb = min(K, part * kchunk), klen = min(K - kb, kchunk);
+{% else %}
   const int64_t bz = blockIdx.z;
+  const int64_t kb = 0, klen = K;
+{% endif %}
   const int64_t m0 = (int64_t)blockIdx.y * BM;
   const int64_t n0 = (int64_t)blockIdx.x * BN;
   const int tid = threadIdx.x;
@@ -335,18 +349,18 @@ assay_matmul_tiles({{ kparams }}) {
   // The operands' slabs: A [BM][BK] at row m0, B^T [BN][BK] at row n0 or B [BK][BN] at column
   // n0; valid rows and columns of this block's tile (at most BM, BN: 32-bit compares).
   const int m_left = (int)min(M - m0, (int64_t)BM), n_left = (int)min(N - n0, (int64_t)BN);
-  assay_gemm_operand<BM, BK, VEC, NT, true> a_op(tid, A + bz * sA + m0 * K, K);
+  assay_gemm_operand<BM, BK, VEC, NT, true> a_op(tid, A + bz * sA + m0 * K + kb, K);
 {% if trans_b %}
-  assay_gemm_operand<BN, BK, VEC, NT, true> b_op(tid, B + bz * sB + n0 * K, K);
+  assay_gemm_operand<BN, BK, VEC, NT, true> b_op(tid, B + bz * sB + n0 * K + kb, K);
 {% else %}
-  assay_gemm_operand<BK, BN, VEC, NT, false> b_op(tid, B + bz * sB + n0, N);
+  assay_gemm_operand<BK, BN, VEC, NT, false> b_op(tid, B + bz * sB + kb * N + n0, N);
 {% endif %}
 {% if cp_async %}
   // Global -> shared memory stage s: the slab at k0, zeros past the edges.
   const unsigned as_addr = static_cast<unsigned>(__cvta_generic_to_shared(As));
   const unsigned bs_addr = static_cast<unsigned>(__cvta_generic_to_shared(Bs));
   auto copy = [&](int s, int64_t k0) {
-    const int k_left = (int)min(K - k0, (int64_t)BK);
+    const int k_left = (int)min(klen - k0, (int64_t)BK);
     a_op.copy(as_addr + 4 * s * A_TILE, m_left, k_left);
 {% if trans_b %}
     b_op.copy(bs_addr + 4 * s * B_TILE, n_left, k_left);
@@ -357,7 +371,7 @@ assay_matmul_tiles({{ kparams }}) {
 {% else %}
   // Global -> registers: the slab at k0, zeros past the edges.
   auto load = [&](int64_t k0) {
-    const int k_left = (int)min(K - k0, (int64_t)BK);
+    const int k_left = (int)min(klen - k0, (int64_t)BK);
     a_op.load(m_left, k_left);
 {% if trans_b %}
     b_op.load(n_left, k_left);
@@ -456,7 +470,7 @@ assay_matmul_tiles({{ kparams }}) {
   };
 {% endif %}
 
-  const int64_t ntiles = (K + BK - 1) / BK;
+  const int64_t ntiles = (klen + BK - 1) / BK;
 {% if cp_async %}
   // Slab t's copies are commit group t (an empty group once none are left, so the count stays
   // exact). Waiting until at most STAGES - 2 groups are pending lands this thread's copies of
@@ -511,6 +525,20 @@ assay_matmul_tiles({{ kparams }}) {
     #pragma unroll
     for (int q = 0; q < TN / 4; ++q) {
       const int tile_c = col0 + q * COL_STEP;
+{% if split %}
+      if (SPLIT) {  // this part's sums, as they are: assay_matmul_parts_sum adds the parts
+        float* wp = ws + ((part * batch + bz) * M + row) * N + n0 + tile_c;
+        if (VEC == 4) {
+          if (tile_c < n_left) *reinterpret_cast<float4*>(wp) = make_float4(acc[ii][4 * q], acc[ii][4 * q + 1], acc[ii][4 * q + 2], acc[ii][4 * q + 3]);
+        } else {
+          #pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            if (tile_c + u < n_left) wp[u] = acc[ii][4 * q + u];
+          }
+        }
+        continue;
+      }
+{% endif %}
       float o[4];
       #pragma unroll
       for (int u = 0; u < 4; ++u) {
@@ -539,34 +567,87 @@ assay_matmul_tiles({{ kparams }}) {
     }
   }
 }
+{% if split %}
+
+// The parts' sums added in part order (the same result on every run), then the epilogue.
+__global__ void __launch_bounds__(256) assay_matmul_parts_sum({{ kparams }}) {
+{% for line in prologue %}
+  {{ line }}
+{% endfor %}
+  const int64_t mn = M * N, total = batch * mn;
+  for (int64_t t = (int64_t)blockIdx.x * 256 + threadIdx.x; t < total; t += (int64_t)gridDim.x * 256) {
+    float acc_v = 0.0f;
+    for (int64_t p = 0; p < parts; ++p) acc_v += ws[p * total + t];
+    const int64_t bz = t / mn, i = bz * sC + (t - bz * mn);
+    (void)i;
+{% for line in epi_body %}
+    {{ line }}
+{% endfor %}
+    out[i] = {{ epi_out }};
+  }
+}
+{% endif %}
 {{ launcher }}"""
 
 # The host side shared by both CUDA GEMMs: grid, dynamic shared memory (opted in above 48 KB),
 # the vector instantiation when sizes and pointers allow it.
 CUDA_GEMM_LAUNCH = r"""
-template <int VEC>
+template <int VEC{% if split %}, bool SPLIT{% endif %}>
 static int assay_gemm_launch(dim3 grid, size_t smem, cudaStream_t stream, {{ kparams }}) {
   if (smem > (size_t)assay_smem_optin()) return (int)cudaErrorInvalidConfiguration;
   if (smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(assay_matmul_tiles<VEC>,
+    const cudaError_t e = cudaFuncSetAttribute({{ kernel_t }},
         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return static_cast<int>(e);
   }
-  assay_matmul_tiles<VEC><<<grid, {{ nt }}, smem, stream>>>({{ kargs }});
+  {{ kernel_t }}<<<grid, {{ nt }}, smem, stream>>>({{ kargs }});
   return (int)cudaGetLastError();
 }
+{% if split %}
+
+// How many parts K is cut into (see the kernel): 1 unless the output's tiles leave SMs idle
+// and K holds at least 16 slabs per part; then enough parts for a block per SM, at most 64.
+// The caller sizes the workspace from it (parts * batch * M * N floats when parts > 1).
+extern "C" int assay_gemm_parts(int64_t M, int64_t N, int64_t K, int64_t batch) {
+  if (M <= 0 || N <= 0 || K <= 0 || batch <= 0) return 1;
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 1;
+  }
+  const int64_t tiles = ((N + {{ bn - 1 }}) / {{ bn }}) * ((M + {{ bm - 1 }}) / {{ bm }}) * batch;
+  if (tiles >= sms) return 1;
+  int64_t parts = std::min<int64_t>((sms + tiles - 1) / tiles, K / (16 * {{ bk }}));
+  parts = std::min<int64_t>(parts, std::min<int64_t>(64, 65535 / batch));
+  return (int)std::max<int64_t>(parts, 1);
+}
+{% endif %}
 
 extern "C" int assay_gemm({{ params }}) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (M <= 0 || N <= 0 || batch <= 0) return 0;
   const int64_t gx = (N + {{ bn - 1 }}) / {{ bn }}, gy = (M + {{ bm - 1 }}) / {{ bm }};
   if (gx > 2147483647 || gy > 65535 || batch > 65535) return (int)cudaErrorInvalidConfiguration;
-  const dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)batch);
   const size_t smem = {{ smem_bytes }};
   const bool vec = {{ vec }} > 1 && K % {{ vec }} == 0 && ({{ "true" if trans_b and not store_vec else "false" }} || N % {{ vec }} == 0)
                    && assay_aligned(A, 16) && assay_aligned(B, 16){% if store_vec %} && assay_aligned(out, 16){% endif %};
-  if (vec) return assay_gemm_launch<{{ vec }}>(grid, smem, stream, {{ kargs }});
-  return assay_gemm_launch<1>(grid, smem, stream, {{ kargs }});
+{% if split %}
+  if (parts > 1) {
+    if (parts * batch > 65535 || !assay_aligned(ws, 16)) return (int)cudaErrorInvalidConfiguration;
+    const dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)(batch * parts));
+    const int err = vec ? assay_gemm_launch<{{ vec }}, true>(grid, smem, stream, {{ kargs }})
+                        : assay_gemm_launch<1, true>(grid, smem, stream, {{ kargs }});
+    if (err) return err;
+    const int64_t total = batch * M * N;
+    const unsigned blocks = (unsigned)std::min<int64_t>((total + 255) / 256, 65535);
+    assay_matmul_parts_sum<<<blocks, 256, 0, stream>>>({{ kargs }});
+    return (int)cudaGetLastError();
+  }
+{% endif %}
+  const dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)batch);
+  if (vec) return assay_gemm_launch<{{ vec }}{{ ", false" if split else "" }}>(grid, smem, stream, {{ kargs }});
+  return assay_gemm_launch<1{{ ", false" if split else "" }}>(grid, smem, stream, {{ kargs }});
 }
 """
 
@@ -580,7 +661,8 @@ def defaults(target: str) -> dict[str, int]:
     # `probe_gpu.py --sweep gemm`): 0.89x at 4096^3 and 0.89x batched (L1_15), where 8 x 8 per
     # thread reached 0.80-0.82x with warp tiling, 0.76-0.79x without.
     return {"tile_m": 128, "tile_n": 128, "k_step": 8, "thread_m": 8, "thread_n": 16,
-            "load_vec": 4, "stages": 2, "cp_async": 0, "min_blocks": 2, "warp_tile": 1}
+            "load_vec": 4, "stages": 2, "cp_async": 0, "min_blocks": 2, "warp_tile": 1,
+            "split_k": 1}
 
 
 def safe(target: str) -> dict[str, int]:
@@ -588,7 +670,14 @@ def safe(target: str) -> dict[str, int]:
     if target == "cpu":
         return {"threads": 1, "tile_m": 16, "tile_n": 64, "k_step": 64, "unroll": 1}
     return {"tile_m": 64, "tile_n": 64, "k_step": 8, "thread_m": 4, "thread_n": 4,
-            "load_vec": 1, "stages": 1, "cp_async": 0, "min_blocks": 1, "warp_tile": 0}
+            "load_vec": 1, "stages": 1, "cp_async": 0, "min_blocks": 1, "warp_tile": 0,
+            "split_k": 0}
+
+
+def uses_split(target: str, knobs: dict[str, Any]) -> bool:
+    """Whether the CUDA GEMM may split K (knob split_k): its entry point then takes the
+    workspace ``ws`` and ``parts`` (from ``assay_gemm_parts``)."""
+    return target == "cuda" and bool(knobs.get("split_k", 0))
 
 
 def kernel(values: dict[str, Any], target: str, knobs: dict[str, Any], plan: Plan) -> str:
@@ -622,6 +711,9 @@ def kernel(values: dict[str, Any], target: str, knobs: dict[str, Any], plan: Pla
         min_blocks = 1
     values = dict(values, nt=nt, tm=tm, tn=tn, stages=stages, vec=int(knobs["load_vec"]),
                   store_vec=True, smem_bytes=f"(size_t){smem}", cp_async=use_async,
-                  min_blocks=min_blocks, warp_tile=bool(knobs["warp_tile"]))
+                  min_blocks=min_blocks, warp_tile=bool(knobs["warp_tile"]),
+                  split=uses_split(target, knobs))
+    values["kernel_t"] = "assay_matmul_tiles<VEC, SPLIT>" if values["split"] else \
+        "assay_matmul_tiles<VEC>"
     values["launcher"] = render(CUDA_GEMM_LAUNCH, **values)
     return render(CUDA_GEMM, **values)

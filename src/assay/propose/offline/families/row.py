@@ -42,6 +42,8 @@ KNOB_SPACES: dict[tuple[str, str], Space] = {
 
 # SMs of the product's device (H100 SXM / H200), for defaults that depend on filling it.
 _SMS = 132
+# The shared memory one block may take on those (227 KB opt-in) less room for the reductions.
+_ONE_BLOCK_SMEM = 200 * 1024
 
 CPP_ROW = CPP_FORWARD_OPEN + r"""
 {% if parallel %}
@@ -596,8 +598,16 @@ def defaults(target: str, analysis: Analysis, lib: int | None = None,
         while (split < 8 and cols // (2 * split) >= block * 4
                and (rows * split < 2 * _SMS or cols * 4 // split > 64 * 1024)):
             split *= 2
+    elif not plan.out_is_row and cols * 4 > _ONE_BLOCK_SMEM and cols * 4 <= 8 * _ONE_BLOCK_SMEM:
+        # Rows too long for one block's shared memory, whose later passes read them again
+        # (KernelBench's softmax and log-softmax: 4096 rows of 393216, 1.5 MB): a cluster of
+        # at most 8 blocks keeps the row in their shared memory, so that x is read once, not
+        # once per pass (uncached: two or three reads of 6 GiB plus the write; 53% of the copy
+        # bandwidth on an H200 for log-softmax, 2026-11-28).
+        while split < 8 and cols * 4 // split > _ONE_BLOCK_SMEM:
+            split *= 2
     if split > 1:
-        block = 256
+        block = 256 if rows < 2 * _SMS else 512
     # Rows in registers where every reduction is a sum and the row fills 5 to 8 vectors a
     # thread: each pass an unrolled loop with all its loads in flight. H200, 4096 x 16384
     # (probe_gpu.py --only sweep, 2026-11-24), ms: LayerNorm 0.147 -> 0.134, RMSNorm 0.133 ->
