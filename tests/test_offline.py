@@ -889,6 +889,52 @@ def test_cuda_gemm_candidates_match_reference(gemm_dir, tmp_path, name):
         _check_gemm(prop, ctx, name, tmp_path, device="cuda")
 
 
+def _entry_arities(code: str) -> list[tuple[str, int, int]]:
+    """Each ``_lib(...).NAME(args)`` call of a candidate's source: (NAME, arguments passed,
+    ctypes argtypes declared for NAME in ``_ARGTYPES``)."""
+    import ast
+
+    tree = ast.parse(code)
+    declared: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_ARGTYPES"
+                                                for t in node.targets):
+            for table in ast.literal_eval(ast.unparse(node.value).replace("ctypes.", "'")
+                                          .replace("c_void_p", "p'").replace("c_int64", "i'")
+                                          .replace("c_float", "f'").replace("c_int", "n'")):
+                for name, types in table.items():
+                    declared[name] = len(types)
+    out = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Call)
+                and getattr(node.func.value.func, "id", "") == "_lib"):
+            out.append((node.func.attr, len(node.args), declared.get(node.func.attr, -1)))
+    return out
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_entry_point_calls_match_their_argtypes(gemm_dir, task_dir, target):
+    """Every entry point a candidate calls is declared, with as many ctypes argtypes as the
+    call passes (a mismatch is a TypeError at the first call, on the device only)."""
+    syn = OfflineSynthesizer(target)
+    ctxs = [_gctx(gemm_dir, n, target) for n in GEMM_TASKS]
+    ctxs += [_ctx(task_dir, n, target) for n in ("relu", "softmax", "layernorm")]
+    seen = set()
+    for ctx in ctxs:
+        for prop in syn.translate(ctx, n=3, rng=random.Random(0)):
+            if prop.code is None:
+                continue
+            for name, passed, declared in _entry_arities(prop.code):
+                if name == "assay_error_string":  # declared by _lib itself
+                    continue
+                assert passed == declared, (ctx.task.name, prop.knobs, name, passed, declared)
+                seen.add(name)
+    assert {"assay_gemm", "assay_forward"} <= seen
+    if target == "cuda":
+        assert "assay_gemm_parts" in seen
+
+
 # Split K (gemm_tiled knob split_k): few output tiles and a long K. linear (B^T, float4 loads
 # and stores), matmul + bias with N % 4 != 0 (scalar form), a batched product, and the row
 # kernel after the product (the parts' sum stores the product itself).
@@ -913,7 +959,7 @@ def test_cuda_split_k_matches_reference(gemm_dir, tmp_path, name):
         for key, value in SPLIT_K[name].items():
             setattr(mod, key, value)
         b, m, k, n = (getattr(mod, v, 1) for v in ("b", "m", "k", "n"))
-        assert cand._lib().assay_gemm_parts(m, n, k, b) > 1
+        assert cand._lib().assay_gemm_parts(m, n, k, b, None) > 1
         ref = reference_model(mod, seed=0, device="cuda")
         with seeded(0):
             new = cand.ModelNew(*mod.get_init_inputs())

@@ -448,7 +448,7 @@ def calls(plan: Plan, target: str, knobs: dict[str, Any], stream: list[str]
         entries.append((entry, gp))
         if split:  # the parts K is cut into, the kernel's choice; their sums' workspace
             entries.append(("assay_gemm_parts", size_params("M", "N", "K", "batch")))
-            lines += ["parts = _lib().assay_gemm_parts(M, N, K, batch)",
+            lines += [f"parts = _lib().assay_gemm_parts({', '.join(['M', 'N', 'K', 'batch'] + stream)})",
                       "ws = torch.empty(parts * batch * M * N if parts > 1 else 4, "
                       "dtype=torch.float32, device=lA.device)"]
         if not fused:

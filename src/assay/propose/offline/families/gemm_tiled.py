@@ -608,7 +608,9 @@ static int assay_gemm_launch(dim3 grid, size_t smem, cudaStream_t stream, {{ kpa
 // How many parts K is cut into (see the kernel): 1 unless the output's tiles leave SMs idle
 // and K holds at least 16 slabs per part; then enough parts for a block per SM, at most 64.
 // The caller sizes the workspace from it (parts * batch * M * N floats when parts > 1).
-extern "C" int assay_gemm_parts(int64_t M, int64_t N, int64_t K, int64_t batch) {
+// (stream_ptr: every entry point of the file takes the stream last; the device's SMs.)
+extern "C" int assay_gemm_parts(int64_t M, int64_t N, int64_t K, int64_t batch, void* stream_ptr) {
+  (void)stream_ptr;
   if (M <= 0 || N <= 0 || K <= 0 || batch <= 0) return 1;
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
