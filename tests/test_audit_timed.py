@@ -126,6 +126,38 @@ def test_trace_counts_kernels_on_other_streams_and_the_waits_that_join_them():
     assert trace["side"] == [1, 1, 0] and trace["joins"] == [0, 2, 0]
 
 
+def test_a_library_ops_own_streams_are_not_a_side_stream():
+    """cuDNN's FFT convolutions fork onto streams of their own inside the ATen op, joined by
+    waits the trace does not show (H200, KernelBench L2_19, 2026-11-28): an op that launched
+    work on the caller's stream too is ordered by ATen. Side work launched outside any ATen
+    op, or by an op that ran wholly on another stream, still counts."""
+    def k(name, start, end, corr, stream):
+        return {**ev(name, start, end, corr=corr, act="kernel", cpu=False), "stream": stream}
+
+    events = [
+        ev("cudaLaunchKernel", 50, 60, corr=900, act="cuda_runtime"),    # harness: the hold
+        ev(CALL_RANGE, 100, 200, corr=1),                     # a convolution that forks
+        ev("aten::cudnn_convolution_transpose", 105, 190, corr=2),
+        ev("cudaLaunchKernel", 110, 112, corr=901, act="cuda_runtime"),
+        ev("cuLaunchKernel", 120, 122, corr=902, act="cuda_driver"),
+        ev("cuLaunchKernel", 130, 132, corr=903, act="cuda_runtime"),
+        ev(CALL_RANGE, 300, 400, corr=3),                     # a raw launch on a side stream
+        ev("cudaLaunchKernel", 310, 312, corr=904, act="cuda_runtime"),
+        ev("aten::add", 320, 340, corr=4),
+        ev("cudaLaunchKernel", 325, 327, corr=905, act="cuda_runtime"),
+        ev(CALL_RANGE, 500, 600, corr=5),                     # an op wholly on a side stream
+        ev("aten::mm", 505, 560, corr=6),
+        ev("cudaLaunchKernel", 510, 512, corr=906, act="cuda_runtime"),
+        ev("cudaLaunchKernel", 570, 572, corr=907, act="cuda_runtime"),
+        k("hold", 55, 95, 900, 7),
+        k("fft_r2c", 120, 150, 901, 7), k("fft_gemm", 150, 170, 902, 41), k("fft_c2r", 170, 180, 903, 42),
+        k("mine", 320, 350, 904, 13), k("add", 350, 360, 905, 7),
+        k("sgemm", 520, 550, 906, 13), k("epilogue", 570, 580, 907, 7),
+    ]
+    trace = attribute_trace(events, cuda=True)
+    assert trace["side"] == [0, 1, 1] and trace["joins"] == [0, 0, 0]
+
+
 def test_an_unjoined_side_stream_is_out_of_order():
     calls = [{"phase": "timed", "rows": [], "span_us": 1.0, "side": 1, "joins": 0}] * 4 + \
             [{"phase": "timed", "rows": [], "span_us": 1.0, "side": 0, "joins": 0}] * 4

@@ -585,7 +585,7 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
     """The trace cut into calls: {"rows": rows of each call range, "spans_us": each call's
     device span (first kernel's start to last kernel's end, every stream; 0 without kernels),
     "side": each call's kernels on a stream other than the caller's (the stream the harness
-    enqueues its own work on between calls), "joins": each call's stream waits
+    enqueues its own work on between calls), a library's own forks aside (see ``side``), "joins": each call's stream waits
     (cudaStreamWaitEvent), "outside_us": device time of kernels launched outside every call
     range from a thread other than the one that made the calls}.
 
@@ -608,9 +608,25 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
         return i if i >= 0 and t <= ranges[i]["end"] else -1
 
     self_ns = _self_times([e for e in cpu if e["act"] not in ("cuda_runtime", "cuda_driver")])
+    aten: dict[Any, list[dict[str, Any]]] = {}  # thread -> its ATen ops, by start
+    for e in cpu:
+        if e["name"].startswith("aten::"):
+            aten.setdefault(e["thread"], []).append(e)
+    aten_starts = {t: [o["start"] for o in ops] for t, ops in aten.items()}
+
+    def aten_op_of(by: dict[str, Any]) -> int | None:
+        """The innermost ATen op of the launching thread whose span holds a launch (``by``
+        itself where it is one), as an id; None outside every ATen op."""
+        if by["name"].startswith("aten::"):
+            return id(by)
+        ops = aten.get(by["thread"], [])
+        k = bisect.bisect_right(aten_starts.get(by["thread"], []), by["start"]) - 1
+        while k >= 0 and ops[k]["end"] < by["start"]:
+            k -= 1
+        return id(ops[k]) if k >= 0 else None
     rows: list[dict[str, dict[str, Any]]] = [{} for _ in ranges]
     spans: list[list[int]] = [[] for _ in ranges]  # [first start, last end] of device work
-    streams: list[list[Any]] = [[] for _ in ranges]
+    streams: list[list[tuple[Any, int]]] = [[] for _ in ranges]  # (stream, launching ATen op)
     joins = [0] * len(ranges)
     harness_streams: dict[Any, int] = {}
     outside_ns = 0
@@ -652,16 +668,28 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
                 sp = spans[i]
                 spans[i] = [min(sp[0], e["start"]), max(sp[1], e["end"])] if sp else \
                     [e["start"], e["end"]]
-                streams[i].append(e.get("stream"))
+                streams[i].append((e.get("stream"), aten_op_of(by)))
             elif by is not None and by["thread"] != caller:
                 outside_ns += e["end"] - e["start"]
             elif by is not None:
                 harness_streams[e.get("stream")] = harness_streams.get(e.get("stream"), 0) + 1
     own = max(harness_streams, key=harness_streams.get) if harness_streams else None
+
+    def side(kernels: list[tuple[Any, int]]) -> int:
+        """Kernels on a stream other than the caller's, less a library's own forks: those an
+        ATen op launched that also launched work on the caller's stream in this call (cuDNN's
+        FFT convolutions run on streams of their own, joined by waits the trace does not show;
+        ATen orders an op's work with the stream it was called on). A kernel launched outside
+        any ATen op, or by an op that ran wholly on another stream (one called under another
+        current stream), counts."""
+        forked = {op for st, op in kernels if st == own and op is not None}
+        return sum(1 for st, op in kernels if own is not None and st is not None and st != own
+                   and (op is None or op not in forked))
+
+
     return {"rows": [list(r.values()) for r in rows],
             "spans_us": [(sp[1] - sp[0]) / 1e3 if sp else 0.0 for sp in spans],
-            "side": [sum(1 for st in ss if own is not None and st is not None and st != own)
-                     for ss in streams],
+            "side": [side(ks) for ks in streams],
             "joins": joins, "outside_us": outside_ns / 1e3}
 
 
