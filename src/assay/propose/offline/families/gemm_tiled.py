@@ -279,7 +279,8 @@ struct assay_gemm_operand {
 // multiplied (no registers, no shared stores in the instruction stream: cuBLAS's form, 3
 // stages at 256 x 128){% elif stages == 2 %}; the next
 // slab is loaded into registers while the current one is multiplied, into the other half of
-// double-buffered shared memory{% endif %}. Plain fp32 FMAs in K order: no TF32, no split-K.
+// double-buffered shared memory{% endif %}. Plain fp32 FMAs in K order, no TF32{% if split %}; where the
+// output has too few tiles for the device, K in parts (SPLIT, see below){% endif %}.
 {% if cp_async %}
 // SMEM: A{{ " and B^T" if trans_b else "" }} in rows of BK floats along K with a float4 of padding after every 4 rows.
 // A warp's fragment read touches one row in each of 8 (or 4) consecutive groups of 4 rows (its
