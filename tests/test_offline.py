@@ -65,9 +65,10 @@ TASKS = {
     "einsum": ("self.w = nn.Parameter(torch.randn(dim, 16))",
                "return torch.einsum('ij,jk->ik', x, self.w)"),
     "half_relu": ("", "return torch.relu(x)"),
+    "transpose_add": ("", "return x.T + 1.0"),
 }
 TWO_INPUTS = {"tanh_xy"}
-DECLINED = ("einsum", "half_relu")
+DECLINED = ("einsum", "half_relu", "transpose_add")
 SUPPORTED = [name for name in TASKS if name not in DECLINED]
 ROW_TASKS = {"sum_last", "mean_keep", "max_chain", "softmax", "log_softmax", "layernorm",
              "rmsnorm"}
@@ -214,6 +215,7 @@ def test_non_contiguous_input_is_handled(task_dir, tmp_path):
 @pytest.mark.parametrize("name, reason", [
     ("einsum", "einsum (matmul)"),
     ("half_relu", "float16"),
+    ("transpose_add", ".T other than as a matmul's operand"),
 ])
 def test_unsupported_tasks_are_declined(task_dir, name, reason):
     syn = OfflineSynthesizer("cpu")
@@ -510,9 +512,24 @@ GEMM_TASKS = {
                            "x", "return self.norm(self.conv(x)) / 2.0",
                            "torch.randn(b, cin, h, w)",
                            {"b": 2, "cin": 3, "cout": 5, "h": 7, "w": 6}),
+    # A @ B.T (KernelBench level 1, 17; level 2, 14 on its weight): F.linear's product
+    "matmul_wt_relu": ("k, n", "self.w = nn.Parameter(torch.randn(n, k) / k ** 0.5)", "x",
+                       "return torch.relu(torch.matmul(x, self.w.T))", "torch.randn(m, k)",
+                       {"m": 33, "k": 40, "n": 20}),
+    "inputs_bt_scale": ("", "pass", "a, c", "return a @ c.T * 2.0",
+                        "torch.randn(m, k), torch.randn(n, k)", {"m": 17, "k": 30, "n": 24}),
+    # A.T @ B and A.T @ B.T (level 1, 16 and 18): A read column-wise, [K, M] in memory
+    "at_b_relu": ("", "pass", "a, c", "return torch.relu(a.T @ c)",
+                  "torch.randn(k, m), torch.randn(k, n)", {"m": 36, "k": 45, "n": 28}),
+    "at_bt_shift": ("", "pass", "a, c", "return torch.matmul(a.T, c.T) + 1.0",
+                    "torch.randn(k, m), torch.randn(n, k)", {"m": 19, "k": 33, "n": 40}),
 }
 # Sizes tried on each task, over its defaults: tile edges, several K slabs, odd sizes.
 GEMM_SIZES = {
+    "matmul_wt_relu": [{}, {"m": 5, "k": 3, "n": 9}],
+    "inputs_bt_scale": [{}, {"m": 130, "k": 66, "n": 7}],
+    "at_b_relu": [{}, {"m": 7, "k": 3, "n": 5}, {"m": 132, "k": 300, "n": 136}],
+    "at_bt_shift": [{}, {"m": 64, "k": 260, "n": 6}],
     "linear_relu": [{}, {"m": 7, "k": 3, "n": 5}, {"m": 130, "k": 300, "n": 140}],
     "linear3d_gelu": [{}, {"b": 3, "m": 5, "k": 131, "n": 67}],
     "matmul_bias_sigmoid": [{}, {"m": 1, "k": 5, "n": 7}, {"m": 70, "k": 257, "n": 129}],

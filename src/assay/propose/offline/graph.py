@@ -162,6 +162,7 @@ class Gemm:
     conv: tuple = ()
     trivial: bool = False
     what: str = ""
+    trans_a: bool = False  # mm/linear: A given as its transpose (``A.T @ B``), stored [K, M]
 
     @property
     def matmul(self) -> bool:
@@ -518,6 +519,15 @@ class _TupleRef:
 
 
 @dataclass
+class _Transposed:
+    """``t.T`` of a 2-D tensor: only a matmul operand can take it (read as the other layout of
+    the product: ``A @ B.T`` is ``F.linear(A, B)``)."""
+
+    of: Any  # the fx node transposed
+    what: str
+
+
+@dataclass
 class _IntInput:
     """A forward input of an integer dtype: declined where a kernel would read it, so that an
     op that cannot take it anyway (cross_entropy's targets) names itself first."""
@@ -765,6 +775,8 @@ class _Lowering:
                 raise Unsupported(f"{PREFIX} the (values, indices) pair of {v.what}")
             if isinstance(v, _IntInput):
                 raise Unsupported(f"{PREFIX} {v.what} (v1 handles float32 only)")
+            if isinstance(v, _Transposed):
+                raise Unsupported(f"{PREFIX} {v.what} other than as a matmul's operand")
             if not isinstance(v, int):
                 raise Unsupported(f"{PREFIX} the non-tensor value {a.name!r}")
             return v
@@ -944,17 +956,27 @@ class _Lowering:
         x, w = bound["input"], bound.get("other", bound.get("mat2", bound.get("weight")))
         what = {"matmul": "torch.matmul", "mm": "torch.mm", "bmm": "torch.bmm",
                 "linear": "F.linear"}.get(op, f"F.{op}")
+        tx, tw = (self.env.get(v) if isinstance(v, fx.Node) else None for v in (x, w))
+        trans_a = isinstance(tx, _Transposed)
+        if (trans_a or isinstance(tw, _Transposed)) and op not in ("matmul", "mm"):
+            raise Unsupported(f"{PREFIX} {what} of a transpose (matmul)")
+        if trans_a:  # A.T @ B with A of shape [K, M]: the product reads A column-wise
+            x = tx.of
+        if isinstance(tw, _Transposed):
+            # A @ B.T with B of shape [N, K]: a linear layer's product, B read as its weight
+            op, w = "linear", tw.of
         if op in CONV_OPS:
             conv = ("const",) + tuple(bound.get(k, d) for k, d in conv_args(op))
             if any(isinstance(v, fx.Node) for v in conv) or isinstance(conv[1], str):
                 raise Unsupported(f"{PREFIX} {what} with arguments computed at run time or "
                                   f"padding={conv[2]!r} (convolution)")
             return self.head(node, op, x, w, bound.get("bias"), what, conv)
-        if op in ("matmul", "mm") and isinstance(w, fx.Node) and isinstance(x, fx.Node):
+        if (op in ("matmul", "mm") and not trans_a and isinstance(w, fx.Node)
+                and isinstance(x, fx.Node)):
             ws, xs = self.shape(w), self.shape(x)
             if len(xs) == 2 and (len(ws) == 1 or (len(ws) == 2 and ws[1] == 1)):
                 return self.matvec(x, w, xs, ws)
-        return self.head(node, op, x, w, bound.get("bias"), what)
+        return self.head(node, op, x, w, bound.get("bias"), what, trans_a=trans_a)
 
     def matvec(self, x: fx.Node, w: fx.Node, xs: tuple, ws: tuple) -> int:
         """``A[M, K] @ v`` with ``v`` of shape ``(K,)`` or ``(K, 1)``: a row reduction."""
@@ -973,15 +995,21 @@ class _Lowering:
         return self.b.reduce("sum", prod, (1,), len(ws) == 2, xs)
 
     def head(self, node: fx.Node, op: str, x: Any, w: Any, bias: Any, what: str,
-             conv: tuple = ()) -> int:
+             conv: tuple = (), trans_a: bool = False) -> int:
         """The GEMM/convolution: its operands, checks, and a leaf for its result. ``x``, ``w``
-        and ``bias`` are fx nodes, or (Leaf, meta) pairs for a module's parameters."""
+        and ``bias`` are fx nodes, or (Leaf, meta) pairs for a module's parameters;
+        ``trans_a``: ``x`` is the product's first operand transposed (2-D, [K, M])."""
         if self.b.gemm is not None or self.b.pool is not None:
             raise self.cut(f"{PREFIX} a second matmul/convolution ({what}) in one task (v1 "
                            f"fuses one GEMM or library call with the chain after it)")
         a, ma = x if isinstance(x, tuple) else self.operand(x, what)
         b, mb = w if isinstance(w, tuple) else self.operand(w, what)
         xs, ws = tuple(int(d) for d in ma.shape), tuple(int(d) for d in mb.shape)
+        if trans_a:  # the checks below read the product's own A, [M, K]
+            if len(xs) != 2:
+                raise Unsupported(f"{PREFIX} {what} of a transposed {len(xs)}-D operand "
+                                  f"(matmul)")
+            xs = (xs[1], xs[0])
         if ma.dtype != mb.dtype:
             raise Unsupported(f"{PREFIX} {what} of mixed dtypes")
         if op == "matmul":
@@ -1010,7 +1038,7 @@ class _Lowering:
         self.b.dtype_of(ma.dtype, "the matmul operands")
         self.b.ops.append(op)
         leaf = self.b.leaf("gemm", "gemm", -1, self.meta(node))
-        self.b.gemm = Gemm(op, a, b, len(xs), conv, what=what)
+        self.b.gemm = Gemm(op, a, b, len(xs), conv, what=what, trans_a=trans_a)
         self.b.gemm_node = leaf
         if bias is None:
             self.b.own_bias = leaf
@@ -1257,6 +1285,8 @@ class _Lowering:
             src = self.env.get(x) if isinstance(x, fx.Node) else None
             if isinstance(src, _TupleRef) and bound["name"] in ("values", "indices"):
                 return src.values if bound["name"] == "values" else src.indices()
+            if bound["name"] == "T" and isinstance(x, fx.Node) and len(self.shape(x)) == 2:
+                return _Transposed(x, f"the transpose {x.name}.T")
             raise _unsupported(f"the attribute .{bound['name']}")
         if op in ("identity", "pos"):
             return self.value(x)

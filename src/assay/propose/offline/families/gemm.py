@@ -103,8 +103,10 @@ def libs(target: str, analysis: Analysis, policy: str = "any") -> tuple[int, ...
     if g is None:
         return ()
     if target == "triton":  # its own GEMM only (a library product: no Triton form yet)
-        return (0,) if g.matmul else ()
-    custom = g.matmul and (analysis.plan.dtype == "float32" or target == "cuda")
+        return (0,) if g.matmul and not g.trans_a else ()
+    # A transposed first operand: the fp32 tiled GEMM reads it (not the tensor-core one)
+    custom = g.matmul and (analysis.plan.dtype == "float32"
+                           or (target == "cuda" and not g.trans_a))
     conv = g.is_conv and analysis.plan.dtype == "float32"
     library = not g.trivial and analysis.plan.dtype == "float32" and policy != "strict"
     return tuple(v for v, ok in ((0, custom), (2, conv), (1, library)) if ok)
@@ -116,6 +118,8 @@ def declines(target: str, analysis: Analysis, policy: str = "any") -> str | None
     if target == "triton" and g is not None:
         if not g.matmul:
             return f"{PREFIX} {g.what} in Triton yet (a convolution)"
+        if g.trans_a:
+            return f"{PREFIX} a transposed first operand in Triton yet (matmul)"
         if analysis.plan.groups:
             return f"{PREFIX} rows of channel groups (GroupNorm) in Triton yet"
         return tri.why_not(analysis.plan)
@@ -246,6 +250,7 @@ def _product_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str
         values = dict(common, prologue=prologue, epi_body=body, epi_out=out_expr,
                       bm=int(knobs["tile_m"]), bn=int(knobs["tile_n"]),
                       bk=int(knobs["k_step"]), trans_b=plan.gemm.op == "linear",
+                      trans_a=plan.gemm.trans_a,
                       kparams=kparams, kargs=", ".join(p.name for p in params),
                       params=kparams if target == "cpu" else kparams + ", void* stream_ptr")
         gemm = _OWN[name].kernel(values, target, knobs, plan)
@@ -327,7 +332,14 @@ def _gemm_lines(plan: Plan, target: str, template: str, layout: int = 0) -> list
             lines.append(f"l{gk} = _tensor(g, 'the {g.op} result')")
         lines.append("gshape = tuple(g.shape)")
         return lines
-    if g.op == "mm":
+    if g.trans_a and g.op in ("mm", "linear"):  # A given as A.T: [K, M], read column-wise
+        k_of_b = "lB.shape[0]" if g.op == "mm" else "lB.shape[1]"
+        lines += [f"_expect(lA.dim() == 2 and lB.dim() == 2 and lA.shape[0] == {k_of_b}, "
+                  f"'matmul operand shapes')",
+                  "K, N = lB.shape" if g.op == "mm" else "N, K = lB.shape",
+                  "M = lA.shape[1]", "batch, sA, sB = 1, 0, 0", "gshape = (M, N)"]
+        lib = f"torch.mm(lA.t(), {'lB' if g.op == 'mm' else 'lB.t()'})"
+    elif g.op == "mm":
         lines += [f"_expect(lA.dim() == {g.a_ndim} and lB.dim() == 2 and lA.shape[-1] == "
                   f"lB.shape[0], 'matmul operand shapes')",
                   "K, N = lB.shape", "M = math.prod(lA.shape[:-1])", "batch, sA, sB = 1, 0, 0",

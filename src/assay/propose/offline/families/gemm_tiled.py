@@ -81,6 +81,8 @@ extern "C" int assay_gemm({{ params }}) {
         const int64_t mb = std::min(MB, M - m0), nb = std::min(NB, N - n0);
         const float* Ab = A + bz * sA;
         const float* Bb = B + bz * sB;
+        // A's element (m, k) at m * am + k * ak: [M][K] rows, or (A given as A.T) [K][M]
+        const int64_t am = {{ "1" if trans_a else "K" }}, ak = {{ "M" if trans_a else "1" }};
         std::fill(acc, acc + MB * NB, 0.0f);
         for (int64_t k0 = 0; k0 < K; k0 += KB) {
           const int64_t kb = std::min(KB, K - k0);
@@ -113,7 +115,7 @@ extern "C" int assay_gemm({{ params }}) {
           // is the same as one row at a time, which covers the rows left over.
           int64_t r = 0;
           for (; r + 4 <= mb; r += 4) {
-            const float* a = Ab + (m0 + r) * K + k0;
+            const float* a = Ab + (m0 + r) * am + k0 * ak;
             for (int64_t j0 = 0; j0 < NB; j0 += 16) {
               float c[4][16];
               for (int q = 0; q < 4; ++q)
@@ -121,7 +123,7 @@ extern "C" int assay_gemm({{ params }}) {
               for (int64_t kk = 0; kk < kb; ++kk) {
                 const float* b = bp + kk * NB + j0;
                 for (int q = 0; q < 4; ++q) {
-                  const float av = a[q * K + kk];
+                  const float av = a[q * am + kk * ak];
                   #pragma omp simd
                   for (int j = 0; j < 16; ++j) c[q][j] += av * b[j];
                 }
@@ -131,10 +133,10 @@ extern "C" int assay_gemm({{ params }}) {
             }
           }
           for (; r < mb; ++r) {
-            const float* a = Ab + (m0 + r) * K + k0;
+            const float* a = Ab + (m0 + r) * am + k0 * ak;
             float* c = acc + r * NB;
             for (int64_t kk = 0; kk < kb; ++kk) {
-              const float av = a[kk];
+              const float av = a[kk * ak];
               const float* b = bp + kk * NB;
               #pragma omp simd simdlen({{ simdlen }})
               for (int64_t j = 0; j < NB; ++j) c[j] += av * b[j];
@@ -350,7 +352,12 @@ assay_matmul_tiles({{ kparams }}) {
   // The operands' slabs: A [BM][BK] at row m0, B^T [BN][BK] at row n0 or B [BK][BN] at column
   // n0; valid rows and columns of this block's tile (at most BM, BN: 32-bit compares).
   const int m_left = (int)min(M - m0, (int64_t)BM), n_left = (int)min(N - n0, (int64_t)BN);
+{% if trans_a %}
+  // A given as A.T, [K][M]: its slab [BK][BM] is stored as loaded, the A^T layout below.
+  assay_gemm_operand<BK, BM, VEC, NT, false> a_op(tid, A + bz * sA + kb * M + m0, M);
+{% else %}
   assay_gemm_operand<BM, BK, VEC, NT, true> a_op(tid, A + bz * sA + m0 * K + kb, K);
+{% endif %}
 {% if trans_b %}
   assay_gemm_operand<BN, BK, VEC, NT, true> b_op(tid, B + bz * sB + n0 * K + kb, K);
 {% else %}
@@ -373,7 +380,7 @@ assay_matmul_tiles({{ kparams }}) {
   // Global -> registers: the slab at k0, zeros past the edges.
   auto load = [&](int64_t k0) {
     const int k_left = (int)min(klen - k0, (int64_t)BK);
-    a_op.load(m_left, k_left);
+    a_op.load({{ "k_left, m_left" if trans_a else "m_left, k_left" }});
 {% if trans_b %}
     b_op.load(n_left, k_left);
 {% else %}
@@ -633,7 +640,7 @@ extern "C" int assay_gemm({{ params }}) {
   const int64_t gx = (N + {{ bn - 1 }}) / {{ bn }}, gy = (M + {{ bm - 1 }}) / {{ bm }};
   if (gx > 2147483647 || gy > 65535 || batch > 65535) return (int)cudaErrorInvalidConfiguration;
   const size_t smem = {{ smem_bytes }};
-  const bool vec = {{ vec }} > 1 && K % {{ vec }} == 0 && ({{ "true" if trans_b and not store_vec else "false" }} || N % {{ vec }} == 0)
+  const bool vec = {{ vec }} > 1 && K % {{ vec }} == 0 && ({{ "true" if trans_b and not store_vec else "false" }} || N % {{ vec }} == 0){% if trans_a %} && M % {{ vec }} == 0{% endif %}
                    && assay_aligned(A, 16) && assay_aligned(B, 16){% if store_vec %} && assay_aligned(out, 16){% endif %};
 {% if split %}
   if (parts > 1) {
@@ -700,6 +707,8 @@ def kernel(values: dict[str, Any], target: str, knobs: dict[str, Any], plan: Pla
     # cp.async (knob cp_async, or stages >= 3: register staging holds one slab ahead at most):
     # a ring of at least 2 slabs, A (and B^T) K-contiguous in rows padded every 4 rows.
     use_async = bool(knobs.get("cp_async", 0)) or stages >= 3
+    if values.get("trans_a"):  # cp.async cannot transpose A^T's slabs: register staging
+        use_async, stages = False, min(stages, 2)
     if use_async:
         stages = max(stages, 2)
         b_tile = bn * (bk + 1) if trans_b else bk * (bn + 4)
