@@ -63,12 +63,13 @@ TASKS = {
                 "* self.weight"),
     # declined
     "einsum": ("self.w = nn.Parameter(torch.randn(dim, 16))",
-               "return torch.einsum('ij,jk->ik', x, self.w)"),
+               "return torch.einsum('ij,jk->ki', x, self.w)"),  # a transposed output
     "half_relu": ("", "return torch.relu(x)"),
     "transpose_add": ("", "return x.T + 1.0"),
+    "unknown_op": ("", "return torch.cdist(x, x)"),
 }
 TWO_INPUTS = {"tanh_xy"}
-DECLINED = ("einsum", "half_relu", "transpose_add")
+DECLINED = ("einsum", "half_relu", "transpose_add", "unknown_op")
 SUPPORTED = [name for name in TASKS if name not in DECLINED]
 ROW_TASKS = {"sum_last", "mean_keep", "max_chain", "softmax", "log_softmax", "layernorm",
              "rmsnorm"}
@@ -213,7 +214,7 @@ def test_non_contiguous_input_is_handled(task_dir, tmp_path):
 
 
 @pytest.mark.parametrize("name, reason", [
-    ("einsum", "einsum (matmul)"),
+    ("einsum", "the einsum forms of mm, linear and bmm"),
     ("half_relu", "float16"),
     ("transpose_add", ".T other than as a matmul's operand"),
 ])
@@ -233,10 +234,10 @@ def test_unsupported_tasks_are_declined(task_dir, name, reason):
 
 
 def test_unknown_op_decline_names_the_op(task_dir):
-    prop = OfflineSynthesizer("cuda").translate(_ctx(task_dir, "einsum", "cuda"), 1,
+    prop = OfflineSynthesizer("cuda").translate(_ctx(task_dir, "unknown_op", "cuda"), 1,
                                                 random.Random(0))[0]
-    assert prop.declined == ("offline synthesizer v1 cannot express torch.functional.einsum "
-                             "(matmul)")
+    assert prop.declined == ("offline synthesizer v1 cannot express torch.functional.cdist "
+                             "(op not in the v1 table)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,6 +519,24 @@ GEMM_TASKS = {
                        {"m": 33, "k": 40, "n": 20}),
     "inputs_bt_scale": ("", "pass", "a, c", "return a @ c.T * 2.0",
                         "torch.randn(m, k), torch.randn(n, k)", {"m": 17, "k": 30, "n": 24}),
+    # reductions over a dim a keepdim sum left of size 1 (level 2, 18): the value itself
+    "linear_sum_chain": ("k, n", "self.fc = nn.Linear(k, n)", "x",
+                         "y = torch.sum(self.fc(x), dim=1, keepdim=True); "
+                         "y = torch.max(y, dim=1, keepdim=True)[0]; "
+                         "y = torch.mean(y, dim=1, keepdim=True); "
+                         "return torch.logsumexp(torch.logsumexp(y, dim=1, keepdim=True), "
+                         "dim=1, keepdim=True)", "torch.randn(m, k)",
+                         {"m": 12, "k": 20, "n": 36}),
+    # einsum's forms of the products (level 1, 11: 'bijl,lk->bijk')
+    "einsum_mm4d": ("", "pass", "a, c", "return torch.einsum('bijl,lk->bijk', a, c) * 0.5",
+                    "torch.randn(b, i, j, k), torch.randn(k, n)",
+                    {"b": 2, "i": 3, "j": 5, "k": 24, "n": 20}),
+    "einsum_bmm_relu": ("", "pass", "a, c", "return torch.relu(torch.einsum('bic,bck->bik', a, c))",
+                        "torch.randn(b, m, k), torch.randn(b, k, n)",
+                        {"b": 3, "m": 9, "k": 21, "n": 14}),
+    "einsum_linear": ("k, n", "self.w = nn.Parameter(torch.randn(n, k))", "x",
+                      "return torch.einsum('nc,kc->nk', x, self.w) - 1.0", "torch.randn(m, k)",
+                      {"m": 10, "k": 16, "n": 12}),
     # A.T @ B and A.T @ B.T (level 1, 16 and 18): A read column-wise, [K, M] in memory
     "at_b_relu": ("", "pass", "a, c", "return torch.relu(a.T @ c)",
                   "torch.randn(k, m), torch.randn(k, n)", {"m": 36, "k": 45, "n": 28}),
@@ -529,6 +548,10 @@ GEMM_SIZES = {
     "matmul_wt_relu": [{}, {"m": 5, "k": 3, "n": 9}],
     "inputs_bt_scale": [{}, {"m": 130, "k": 66, "n": 7}],
     "at_b_relu": [{}, {"m": 7, "k": 3, "n": 5}, {"m": 132, "k": 300, "n": 136}],
+    "einsum_mm4d": [{}, {"b": 1, "i": 1, "j": 7, "k": 5, "n": 3}],
+    "linear_sum_chain": [{}, {"m": 3, "k": 7, "n": 130}],
+    "einsum_bmm_relu": [{}],
+    "einsum_linear": [{}, {"m": 3, "k": 130, "n": 5}],
     "at_bt_shift": [{}, {"m": 64, "k": 260, "n": 6}],
     "linear_relu": [{}, {"m": 7, "k": 3, "n": 5}, {"m": 130, "k": 300, "n": 140}],
     "linear3d_gelu": [{}, {"b": 3, "m": 5, "k": 131, "n": 67}],

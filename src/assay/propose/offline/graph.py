@@ -393,6 +393,7 @@ _GEMM_FUNCTIONS: dict[Any, str] = {
     F.linear: "linear", **{getattr(F, op): op for op in CONV_OPS},
     **{getattr(torch, op): op for op in CONV_OPS if hasattr(torch, op)}}
 _GEMM_METHODS = {"matmul", "mm", "bmm"}
+_EINSUMS = {torch.einsum, getattr(torch.functional, "einsum", torch.einsum)}
 
 # Positional parameter names of each canonical op (torch's order); keyword arguments are
 # matched by name. A call with more positional arguments than listed is declined (unusual form).
@@ -660,6 +661,8 @@ class _Builder:
         if k == 0 or dims != tuple(range(dims[0], dims[0] + k)):
             raise Unsupported(f"{PREFIX} a reduction over dim(s) {list(dims)} of a {nd}-D "
                               f"tensor (v1 reduces a contiguous block of dims only)")
+        if kind in ("sum", "max", "min", "prod") and keepdim and self.unit_dims(arg, dims, nd):
+            return arg  # over dims a keepdim reduction left of size 1: the value itself
         if self.nodes[arg].cls != "elem":
             raise _Conflict(f"{PREFIX} a reduction of an already reduced value")
         axis = -1 if dims[-1] == nd - 1 else dims[0]
@@ -668,6 +671,17 @@ class _Builder:
         self.over(k, in_shape, groups, axis, False, "reductions")
         # keepdim is part of the node: the same sum kept and squeezed are two shapes.
         return self.add(Node(f"reduce_{kind}", (arg,), (("keepdim", keepdim),), "row"), keepdim)
+
+    def unit_dims(self, arg: int, dims: tuple[int, ...], nd: int) -> bool:
+        """Whether ``dims`` are exactly those a keepdim reduction made ``arg`` of size 1 (by
+        construction, whatever the task's sizes): reducing them again changes nothing
+        (KernelBench L2_18: a sum with keepdim, then max, mean and logsumexp over that dim)."""
+        if self.nodes[arg].cls != "row" or not self.keep.get(arg) or self.groups:
+            return False
+        if self.row_shape is None or self.row_k is None or nd != len(self.row_shape):
+            return False
+        first = self.axis if self.axis >= 0 else nd - self.row_k
+        return dims == tuple(range(first, first + self.row_k))
 
     def over(self, k: int, in_shape: tuple[int, ...], groups: tuple, axis: int, scan: bool,
              what: str) -> None:
@@ -865,6 +879,9 @@ class _Lowering:
         elif node.op == "get_attr":
             self.env[node] = self.b.leaf("attr", str(node.target), -1, self.meta(node))
         elif node.op == "call_function":
+            if node.target in _EINSUMS:
+                self.env[node] = self.einsum(node)
+                return
             if node.target in _GEMM_FUNCTIONS:
                 self.env[node] = self.gemm_call(node, _GEMM_FUNCTIONS[node.target],
                                                 node.args, dict(node.kwargs))
@@ -977,6 +994,39 @@ class _Lowering:
             if len(xs) == 2 and (len(ws) == 1 or (len(ws) == 2 and ws[1] == 1)):
                 return self.matvec(x, w, xs, ws)
         return self.head(node, op, x, w, bound.get("bias"), what, trans_a=trans_a)
+
+    def einsum(self, node: fx.Node) -> int:
+        """torch.einsum of two operands that is one of the products: ``P c, c k -> P k``
+        (``mm`` over the leading subscripts P, e.g. ``bijl,lk->bijk``), ``P c, k c -> P k``
+        (``linear``) or ``b i c, b c k -> b i k`` (``bmm``), subscripts written out (no
+        ``...``), none repeated within an operand."""
+        args = list(node.args)
+        eq = args[0] if args and isinstance(args[0], str) else None
+        ops = args[1:]
+        if len(ops) == 1 and isinstance(ops[0], (list, tuple)):
+            ops = list(ops[0])
+        why = f"torch.einsum {eq!r}"
+        if eq is None or node.kwargs or len(ops) != 2 or "->" not in eq or "." in eq:
+            raise Unsupported(f"{PREFIX} {why} (v1: two operands, explicit output; matmul)")
+        lhs, out = eq.replace(" ", "").split("->")
+        terms = lhs.split(",")
+        if len(terms) != 2 or any(len(set(t)) != len(t) for t in terms + [out]):
+            raise Unsupported(f"{PREFIX} {why} (matmul)")
+        a, b = terms
+        op = None
+        if len(b) == 2 and len(a) >= 2:
+            c = a[-1]
+            if b == c + out[-1] and out == a[:-1] + b[1] and b[1] not in a:
+                op = "mm"  # P c, c k -> P k
+            elif b == out[-1] + c and out == a[:-1] + b[0] and b[0] not in a:
+                op = "linear"  # P c, k c -> P k
+        elif len(a) == len(b) == len(out) == 3 and a[0] == b[0] == out[0]:
+            if a[2] == b[1] and out == a[:2] + b[2] and len({a[1], a[2], b[2]}) == 3:
+                op = "bmm"  # b i c, b c k -> b i k
+        if op is None:
+            raise Unsupported(f"{PREFIX} {why} (v1: the einsum forms of mm, linear and bmm; "
+                              f"matmul)")
+        return self.head(node, op, ops[0], ops[1], None, f"torch.einsum {eq!r}")
 
     def matvec(self, x: fx.Node, w: fx.Node, xs: tuple, ws: tuple) -> int:
         """``A[M, K] @ v`` with ``v`` of shape ``(K,)`` or ``(K, 1)``: a row reduction."""
@@ -1436,8 +1486,9 @@ class _Lowering:
         if (op in ("max", "min", "argmax", "argmin", "prod") and dim is not None
                 and len(dims) != 1):
             raise Unsupported(f"{PREFIX} torch.{op} over several dims")
-        r = self.b.reduce(kind, self.value(x), dims, keepdim, shape)
-        if op == "mean":
+        v = self.value(x)
+        r = self.b.reduce(kind, v, dims, keepdim, shape)
+        if op == "mean" and r != v:  # (a mean over dims of size 1 is the value itself)
             r = self.b.op("div", r, self.b.cols())
         return r
 
