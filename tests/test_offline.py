@@ -929,6 +929,45 @@ def test_cuda_gemm_candidates_match_reference(gemm_dir, tmp_path, name):
         _check_gemm(prop, ctx, name, tmp_path, device="cuda")
 
 
+_NUMBER_TASK = _HEADER + """
+class Model(nn.Module):
+    def forward(self, A, s, c):
+        return torch.relu(A * s) + c * A.sum(dim=1, keepdim=True)
+
+
+def get_inputs():
+    return [torch.randn(33, 65), 3.5, 2]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_number_arguments_are_read_at_each_call(tmp_path, target):
+    """Forward arguments that get_inputs() gives as numbers (KernelBench L1_5's scalar): 0-d
+    tensors made from them at each call, so other values than the example's are computed; a
+    non-number is refused."""
+    (tmp_path / "number.py").write_text(_NUMBER_TASK)
+    ctx = TaskContext(Task.from_file(tmp_path / "number.py"), target=target)
+    prop = OfflineSynthesizer(target).translate(ctx, n=1, rng=random.Random(0))[0]
+    assert prop.code is not None, prop.declined
+    assert "_scalar(s, 's', " in prop.code and "_scalar(c, 'c', " in prop.code
+    if target == "cuda" and not torch.cuda.is_available():
+        return  # the CUDA form is built by the entry-point test's kind of checks; run on the GPU
+    cand = _import(prop.code, tmp_path / f"number_{prop.id}.py")
+    new = cand.ModelNew().to(target).eval()
+    a = torch.randn(7, 130, device=target)
+    for s, c in ((3.5, 2), (-1.25, 0.5), (0, -3)):
+        with torch.no_grad():
+            got = new(a, s, c)
+        expected = torch.relu(a * s) + c * a.sum(dim=1, keepdim=True)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(TypeError, match="expected a number"):
+        new(a, True, 1)
+
+
 def _entry_arities(code: str) -> list[tuple[str, int, int]]:
     """Each ``_lib(...).NAME(args)`` call of a candidate's source: (NAME, arguments passed,
     ctypes argtypes declared for NAME in ``_ARGTYPES``)."""

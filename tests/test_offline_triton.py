@@ -32,7 +32,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 from assay.propose.base import Parent, TaskContext  # noqa: E402
 from assay.propose.offline import KNOB_SPACES, OfflineSynthesizer  # noqa: E402
 from assay.tasks.model import Task  # noqa: E402
-from test_offline import _HEADER, _check_candidate  # noqa: E402
+from test_offline import _HEADER, _NUMBER_TASK, _check_candidate  # noqa: E402
 from test_offline import TASKS as ROW_SOURCES  # noqa: E402
 from test_offline import _task_source  # noqa: E402
 
@@ -237,3 +237,24 @@ def test_triton_gemm_declines_what_it_cannot_write_exactly(gemm_dir, name):
     ctx = TaskContext(Task.from_file(gemm_dir / f"{name}.py"), target="triton")
     (prop,) = OfflineSynthesizer("triton", "strict").translate(ctx, 2, random.Random(0))
     assert prop.code is None and GEMM_DECLINED[name] in prop.declined, prop.declined
+
+
+def test_number_arguments_in_the_interpreter(tmp_path):
+    """Numbers given to the forward (KernelBench L1_5's scalar) are read at each call by the
+    Triton form too."""
+    (tmp_path / "number.py").write_text(_NUMBER_TASK)
+    ctx = TaskContext(Task.from_file(tmp_path / "number.py"), target="triton")
+    prop = OfflineSynthesizer("triton").translate(ctx, n=1, rng=random.Random(0))[0]
+    assert prop.code is not None, prop.declined
+    path = tmp_path / f"number_{prop.id}.py"
+    path.write_text(prop.code)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    cand = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cand)
+    new = cand.ModelNew().eval()
+    a = torch.randn(5, 70)
+    for s, c in ((3.5, 2), (-1.25, 0.5)):
+        with torch.no_grad():
+            got = new(a, s, c)
+        expected = torch.relu(a * s) + c * a.sum(dim=1, keepdim=True)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

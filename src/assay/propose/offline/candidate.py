@@ -15,7 +15,8 @@ from typing import Any
 
 from assay.propose.offline.families import Family, family_of, gemm, pipeline, triton_form
 from assay.propose.offline.families.family import Entry
-from assay.propose.offline.families.shared import knob_line, leaf_tensor, render
+from assay.propose.offline.families.shared import (PY_ARG_HELPERS, knob_line, leaf_tensor,
+                                                   render)
 from assay.propose.offline.graph import Plan
 from assay.propose.offline.stages import STAGE_INPUT, Pipeline
 
@@ -123,14 +124,7 @@ def _tensor(t, what, dtype=DTYPE):
     return t if t.is_contiguous() else t.contiguous()
 
 
-def _attr(module, path):
-    return functools.reduce(getattr, path.split("."), module)
-
-
-def _expect(cond, what):
-    if not cond:
-        raise ValueError(f"shape mismatch: {what} (this kernel was generated for other shapes)")
-
+{{ py_arg_helpers }}
 
 @contextlib.contextmanager
 def _ieee_fp32():
@@ -216,10 +210,13 @@ def _forward_lines(plan: Plan, target: str, knobs: dict[str, Any], family: Famil
         lines += [f"if _attr(self, {path!r}).training:", f"    raise RuntimeError({why!r})"]
     lines += list(head.lines) if head is not None else []
     for k, lf in enumerate(plan.leaves):
-        if k != gk:
+        if k != gk and lf.source != "scalar":
             lines.append(f"l{k} = {leaf_tensor(lf)}")
     a = plan.anchor
     dev = head.device if head is not None else f"l{a}"
+    for k, lf in enumerate(plan.leaves):  # numbers: 0-d tensors on the tensors' device
+        if lf.source == "scalar":
+            lines.append(f"l{k} = _scalar({lf.name}, {lf.name!r}, {dev}.device)")
     nd, k = plan.ndim, plan.k
     what = head.what if head is not None else plan.leaves[a].name
     lines.append("shape = gshape" if head is not None else f"shape = tuple(l{a}.shape)")
@@ -348,7 +345,8 @@ def candidate_file(plan: Plan | Pipeline, target: str, knobs: dict[str, Any], su
     # A candidate whose product the library computes can pass the permissive policy only.
     library = family.library(plan, target, knobs)
     return render(
-        CANDIDATE, summary=summary, template=family.template(plan, knobs), target=target,
+        CANDIDATE, py_arg_helpers=PY_ARG_HELPERS, summary=summary,
+        template=family.template(plan, knobs), target=target,
         knob_line=knob_line(knobs), knobs_repr=repr(dict(sorted(knobs.items()))),
         lang="cuda" if target == "cuda" else "cpp", sources=sources, task_code=code,
         future=future, inputs=list(plan.inputs),

@@ -57,6 +57,7 @@ import functools
 import io
 import math
 import operator
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,8 +100,10 @@ class NeedsCut(Unsupported):
 class Leaf:
     """A tensor read by the kernel.
 
-    ``source`` is ``"input"`` (forward argument number ``index``, named ``name``) or ``"attr"``
-    (a parameter, buffer or tensor attribute at dotted path ``name`` on the model).
+    ``source`` is ``"input"`` (forward argument number ``index``, named ``name``), ``"attr"``
+    (a parameter, buffer or tensor attribute at dotted path ``name`` on the model) or
+    ``"scalar"`` (a forward argument that is a Python number: a 0-d tensor the candidate makes
+    from it at each call).
     ``bcast`` is how it maps onto the iteration shape S (``ndim`` dims): ``"full"`` (same shape),
     ``"scalar"`` (one element) or ``"block"``: its non-1 dims are S's dims ``a..b`` inclusive, so
     element ``i`` of S reads ``(i // inner) % mid`` with ``inner = prod(S[b+1:])`` and
@@ -519,6 +522,12 @@ class _TupleRef:
     indices: Any = None  # () -> the IR node of the indices
 
 
+# A forward argument that the task's get_inputs() gives as a Python number (KernelBench L1_5's
+# scalar): marked on its placeholder by analyze_module, read as a float32 0-d tensor.
+NUMBER_ARG = "assay_number"
+_NUMBER_META = types.SimpleNamespace(dtype=torch.float32, shape=())
+
+
 @dataclass
 class _Transposed:
     """``t.T`` of a 2-D tensor: only a matmul operand can take it (read as the other layout of
@@ -867,6 +876,11 @@ class _Lowering:
             return
         if node.op == "placeholder":
             tm = node.meta.get("tensor_meta")
+            if tm is None and node.meta.get(NUMBER_ARG):  # a number: one value per call
+                self.inputs.append(str(node.target))
+                self.env[node] = self.b.leaf("scalar", str(node.target), len(self.inputs) - 1,
+                                             _NUMBER_META)
+                return
             if tm is None or not hasattr(tm, "shape"):
                 raise Unsupported(f"{PREFIX} the non-tensor forward argument "
                                   f"{node.target!r} (v1 takes tensors only)")
@@ -1822,6 +1836,9 @@ def analyze_module(mod: Any, real: bool = False) -> Analysis:
     except Exception as e:  # noqa: BLE001
         raise Unsupported(f"{PREFIX} a forward that torch.fx cannot trace "
                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+    for node, value in zip([n for n in gm.graph.nodes if n.op == "placeholder"], inputs):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            node.meta[NUMBER_ARG] = True
     try:
         # ShapeProp prints the failing node's traceback before raising; the decline says why.
         with contextlib.redirect_stderr(io.StringIO()):

@@ -630,6 +630,26 @@ def fused_calls(plan: Plan, target: str, knobs: dict[str, Any], stream: list[str
     return forward_call(fused_params(plan, target), stream)
 
 
+# The candidate files' Python helpers for the forward's arguments, shared by the native
+# (candidate.py) and the Triton (triton_form.py) file templates.
+PY_ARG_HELPERS = '''def _scalar(v, what, device):
+    """A number argument of the forward as a 0-d tensor of the task's dtype on ``device`` (an
+    ATen fill: none of the task's compute)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{what}: expected a number, got {type(v).__name__}")
+    return torch.full((), float(v), dtype=DTYPE, device=device)
+
+
+def _attr(module, path):
+    return functools.reduce(getattr, path.split("."), module)
+
+
+def _expect(cond, what):
+    if not cond:
+        raise ValueError(f"shape mismatch: {what} (this kernel was generated for other shapes)")
+'''
+
+
 def leaf_tensor(lf: Leaf) -> str:
     """The candidate's Python expression for a leaf's tensor (a forward input or an attribute
     of the model), checked and made contiguous by the candidate's ``_tensor``."""

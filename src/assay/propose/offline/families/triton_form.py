@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from assay.propose.offline.families.shared import knob_line, render
+from assay.propose.offline.families.shared import PY_ARG_HELPERS, knob_line, render
 from assay.propose.offline.graph import PREFIX, Plan, needed_nodes
 
 
@@ -237,14 +237,7 @@ def _tensor(t, what):
     return t if t.is_contiguous() else t.contiguous()
 
 
-def _attr(module, path):
-    return functools.reduce(getattr, path.split("."), module)
-
-
-def _expect(cond, what):
-    if not cond:
-        raise ValueError(f"shape mismatch: {what} (this kernel was generated for other shapes)")
-
+{{ py_arg_helpers }}
 
 class ModelNew(Model):
     def forward(self, {{ inputs|join(", ") }}):
@@ -258,7 +251,8 @@ def candidate(*, summary: str, template: str, knobs: dict[str, Any], kernel: str
               task_code: str, future: bool, inputs: list[str], forward: list[str],
               dtype: str) -> str:
     """The whole Triton candidate file."""
-    return render(CANDIDATE, summary=summary, template=template, knob_line=knob_line(knobs),
+    return render(CANDIDATE, py_arg_helpers=PY_ARG_HELPERS, summary=summary,
+                  template=template, knob_line=knob_line(knobs),
                   knobs_repr=repr(dict(sorted(knobs.items()))), kernel=kernel.strip("\n") + "\n",
                   task_code=task_code, future=future, inputs=inputs, forward=forward,
                   dtype=dtype)
