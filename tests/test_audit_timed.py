@@ -130,7 +130,8 @@ def test_a_library_ops_own_streams_are_not_a_side_stream():
     """cuDNN's FFT convolutions fork onto streams of their own inside the ATen op, joined by
     waits the trace does not show (H200, KernelBench L2_19, 2026-11-28): an op that launched
     work on the caller's stream too is ordered by ATen. Side work launched outside any ATen
-    op, or by an op that ran wholly on another stream, still counts."""
+    op, by an op that ran wholly on another stream, or by an op a candidate registered in the
+    aten namespace, still counts."""
     def k(name, start, end, corr, stream):
         return {**ev(name, start, end, corr=corr, act="kernel", cpu=False), "stream": stream}
 
@@ -149,13 +150,18 @@ def test_a_library_ops_own_streams_are_not_a_side_stream():
         ev("aten::mm", 505, 560, corr=6),
         ev("cudaLaunchKernel", 510, 512, corr=906, act="cuda_runtime"),
         ev("cudaLaunchKernel", 570, 572, corr=907, act="cuda_runtime"),
+        ev(CALL_RANGE, 700, 800, corr=7),                     # an op the candidate registered
+        ev("aten::assay_fork", 705, 790, corr=8),             # in the aten namespace
+        ev("cudaLaunchKernel", 710, 712, corr=908, act="cuda_runtime"),
+        ev("cudaLaunchKernel", 720, 722, corr=909, act="cuda_runtime"),
         k("hold", 55, 95, 900, 7),
         k("fft_r2c", 120, 150, 901, 7), k("fft_gemm", 150, 170, 902, 41), k("fft_c2r", 170, 180, 903, 42),
         k("mine", 320, 350, 904, 13), k("add", 350, 360, 905, 7),
         k("sgemm", 520, 550, 906, 13), k("epilogue", 570, 580, 907, 7),
+        k("mine", 720, 740, 908, 7), k("hidden", 730, 760, 909, 13),
     ]
     trace = attribute_trace(events, cuda=True)
-    assert trace["side"] == [0, 1, 1] and trace["joins"] == [0, 0, 0]
+    assert trace["side"] == [0, 1, 1, 1] and trace["joins"] == [0, 0, 0, 0]
 
 
 def test_an_unjoined_side_stream_is_out_of_order():

@@ -458,6 +458,10 @@ def load_candidate(path: Path):
 
 
 CALL_RANGE = "assay::call"
+# ATen's own ops, named before any candidate loads (this module is imported first): a candidate
+# can register ops of its own in the aten namespace (torch.library), and those are not ATen's.
+_ATEN_OPS = frozenset(n.split(".")[0] for n in torch._C._dispatch_get_all_op_names()
+                      if n.startswith("aten::"))
 # What torch.compile's code marks each call with (dynamo's wrapper, inductor's compiled graph),
 # one audit row: its kernels are inductor's, and on the cpu target they show no ATen op
 # (generated C++), so without this mark a torch.compile'd forward looked like custom work.
@@ -616,14 +620,17 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
 
     def aten_op_of(by: dict[str, Any]) -> int | None:
         """The innermost ATen op of the launching thread whose span holds a launch (``by``
-        itself where it is one), as an id; None outside every ATen op."""
+        itself where it is one), as an id; None outside every ATen op, or where that op is not
+        one of ATen's own (:data:`_ATEN_OPS`)."""
         if by["name"].startswith("aten::"):
-            return id(by)
-        ops = aten.get(by["thread"], [])
-        k = bisect.bisect_right(aten_starts.get(by["thread"], []), by["start"]) - 1
-        while k >= 0 and ops[k]["end"] < by["start"]:
-            k -= 1
-        return id(ops[k]) if k >= 0 else None
+            op: dict[str, Any] | None = by
+        else:
+            ops = aten.get(by["thread"], [])
+            k = bisect.bisect_right(aten_starts.get(by["thread"], []), by["start"]) - 1
+            while k >= 0 and ops[k]["end"] < by["start"]:
+                k -= 1
+            op = ops[k] if k >= 0 else None
+        return id(op) if op is not None and op["name"] in _ATEN_OPS else None
     rows: list[dict[str, dict[str, Any]]] = [{} for _ in ranges]
     spans: list[list[int]] = [[] for _ in ranges]  # [first start, last end] of device work
     streams: list[list[tuple[Any, int]]] = [[] for _ in ranges]  # (stream, launching ATen op)
@@ -680,8 +687,8 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
         ATen op launched that also launched work on the caller's stream in this call (cuDNN's
         FFT convolutions run on streams of their own, joined by waits the trace does not show;
         ATen orders an op's work with the stream it was called on). A kernel launched outside
-        any ATen op, or by an op that ran wholly on another stream (one called under another
-        current stream), counts."""
+        any ATen op (or one a candidate registered in the aten namespace), or by an op that
+        ran wholly on another stream (one called under another current stream), counts."""
         forked = {op for st, op in kernels if st == own and op is not None}
         return sum(1 for st, op in kernels if own is not None and st is not None and st != own
                    and (op is None or op not in forked))
