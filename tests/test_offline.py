@@ -56,6 +56,9 @@ TASKS = {
     "mean_keep": ("", "return x.mean(dim=1, keepdim=True)"),
     "max_chain": ("", "return torch.max(torch.exp(x * 0.5), dim=-1)[0]"),
     "softmax": ("", "return torch.softmax(x, dim=1)"),
+    # triangles (KernelBench level 1, 14 and 15): masks from the element's row and column
+    "triu_relu": ("", "return torch.relu(torch.triu(x, 1)) - 0.5"),
+    "tril_softmax": ("", "return torch.softmax(torch.tril(x, diagonal=-2), dim=1)"),
     "log_softmax": ("", "return F.log_softmax(x, dim=-1)"),
     "layernorm": ("self.ln = nn.LayerNorm(dim)", "return self.ln(x)"),
     "rmsnorm": ("self.eps = 1e-6\nself.weight = nn.Parameter(torch.ones(dim))",
@@ -66,12 +69,14 @@ TASKS = {
                "return torch.einsum('ij,jk->ki', x, self.w)"),  # a transposed output
     "half_relu": ("", "return torch.relu(x)"),
     "transpose_add": ("", "return x.T + 1.0"),
+    "triu_broadcast": ("self.w = nn.Parameter(torch.randn(1, dim))", "return torch.triu(self.w) + x"),
     "unknown_op": ("", "return torch.cdist(x, x)"),
 }
 TWO_INPUTS = {"tanh_xy"}
-DECLINED = ("einsum", "half_relu", "transpose_add", "unknown_op")
+DECLINED = ("einsum", "half_relu", "transpose_add", "unknown_op", "triu_broadcast")
 SUPPORTED = [name for name in TASKS if name not in DECLINED]
 ROW_TASKS = {"sum_last", "mean_keep", "max_chain", "softmax", "log_softmax", "layernorm",
+             "tril_softmax",
              "rmsnorm"}
 # (batch, dim): dims that are not a multiple of 4 or 2 exercise the scalar paths.
 SHAPES = [(3, 7), (5, 1030), (4, 64)]
@@ -217,6 +222,7 @@ def test_non_contiguous_input_is_handled(task_dir, tmp_path):
     ("einsum", "the einsum forms of mm, linear and bmm"),
     ("half_relu", "float16"),
     ("transpose_add", ".T other than as a matmul's operand"),
+    ("triu_broadcast", "triu/tril of a tensor broadcast against others"),
 ])
 def test_unsupported_tasks_are_declined(task_dir, name, reason):
     syn = OfflineSynthesizer("cpu")
@@ -519,6 +525,12 @@ GEMM_TASKS = {
                        {"m": 33, "k": 40, "n": 20}),
     "inputs_bt_scale": ("", "pass", "a, c", "return a @ c.T * 2.0",
                         "torch.randn(m, k), torch.randn(n, k)", {"m": 17, "k": 30, "n": 24}),
+    # triangles of a product (level 1, 14 and 15), batched too
+    "matmul_triu": ("", "pass", "a, c", "return torch.triu(torch.matmul(a, c))",
+                    "torch.randn(m, k), torch.randn(k, n)", {"m": 37, "k": 20, "n": 30}),
+    "bmm_tril_scale": ("", "pass", "a, c", "return torch.tril(torch.bmm(a, c), diagonal=2) * 3.0",
+                       "torch.randn(b, m, k), torch.randn(b, k, n)",
+                       {"b": 2, "m": 19, "k": 12, "n": 24}),
     # reductions over a dim a keepdim sum left of size 1 (level 2, 18): the value itself
     "linear_sum_chain": ("k, n", "self.fc = nn.Linear(k, n)", "x",
                          "y = torch.sum(self.fc(x), dim=1, keepdim=True); "
@@ -550,6 +562,8 @@ GEMM_SIZES = {
     "at_b_relu": [{}, {"m": 7, "k": 3, "n": 5}, {"m": 132, "k": 300, "n": 136}],
     "einsum_mm4d": [{}, {"b": 1, "i": 1, "j": 7, "k": 5, "n": 3}],
     "linear_sum_chain": [{}, {"m": 3, "k": 7, "n": 130}],
+    "matmul_triu": [{}, {"m": 130, "k": 5, "n": 66}],
+    "bmm_tril_scale": [{}, {"b": 1, "m": 3, "k": 7, "n": 2}],
     "einsum_bmm_relu": [{}],
     "einsum_linear": [{}, {"m": 3, "k": 130, "n": 5}],
     "at_bt_shift": [{}, {"m": 64, "k": 260, "n": 6}],

@@ -338,6 +338,8 @@ _register("argmin", torch.argmin)
 _register("cumsum", torch.cumsum)
 _register("cumprod", torch.cumprod)
 _register("flip", torch.flip)
+_register("triu", torch.triu)
+_register("tril", torch.tril)
 _register("softmax", torch.softmax, F.softmax, torch.special.softmax)
 _register("log_softmax", torch.log_softmax, F.log_softmax, torch.special.log_softmax)
 _register("logsumexp", torch.logsumexp, torch.special.logsumexp)
@@ -363,7 +365,7 @@ _METHODS = {
     "log", "abs", "sqrt", "rsqrt", "erf", "sin", "cos", "log1p", "expm1", "reciprocal",
     "square", "clamp", "clip", "clamp_min", "clamp_max", "maximum", "minimum", "max", "min",
     "amax", "amin", "sum", "mean", "prod", "argmax", "argmin", "cumsum", "cumprod", "flip",
-    "softmax", "log_softmax", "logsumexp", "norm", "contiguous",
+    "softmax", "log_softmax", "logsumexp", "norm", "contiguous", "triu", "tril",
     "float", "clone", "detach",
 }
 # detach: the same values (tasks run without autograd; KernelBench keeps a residual with
@@ -420,6 +422,7 @@ _SIGNATURES: dict[str, tuple[str, ...]] = {
     "prod": ("input", "dim", "keepdim"), "argmax": ("input", "dim", "keepdim"),
     "argmin": ("input", "dim", "keepdim"), "cumsum": ("input", "dim"),
     "cumprod": ("input", "dim"), "flip": ("input", "dims"),
+    "triu": ("input", "diagonal"), "tril": ("input", "diagonal"),
     "softmax": ("input", "dim"), "log_softmax": ("input", "dim"),
     "logsumexp": ("input", "dim", "keepdim"),
     "layer_norm": ("input", "normalized_shape", "weight", "bias", "eps"),
@@ -567,6 +570,9 @@ class _Builder:
     eval_only: list[str] = field(default_factory=list)  # see Plan.eval_only
     viewed: set[int] = field(default_factory=set)  # leaves read through a view: no anchors
     _memo: dict[Node, int] = field(default_factory=dict)
+    # the shapes triu/tril were applied to: each must be the iteration shape (their mask reads
+    # the element's index in it)
+    triangles: list[tuple[int, ...]] = field(default_factory=list)
 
     def add(self, node: Node, keepdim: bool | None = None) -> int:
         # Hash-consing: the same constant, leaf or subexpression is one node.
@@ -1009,6 +1015,21 @@ class _Lowering:
                 return self.matvec(x, w, xs, ws)
         return self.head(node, op, x, w, bound.get("bias"), what, trans_a=trans_a)
 
+    def triangle(self, x: Any, upper: bool, diagonal: Any) -> int:
+        """torch.triu / torch.tril: the element where its column minus its row (the last two
+        dims) is >= (<=) ``diagonal``, else 0. The kernels read the element's flat index in
+        the iteration shape, so ``x`` must have that shape (checked once it is known)."""
+        if isinstance(diagonal, bool) or not isinstance(diagonal, int):
+            raise Unsupported(f"{PREFIX} torch.{'triu' if upper else 'tril'} with a diagonal "
+                              f"computed at run time")
+        shape = self.shape(x)
+        v = self.value(x)
+        if len(shape) < 2 or self.b.nodes[v].cls != "elem" or self.b.pool is not None:
+            raise Unsupported(f"{PREFIX} torch.{'triu' if upper else 'tril'} of a "
+                              f"{len(shape)}-D, reduced or pooled value")
+        self.b.triangles.append(tuple(int(d) for d in shape))
+        return self.b.op("tri", v, upper=bool(upper), diagonal=int(diagonal))
+
     def einsum(self, node: fx.Node) -> int:
         """torch.einsum of two operands that is one of the products: ``P c, c k -> P k``
         (``mm`` over the leading subscripts P, e.g. ``bijl,lk->bijk``), ``P c, k c -> P k``
@@ -1359,6 +1380,8 @@ class _Lowering:
                 raise Unsupported(f"{PREFIX} dropout in training mode (random)")
             return self.value(x)
 
+        if op in ("triu", "tril"):
+            return self.triangle(x, op == "triu", bound.get("diagonal", 0))
         if op in _UNARY_FORMULAS:
             return b.op(op, self.value(x))
         if op in ("add", "sub"):
@@ -1868,6 +1891,9 @@ def analyze_graph(gm: fx.GraphModule) -> Analysis:
     if isinstance(out_node, (tuple, list)):
         out_node = out_node[0]
     plan, s = _finish(low.b, out, names, tuple(int(d) for d in low.meta(out_node).shape))
+    if any(shape != tuple(s) for shape in low.b.triangles):
+        raise Unsupported(f"{PREFIX} torch.triu/tril of a tensor broadcast against others "
+                          f"(its mask reads the element's place in the iteration shape)")
     ops = tuple(dict.fromkeys(low.b.ops))
     summary = describe(plan)
     if len(summary) > 160:  # composite ops expand into long formulas: name them instead

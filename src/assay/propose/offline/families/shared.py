@@ -377,6 +377,11 @@ FORMULAS: dict[str, Formula] = {
     "xlogy": lambda a, at: f"assay_xlogy({a[0]}, {a[1]})",
     # The size of dim ``dim`` of S: a kernel parameter (only the total family passes it).
     "size": lambda a, at: f"(float)size{at['dim']}",
+    # triu/tril: column minus row of the element's flat index ``i`` in S (S's last two dims,
+    # tri_m x tri_n: kernel parameters, see leaf_params) against the diagonal
+    "tri": lambda a, at: (f"((i % tri_n) - ((i / tri_n) % tri_m) "
+                          f"{'>=' if at['upper'] else '<='} (int64_t){at['diagonal']} "
+                          f"? {a[0]} : 0.0f)"),
 }
 
 
@@ -596,6 +601,9 @@ def leaf_params(plan: Plan, target: str, skip: int = -1, elt: str = "float"
         if lf.bcast == "block" and k != skip:
             geometry += [Param("int64_t", f"inner{k}", f"inner{k}", "ctypes.c_int64"),
                          Param("int64_t", f"mid{k}", f"mid{k}", "ctypes.c_int64")]
+    if any(n.op == "tri" for n in plan.nodes):  # S's last two dims, for the triangle masks
+        geometry += [Param("int64_t", "tri_m", "shape[-2]", "ctypes.c_int64"),
+                     Param("int64_t", "tri_n", "shape[-1]", "ctypes.c_int64")]
     return ptrs, geometry
 
 

@@ -119,6 +119,8 @@ def why_not(plan: Plan) -> str | None:
             if n.op == "const" and not math.isfinite(float(n.attr("value"))):
                 return f"{PREFIX} a non-finite constant in a Triton kernel"
             continue
+        if n.op == "tri":  # the mask needs S's last two dims, which the Triton form lacks
+            return f"{PREFIX} torch.triu/tril in Triton yet"
         if n.op not in FORMULAS:
             return f"{PREFIX} {n.op} exactly in Triton yet (it needs libdevice)"
         if n.op == "pow_const" and float(n.attr("exponent")) not in _POW:
