@@ -56,6 +56,9 @@ TASKS = {
     "mean_keep": ("", "return x.mean(dim=1, keepdim=True)"),
     "max_chain": ("", "return torch.max(torch.exp(x * 0.5), dim=-1)[0]"),
     "softmax": ("", "return torch.softmax(x, dim=1)"),
+    # a constant made on the input's device (level 2, 83 and 93)
+    "min_tensor_const": ("", "return torch.min(x, torch.tensor(0.25, device=x.device)) * 2.0"),
+    "tensor_const_nodevice": ("", "return x * torch.tensor(2.0)"),
     # triangles (KernelBench level 1, 14 and 15): masks from the element's row and column
     "triu_relu": ("", "return torch.relu(torch.triu(x, 1)) - 0.5"),
     "tril_softmax": ("", "return torch.softmax(torch.tril(x, diagonal=-2), dim=1)"),
@@ -70,10 +73,13 @@ TASKS = {
     "half_relu": ("", "return torch.relu(x)"),
     "transpose_add": ("", "return x.T + 1.0"),
     "triu_broadcast": ("self.w = nn.Parameter(torch.randn(1, dim))", "return torch.triu(self.w) + x"),
+    "tensor_list": ("", "return x + torch.tensor([0.5], device=x.device)"),
+    "tensor_int": ("", "return torch.max(x, torch.tensor(0)) - x"),
     "unknown_op": ("", "return torch.cdist(x, x)"),
 }
 TWO_INPUTS = {"tanh_xy"}
-DECLINED = ("einsum", "half_relu", "transpose_add", "unknown_op", "triu_broadcast")
+DECLINED = ("einsum", "half_relu", "transpose_add", "unknown_op", "triu_broadcast",
+            "tensor_list", "tensor_int")
 SUPPORTED = [name for name in TASKS if name not in DECLINED]
 ROW_TASKS = {"sum_last", "mean_keep", "max_chain", "softmax", "log_softmax", "layernorm",
              "tril_softmax",
@@ -165,7 +171,8 @@ def test_cpu_candidates_match_reference(task_dir, tmp_path, name):
         assert prop.code is not None, prop.declined
         assert prop.operator == "translate" and prop.parents == []
         assert prop.strategy == ("rowreduce" if name in ROW_TASKS else
-                                 "vectorize" if name == "relu" else "fusion")
+                                 "vectorize" if name in ("relu", "tensor_const_nodevice")
+                                 else "fusion")
         assert set(prop.knobs) == set(KNOB_SPACES[("cpu", "row" if name in ROW_TASKS
                                                    else "elementwise")])
         _check_candidate(prop, ctx, tmp_path, loose=name in LOOSE)
@@ -223,6 +230,8 @@ def test_non_contiguous_input_is_handled(task_dir, tmp_path):
     ("half_relu", "float16"),
     ("transpose_add", ".T other than as a matmul's operand"),
     ("triu_broadcast", "triu/tril of a tensor broadcast against others"),
+    ("tensor_list", "torch.tensor of list data"),
+    ("tensor_int", "a tensor constant made in forward (shape [], int64)"),
 ])
 def test_unsupported_tasks_are_declined(task_dir, name, reason):
     syn = OfflineSynthesizer("cpu")

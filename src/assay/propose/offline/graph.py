@@ -339,6 +339,7 @@ _register("cumsum", torch.cumsum)
 _register("cumprod", torch.cumprod)
 _register("flip", torch.flip)
 _register("triu", torch.triu)
+_register("tensor", torch.tensor)
 _register("tril", torch.tril)
 _register("softmax", torch.softmax, F.softmax, torch.special.softmax)
 _register("log_softmax", torch.log_softmax, F.log_softmax, torch.special.log_softmax)
@@ -423,6 +424,7 @@ _SIGNATURES: dict[str, tuple[str, ...]] = {
     "argmin": ("input", "dim", "keepdim"), "cumsum": ("input", "dim"),
     "cumprod": ("input", "dim"), "flip": ("input", "dims"),
     "triu": ("input", "diagonal"), "tril": ("input", "diagonal"),
+    "tensor": ("data", "dtype", "device", "requires_grad", "pin_memory"),
     "softmax": ("input", "dim"), "log_softmax": ("input", "dim"),
     "logsumexp": ("input", "dim", "keepdim"),
     "layer_norm": ("input", "normalized_shape", "weight", "bias", "eps"),
@@ -529,6 +531,10 @@ class _TupleRef:
 # scalar): marked on its placeholder by analyze_module, read as a float32 0-d tensor.
 NUMBER_ARG = "assay_number"
 _NUMBER_META = types.SimpleNamespace(dtype=torch.float32, shape=())
+
+
+# ``x.device``: read by torch.tensor(number, device=x.device) alone (a constant lives nowhere)
+_DEVICE = object()
 
 
 @dataclass
@@ -896,6 +902,16 @@ class _Lowering:
                                            f"{str(tm.dtype).replace('torch.', '')}")
                 return
             self.env[node] = self.b.leaf("input", str(node.target), len(self.inputs) - 1, tm)
+        elif node.op == "get_attr" and str(node.target).startswith("_tensor_constant"):
+            # a tensor the forward makes from constants (torch.tensor(2.0)), which fx keeps on
+            # the traced module, not on the task's: its value, where it is one float
+            t = getattr(self.gm, str(node.target))
+            if not (isinstance(t, torch.Tensor) and t.numel() == 1 and t.dtype == torch.float32
+                    and t.device.type != "meta"):
+                raise Unsupported(f"{PREFIX} a tensor constant made in forward (shape "
+                                  f"{list(getattr(t, 'shape', []))}, "
+                                  f"{str(getattr(t, 'dtype', '?')).replace('torch.', '')})")
+            self.env[node] = self.b.const(float(t.item()))
         elif node.op == "get_attr":
             self.env[node] = self.b.leaf("attr", str(node.target), -1, self.meta(node))
         elif node.op == "call_function":
@@ -1372,7 +1388,16 @@ class _Lowering:
                 return src.values if bound["name"] == "values" else src.indices()
             if bound["name"] == "T" and isinstance(x, fx.Node) and len(self.shape(x)) == 2:
                 return _Transposed(x, f"the transpose {x.name}.T")
+            if bound["name"] == "device":  # only torch.tensor(number, device=...) reads it
+                return _DEVICE
             raise _unsupported(f"the attribute .{bound['name']}")
+        if op == "tensor":  # torch.tensor(number[, device=x.device]): a constant
+            data, dtype = bound.get("data"), bound.get("dtype")
+            if not isinstance(data, float):  # an int makes an int64 tensor, a list a vector
+                kind = "list" if isinstance(data, (list, tuple)) else type(data).__name__
+                raise Unsupported(f"{PREFIX} torch.tensor of {kind} data (v1: a float "
+                                  f"number)")
+            return b.const(data)
         if op in ("identity", "pos"):
             return self.value(x)
         if op == "dropout":
