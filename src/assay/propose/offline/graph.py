@@ -1392,7 +1392,7 @@ class _Lowering:
                 return _DEVICE
             raise _unsupported(f"the attribute .{bound['name']}")
         if op == "tensor":  # torch.tensor(number[, device=x.device]): a constant
-            data, dtype = bound.get("data"), bound.get("dtype")
+            data = bound.get("data")  # (a dtype other than float32: bind declined it)
             if not isinstance(data, float):  # an int makes an int64 tensor, a list a vector
                 kind = "list" if isinstance(data, (list, tuple)) else type(data).__name__
                 raise Unsupported(f"{PREFIX} torch.tensor of {kind} data (v1: a float "
