@@ -114,6 +114,15 @@ TASKS = {
     "relu_then_pool": ("self.pool = nn.MaxPool2d(2)", "return self.pool(torch.relu(x)) - 1.0",
                        "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 6, "w": 7},
                        {"b": 1, "c": 2, "h": 5, "w": 4}, 2),
+    # the triplet margin loss (KernelBench L1_99): per-row distances, then their mean or sum
+    # (decomposed before the cut: graph._decompose)
+    "triplet_module": ("self.loss = nn.TripletMarginLoss(margin=0.5)",
+                       "return self.loss(x, x * 0.5 + 0.1, torch.relu(x))",
+                       "torch.randn(b, k)", {"b": 6, "k": 20}, {"b": 3, "k": 130}, 2),
+    "triplet_fn_p1_sum": ("pass",
+                          "return nn.functional.triplet_margin_loss(x, torch.sin(x), "
+                          "torch.cos(x), margin=2.0, p=1, reduction='sum')",
+                          "torch.randn(b, k)", {"b": 5, "k": 9}, {"b": 2, "k": 33}, 2),
     # an elementwise prologue before a product
     "relu_then_matmul": ("self.w = nn.Parameter(torch.randn(k, n) / k ** 0.5)",
                          "return torch.matmul(torch.relu(x), self.w) * 2.0",

@@ -1864,6 +1864,47 @@ def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
     return None
 
 
+def _decompose(gm: fx.GraphModule) -> None:
+    """Rewrite composite ops whose lowering would need a kernel boundary inside them into the
+    primitive ops they are made of, so that the stages can cut between those: the triplet
+    margin loss (per-row distances, then their mean) as torch's formula,
+    ``mean(clamp_min(||a - p + eps|| - ||a - n + eps|| + margin, 0))`` over the last dim
+    (p-norm, no swap; other settings are left to the lowering, which declines them)."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op == "call_module":
+            m = gm.get_submodule(str(node.target))
+            if not isinstance(m, nn.TripletMarginLoss) or node.kwargs:
+                continue
+            kw = {"margin": m.margin, "p": m.p, "eps": m.eps, "swap": m.swap,
+                  "reduction": m.reduction}
+        elif node.op == "call_function" and node.target is F.triplet_margin_loss:
+            names = _SIGNATURES["triplet_margin_loss"]
+            kw = dict(zip(names[3:], node.args[3:]), **node.kwargs)
+        else:
+            continue
+        args = dict(zip(("anchor", "positive", "negative"), node.args))
+        if (len(args) != 3 or kw.get("swap") or kw.get("reduction", "mean") not in ("mean", "sum")
+                or any(kw.get(k) is not None for k in ("size_average", "reduce"))):
+            continue
+        p, eps, margin = float(kw.get("p", 2.0)), float(kw.get("eps", 1e-6)), \
+            float(kw.get("margin", 1.0))
+        with graph.inserting_before(node):
+            def dist(x):
+                diff = graph.call_function(operator.add, (
+                    graph.call_function(operator.sub, (args["anchor"], x)), eps))
+                return graph.call_function(torch.norm, (diff,), {"p": p, "dim": -1})
+            gap = graph.call_function(operator.add, (graph.call_function(
+                operator.sub, (dist(args["positive"]), dist(args["negative"]))), margin))
+            per_row = graph.call_function(torch.clamp_min, (gap, 0.0))
+            total = graph.call_function(torch.mean if kw.get("reduction", "mean") == "mean"
+                                        else torch.sum, (per_row,))
+        node.replace_all_uses_with(total)
+        graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+
+
 def analyze_module(mod: Any, real: bool = False) -> Analysis:
     """Trace and lower one executed task module (see :meth:`Task.module`).
 
@@ -1887,6 +1928,7 @@ def analyze_module(mod: Any, real: bool = False) -> Analysis:
     for node, value in zip([n for n in gm.graph.nodes if n.op == "placeholder"], inputs):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             node.meta[NUMBER_ARG] = True
+    _decompose(gm)
     try:
         # ShapeProp prints the failing node's traceback before raising; the decline says why.
         with contextlib.redirect_stderr(io.StringIO()):
