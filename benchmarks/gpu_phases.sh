@@ -15,6 +15,8 @@
 #               XDIST: pytest-xdist workers (default: one per GPU where there are several)
 #   audit       benchmarks/audit_overhead.py --device cuda (issue #19's last line)
 #   triton      benchmarks/triton_evidence.sh (issue #20)
+#   streams     benchmarks/probe_streams.py on PROBE (KernelBench task files; default L2_19 and
+#               L2_34): the streams each reference's kernels run on, as the audit sees them
 #   synthkb     the offline synthesizer on KernelBench (issue #17), resumable; LEVELS=1,
 #               VARIANTS / MUTATIONS (synth_suite's defaults), TASKS: id globs, SAMPLE: tasks
 #               per level (seeded), LIMIT: undecided tasks taken per call
@@ -111,7 +113,10 @@ for phase in "$@"; do
         --levels "${LEVELS:-1}" --out "$S/synthkb" --budget-s $((secs - 60)) --grace-s 30 \
         ${VARIANTS:+--variants $VARIANTS} ${MUTATIONS:+--mutations $MUTATIONS} \
         ${TASKS:+--tasks "$TASKS"} ${SAMPLE:+--sample $SAMPLE} ${LIMIT:+--limit $LIMIT} ;;
-    *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, synthkb)" ;;
+    streams)
+      run_for "$secs" "$S/streams.md" python3 benchmarks/probe_streams.py \
+        ${PROBE:-.kb/level2/19_ConvTranspose2d_GELU_GroupNorm.py .kb/level2/34_ConvTranspose3d_LayerNorm_GELU_Scaling.py} ;;
+    *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, streams, synthkb)" ;;
   esac
 done
 tar czf "$OUT/state.tgz" -C "$S" . && ls -la "$OUT"
