@@ -123,6 +123,13 @@ TASKS = {
                           "return nn.functional.triplet_margin_loss(x, torch.sin(x), "
                           "torch.cos(x), margin=2.0, p=1, reduction='sum')",
                           "torch.randn(b, k)", {"b": 5, "k": 9}, {"b": 2, "k": 33}, 2),
+    # a reduced value plus a parameter that broadcasts it to a larger tensor (KernelBench
+    # L2_75): an elementwise kernel of its own over the operands' broadcast shape
+    "min_outer_bias": ("self.fc = nn.Linear(k, n)\n"
+                       "self.bias = nn.Parameter(torch.randn(1, n, 1, 1))",
+                       "y = torch.min(self.fc(x), dim=1, keepdim=True)[0]\n"
+                       "return y + self.bias", "torch.randn(b, k)",
+                       {"b": 5, "k": 12, "n": 7}, {"b": 33, "k": 3, "n": 130}, 2),
     # an elementwise prologue before a product
     "relu_then_matmul": ("self.w = nn.Parameter(torch.randn(k, n) / k ** 0.5)",
                          "return torch.matmul(torch.relu(x), self.w) * 2.0",

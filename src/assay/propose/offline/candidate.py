@@ -213,13 +213,21 @@ def _forward_lines(plan: Plan, target: str, knobs: dict[str, Any], family: Famil
         if k != gk and lf.source != "scalar":
             lines.append(f"l{k} = {leaf_tensor(lf)}")
     a = plan.anchor
-    dev = head.device if head is not None else f"l{a}"
+    tensors = [k for k, lf in enumerate(plan.leaves) if lf.source != "scalar"]
+    dev = head.device if head is not None else f"l{a if a >= 0 else tensors[0]}"
     for k, lf in enumerate(plan.leaves):  # numbers: 0-d tensors on the tensors' device
         if lf.source == "scalar":
             lines.append(f"l{k} = _scalar({lf.name}, {lf.name!r}, {dev}.device)")
     nd, k = plan.ndim, plan.k
-    what = head.what if head is not None else plan.leaves[a].name
-    lines.append("shape = gshape" if head is not None else f"shape = tuple(l{a}.shape)")
+    what = head.what if head is not None else (plan.leaves[a].name if a >= 0 else
+                                               "the operands' broadcast")
+    if head is not None:
+        lines.append("shape = gshape")
+    elif a >= 0:
+        lines.append(f"shape = tuple(l{a}.shape)")
+    else:  # no operand has S: the shape they broadcast to, as torch computes it
+        lines.append("shape = tuple(torch.broadcast_shapes("
+                     + ", ".join(f"l{k}.shape" for k in tensors) + "))")
     lines.append(f"_expect(len(shape) == {nd}, {what + f' does not have {nd} dims'!r})")
     lines.append("n = math.prod(shape)")
     for j, lf in enumerate(plan.leaves):

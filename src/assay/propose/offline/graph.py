@@ -234,7 +234,7 @@ class Plan:
     nodes: tuple[Node, ...]
     output: int
     keepdim: bool  # row plans whose output is a row value: keep the reduced dims as size 1
-    anchor: int  # a full leaf: its run-time shape is S
+    anchor: int  # a full leaf: its run-time shape is S (-1: S is the leaves' broadcast shape)
     gemm: Gemm | None = None  # the product/convolution whose result is leaf ``gemm_leaf``
     gemm_leaf: int = -1
     # Row plans whose rows are groups of the trailing dims (GroupNorm): ("attr", path of the
@@ -859,6 +859,7 @@ class _Lowering:
                     output = node.args[0]
                 else:
                     self.step(node)
+                    self.check_row_shape(node)
             except _Conflict as e:  # a reduction this kernel cannot hold: a boundary may
                 raise self.cut(str(e)) from None
         if isinstance(output, (tuple, list)):
@@ -872,6 +873,21 @@ class _Lowering:
         if self.b.nodes[out].op not in ARG_REDUCTIONS:  # those are int64, as torch's
             self.b.dtype_of(self.meta(output).dtype, "the output")
         return out, self.inputs
+
+    def check_row_shape(self, node: fx.Node) -> None:
+        """After a reduction the kernel iterates over the reduced tensor's shape: a per-element
+        value of another shape (a reduced value plus a parameter that broadcasts it to a larger
+        tensor, KernelBench L2_75) is a kernel boundary."""
+        v = self.env.get(node)
+        tm = node.meta.get("tensor_meta")
+        if (node.op not in ("call_function", "call_method", "call_module")
+                or not isinstance(v, int) or self.b.nodes[v].cls != "elem"
+                or self.b.nodes[v].op == "load" or self.b.row_shape is None
+                or tm is None or not hasattr(tm, "shape")):
+            return  # (operands of other shapes broadcast against S: leaves, not values)
+        if tuple(int(d) for d in tm.shape) != tuple(self.b.row_shape):
+            raise _Conflict(f"{PREFIX} a value of shape {list(tm.shape)} beside reductions of "
+                            f"shape {list(self.b.row_shape)} in one kernel")
 
     def step(self, node: fx.Node) -> None:
         """Lower one fx node (not the output) into ``self.env``."""
@@ -1740,11 +1756,16 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
                                           dtype="bool" if lf.name in masks else ""))
     anchors = [j for j, (lf, old) in enumerate(zip(leaves, used_leaves))
                if lf.bcast == "full" and old not in builder.viewed]
-    if not anchors:
+    if anchors:  # prefer a forward input as the anchor: its shape is what the caller passes
+        anchor = min(anchors, key=lambda j: (leaves[j].source != "input", j))
+    elif (kind == "elementwise" and builder.gemm is None and builder.pool is None and leaves
+          and not builder.viewed.intersection(used_leaves)):
+        # S is the leaves' broadcast shape (an outer sum: x[N, 1] + b[1, C, 1, 1]); never
+        # through a view, whose tensor the candidate gets in another shape
+        anchor = -1
+    else:
         raise Unsupported(f"{PREFIX} an iteration shape {list(s)} that no input has "
                           f"(outer broadcast)")
-    # Prefer a forward input as the anchor: its shape is what the caller passes.
-    anchor = min(anchors, key=lambda j: (leaves[j].source != "input", j))
 
     gemm, gemm_leaf = builder.gemm, -1
     if gemm is not None:
