@@ -225,9 +225,14 @@ def _gemm_params(plan: Plan, target: str, fused: bool, split: bool = False) -> l
     sizes = ([Param("int64_t", v, f"cg[{j}]", "ctypes.c_int64")
               for j, v in enumerate(gemm_conv.SIZES)] if conv
              else size_params("M", "N", "K", "batch", "sA", "sB", "sC"))
-    ws = [pointer(target, "ws", "ws.data_ptr()", "float", const=False),
-          *size_params("parts")] if split else []
+    ws = [pointer(target, "ws", "ws.data_ptr() if ws is not None else 0", "float",
+                  const=False), *size_params("parts")] if split else []
     return ps + ptrs + [out] + sizes + geometry + ws
+
+
+def _splits(plan: Plan, target: str, knobs: dict[str, Any]) -> bool:
+    """Whether the product is the tiled GEMM that may split K (gemm_tiled.uses_split)."""
+    return template(plan, knobs) == "gemm" and gemm_tiled.uses_split(target, knobs)
 
 
 def _product_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
@@ -239,8 +244,7 @@ def _product_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str
     fused = plan.kind == "elementwise"
     prologue, body, out_expr = (fused_epilogue(plan, name == "gemm_tc") if fused
                                 else ([], [], "acc_v"))
-    params = _gemm_params(plan, target, fused, name == "gemm" and
-                          gemm_tiled.uses_split(target, knobs))
+    params = _gemm_params(plan, target, fused, _splits(plan, target, knobs))
     common = head_values(name, knobs, summary)
     if name == "conv":
         gemm = gemm_conv.kernel(dict(common, prologue=prologue, epi_body=body, epi_out=out_expr),
@@ -454,15 +458,17 @@ def calls(plan: Plan, target: str, knobs: dict[str, Any], stream: list[str]
             lines += row.calls(plan, target, knobs, stream)[0]
         return lines, entries
     if custom:
-        split = template(plan, knobs) == "gemm" and gemm_tiled.uses_split(target, knobs)
+        split = _splits(plan, target, knobs)
         gp = _gemm_params(plan, target, fused, split)
         entry = "assay_conv" if template(plan, knobs) == "conv" else "assay_gemm"
         entries.append((entry, gp))
-        if split:  # the parts K is cut into, the kernel's choice; their sums' workspace
-            entries.append(("assay_gemm_parts", size_params("M", "N", "K", "batch")))
-            lines += [f"parts = _lib().assay_gemm_parts({', '.join(['M', 'N', 'K', 'batch'] + stream)})",
-                      "ws = torch.empty(parts * batch * M * N if parts > 1 else 4, "
-                      "dtype=torch.float32, device=lA.device)"]
+        if split:  # the parts K is cut into, the kernel's choice; their sums' workspace (none,
+            # and no allocation in the call, where K is not cut)
+            pp = size_params("M", "N", "K", "batch")
+            entries.append(("assay_gemm_parts", pp))
+            lines += [f"parts = _lib().assay_gemm_parts({', '.join([p.py for p in pp] + stream)})",
+                      "ws = (torch.empty(parts * batch * M * N, dtype=torch.float32, "
+                      "device=lA.device) if parts > 1 else None)"]
         if not fused:
             lines.append("g = torch.empty(gshape, dtype=DTYPE, device=lA.device)")
         lines.append(f"_check(_lib().{entry}({', '.join([p.py for p in gp] + stream)}))")

@@ -221,7 +221,6 @@ def kernel(values: dict[str, Any], target: str, knobs: dict[str, Any], plan: Pla
     smem = max(stages * (a_tile + b_tile) * 2, bm * (bn + 4) * 4)
     values = dict(values, nt=nt, wm=wm, wn=wn, stages=stages, vec=int(knobs["load_vec"]),
                   store_vec=False, smem_bytes=f"(size_t){smem}", dtype=plan.dtype,
-                  ctype=_CTYPE[plan.dtype], to_elt=_TO_ELT[plan.dtype], split=False,
-                  kernel_t="assay_matmul_tiles<VEC>")
+                  ctype=_CTYPE[plan.dtype], to_elt=_TO_ELT[plan.dtype], split=False)
     values["launcher"] = render(CUDA_GEMM_LAUNCH, **values)
     return render(CUDA_GEMM_TC, **values)

@@ -600,6 +600,7 @@ __global__ void __launch_bounds__(256) assay_matmul_parts_sum({{ kparams }}) {
 # The host side shared by both CUDA GEMMs: grid, dynamic shared memory (opted in above 48 KB),
 # the vector instantiation when sizes and pointers allow it.
 CUDA_GEMM_LAUNCH = r"""
+{% set kernel_t = "assay_matmul_tiles<VEC, SPLIT>" if split else "assay_matmul_tiles<VEC>" %}
 template <int VEC{% if split %}, bool SPLIT{% endif %}>
 static int assay_gemm_launch(dim3 grid, size_t smem, cudaStream_t stream, {{ kparams }}) {
   if (smem > (size_t)assay_smem_optin()) return (int)cudaErrorInvalidConfiguration;
@@ -685,8 +686,8 @@ def safe(target: str) -> dict[str, int]:
 
 
 def uses_split(target: str, knobs: dict[str, Any]) -> bool:
-    """Whether the CUDA GEMM may split K (knob split_k): its entry point then takes the
-    workspace ``ws`` and ``parts`` (from ``assay_gemm_parts``)."""
+    """Whether this template's CUDA GEMM may split K (knob split_k): its entry point then
+    takes the workspace ``ws`` and ``parts`` (from ``assay_gemm_parts``)."""
     return target == "cuda" and bool(knobs.get("split_k", 0))
 
 
@@ -725,7 +726,5 @@ def kernel(values: dict[str, Any], target: str, knobs: dict[str, Any], plan: Pla
                   store_vec=True, smem_bytes=f"(size_t){smem}", cp_async=use_async,
                   min_blocks=min_blocks, warp_tile=bool(knobs["warp_tile"]),
                   split=uses_split(target, knobs))
-    values["kernel_t"] = "assay_matmul_tiles<VEC, SPLIT>" if values["split"] else \
-        "assay_matmul_tiles<VEC>"
     values["launcher"] = render(CUDA_GEMM_LAUNCH, **values)
     return render(CUDA_GEMM, **values)
