@@ -25,7 +25,7 @@ def probe(path: Path, calls: int, tf32: bool, device_name: str = "cuda") -> list
 
     from assay.tasks.instantiate import make_inputs, reference_model, set_fp32_numerics
     from assay.tasks.model import Task
-    from assay.verify.worker import _CPU, CallAudit, _event, attribute_trace
+    from assay.verify.worker import _CPU, CallAudit, _event, attribute_trace, launcher_of
 
     set_fp32_numerics(tf32)
     mod = Task.from_file(path).module()
@@ -48,16 +48,12 @@ def probe(path: Path, calls: int, tf32: bool, device_name: str = "cuda") -> list
         report = audit.finish()
         events = [d for e in audit.prof.kineto_results.events() if (d := _event(e, _CPU))]
     trace = attribute_trace(events, cuda)
-    # who launched each kernel, found as attribute_trace finds it: the runtime call of the
-    # same correlation id, else the CPU event it is linked to
-    launch = {e["corr"]: e["name"] for e in events if e["cpu"]
-              and e["act"] in ("cuda_runtime", "cuda_driver")}
-    linked = {e["corr"]: e["name"] for e in events if e["cpu"] and e["act"] != "cuda_runtime"}
+    launcher = launcher_of([e for e in events if e["cpu"]])  # as the audit attributes them
     rows: collections.Counter = collections.Counter()
     for e in events:
         if not e["cpu"]:
-            by = launch.get(e["corr"]) or linked.get(e["linked"]) or "?"
-            rows[(e["stream"], by, e["name"][:90])] += 1
+            by = launcher(e)
+            rows[(e["stream"], by["name"] if by else "?", e["name"][:90])] += 1
     out = [f"## {path.stem}: {calls} calls; per call, kernels off the caller's stream: "
            f"{trace['side']}, stream waits: {trace['joins']}; audit: "
            f"{ {k: v for k, v in report.items() if k != 'calls'} }",

@@ -57,6 +57,7 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 import types  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -589,9 +590,10 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
     """The trace cut into calls: {"rows": rows of each call range, "spans_us": each call's
     device span (first kernel's start to last kernel's end, every stream; 0 without kernels),
     "side": each call's kernels on a stream other than the caller's (the stream the harness
-    enqueues its own work on between calls), a library's own forks aside (see ``side``), "joins": each call's stream waits
-    (cudaStreamWaitEvent), "outside_us": device time of kernels launched outside every call
-    range from a thread other than the one that made the calls}.
+    enqueues its own work on between calls), a library's own forks aside (see ``side``),
+    "joins": each call's stream waits (cudaStreamWaitEvent), "outside_us": device time of
+    kernels launched outside every call range from a thread other than the one that made the
+    calls}.
 
     ATen ops belong to the call whose range holds their start (any thread); their CPU time is
     self time (nested ops' time taken out). A device kernel belongs to the call during which
@@ -661,14 +663,11 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
         elif "StreamWaitEvent" in e["name"] and (i := call_of(e["start"])) >= 0:
             joins[i] += 1
     if cuda:
-        launch = {e["corr"]: e for e in cpu if e["act"] in ("cuda_runtime", "cuda_driver")}
-        linked = {e["corr"]: e for e in cpu if e["act"] != "cuda_runtime"}
+        launcher = launcher_of(cpu)
         for e in events:
             if e["cpu"]:
                 continue
-            by = launch.get(e["corr"])
-            if by is None and e["linked"]:
-                by = linked.get(e["linked"])
+            by = launcher(e)
             i = call_of(by["start"]) if by is not None else -1
             if i >= 0:
                 add(i, e["name"], "kernel", (e["end"] - e["start"]) / 1e3, 0.0)
@@ -693,11 +692,27 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
         return sum(1 for st, op in kernels if own is not None and st is not None and st != own
                    and (op is None or op not in forked))
 
-
     return {"rows": [list(r.values()) for r in rows],
             "spans_us": [(sp[1] - sp[0]) / 1e3 if sp else 0.0 for sp in spans],
             "side": [side(ks) for ks in streams],
             "joins": joins, "outside_us": outside_ns / 1e3}
+
+
+def launcher_of(cpu: list[dict[str, Any]]
+                ) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
+    """For the CPU events ``cpu`` (as :func:`_event` keeps them): the function giving the event
+    that launched a device kernel, the runtime or driver call of its correlation id, else the
+    CPU op it is linked to (None: neither)."""
+    launch = {e["corr"]: e for e in cpu if e["act"] in ("cuda_runtime", "cuda_driver")}
+    linked = {e["corr"]: e for e in cpu if e["act"] != "cuda_runtime"}
+
+    def of(kernel: dict[str, Any]) -> dict[str, Any] | None:
+        by = launch.get(kernel["corr"])
+        if by is None and kernel["linked"]:
+            by = linked.get(kernel["linked"])
+        return by
+
+    return of
 
 
 def _self_times(events: list[dict[str, Any]]) -> dict[int, int]:
