@@ -812,6 +812,9 @@ class _Lowering:
                 raise Unsupported(f"{PREFIX} {v.what} (v1 handles float32 only)")
             if isinstance(v, _Transposed):
                 raise Unsupported(f"{PREFIX} {v.what} other than as a matmul's operand")
+            if v is _DEVICE:
+                raise Unsupported(f"{PREFIX} {a.name} (a tensor's .device) other than in "
+                                  f"torch.tensor(number, device=...)")
             if not isinstance(v, int):
                 raise Unsupported(f"{PREFIX} the non-tensor value {a.name!r}")
             return v
@@ -1093,7 +1096,7 @@ class _Lowering:
         if op is None:
             raise Unsupported(f"{PREFIX} {why} (v1: the einsum forms of mm, linear and bmm; "
                               f"matmul)")
-        return self.head(node, op, ops[0], ops[1], None, f"torch.einsum {eq!r}")
+        return self.head(node, op, ops[0], ops[1], None, why)
 
     def matvec(self, x: fx.Node, w: fx.Node, xs: tuple, ws: tuple) -> int:
         """``A[M, K] @ v`` with ``v`` of shape ``(K,)`` or ``(K, 1)``: a row reduction."""
@@ -1746,6 +1749,9 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
     if tuple(out_shape) != expected:
         raise Unsupported(f"{PREFIX} an output of shape {list(out_shape)} from an iteration "
                           f"shape {list(s)} (broadcast beyond the inputs)")
+    if any(shape != tuple(s) for shape in builder.triangles):
+        raise Unsupported(f"{PREFIX} torch.triu/tril of a tensor broadcast against others "
+                          f"(its mask reads the element's place in the iteration shape)")
 
     masks = {lf.name for lf, _ in builder.leaves if builder.dtypes.get(lf.name) == "bool"}
     leaves = []
@@ -1758,7 +1764,8 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
                if lf.bcast == "full" and old not in builder.viewed]
     if anchors:  # prefer a forward input as the anchor: its shape is what the caller passes
         anchor = min(anchors, key=lambda j: (leaves[j].source != "input", j))
-    elif (kind == "elementwise" and builder.gemm is None and builder.pool is None and leaves
+    elif (kind == "elementwise" and builder.gemm is None and builder.pool is None
+          and any(lf.source != "scalar" for lf in leaves)
           and not builder.viewed.intersection(used_leaves)):
         # S is the leaves' broadcast shape (an outer sum: x[N, 1] + b[1, C, 1, 1]); never
         # through a view, whose tensor the candidate gets in another shape
@@ -1979,9 +1986,6 @@ def analyze_graph(gm: fx.GraphModule) -> Analysis:
     if isinstance(out_node, (tuple, list)):
         out_node = out_node[0]
     plan, s = _finish(low.b, out, names, tuple(int(d) for d in low.meta(out_node).shape))
-    if any(shape != tuple(s) for shape in low.b.triangles):
-        raise Unsupported(f"{PREFIX} torch.triu/tril of a tensor broadcast against others "
-                          f"(its mask reads the element's place in the iteration shape)")
     ops = tuple(dict.fromkeys(low.b.ops))
     summary = describe(plan)
     if len(summary) > 160:  # composite ops expand into long formulas: name them instead
