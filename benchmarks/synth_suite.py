@@ -458,12 +458,13 @@ def summarize(runs: list[TaskRun], peaks: dict[str, Any] | None, meta: dict[str,
                             "accepted_strict": sum(1 for x in mine if x["accepted_strict"]),
                             "geomean_speedup_eager": ge, "geomean_speedup_compile": gc_,
                             "below_min_eager": slow}
+        degen_txt = (f"; degenerate tasks: {len(degen)}, share without them "
+                     f"{fmt(fair, '.0%')}" if degen else "")
         lines.append(
             f"- Level {level}: accepted {len(acc)}/{len(mine)} = {fmt(share, '.0%')} (target "
             f">= {fmt(want, '.0%')}: {verdict(share >= want if want and mine else None)}; "
-            f"strict policy only: {per_level[level]['accepted_strict']}"
-            f"{'; degenerate tasks: %d, share without them %s' % (len(degen), fmt(fair, '.0%')) if degen else ''}"
-            f"); geomean over eager "
+            f"strict policy only: {per_level[level]['accepted_strict']}{degen_txt}); "
+            f"geomean over eager "
             f"{fmt(ge, '.3f')}x, over torch.compile {fmt(gc_, '.3f')}x (target >= "
             f"{TARGETS['geomean_compile']}x: "
             f"{verdict(gc_ >= TARGETS['geomean_compile'] if gc_ else None)}); best kernels "

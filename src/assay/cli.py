@@ -288,9 +288,9 @@ Run the campaign DAG with Snakemake in this folder (results/ lands here).
 
 Words holding '=' are Hydra overrides, the others Snakemake targets (files under results/).
 The workflow profile is this folder's profiles/default if it has one, else the package's
-(name another after --: --workflow-profile slurm). The command it runs is printed first. To start a task from scratch, delete
-results/<campaign>/<llm>/<task>/ and run again. `make run`, `make dry-run` and
-`make rerun TASK=...` call this."""
+(name another after --: --workflow-profile slurm). The command it runs is printed first.
+To start a task from scratch, delete results/<campaign>/<llm>/<task>/ and run again.
+`make run`, `make dry-run` and `make rerun TASK=...` call this."""
 
 
 def parser() -> argparse.ArgumentParser:
