@@ -47,12 +47,46 @@ def test_time_calls_on_cpu_reports_its_grouping():
     cpu = torch.device("cpu")
     # A call of microseconds: as many calls a sample as still leave eight samples.
     t = timing.time_calls(lambda i: None, cpu, cfg)
-    assert t.runs == 40 and t.group == 40 // timing.MIN_SAMPLES
+    assert t.runs == 40 * t.rounds and 2 <= t.rounds <= timing.CPU_MAX_ROUNDS
+    assert t.group == 40 // timing.MIN_SAMPLES
     assert len(t.samples_ms) == timing.MIN_SAMPLES and 0 < t.host_ms < 1  # the call's own time
     # A call of 2 ms already covers a sample on its own.
     t = timing.time_calls(lambda i: time.sleep(0.002), cpu,
                           dataclasses.replace(cfg, min_runs=10, max_runs=10))
     assert t.group == 1 and len(t.samples_ms) == 10 and t.median_ms >= 2.0 and t.host_ms >= 2.0
+
+
+def _clocked(monkeypatch, durations_ms):
+    """A call whose duration is the next of ``durations_ms``, on a fake clock it advances."""
+    now, left = [0.0], iter(durations_ms)
+    monkeypatch.setattr(timing, "_perf_counter", lambda: now[0])
+
+    def call(i: int) -> None:
+        now[0] += next(left) / 1e3
+    return call
+
+
+def test_a_burst_of_cpu_interference_costs_a_round_not_the_timing(monkeypatch):
+    cfg = timing.TimingConfig(warmup_s=0.0, min_runs=10, max_runs=20, budget_s=0.0,
+                              flush_cache=False)
+    seen = []
+    # Two warm-up calls, a first round slowed throughout, then two rounds that agree.
+    call = _clocked(monkeypatch, [1.0] * 2 + [3.0] * 10 + [1.0] * 10 + [1.01] * 10)
+    t = timing.time_calls(call, torch.device("cpu"), cfg, before_call=seen.append)
+    assert (round(t.median_ms, 9), t.rounds, t.runs) == (1.0, 3, 30)
+    assert seen == list(range(30))  # one sequence of timed calls across the rounds
+
+
+def test_cpu_rounds_are_bounded_and_keep_the_fastest(monkeypatch):
+    cfg = timing.TimingConfig(warmup_s=0.0, min_runs=10, max_runs=20, budget_s=0.0,
+                              flush_cache=False)
+    per_round = [2.0, 1.5, 1.2, 1.4, 1.7, 1.0]  # no two within CPU_AGREE
+    call = _clocked(monkeypatch, [1.0] * 2 + [ms for ms in per_round for _ in range(10)])
+    t = timing.time_calls(call, torch.device("cpu"), cfg)
+    assert (round(t.median_ms, 9), t.rounds) == (1.2, timing.CPU_MAX_ROUNDS) and t.runs == 50
+    near, far = (dataclasses.replace(t, median_ms=1.2 * (1 + f * timing.CPU_AGREE))
+                 for f in (0.9, 1.1))
+    assert timing.confirmed([t, near]) and not timing.confirmed([t, far])
 
 
 def test_the_hold_covers_the_enqueue_time_within_bounds():

@@ -34,8 +34,9 @@ def cache_root() -> Path:
 
 
 # The timing method's version: baselines timed by an older method are not reused (2: the cpu
-# baseline's process fixes glibc's malloc thresholds, as the worker does).
-METHOD = 2
+# baseline's process fixes glibc's malloc thresholds, as the worker does; 3: cpu timings in
+# rounds, the fastest confirmed by another).
+METHOD = 3
 
 
 def baseline_key(task: Task, device_name: str, torch_version: str, cfg: TimingConfig,
