@@ -98,9 +98,9 @@ HOLD_MAX_US = 500.0
 _SPIN_RATE: dict[int, float] = {}  # device index -> spin cycles per microsecond
 
 # CPU rounds (time_calls): the fastest round's median must be confirmed by another round's within
-# this fraction; more rounds, up to the most, until it is.
+# this fraction; more rounds, up to the most (each half the budget), until it is.
 CPU_AGREE = 0.02
-CPU_MAX_ROUNDS = 5
+CPU_MAX_ROUNDS = 3
 
 # Measured on an H200: with 0.05 s of warm-up, 64-170 us kernels showed 2-10% IQR in some runs
 # (clocks still ramping); with 0.2 s, 0.5-2%.
