@@ -202,6 +202,8 @@ def task_prelude(source: str) -> tuple[str, bool]:
 def _forward_lines(plan: Plan, target: str, knobs: dict[str, Any], family: Family
                    ) -> tuple[list[str], list[Entry]]:
     """ModelNew.forward's body, and the kernel entry points it calls with their parameters."""
+    if family.forward is not None:
+        return family.forward(plan, target, knobs)
     head = family.head(plan, target, knobs)
     gk = plan.head_leaf
     lines: list[str] = []

@@ -267,6 +267,23 @@ class Plan:
 
 
 @dataclass(frozen=True)
+class Concat:
+    """``torch.cat(parts, dim)``: a kernel of its own in a multi-kernel plan (stages.py), which
+    copies each part into its slice of the output. Its operands are the stage's arguments
+    (forward inputs and earlier stages' outputs), never a value it computes."""
+
+    inputs: tuple[str, ...]  # the stage's arguments, in order
+    parts: tuple[str, ...]  # the tensors joined, in order (names among ``inputs``; may repeat)
+    dim: int  # the joined dim, non-negative
+    ndim: int
+    dtype: str = "float32"
+    kind: str = "concat"
+    gemm: Any = None  # (the fields the families' matchers read)
+    pool: Any = None
+    head_leaf: int = -1
+
+
+@dataclass(frozen=True)
 class Analysis:
     plan: Plan  # or a stages.Pipeline: one plan per kernel, in order
     shape: tuple[int, ...]  # S at the analysed size (for default knobs only, never in code)
@@ -400,6 +417,7 @@ _GEMM_FUNCTIONS: dict[Any, str] = {
     **{getattr(torch, op): op for op in CONV_OPS if hasattr(torch, op)}}
 _GEMM_METHODS = {"matmul", "mm", "bmm"}
 _EINSUMS = {torch.einsum, getattr(torch.functional, "einsum", torch.einsum)}
+_CATS = {torch.cat, torch.concat, torch.concatenate}
 
 # Positional parameter names of each canonical op (torch's order); keyword arguments are
 # matched by name. A call with more positional arguments than listed is declined (unusual form).
@@ -937,6 +955,8 @@ class _Lowering:
             if node.target in _EINSUMS:
                 self.env[node] = self.einsum(node)
                 return
+            if node.target in _CATS:  # a kernel of its own (concat_of), after a boundary
+                raise self.cut(f"{PREFIX} torch.cat beside other work in one kernel")
             if node.target in _GEMM_FUNCTIONS:
                 self.env[node] = self.gemm_call(node, _GEMM_FUNCTIONS[node.target],
                                                 node.args, dict(node.kwargs))
@@ -1980,6 +2000,9 @@ def analyze_module(mod: Any, real: bool = False) -> Analysis:
 def analyze_graph(gm: fx.GraphModule) -> Analysis:
     """One plan of a traced graph whose nodes carry their shapes (``tensor_meta``); raises
     :class:`NeedsCut` where one kernel would have to end, Unsupported for the rest."""
+    cat = concat_of(gm)
+    if cat is not None:
+        return cat
     low = _Lowering(gm)
     out, names = low.run()
     out_node = next(n for n in gm.graph.nodes if n.op == "output").args[0]
@@ -1991,6 +2014,40 @@ def analyze_graph(gm: fx.GraphModule) -> Analysis:
     if len(summary) > 160:  # composite ops expand into long formulas: name them instead
         summary = f"{plan.kind} kernel fusing {', '.join(ops)}"
     return Analysis(plan, s, ops, summary, _row_groups(plan, gm))
+
+
+def concat_node(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target in _CATS
+
+
+def concat_of(gm: fx.GraphModule) -> Analysis | None:
+    """The plan of a graph that computes one torch.cat of its arguments (a multi-kernel plan's
+    stage), or None for any other graph."""
+    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    if len(computed) != 1 or not concat_node(computed[0]):
+        return None
+    node = computed[0]
+    bound = dict(zip(("tensors", "dim"), node.args), **node.kwargs)
+    parts, dim = bound.get("tensors"), bound.get("dim", 0)
+    if set(bound) - {"tensors", "dim"} or not isinstance(parts, (list, tuple)) or not parts:
+        raise Unsupported(f"{PREFIX} torch.cat called with unusual arguments")
+    if any(not isinstance(a, fx.Node) or a.op != "placeholder" for a in parts):
+        raise Unsupported(f"{PREFIX} torch.cat of a model attribute (only computed values and "
+                          f"forward inputs)")
+    out = node.meta.get("tensor_meta")
+    metas = [a.meta.get("tensor_meta") for a in parts]
+    if out is None or any(m is None or not hasattr(m, "shape") for m in metas):
+        raise Unsupported(f"{PREFIX} torch.cat of non-tensor values")
+    if any(m.dtype != torch.float32 for m in metas):
+        raise Unsupported(f"{PREFIX} torch.cat of {metas[0].dtype} tensors (float32 only)")
+    ndim = len(out.shape)
+    if not isinstance(dim, int) or isinstance(dim, bool) or not -ndim <= dim < ndim or \
+            any(len(m.shape) != ndim for m in metas):
+        raise Unsupported(f"{PREFIX} torch.cat over dim {dim!r} of tensors of other ranks")
+    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+    plan = Concat(names, tuple(str(a.target) for a in parts), dim % ndim, ndim)
+    return Analysis(plan, tuple(int(d) for d in out.shape), ("cat",),
+                    f"cat({', '.join(plan.parts)}, dim={plan.dim})")
 
 
 def _row_groups(plan: Plan, model: Any) -> int:

@@ -9,8 +9,12 @@ usual. ``ModelNew.forward`` then runs the stages in order, each one's output an 
 next (see :mod:`candidate`).
 
 A cut is made only where exactly one computed value is live across it (the stage's output);
-forward inputs and parameters may be read by any stage. Two live values (two branches that join
-later, attention's q and k) are declined with the reason.
+forward inputs, parameters and earlier stages' outputs may be read by any stage. So branches
+that a torch.cat joins (an Inception module's four, a DenseNet block's growing list) are stages
+one after the other, and the join is a stage of its own (graph.Concat). Where a cut would carry
+several values, the first of them may end a kernel of its own (a DenseNet's pooling, read by the
+normalization before the next convolution and by a later join); else (attention's q and k,
+computed in one stretch) the task is declined with the reason.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 from torch import fx
 
 from assay.propose.offline.graph import (PREFIX, RESHAPE_FUNCTIONS, SIZE_METHODS, Analysis,
-                                         NeedsCut, Unsupported, is_reshape)
+                                         NeedsCut, Unsupported, concat_node, is_reshape)
 
 # A stage's output, as the next stages' argument.
 STAGE_INPUT = "stage{}"
@@ -46,18 +50,25 @@ class Pipeline:
         return "float32"
 
 
-def _size_of(node: Any, src: fx.Node) -> int | None:
-    """d for ``src.size(d)`` (a size query of ``src`` feeding a view), else None."""
+def _size_of(node: Any, src: fx.Node, names: dict[fx.Node, str] | None = None) -> str | None:
+    """The expression of a size query feeding a view of ``src``: ``{t}.size(d)`` for
+    ``src.size(d)``; ``name.size(d)`` for a query of a tensor that ModelNew.forward holds by
+    ``name`` in ``names`` (a forward input, an earlier stage's output); else None."""
     if (isinstance(node, fx.Node) and node.op == "call_method" and str(node.target) in
-            SIZE_METHODS and len(node.args) == 2 and node.args[0] is src and not node.kwargs
-            and isinstance(node.args[1], int)):
-        return node.args[1]
+            SIZE_METHODS and len(node.args) == 2 and not node.kwargs
+            and isinstance(node.args[1], int) and not isinstance(node.args[1], bool)):
+        of, d = node.args
+        if of is src:
+            return f"{{t}}.size({d})"
+        if names and of in names:
+            return f"{names[of]}.size({d})"
     return None
 
 
-def view_expr(node: fx.Node) -> str | None:
+def view_expr(node: fx.Node, names: dict[fx.Node, str] | None = None) -> str | None:
     """The view ``node`` (of its first argument) as a size-generic expression of ``{t}``, or
-    None if its arguments are not constants and size queries of that same tensor."""
+    None if its arguments are not constants and size queries (of that same tensor, or of one
+    in ``names``: see _size_of)."""
     if not is_reshape(node):
         return None
     name = (RESHAPE_FUNCTIONS[node.target] if node.op == "call_function"
@@ -83,9 +94,9 @@ def view_expr(node: fx.Node) -> str | None:
         args = list(args[0])
     parts = []
     for a in args:
-        d = _size_of(a, src)
-        if d is not None:
-            parts.append(f"{{t}}.size({d})")
+        size = _size_of(a, src, names)
+        if size is not None:
+            parts.append(size)
         elif isinstance(a, int) and not isinstance(a, bool):
             parts.append(str(a))
         else:
@@ -145,6 +156,22 @@ def _subgraph(gm: fx.GraphModule, nodes: list[fx.Node], output: fx.Node,
     return fx.GraphModule(gm, g), {copy: src for src, copy in env.items()}
 
 
+def _end_at_first(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis],
+                  names: dict[fx.Node, str], todo: list[fx.Node], live: list[fx.Node],
+                  forward_inputs: list[fx.Node], output: fx.Node
+                  ) -> tuple[Analysis, fx.Node] | None:
+    """Where a cut would carry several values: a kernel that ends at the first of them, if
+    that one alone is live right after it and one kernel can compute it; else None."""
+    first = min(live, key=todo.index)
+    end = todo.index(first) + 1
+    if end >= len(todo) or _live_across(forward_inputs + todo + [output], todo[end]) != [first]:
+        return None
+    try:
+        return analyze(_subgraph(gm, todo[:end], first, names)[0]), first
+    except Unsupported:
+        return None
+
+
 def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> Analysis:
     """Cut ``gm`` (traced, shapes propagated) into stages; ``analyze`` lowers one stage's
     graph into an :class:`Analysis`, raising :class:`NeedsCut` where it must end."""
@@ -170,11 +197,21 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
             at = original.get(cut.before)
             if at not in todo:  # pragma: no cover - every cut names a node of the graph
                 raise Unsupported(str(cut)) from None
-            view = view_expr(at)
+            view = view_expr(at, names)
             # A view's size queries belong to the view, not to the kernel before it.
             sizes = [n for n in todo if view and n.op == "call_method"
                      and str(n.target) in SIZE_METHODS and set(n.users) == {at}]
             before = [n for n in todo[:todo.index(at)] if n not in sizes]
+            if not before and concat_node(at):  # the join itself: a kernel of its own
+                stages.append(analyze(_subgraph(gm, [at], at, names)[0]))
+                todo = todo[todo.index(at) + 1:]
+                # views of the joined tensor (torch.cat(...).view(...)) fold into its boundary
+                view, carried, todo = _more_views("{t}", at, todo)
+                views.append("" if view == "{t}" else view)
+                names[carried] = STAGE_INPUT.format(len(stages) - 1)
+                if carried is out:
+                    break
+                continue
             if not before:
                 raise Unsupported(str(cut)) from None
             if all(is_reshape(n) or str(n.target) in SIZE_METHODS for n in before):
@@ -186,8 +223,22 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
                 raise Unsupported(f"{cut}: a view of a value that is also read elsewhere") \
                     from None
             if len(live) != 1:
-                raise Unsupported(f"{cut} (a kernel boundary there would carry {len(live)} "
-                                  f"values: {', '.join(n.name for n in live)})") from None
+                why = (f"{cut} (a kernel boundary there would carry {len(live)} values: "
+                       f"{', '.join(n.name for n in live)})")
+                early = None if view is not None else _end_at_first(gm, analyze, names, todo,
+                                                                    live, forward_inputs,
+                                                                    output)
+                if early is None:
+                    raise Unsupported(why) from None
+                # The first of them ends a kernel of its own (a pooling whose output a later
+                # join reads, before the normalization that feeds the convolution here); the
+                # rest is tried again from there.
+                stage, first = early
+                stages.append(stage)
+                views.append("")
+                todo = todo[todo.index(first) + 1:]
+                names[first] = STAGE_INPUT.format(len(stages) - 1)
+                continue
             stages.append(analyze(_subgraph(gm, before, live[0], names)[0]))
             carried = at if view is not None else live[0]
             todo = todo[todo.index(at) + (1 if view is not None else 0):]
