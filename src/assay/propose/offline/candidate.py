@@ -18,7 +18,7 @@ from assay.propose.offline.families.family import Entry
 from assay.propose.offline.families.shared import (PY_ARG_HELPERS, knob_line, leaf_tensor,
                                                    render)
 from assay.propose.offline.graph import Plan
-from assay.propose.offline.stages import STAGE_INPUT, Pipeline
+from assay.propose.offline.stages import STAGE_INPUT, STAGE_RAW, Pipeline
 
 CANDIDATE = r'''"""Candidate written by Assay's offline synthesizer (v1).
 
@@ -327,9 +327,12 @@ def _stages(plan: Pipeline, target: str, knobs: dict[str, Any]
             forward.append(f"return {call}")
             continue
         out = STAGE_INPUT.format(k)
-        forward.append(f"{out} = {call}")
         if plan.views[k]:  # metadata only: the stage's output is a fresh contiguous tensor
-            forward.append(f"{'return' if last else out + ' ='} {plan.views[k].format(t=out)}")
+            raw = STAGE_RAW.format(k)  # kept: a later view's sizes may read it
+            forward.append(f"{raw} = {call}")
+            forward.append(f"{'return' if last else out + ' ='} {plan.views[k].format(t=raw)}")
+        else:
+            forward.append(f"{out} = {call}")
     return forward, sources, entries, methods
 
 

@@ -284,6 +284,25 @@ class Concat:
 
 
 @dataclass(frozen=True)
+class Permute:
+    """``x.permute(perm)`` (or ``transpose``) of a stage's argument, made contiguous: a kernel of
+    its own in a multi-kernel plan (a ShuffleNet's channel shuffle)."""
+
+    inputs: tuple[str, ...]  # the stage's arguments, in order
+    src: str  # the tensor permuted (a name among ``inputs``)
+    perm: tuple[int, ...]  # output dim j is the source's dim perm[j]
+    dtype: str = "float32"
+    kind: str = "permute"
+    gemm: Any = None  # (the fields the families' matchers read)
+    pool: Any = None
+    head_leaf: int = -1
+
+    @property
+    def ndim(self) -> int:
+        return len(self.perm)
+
+
+@dataclass(frozen=True)
 class Analysis:
     plan: Plan  # or a stages.Pipeline: one plan per kernel, in order
     shape: tuple[int, ...]  # S at the analysed size (for default knobs only, never in code)
@@ -418,6 +437,12 @@ _GEMM_FUNCTIONS: dict[Any, str] = {
 _GEMM_METHODS = {"matmul", "mm", "bmm"}
 _EINSUMS = {torch.einsum, getattr(torch.functional, "einsum", torch.einsum)}
 _CATS = {torch.cat, torch.concat, torch.concatenate}
+_PERMUTE_METHODS = {"permute", "transpose", "swapaxes", "swapdims"}
+_PERMUTE_FUNCTIONS = {torch.permute: "permute", torch.transpose: "transpose",
+                      torch.swapaxes: "transpose", torch.swapdims: "transpose"}
+# ints computed from shapes (view arguments: x.size(1) // groups)
+SHAPE_ARITH = {operator.floordiv: "//", operator.mul: "*", operator.add: "+",
+                operator.sub: "-"}
 
 # Positional parameter names of each canonical op (torch's order); keyword arguments are
 # matched by name. A call with more positional arguments than listed is declined (unusual form).
@@ -919,10 +944,12 @@ class _Lowering:
             what = (_callable_name(node.target) if node.op == "call_function"
                     else f"Tensor.{node.target}")
             raise self.cut(f"{PREFIX} {what} (layout/indexing op) inside one kernel")
-        if (node.op == "call_method" and str(node.target) in SIZE_METHODS and node.users
-                and all(is_reshape(u) for u in node.users)):
-            self.env[node] = None  # a size query of a view: read by the view's boundary
+        if shape_only(node):
+            self.env[node] = None  # a size read by views alone: their boundary computes it
             return
+        if permute_node(node):  # a kernel of its own (copy_of), after a boundary
+            raise self.cut(f"{PREFIX} a permutation of a computed value beside other work in "
+                           f"one kernel")
         if node.op == "placeholder":
             tm = node.meta.get("tensor_meta")
             if tm is None and node.meta.get(NUMBER_ARG):  # a number: one value per call
@@ -2000,9 +2027,9 @@ def analyze_module(mod: Any, real: bool = False) -> Analysis:
 def analyze_graph(gm: fx.GraphModule) -> Analysis:
     """One plan of a traced graph whose nodes carry their shapes (``tensor_meta``); raises
     :class:`NeedsCut` where one kernel would have to end, Unsupported for the rest."""
-    cat = concat_of(gm)
-    if cat is not None:
-        return cat
+    copy = concat_of(gm) or permute_of(gm)
+    if copy is not None:
+        return copy
     low = _Lowering(gm)
     out, names = low.run()
     out_node = next(n for n in gm.graph.nodes if n.op == "output").args[0]
@@ -2018,6 +2045,42 @@ def analyze_graph(gm: fx.GraphModule) -> Analysis:
 
 def concat_node(node: fx.Node) -> bool:
     return node.op == "call_function" and node.target in _CATS
+
+
+def permute_node(node: fx.Node) -> bool:
+    return ((node.op == "call_method" and str(node.target) in _PERMUTE_METHODS)
+            or (node.op == "call_function" and node.target in _PERMUTE_FUNCTIONS))
+
+
+def own_kernel(node: fx.Node) -> bool:
+    """A node that is a kernel of its own in a multi-kernel plan (copy_of)."""
+    return concat_node(node) or permute_node(node)
+
+
+def shape_value(node: Any) -> bool:
+    """An int computed from tensor shapes alone: ``x.size(d)``, ``x.size()`` or ``x.shape`` and
+    their items, and + - * // of those and ints."""
+    if not isinstance(node, fx.Node):
+        return False
+    if node.op == "call_method" and str(node.target) in SIZE_METHODS:
+        return True
+    if node.op != "call_function":
+        return False
+    if node.target is getattr:
+        return len(node.args) == 2 and node.args[1] == "shape"
+    if node.target is operator.getitem:
+        return shape_value(node.args[0]) and isinstance(node.args[1], int)
+    if node.target in SHAPE_ARITH:
+        return (any(isinstance(a, fx.Node) for a in node.args)
+                and all(shape_value(a) or (isinstance(a, int) and not isinstance(a, bool))
+                        for a in node.args))
+    return False
+
+
+def shape_only(node: fx.Node) -> bool:
+    """A shape value that only views and other such values read (so no kernel computes it)."""
+    return (shape_value(node) and bool(node.users)
+            and all(is_reshape(u) or shape_only(u) for u in node.users))
 
 
 def concat_of(gm: fx.GraphModule) -> Analysis | None:
@@ -2048,6 +2111,51 @@ def concat_of(gm: fx.GraphModule) -> Analysis | None:
     plan = Concat(names, tuple(str(a.target) for a in parts), dim % ndim, ndim)
     return Analysis(plan, tuple(int(d) for d in out.shape), ("cat",),
                     f"cat({', '.join(plan.parts)}, dim={plan.dim})")
+
+
+def permute_of(gm: fx.GraphModule) -> Analysis | None:
+    """The plan of a graph that permutes one of its arguments (a multi-kernel plan's stage),
+    or None for any other graph."""
+    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    if len(computed) != 1 or not permute_node(computed[0]):
+        return None
+    node = computed[0]
+    name = (str(node.target) if node.op == "call_method"
+            else _PERMUTE_FUNCTIONS[node.target])
+    src, *rest = node.args
+    if not isinstance(src, fx.Node) or src.op != "placeholder":
+        raise Unsupported(f"{PREFIX} a permutation of a model attribute")
+    tm = src.meta.get("tensor_meta")
+    if tm is None or not hasattr(tm, "shape") or tm.dtype != torch.float32:
+        raise Unsupported(f"{PREFIX} a permutation of a non-float32 value")
+    nd = len(tm.shape)
+    kwargs = dict(node.kwargs)
+    if name == "permute":
+        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else \
+            tuple(rest) or kwargs.get("dims")
+        perm = tuple(dims) if isinstance(dims, (tuple, list)) else None
+    else:
+        bound = dict(zip(("dim0", "dim1"), rest), **kwargs)
+        perm = None
+        if set(bound) == {"dim0", "dim1"} and all(isinstance(v, int) for v in bound.values()):
+            perm = list(range(nd))
+            a, b = bound["dim0"] % max(nd, 1), bound["dim1"] % max(nd, 1)
+            perm[a], perm[b] = perm[b], perm[a]
+            perm = tuple(perm)
+    if (perm is None or any(not isinstance(d, int) or isinstance(d, bool) for d in perm)
+            or sorted(d % max(nd, 1) for d in perm) != list(range(nd))):
+        raise Unsupported(f"{PREFIX} Tensor.{name} called with unusual arguments")
+    if nd > PERMUTE_MAX_DIMS:
+        raise Unsupported(f"{PREFIX} a permutation of {nd} dims (at most {PERMUTE_MAX_DIMS})")
+    perm = tuple(d % nd for d in perm)
+    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+    out = node.meta.get("tensor_meta")
+    shape = tuple(int(d) for d in out.shape) if out is not None else ()
+    return Analysis(Permute(names, str(src.target), perm), shape, ("permute",),
+                    f"{src.target}.permute{perm}.contiguous()")
+
+
+PERMUTE_MAX_DIMS = 6  # the kernel's geometry: sizes and strides of at most this many dims
 
 
 def _row_groups(plan: Plan, model: Any) -> int:
