@@ -153,3 +153,30 @@ def task_ctx(folder: Path, name: str, target: str = "cpu") -> "TaskContext":
     from assay.tasks.model import Task
 
     return TaskContext(Task.from_file(folder / f"{name}.py"), target=target)
+
+
+def entry_arities(code: str) -> list[tuple[str, int, int]]:
+    """Each ``_lib(i).NAME(args)`` call of a candidate's source: (NAME, arguments passed,
+    ctypes argtypes declared for NAME in library i's table of ``_ARGTYPES``; -1: none)."""
+    import ast
+
+    tree = ast.parse(code)
+    declared: dict[tuple[int, str], int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_ARGTYPES"
+                                                for t in node.targets):
+            tables = ast.literal_eval(ast.unparse(node.value).replace("ctypes.", "'")
+                                      .replace("c_void_p", "p'").replace("c_int64", "i'")
+                                      .replace("c_float", "f'").replace("c_int", "n'"))
+            for i, table in enumerate(tables):
+                for name, types in table.items():
+                    declared[(i, name)] = len(types)
+    out = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Call)
+                and getattr(node.func.value.func, "id", "") == "_lib"):
+            lib = node.func.value.args
+            i = ast.literal_eval(lib[0]) if lib else 0
+            out.append((node.func.attr, len(node.args), declared.get((i, node.func.attr), -1)))
+    return out

@@ -21,7 +21,7 @@ from assay.records import Proposal
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO, build_cuda_sources
+from helpers import REPO, build_cuda_sources, entry_arities
 
 # ---------------------------------------------------------------------------------------------
 # Tiny tasks in KernelBench format. Each takes `dim` as its init input and one (batch, dim)
@@ -997,30 +997,6 @@ def test_number_arguments_are_read_at_each_call(tmp_path, target):
         new(a, True, 1)
 
 
-def _entry_arities(code: str) -> list[tuple[str, int, int]]:
-    """Each ``_lib(...).NAME(args)`` call of a candidate's source: (NAME, arguments passed,
-    ctypes argtypes declared for NAME in ``_ARGTYPES``)."""
-    import ast
-
-    tree = ast.parse(code)
-    declared: dict[str, int] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_ARGTYPES"
-                                                for t in node.targets):
-            for table in ast.literal_eval(ast.unparse(node.value).replace("ctypes.", "'")
-                                          .replace("c_void_p", "p'").replace("c_int64", "i'")
-                                          .replace("c_float", "f'").replace("c_int", "n'")):
-                for name, types in table.items():
-                    declared[name] = len(types)
-    out = []
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Call)
-                and getattr(node.func.value.func, "id", "") == "_lib"):
-            out.append((node.func.attr, len(node.args), declared.get(node.func.attr, -1)))
-    return out
-
-
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
 def test_entry_point_calls_match_their_argtypes(gemm_dir, task_dir, target):
     """Every entry point a candidate calls is declared, with as many ctypes argtypes as the
@@ -1033,7 +1009,7 @@ def test_entry_point_calls_match_their_argtypes(gemm_dir, task_dir, target):
         for prop in syn.translate(ctx, n=3, rng=random.Random(0)):
             if prop.code is None:
                 continue
-            for name, passed, declared in _entry_arities(prop.code):
+            for name, passed, declared in entry_arities(prop.code):
                 if name == "assay_error_string":  # declared by _lib itself
                     continue
                 assert passed == declared, (ctx.task.name, prop.knobs, name, passed, declared)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from assay.bench.build import nvcc_path
 from assay.propose.base import TaskContext
 from assay.propose.offline import OfflineSynthesizer
 from assay.propose.offline.stages import Pipeline
@@ -21,7 +22,7 @@ from assay.records import Proposal
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO, task_ctx
+from helpers import REPO, build_cuda_sources, entry_arities, task_ctx
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
@@ -130,6 +131,59 @@ TASKS = {
                        "y = torch.min(self.fc(x), dim=1, keepdim=True)[0]\n"
                        "return y + self.bias", "torch.randn(b, k)",
                        {"b": 5, "k": 12, "n": 7}, {"b": 33, "k": 3, "n": 130}, 2),
+    # branches joined by torch.cat (an Inception module): each branch's kernels one after the
+    # other, the join a kernel of its own reading the forward input and three stage outputs
+    "inception": ("self.b1 = nn.Conv2d(c, 4, 1)\n"
+                  "self.b2 = nn.Sequential(nn.Conv2d(c, 2, 1), nn.Conv2d(2, 5, 3, padding=1))\n"
+                  "self.b3 = nn.Sequential(nn.MaxPool2d(3, stride=1, padding=1), "
+                  "nn.Conv2d(c, 3, 1))",
+                  "return torch.cat([self.b1(x), self.b2(x), x, self.b3(x)], 1)",
+                  "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 6, "w": 5},
+                  {"b": 1, "c": 2, "h": 5, "w": 7}, 6),
+    # a DenseNet block: every layer reads the join of the input and all earlier layers
+    "dense_block": ("self.layers = nn.ModuleList([nn.Sequential(nn.BatchNorm2d(c + i * g), "
+                    "nn.ReLU(inplace=True), nn.Conv2d(c + i * g, g, 3, padding=1, bias=False),"
+                    " nn.Dropout(0.0)) for i in range(3)])" + _STATS,
+                    "features = [x]\nfor layer in self.layers:\n    features.append(layer(x))"
+                    "\n    x = torch.cat(features, 1)\nreturn x",
+                    "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "g": 2, "h": 6, "w": 5},
+                    {"b": 1, "c": 2, "g": 3, "h": 4, "w": 7}, 9),
+    # a pooling read by the next convolution's normalization and by the join: the pooling
+    # ends a kernel of its own where a boundary would carry both
+    "pool_then_join": ("self.pool = nn.MaxPool2d(2)\nself.bn = nn.BatchNorm2d(c)\n"
+                       "self.conv = nn.Conv2d(c, 2, 3, padding=1)" + _STATS,
+                       "p = self.pool(x)\n"
+                       "return torch.cat([p, self.conv(torch.relu(self.bn(p)))], 1)",
+                       "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 6, "w": 8},
+                       {"b": 1, "c": 2, "h": 4, "w": 6}, 4),
+    # a join over the last dim, views of it folded into its boundary, two values that one
+    # stretch would carry ending a kernel each
+    "join_last_view": ("pass", "a = torch.relu(x)\nb = torch.sigmoid(x)\n"
+                       "y = torch.cat((a, b * 2.0, x), dim=-1)\n"
+                       "return y.view(y.size(0), -1).sum(dim=1)", "torch.randn(b, m, k)",
+                       {"b": 3, "m": 4, "k": 5}, {"b": 2, "m": 1, "k": 8}, 4),
+    # a channel shuffle (ShuffleNet): views whose sizes are items and quotients of x.size(),
+    # a transpose made contiguous as a kernel of its own, a later view reading the sizes of
+    # the tensor before the first view (an earlier stage's output, kept by its name)
+    "channel_shuffle": ("self.conv1 = nn.Conv2d(c, c, 1, groups=3, bias=False)\n"
+                        "self.conv2 = nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False)\n"
+                        "self.groups = 3",
+                        "y = torch.relu(self.conv1(x))\n"
+                        "n, ch, hh, ww = y.size()\n"
+                        "y = y.view(n, self.groups, ch // self.groups, hh, ww)\n"
+                        "y = y.transpose(1, 2).contiguous().view(n, -1, hh, ww)\n"
+                        "return self.conv2(y) + x", "torch.randn(b, c, h, w)",
+                        {"b": 2, "c": 6, "h": 5, "w": 4}, {"b": 1, "c": 9, "h": 3, "w": 7}, 3),
+    # permutations that move the last dim (each output element gathers its source)
+    "permute_last": ("pass", "y = torch.relu(x).transpose(-1, -2)\n"
+                     "return y.permute(1, 0, 2).contiguous() * 2.0", "torch.randn(b, m, k)",
+                     {"b": 3, "m": 5, "k": 7}, {"b": 2, "m": 1, "k": 4}, 4),
+    # a view whose size reads an earlier stage's output by its name
+    "pool_named_size": ("self.conv = nn.Conv2d(c, n, 3)",
+                        "z = torch.relu(self.conv(x))\n"
+                        "return nn.functional.max_pool2d(z, 2).view(z.size(0), -1) * 2.0",
+                        "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 6, "w": 5, "n": 4},
+                        {"b": 3, "c": 2, "h": 4, "w": 7, "n": 2}, 3),
     # an elementwise prologue before a product
     "relu_then_matmul": ("self.w = nn.Parameter(torch.randn(k, n) / k ** 0.5)",
                          "return torch.matmul(torch.relu(x), self.w) * 2.0",
@@ -254,9 +308,14 @@ def test_strict_policy_writes_every_convolution_with_its_own_kernel(task_dir):
 
 
 @pytest.mark.parametrize("body, reason", [
-    # two values live across the boundary before the product
-    ("a = torch.relu(x)\nb = torch.sigmoid(x)\nreturn torch.matmul(a, self.w) + b.sum()",
-     "would carry 2 values"),
+    # two values live across the boundary before the product, computed in one stretch from
+    # a third (no kernel can end at the first of them alone)
+    ("y = torch.exp(x)\na = torch.relu(y)\nb = torch.sigmoid(y)\n"
+     "return torch.matmul(a, self.w) + b.sum()", "would carry 2 values"),
+    # a view's size read from a value that one kernel computes inside itself
+    ("z = torch.relu(x * 2.0)\n"
+     "return torch.mean(z, dim=1, keepdim=True).view(z.size(0), -1)",
+     "a value inside another kernel"),
     # a view of a forward input as a product's operand: no kernel before it to end
     ("return torch.relu(torch.matmul(x.view(x.size(0), -1), self.w))", "computes nothing"),
 ])
@@ -278,7 +337,9 @@ def test_triton_declines_multi_kernel_plans(task_dir):
 @pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")
 @pytest.mark.parametrize("stem, kernels", [
     ("level3/1_MLP", 3), ("level3/4_LeNet5", 7), ("level3/8_ResNetBasicBlock", 3),
-    ("level3/11_VGG16", 21), ("level2/35_Conv2d_Subtract_HardSwish_MaxPool_Mish", 2),
+    ("level3/11_VGG16", 21), ("level3/6_GoogleNetInceptionModule", 8),
+    ("level3/14_DenseNet121DenseBlock", 18), ("level3/17_SqueezeNetFireModule", 4),
+    ("level3/25_ShuffleNetUnit", 5), ("level2/35_Conv2d_Subtract_HardSwish_MaxPool_Mish", 2),
     ("level2/45_Gemm_Sigmoid_LogSumExp", 2),
 ])
 def test_kernelbench_multi_kernel_tasks_get_a_plan(stem, kernels):
@@ -323,3 +384,48 @@ def test_views_of_inputs_are_read_in_their_shape(tmp_path):
                                                   "torch.relu(b.view(-1))"))
     props = syn.translate(task_ctx(tmp_path, "flat"), n=1, rng=random.Random(0))
     assert props[0].code is None and "no input has" in props[0].declined, props[0].declined
+
+
+JOINS = ("inception", "dense_block", "pool_then_join", "join_last_view")
+PERMUTES = ("channel_shuffle", "permute_last")
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_joins_and_permutations_call_their_entry_points_as_declared(task_dir, target):
+    """Every ``assay_cat_part`` and ``assay_permute`` call passes as many arguments as its
+    ctypes argtypes (a mismatch is a TypeError at the first call, on the device only)."""
+    syn = OfflineSynthesizer(target)
+    for name in JOINS:
+        for prop in syn.translate(task_ctx(task_dir, name, target), n=2, rng=random.Random(0)):
+            arities = entry_arities(prop.code)
+            assert {"assay_cat_part"} <= {n for n, _, _ in arities}, name
+            assert all(passed == declared for n, passed, declared in arities
+                       if n != "assay_error_string"), (name, arities)
+    for name in PERMUTES:
+        for prop in syn.translate(task_ctx(task_dir, name, target), n=2, rng=random.Random(0)):
+            arities = entry_arities(prop.code)
+            assert {"assay_permute"} <= {n for n, _, _ in arities}, name
+            assert all(passed == declared for n, passed, declared in arities
+                       if n != "assay_error_string"), (name, arities)
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_cuda_join_and_permute_kernels_build(task_dir, tmp_path):
+    """The concat and permute families' CUDA sources build with nvcc (vector and scalar
+    forms, every block size); the other stages' families build in their own tests."""
+    syn = OfflineSynthesizer("cuda")
+    sources = {}
+    for name, plan, entry in (("inception", "Concat", "assay_cat_part"),
+                              ("channel_shuffle", "Permute", "assay_permute")):
+        ctx = task_ctx(task_dir, name, "cuda")
+        k = next(i for i, st in enumerate(syn.analyse(ctx).plan.stages)
+                 if type(st.plan).__name__ == plan)
+        for block in (128, 256, 512, 1024):
+            for vec in (1, 2, 4):
+                prop = syn.with_knobs(ctx, {f"s{k}.block": block, f"s{k}.vec": vec})
+                cand = import_file(prop.code, tmp_path / f"cuda_{prop.id}.py")
+                for src in cand.SOURCES:
+                    if entry in src:
+                        sources.setdefault(src, (name, block, vec))
+    assert len(sources) == 24
+    build_cuda_sources(sources)

@@ -18,7 +18,7 @@ from assay.propose.offline.families.family import Entry
 from assay.propose.offline.families.shared import (PY_ARG_HELPERS, knob_line, leaf_tensor,
                                                    render)
 from assay.propose.offline.graph import Plan
-from assay.propose.offline.stages import STAGE_INPUT, Pipeline
+from assay.propose.offline.stages import STAGE_INPUT, STAGE_RAW, Pipeline
 
 CANDIDATE = r'''"""Candidate written by Assay's offline synthesizer (v1).
 
@@ -202,6 +202,8 @@ def task_prelude(source: str) -> tuple[str, bool]:
 def _forward_lines(plan: Plan, target: str, knobs: dict[str, Any], family: Family
                    ) -> tuple[list[str], list[Entry]]:
     """ModelNew.forward's body, and the kernel entry points it calls with their parameters."""
+    if family.forward is not None:
+        return family.forward(plan, target, knobs)
     head = family.head(plan, target, knobs)
     gk = plan.head_leaf
     lines: list[str] = []
@@ -325,9 +327,12 @@ def _stages(plan: Pipeline, target: str, knobs: dict[str, Any]
             forward.append(f"return {call}")
             continue
         out = STAGE_INPUT.format(k)
-        forward.append(f"{out} = {call}")
         if plan.views[k]:  # metadata only: the stage's output is a fresh contiguous tensor
-            forward.append(f"{'return' if last else out + ' ='} {plan.views[k].format(t=out)}")
+            raw = STAGE_RAW.format(k)  # kept: a later view's sizes may read it
+            forward.append(f"{raw} = {call}")
+            forward.append(f"{'return' if last else out + ' ='} {plan.views[k].format(t=raw)}")
+        else:
+            forward.append(f"{out} = {call}")
     return forward, sources, entries, methods
 
 

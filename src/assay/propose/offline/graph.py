@@ -267,6 +267,42 @@ class Plan:
 
 
 @dataclass(frozen=True)
+class Concat:
+    """``torch.cat(parts, dim)``: a kernel of its own in a multi-kernel plan (stages.py), which
+    copies each part into its slice of the output. Its operands are the stage's arguments
+    (forward inputs and earlier stages' outputs), never a value it computes."""
+
+    inputs: tuple[str, ...]  # the stage's arguments, in order
+    parts: tuple[str, ...]  # the tensors joined, in order (names among ``inputs``; may repeat)
+    dim: int  # the joined dim, non-negative
+    ndim: int
+    dtype: str = "float32"
+    kind: str = "concat"
+    gemm: Any = None  # (the fields the families' matchers read)
+    pool: Any = None
+    head_leaf: int = -1
+
+
+@dataclass(frozen=True)
+class Permute:
+    """``x.permute(perm)`` (or ``transpose``) of a stage's argument, made contiguous: a kernel of
+    its own in a multi-kernel plan (a ShuffleNet's channel shuffle)."""
+
+    inputs: tuple[str, ...]  # the stage's arguments, in order
+    src: str  # the tensor permuted (a name among ``inputs``)
+    perm: tuple[int, ...]  # output dim j is the source's dim perm[j]
+    dtype: str = "float32"
+    kind: str = "permute"
+    gemm: Any = None  # (the fields the families' matchers read)
+    pool: Any = None
+    head_leaf: int = -1
+
+    @property
+    def ndim(self) -> int:
+        return len(self.perm)
+
+
+@dataclass(frozen=True)
 class Analysis:
     plan: Plan  # or a stages.Pipeline: one plan per kernel, in order
     shape: tuple[int, ...]  # S at the analysed size (for default knobs only, never in code)
@@ -400,6 +436,13 @@ _GEMM_FUNCTIONS: dict[Any, str] = {
     **{getattr(torch, op): op for op in CONV_OPS if hasattr(torch, op)}}
 _GEMM_METHODS = {"matmul", "mm", "bmm"}
 _EINSUMS = {torch.einsum, getattr(torch.functional, "einsum", torch.einsum)}
+_CATS = {torch.cat, torch.concat, torch.concatenate}
+_PERMUTE_METHODS = {"permute", "transpose", "swapaxes", "swapdims"}
+_PERMUTE_FUNCTIONS = {torch.permute: "permute", torch.transpose: "transpose",
+                      torch.swapaxes: "transpose", torch.swapdims: "transpose"}
+# ints computed from shapes (view arguments: x.size(1) // groups)
+SHAPE_ARITH = {operator.floordiv: "//", operator.mul: "*", operator.add: "+",
+                operator.sub: "-"}
 
 # Positional parameter names of each canonical op (torch's order); keyword arguments are
 # matched by name. A call with more positional arguments than listed is declined (unusual form).
@@ -901,10 +944,12 @@ class _Lowering:
             what = (_callable_name(node.target) if node.op == "call_function"
                     else f"Tensor.{node.target}")
             raise self.cut(f"{PREFIX} {what} (layout/indexing op) inside one kernel")
-        if (node.op == "call_method" and str(node.target) in SIZE_METHODS and node.users
-                and all(is_reshape(u) for u in node.users)):
-            self.env[node] = None  # a size query of a view: read by the view's boundary
+        if shape_only(node):
+            self.env[node] = None  # a size read by views alone: their boundary computes it
             return
+        if permute_node(node):  # a kernel of its own (copy_of), after a boundary
+            raise self.cut(f"{PREFIX} a permutation of a computed value beside other work in "
+                           f"one kernel")
         if node.op == "placeholder":
             tm = node.meta.get("tensor_meta")
             if tm is None and node.meta.get(NUMBER_ARG):  # a number: one value per call
@@ -937,6 +982,8 @@ class _Lowering:
             if node.target in _EINSUMS:
                 self.env[node] = self.einsum(node)
                 return
+            if node.target in _CATS:  # a kernel of its own (concat_of), after a boundary
+                raise self.cut(f"{PREFIX} torch.cat beside other work in one kernel")
             if node.target in _GEMM_FUNCTIONS:
                 self.env[node] = self.gemm_call(node, _GEMM_FUNCTIONS[node.target],
                                                 node.args, dict(node.kwargs))
@@ -1980,6 +2027,9 @@ def analyze_module(mod: Any, real: bool = False) -> Analysis:
 def analyze_graph(gm: fx.GraphModule) -> Analysis:
     """One plan of a traced graph whose nodes carry their shapes (``tensor_meta``); raises
     :class:`NeedsCut` where one kernel would have to end, Unsupported for the rest."""
+    copy = concat_of(gm) or permute_of(gm)
+    if copy is not None:
+        return copy
     low = _Lowering(gm)
     out, names = low.run()
     out_node = next(n for n in gm.graph.nodes if n.op == "output").args[0]
@@ -1991,6 +2041,121 @@ def analyze_graph(gm: fx.GraphModule) -> Analysis:
     if len(summary) > 160:  # composite ops expand into long formulas: name them instead
         summary = f"{plan.kind} kernel fusing {', '.join(ops)}"
     return Analysis(plan, s, ops, summary, _row_groups(plan, gm))
+
+
+def concat_node(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target in _CATS
+
+
+def permute_node(node: fx.Node) -> bool:
+    return ((node.op == "call_method" and str(node.target) in _PERMUTE_METHODS)
+            or (node.op == "call_function" and node.target in _PERMUTE_FUNCTIONS))
+
+
+def own_kernel(node: fx.Node) -> bool:
+    """A node that is a kernel of its own in a multi-kernel plan (copy_of)."""
+    return concat_node(node) or permute_node(node)
+
+
+def shape_value(node: Any) -> bool:
+    """An int computed from tensor shapes alone: ``x.size(d)``, ``x.size()`` or ``x.shape`` and
+    their items, and + - * // of those and ints."""
+    if not isinstance(node, fx.Node):
+        return False
+    if node.op == "call_method" and str(node.target) in SIZE_METHODS:
+        return True
+    if node.op != "call_function":
+        return False
+    if node.target is getattr:
+        return len(node.args) == 2 and node.args[1] == "shape"
+    if node.target is operator.getitem:
+        return shape_value(node.args[0]) and isinstance(node.args[1], int)
+    if node.target in SHAPE_ARITH:
+        return (any(isinstance(a, fx.Node) for a in node.args)
+                and all(shape_value(a) or (isinstance(a, int) and not isinstance(a, bool))
+                        for a in node.args))
+    return False
+
+
+def shape_only(node: fx.Node) -> bool:
+    """A shape value that only views and other such values read (so no kernel computes it)."""
+    return (shape_value(node) and bool(node.users)
+            and all(is_reshape(u) or shape_only(u) for u in node.users))
+
+
+def concat_of(gm: fx.GraphModule) -> Analysis | None:
+    """The plan of a graph that computes one torch.cat of its arguments (a multi-kernel plan's
+    stage), or None for any other graph."""
+    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    if len(computed) != 1 or not concat_node(computed[0]):
+        return None
+    node = computed[0]
+    bound = dict(zip(("tensors", "dim"), node.args), **node.kwargs)
+    parts, dim = bound.get("tensors"), bound.get("dim", 0)
+    if set(bound) - {"tensors", "dim"} or not isinstance(parts, (list, tuple)) or not parts:
+        raise Unsupported(f"{PREFIX} torch.cat called with unusual arguments")
+    if any(not isinstance(a, fx.Node) or a.op != "placeholder" for a in parts):
+        raise Unsupported(f"{PREFIX} torch.cat of a model attribute (only computed values and "
+                          f"forward inputs)")
+    out = node.meta.get("tensor_meta")
+    metas = [a.meta.get("tensor_meta") for a in parts]
+    if out is None or any(m is None or not hasattr(m, "shape") for m in metas):
+        raise Unsupported(f"{PREFIX} torch.cat of non-tensor values")
+    if any(m.dtype != torch.float32 for m in metas):
+        raise Unsupported(f"{PREFIX} torch.cat of {metas[0].dtype} tensors (float32 only)")
+    ndim = len(out.shape)
+    if not isinstance(dim, int) or isinstance(dim, bool) or not -ndim <= dim < ndim or \
+            any(len(m.shape) != ndim for m in metas):
+        raise Unsupported(f"{PREFIX} torch.cat over dim {dim!r} of tensors of other ranks")
+    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+    plan = Concat(names, tuple(str(a.target) for a in parts), dim % ndim, ndim)
+    return Analysis(plan, tuple(int(d) for d in out.shape), ("cat",),
+                    f"cat({', '.join(plan.parts)}, dim={plan.dim})")
+
+
+def permute_of(gm: fx.GraphModule) -> Analysis | None:
+    """The plan of a graph that permutes one of its arguments (a multi-kernel plan's stage),
+    or None for any other graph."""
+    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    if len(computed) != 1 or not permute_node(computed[0]):
+        return None
+    node = computed[0]
+    name = (str(node.target) if node.op == "call_method"
+            else _PERMUTE_FUNCTIONS[node.target])
+    src, *rest = node.args
+    if not isinstance(src, fx.Node) or src.op != "placeholder":
+        raise Unsupported(f"{PREFIX} a permutation of a model attribute")
+    tm = src.meta.get("tensor_meta")
+    if tm is None or not hasattr(tm, "shape") or tm.dtype != torch.float32:
+        raise Unsupported(f"{PREFIX} a permutation of a non-float32 value")
+    nd = len(tm.shape)
+    kwargs = dict(node.kwargs)
+    if name == "permute":
+        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else \
+            tuple(rest) or kwargs.get("dims")
+        perm = tuple(dims) if isinstance(dims, (tuple, list)) else None
+    else:
+        bound = dict(zip(("dim0", "dim1"), rest), **kwargs)
+        perm = None
+        if set(bound) == {"dim0", "dim1"} and all(isinstance(v, int) for v in bound.values()):
+            perm = list(range(nd))
+            a, b = bound["dim0"] % max(nd, 1), bound["dim1"] % max(nd, 1)
+            perm[a], perm[b] = perm[b], perm[a]
+            perm = tuple(perm)
+    if (perm is None or any(not isinstance(d, int) or isinstance(d, bool) for d in perm)
+            or sorted(d % max(nd, 1) for d in perm) != list(range(nd))):
+        raise Unsupported(f"{PREFIX} Tensor.{name} called with unusual arguments")
+    if nd > PERMUTE_MAX_DIMS:
+        raise Unsupported(f"{PREFIX} a permutation of {nd} dims (at most {PERMUTE_MAX_DIMS})")
+    perm = tuple(d % nd for d in perm)
+    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+    out = node.meta.get("tensor_meta")
+    shape = tuple(int(d) for d in out.shape) if out is not None else ()
+    return Analysis(Permute(names, str(src.target), perm), shape, ("permute",),
+                    f"{src.target}.permute{perm}.contiguous()")
+
+
+PERMUTE_MAX_DIMS = 6  # the kernel's geometry: sizes and strides of at most this many dims
 
 
 def _row_groups(plan: Plan, model: Any) -> int:

@@ -9,23 +9,31 @@ usual. ``ModelNew.forward`` then runs the stages in order, each one's output an 
 next (see :mod:`candidate`).
 
 A cut is made only where exactly one computed value is live across it (the stage's output);
-forward inputs and parameters may be read by any stage. Two live values (two branches that join
-later, attention's q and k) are declined with the reason.
+forward inputs, parameters and earlier stages' outputs may be read by any stage. So branches
+that a torch.cat joins (an Inception module's four, a DenseNet block's growing list) are stages
+one after the other, and the join is a stage of its own (graph.Concat). Where a cut would carry
+several values, the first of them may end a kernel of its own (a DenseNet's pooling, read by the
+normalization before the next convolution and by a later join); else (attention's q and k,
+computed in one stretch) the task is declined with the reason.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from torch import fx
 
-from assay.propose.offline.graph import (PREFIX, RESHAPE_FUNCTIONS, SIZE_METHODS, Analysis,
-                                         NeedsCut, Unsupported, is_reshape)
+from assay.propose.offline.graph import (PREFIX, RESHAPE_FUNCTIONS, SHAPE_ARITH, SIZE_METHODS,
+                                         Analysis, NeedsCut, Unsupported, is_reshape,
+                                         own_kernel, shape_only, shape_value)
 
-# A stage's output, as the next stages' argument.
+# A stage's output, as the next stages' argument; and, where a view follows the stage, its
+# output before the view (a later view's size queries may read it).
 STAGE_INPUT = "stage{}"
+STAGE_RAW = "stage{}_raw"
 
 
 @dataclass(frozen=True)
@@ -38,7 +46,8 @@ class Pipeline:
     stages: tuple[Analysis, ...]  # their shapes are one size's (graph.structure: the plans)
     inputs: tuple[str, ...]
     # Per stage: a view applied to its output before the next stages read it ("" for none), a
-    # Python expression of ``{t}`` (the output), e.g. ``{t}.view({t}.size(0), -1)``.
+    # Python expression of ``{t}`` (the output), e.g. ``{t}.view({t}.size(0), -1)``; its size
+    # queries may also read forward inputs and earlier stages' outputs by their names.
     views: tuple[str, ...] = ()
 
     @property
@@ -46,18 +55,48 @@ class Pipeline:
         return "float32"
 
 
-def _size_of(node: Any, src: fx.Node) -> int | None:
-    """d for ``src.size(d)`` (a size query of ``src`` feeding a view), else None."""
-    if (isinstance(node, fx.Node) and node.op == "call_method" and str(node.target) in
-            SIZE_METHODS and len(node.args) == 2 and node.args[0] is src and not node.kwargs
-            and isinstance(node.args[1], int)):
-        return node.args[1]
+def _shape_of(node: Any) -> Any:
+    """The tensor whose ``x.size()`` or ``x.shape`` ``node`` is, else None."""
+    if not isinstance(node, fx.Node) or len(node.args) < 1:
+        return None
+    if node.op == "call_method" and str(node.target) in SIZE_METHODS and len(node.args) == 1:
+        return node.args[0]
+    if node.op == "call_function" and node.target is getattr and node.args[1:] == ("shape",):
+        return node.args[0]
     return None
 
 
-def view_expr(node: fx.Node) -> str | None:
+def shape_expr(node: Any, src: fx.Node, names: dict[fx.Node, str] | None = None
+               ) -> str | None:
+    """An int argument of a view of ``src`` as a size-generic Python expression: ints, sizes
+    of ``src`` (``{t}.size(d)``) or of a tensor ModelNew.forward holds by its name in
+    ``names`` (a forward input, an earlier stage's output), and + - * // of those; else
+    None."""
+    if isinstance(node, int) and not isinstance(node, bool):
+        return str(node)
+    if not isinstance(node, fx.Node) or node.kwargs or not shape_value(node):
+        return None
+
+    def tensor(of: Any) -> str | None:
+        return "{t}" if of is src else (names or {}).get(of)
+
+    if node.op == "call_method":  # x.size(d) (x.size() alone is only read through its items)
+        d = node.args[1] if len(node.args) == 2 else None
+        base = tensor(node.args[0])
+        return f"{base}.size({d})" if base is not None and isinstance(d, int) else None
+    if node.target is operator.getitem:  # x.size()[d], x.shape[d]
+        base = tensor(_shape_of(node.args[0]))
+        return f"{base}.size({node.args[1]})" if base is not None else None
+    if node.target in SHAPE_ARITH and len(node.args) == 2:
+        left, right = (shape_expr(a, src, names) for a in node.args)
+        if left is not None and right is not None:
+            return f"({left} {SHAPE_ARITH[node.target]} {right})"
+    return None
+
+
+def view_expr(node: fx.Node, names: dict[fx.Node, str] | None = None) -> str | None:
     """The view ``node`` (of its first argument) as a size-generic expression of ``{t}``, or
-    None if its arguments are not constants and size queries of that same tensor."""
+    None if its arguments are not what shape_expr can write."""
     if not is_reshape(node):
         return None
     name = (RESHAPE_FUNCTIONS[node.target] if node.op == "call_function"
@@ -83,35 +122,29 @@ def view_expr(node: fx.Node) -> str | None:
         args = list(args[0])
     parts = []
     for a in args:
-        d = _size_of(a, src)
-        if d is not None:
-            parts.append(f"{{t}}.size({d})")
-        elif isinstance(a, int) and not isinstance(a, bool):
-            parts.append(str(a))
-        else:
+        size = shape_expr(a, src, names)
+        if size is None:
             return None
+        parts.append(size)
     return f"{{t}}.reshape({', '.join(parts)})" if parts else None
 
 
-def _is_size_of(node: fx.Node, src: fx.Node) -> bool:
-    return (node.op == "call_method" and str(node.target) in SIZE_METHODS and bool(node.args)
-            and node.args[0] is src)
-
-
-def _more_views(view: str, carried: fx.Node, todo: list[fx.Node]
-                ) -> tuple[str, fx.Node, list[fx.Node]]:
+def _more_views(view: str, carried: fx.Node, todo: list[fx.Node],
+                names: dict[fx.Node, str]) -> tuple[str, fx.Node, list[fx.Node]]:
     """Fold the views that follow a boundary's view of ``carried`` (each the only reader of
-    the one before, its size queries aside) into its expression."""
+    the one before, sizes aside) into its expression; ``.contiguous()`` of a fresh output or of
+    a view of one is the same tensor."""
     while True:
-        nxt = next((n for n in todo if not _is_size_of(n, carried)), None)
+        nxt = next((n for n in todo if not shape_only(n)), None)
         if nxt is None or not nxt.args or nxt.args[0] is not carried:
             return view, carried, todo
-        more = view_expr(nxt)
-        if more is None or any(u is not nxt and not _is_size_of(u, carried)
-                               for u in carried.users):
+        contiguous = (nxt.op == "call_method" and str(nxt.target) == "contiguous"
+                      and len(nxt.args) == 1 and not nxt.kwargs)
+        more = "{t}" if contiguous else view_expr(nxt, names)
+        if more is None or any(u is not nxt and not shape_only(u) for u in carried.users):
             return view, carried, todo
         view = more.format(t=view)
-        todo = [n for n in todo if n is not nxt and not _is_size_of(n, carried)]
+        todo = [n for n in todo if n is not nxt]
         carried = nxt
 
 
@@ -120,7 +153,7 @@ def _live_across(nodes: list[fx.Node], cut: fx.Node) -> list[fx.Node]:
     order = {n: i for i, n in enumerate(nodes)}
     at = order[cut]
     return [n for n in nodes[:at] if n.op not in ("placeholder", "get_attr")
-            and any(order[u] >= at for u in n.users)]
+            and not shape_only(n) and any(order[u] >= at for u in n.users)]
 
 
 def _subgraph(gm: fx.GraphModule, nodes: list[fx.Node], output: fx.Node,
@@ -131,6 +164,7 @@ def _subgraph(gm: fx.GraphModule, nodes: list[fx.Node], output: fx.Node,
     modules and parameters resolve there."""
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
+    nodes = _with_shapes_read([n for n in nodes if not shape_value(n)])
     needed = {a for n in nodes for a in n.all_input_nodes} | {output}
     for src, name in inputs.items():  # forward inputs first, in order, then stage outputs
         if src in needed:
@@ -140,9 +174,42 @@ def _subgraph(gm: fx.GraphModule, nodes: list[fx.Node], output: fx.Node,
         for a in n.all_input_nodes:
             if a not in env and a.op == "get_attr":
                 env[a] = g.node_copy(a)
+            if a not in env:  # the size of a value an earlier kernel computed inside itself
+                raise Unsupported(f"{PREFIX} {n.name} reads {a.name}, a value inside another "
+                                  f"kernel")
         env[n] = g.node_copy(n, lambda a: env[a])
     g.output(env[output])
     return fx.GraphModule(gm, g), {copy: src for src, copy in env.items()}
+
+
+def _with_shapes_read(nodes: list[fx.Node]) -> list[fx.Node]:
+    """``nodes`` and the shape values they read (a view's sizes, wherever they were computed),
+    with the shape values those read, in graph order."""
+    held = set(nodes)
+    todo = [a for n in nodes for a in n.all_input_nodes if shape_value(a)]
+    while todo:
+        a = todo.pop()
+        if a not in held:
+            held.add(a)
+            todo += [b for b in a.all_input_nodes if shape_value(b)]
+    order = {n: i for i, n in enumerate(nodes[0].graph.nodes)} if nodes else {}
+    return sorted(held, key=order.__getitem__)
+
+
+def _end_at_first(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis],
+                  names: dict[fx.Node, str], todo: list[fx.Node], live: list[fx.Node],
+                  forward_inputs: list[fx.Node], output: fx.Node
+                  ) -> tuple[Analysis, fx.Node] | None:
+    """Where a cut would carry several values: a kernel that ends at the first of them, if
+    that one alone is live right after it and one kernel can compute it; else None."""
+    first = min(live, key=todo.index)
+    end = todo.index(first) + 1
+    if end >= len(todo) or _live_across(forward_inputs + todo + [output], todo[end]) != [first]:
+        return None
+    try:
+        return analyze(_subgraph(gm, todo[:end], first, names)[0]), first
+    except Unsupported:
+        return None
 
 
 def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> Analysis:
@@ -170,11 +237,22 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
             at = original.get(cut.before)
             if at not in todo:  # pragma: no cover - every cut names a node of the graph
                 raise Unsupported(str(cut)) from None
-            view = view_expr(at)
-            # A view's size queries belong to the view, not to the kernel before it.
-            sizes = [n for n in todo if view and n.op == "call_method"
-                     and str(n.target) in SIZE_METHODS and set(n.users) == {at}]
+            view = view_expr(at, names)
+            # Sizes read by views belong to the views, not to a kernel.
+            sizes = [n for n in todo if shape_only(n)]
             before = [n for n in todo[:todo.index(at)] if n not in sizes]
+            if not before and own_kernel(at):  # a join or a permutation: a kernel of its own
+                stages.append(analyze(_subgraph(gm, [at], at, names)[0]))
+                todo = todo[todo.index(at) + 1:]
+                # views of its output (torch.cat(...).view(...)) fold into its boundary
+                view, carried, todo = _more_views("{t}", at, todo, names)
+                views.append("" if view == "{t}" else view)
+                if view != "{t}":
+                    names[at] = STAGE_RAW.format(len(stages) - 1)
+                names[carried] = STAGE_INPUT.format(len(stages) - 1)
+                if carried is out:
+                    break
+                continue
             if not before:
                 raise Unsupported(str(cut)) from None
             if all(is_reshape(n) or str(n.target) in SIZE_METHODS for n in before):
@@ -186,13 +264,28 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
                 raise Unsupported(f"{cut}: a view of a value that is also read elsewhere") \
                     from None
             if len(live) != 1:
-                raise Unsupported(f"{cut} (a kernel boundary there would carry {len(live)} "
-                                  f"values: {', '.join(n.name for n in live)})") from None
+                why = (f"{cut} (a kernel boundary there would carry {len(live)} values: "
+                       f"{', '.join(n.name for n in live)})")
+                early = None if view is not None else _end_at_first(gm, analyze, names, todo,
+                                                                    live, forward_inputs,
+                                                                    output)
+                if early is None:
+                    raise Unsupported(why) from None
+                # The first of them ends a kernel of its own (a pooling whose output a later
+                # join reads, before the normalization that feeds the convolution here); the
+                # rest is tried again from there.
+                stage, first = early
+                stages.append(stage)
+                views.append("")
+                todo = todo[todo.index(first) + 1:]
+                names[first] = STAGE_INPUT.format(len(stages) - 1)
+                continue
             stages.append(analyze(_subgraph(gm, before, live[0], names)[0]))
             carried = at if view is not None else live[0]
             todo = todo[todo.index(at) + (1 if view is not None else 0):]
             if view is not None:  # views of the view (x.squeeze(-1).squeeze(-1)) fold into it
-                view, carried, todo = _more_views(view, carried, todo)
+                view, carried, todo = _more_views(view, carried, todo, names)
+                names[live[0]] = STAGE_RAW.format(len(stages) - 1)
             views.append(view or "")
             names[carried] = STAGE_INPUT.format(len(stages) - 1)
             if carried is out:  # the task returns the view: the last stage was the last kernel

@@ -87,3 +87,7 @@ class Family:
     # What the library computes in this candidate, for its docstring ("": nothing; otherwise
     # the candidate needs the permissive policy): (plan, target, knobs).
     library: Callable[[Plan, str, dict[str, Any]], str] = _no_library
+    # ModelNew.forward's whole body and the file's entry points, for a plan that is not a
+    # graph.Plan (a concatenation: its checks and output are its own); None: the candidate
+    # writes the checks and output of the plan's leaves, then ``calls``. (plan, target, knobs)
+    forward: Callable[[Any, str, dict[str, Any]], tuple[list[str], list[Entry]]] | None = None

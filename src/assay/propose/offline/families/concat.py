@@ -1,0 +1,161 @@
+"""The concat family: ``torch.cat`` as a kernel of its own (graph.Concat), the join of branches
+in a multi-kernel plan (an Inception module's four, a DenseNet block's growing list). The output
+is seen as ``[outer, C, inner]`` with C the joined dim; each part ``[outer, c_i, inner]`` is
+copied into its slice ``[:, offset_i:offset_i + c_i, :]`` by one launch of the entry point
+``assay_cat_part``. C++: a memcpy per outer row (OpenMP over rows); CUDA: outer rows on the
+grid's y (strided past 65535), each row's vectors of VEC floats on x, no index division.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from assay.propose.offline.families.family import Entry, Family, Space
+from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Param,
+                                                   head_values, pointer, render, size_params)
+from assay.propose.offline.graph import Analysis, Concat
+
+KNOB_SPACES: dict[tuple[str, str], Space] = {
+    # threads: 0 = OpenMP's default over the outer rows, 1 = serial
+    ("cpu", "concat"): {"threads": (0, 1)},
+    # block: threads per block; vec: floats per load and store (used where the part's row,
+    # the output's row and the offset are multiples of it and both pointers aligned)
+    ("cuda", "concat"): {"block": (128, 256, 512, 1024), "vec": (1, 2, 4)},
+}
+
+CPP_CONCAT = CPP_PREAMBLE + r"""
+#include <string.h>
+
+// One part of the join: outer rows of ``part`` floats from src, each to dst + o * row + offset.
+extern "C" int assay_cat_part({{ params }}) {
+  if (outer <= 0 || part <= 0) return 0;
+{% if parallel %}
+  #pragma omp parallel for schedule(static) if(outer > 1 && outer * part > (1 << 16))
+{% endif %}
+  for (int64_t o = 0; o < outer; ++o) {
+    memcpy(dst + o * row + offset, src + o * part, (size_t)part * sizeof(float));
+  }
+  return 0;
+}
+"""
+
+CUDA_CONCAT = r"""
+// Sizes in units of VEC floats. Rows on y (grid-strided: gridDim.y is at most 65535), a row's
+// vectors on x: no division per element.
+template <int VEC>
+__global__ void __launch_bounds__({{ block }})
+assay_cat_part_kernel(const float* __restrict__ src, float* __restrict__ dst, int64_t outer,
+                      int64_t part, int64_t row, int64_t offset) {
+  const int64_t stride = (int64_t)gridDim.x * {{ block }};
+  for (int64_t o = blockIdx.y; o < outer; o += gridDim.y) {
+    const float* s = src + o * part * VEC;
+    float* d = dst + (o * row + offset) * VEC;
+    for (int64_t j = (int64_t)blockIdx.x * {{ block }} + threadIdx.x; j < part; j += stride) {
+      float v[VEC];
+      assay_load<VEC>(s, j * VEC, v);
+      assay_store_out<VEC>(d, j * VEC, v);
+    }
+  }
+}
+
+extern "C" int assay_cat_part({{ params }}, void* stream_ptr) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  if (outer <= 0 || part <= 0) return 0;
+  const int64_t v = {{ vec }};
+  const bool vec = v > 1 && part % v == 0 && row % v == 0 && offset % v == 0
+                   && assay_aligned(src, 4 * v) && assay_aligned(dst, 4 * v);
+  const int64_t w = vec ? v : 1;
+  int64_t bx = (part / w + {{ block }} - 1) / {{ block }};
+  if (bx > 2147483647) bx = 2147483647;
+  const int64_t by = outer < 65535 ? outer : 65535;
+  const dim3 grid((unsigned)bx, (unsigned)by);
+  if (vec) {
+    assay_cat_part_kernel<{{ vec }}><<<grid, {{ block }}, 0, stream>>>(
+        src, dst, outer, part / w, row / w, offset / w);
+  } else {
+    assay_cat_part_kernel<1><<<grid, {{ block }}, 0, stream>>>(src, dst, outer, part, row,
+                                                               offset);
+  }
+  return (int)cudaGetLastError();
+}
+"""
+
+
+def matches(plan: Any) -> bool:
+    return isinstance(plan, Concat)
+
+
+def space(target: str, analysis: Analysis, lib: int | None = None, policy: str = "any") -> Space:
+    return dict(KNOB_SPACES[(target, "concat")])
+
+
+def defaults(target: str, analysis: Analysis, lib: int | None = None,
+             policy: str = "any") -> dict[str, int]:
+    # Not yet measured on a GPU: the elementwise family's streaming setting.
+    return {"threads": 0} if target == "cpu" else {"block": 256, "vec": 4}
+
+
+def safe(target: str, plan: Any = None, knobs: Any = None) -> dict[str, int]:
+    return {"threads": 1} if target == "cpu" else {"block": 256, "vec": 1}
+
+
+def template(plan: Concat, knobs: dict[str, Any]) -> str:
+    return "concat"
+
+
+def strategy(plan: Concat, knobs: dict[str, Any]) -> str:
+    return "vectorize"  # one op that streams memory
+
+
+def _params(target: str) -> list[Param]:
+    return ([pointer(target, "src", "p.data_ptr()"),
+             pointer(target, "dst", "out.data_ptr()", const=False)]
+            + size_params("outer", "part", "row", "offset"))
+
+
+def source(plan: Concat, target: str, knobs: dict[str, Any], summary: str,
+           label: str = "concat") -> str:
+    values = head_values(label, knobs, summary)
+    params = ", ".join(f"{p.ctype} {p.name}" for p in _params(target))
+    if target == "cpu":
+        return render(CPP_CONCAT, **values, params=params, parallel=int(knobs["threads"]) != 1)
+    return render(CUDA_COMMON, **values) + render(CUDA_CONCAT, params=params,
+                                                  block=int(knobs["block"]),
+                                                  vec=int(knobs["vec"]))
+
+
+def forward(plan: Concat, target: str, knobs: dict[str, Any]
+            ) -> tuple[list[str], list[Entry]]:
+    """ModelNew.forward's body: the parts checked against each other, the output allocated,
+    one ``assay_cat_part`` call per part."""
+    d, nd = plan.dim, plan.ndim
+    parts = ", ".join(f"_tensor({name}, {name!r})" for name in plan.parts)
+    stream = (", torch.cuda.current_stream(out.device).cuda_stream" if target == "cuda"
+              else "")
+    lines = [
+        f"parts = ({parts},)",
+        "ref = parts[0]",
+        f"_expect(all(p.dim() == {nd} for p in parts), 'the joined tensors do not have {nd} "
+        f"dims')",
+        f"_expect(all(p.shape[:{d}] == ref.shape[:{d}] and p.shape[{d + 1}:] == "
+        f"ref.shape[{d + 1}:] for p in parts), 'the joined tensors differ outside dim {d}')",
+        f"shape = tuple(ref.shape[:{d}]) + (sum(p.shape[{d}] for p in parts),) + "
+        f"tuple(ref.shape[{d + 1}:])",
+        "out = torch.empty(shape, dtype=DTYPE, device=ref.device)",
+        f"outer = math.prod(shape[:{d}])",
+        f"inner = math.prod(shape[{d + 1}:])",
+        "offset = 0",
+        "for p in parts:",
+        f"    part = p.shape[{d}] * inner",
+        "    if outer and part:",
+        f"        _check(_lib().assay_cat_part(p.data_ptr(), out.data_ptr(), outer, part, "
+        f"shape[{d}] * inner, offset{stream}))",
+        "    offset += part",
+        "return out",
+    ]
+    return lines, [("assay_cat_part", _params(target))]
+
+
+FAMILY = Family(name="concat", matches=matches, knob_spaces=KNOB_SPACES, space=space,
+                defaults=defaults, safe=safe, template=template, strategy=strategy,
+                source=source, calls=None, forward=forward)

@@ -1,0 +1,246 @@
+"""The permute family: ``x.permute(...)`` / ``transpose`` made contiguous, a kernel of its own
+(graph.Permute; a ShuffleNet's channel shuffle). The entry point gets the output's sizes and the
+source's strides in the output's dim order (padded to PERMUTE_MAX_DIMS), drops dims of size 1
+and merges dims that stay adjacent, so a channel shuffle of [N, G, C/G, H, W] is a copy of rows
+of H * W floats. Where the last merged dim is contiguous in the source, rows are copied (CUDA:
+rows on the grid's y, vectors of ``vec`` floats on x; C++: a memcpy per row); otherwise each
+output element gathers its source element.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from assay.propose.offline.families.family import Entry, Family, Space
+from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Param,
+                                                   head_values, pointer, render)
+from assay.propose.offline.graph import PERMUTE_MAX_DIMS, Analysis, Permute
+
+KNOB_SPACES: dict[tuple[str, str], Space] = {
+    # threads: 0 = OpenMP's default over rows, 1 = serial
+    ("cpu", "permute"): {"threads": (0, 1)},
+    # block: threads per block; vec: floats per load and store in the row form (where rows,
+    # their source offsets and both pointers allow it)
+    ("cuda", "permute"): {"block": (128, 256, 512, 1024), "vec": (1, 2, 4)},
+}
+
+# The geometry, shared by both targets: collapse the dims, then rows if the last is contiguous.
+GEOMETRY = r"""
+#define ASSAY_PD {{ nd }}
+struct AssayGeo {
+  int nd;  // dims after collapsing, at least 1
+  int64_t size[ASSAY_PD];
+  int64_t stride[ASSAY_PD];
+};
+
+// Size-1 dims dropped, neighbours merged where the source keeps them adjacent.
+static inline AssayGeo assay_collapse(const int64_t* size, const int64_t* stride) {
+  AssayGeo g;
+  g.nd = 0;
+  for (int j = 0; j < ASSAY_PD; ++j) {
+    if (size[j] == 1) continue;
+    if (g.nd > 0 && g.stride[g.nd - 1] == stride[j] * size[j]) {
+      g.size[g.nd - 1] *= size[j];
+      g.stride[g.nd - 1] = stride[j];
+    } else {
+      g.size[g.nd] = size[j];
+      g.stride[g.nd] = stride[j];
+      ++g.nd;
+    }
+  }
+  if (g.nd == 0) {
+    g.nd = 1;
+    g.size[0] = 1;
+    g.stride[0] = 1;
+  }
+  return g;
+}
+"""
+
+CPP_PERMUTE = CPP_PREAMBLE + r"""
+#include <string.h>
+""" + GEOMETRY + r"""
+extern "C" int assay_permute({{ params }}) {
+  const int64_t size[ASSAY_PD] = { {{ sizes }} };
+  const int64_t stride[ASSAY_PD] = { {{ strides }} };
+  const AssayGeo g = assay_collapse(size, stride);
+  int64_t n = 1;
+  for (int j = 0; j < g.nd; ++j) n *= g.size[j];
+  if (n <= 0) return 0;
+  const bool rows_form = g.stride[g.nd - 1] == 1;
+  const int64_t inner = rows_form ? g.size[g.nd - 1] : 1;
+  const int64_t rows = n / inner;
+  const int last = rows_form ? g.nd - 1 : g.nd;  // dims that index the rows
+{% if parallel %}
+  #pragma omp parallel for schedule(static) if(rows > 1 && n > (1 << 16))
+{% endif %}
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t q = r, off = 0;
+    for (int j = last - 1; j >= 0; --j) {
+      off += (q % g.size[j]) * g.stride[j];
+      q /= g.size[j];
+    }
+    if (rows_form) {
+      memcpy(dst + r * inner, src + off, (size_t)inner * sizeof(float));
+    } else {
+      dst[r] = src[off];
+    }
+  }
+  return 0;
+}
+"""
+
+CUDA_PERMUTE = GEOMETRY + r"""
+// Rows whose source is contiguous: one source offset per row (divisions per row, not per
+// element), the row's vectors on x. Sizes in units of VEC floats.
+template <int VEC>
+__global__ void __launch_bounds__({{ block }})
+assay_permute_rows(const float* __restrict__ src, float* __restrict__ dst, AssayGeo g,
+                   int64_t rows, int64_t inner) {
+  const int64_t stride = (int64_t)gridDim.x * {{ block }};
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    int64_t q = r, off = 0;
+    for (int j = g.nd - 2; j >= 0; --j) {
+      off += (q % g.size[j]) * g.stride[j];
+      q /= g.size[j];
+    }
+    const float* s = src + off;
+    float* d = dst + r * inner * VEC;
+    for (int64_t j = (int64_t)blockIdx.x * {{ block }} + threadIdx.x; j < inner; j += stride) {
+      float v[VEC];
+      assay_load<VEC>(s, j * VEC, v);
+      assay_store_out<VEC>(d, j * VEC, v);
+    }
+  }
+}
+
+// The last dim moves: each output element gathers its source element.
+__global__ void __launch_bounds__({{ block }})
+assay_permute_elems(const float* __restrict__ src, float* __restrict__ dst, AssayGeo g,
+                    int64_t n) {
+  for (int64_t i = (int64_t)blockIdx.x * {{ block }} + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * {{ block }}) {
+    int64_t q = i, off = 0;
+    for (int j = g.nd - 1; j >= 0; --j) {
+      off += (q % g.size[j]) * g.stride[j];
+      q /= g.size[j];
+    }
+    dst[i] = src[off];
+  }
+}
+
+extern "C" int assay_permute({{ params }}, void* stream_ptr) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const int64_t size[ASSAY_PD] = { {{ sizes }} };
+  const int64_t stride[ASSAY_PD] = { {{ strides }} };
+  AssayGeo g = assay_collapse(size, stride);
+  int64_t n = 1;
+  for (int j = 0; j < g.nd; ++j) n *= g.size[j];
+  if (n <= 0) return 0;
+  if (g.stride[g.nd - 1] != 1) {
+    int64_t blocks = (n + {{ block }} - 1) / {{ block }};
+    const int64_t cap = (int64_t)assay_sm_count() * {{ 2048 // block * 4 }};
+    if (blocks > cap) blocks = cap;
+    assay_permute_elems<<<(unsigned)blocks, {{ block }}, 0, stream>>>(src, dst, g, n);
+    return (int)cudaGetLastError();
+  }
+  const int64_t inner = g.size[g.nd - 1];
+  const int64_t rows = n / inner;
+  const int64_t v = {{ vec }};
+  bool vec = v > 1 && inner % v == 0 && assay_aligned(src, 4 * v) && assay_aligned(dst, 4 * v);
+  for (int j = 0; vec && j < g.nd - 1; ++j) vec = g.stride[j] % v == 0;
+  const int64_t w = vec ? v : 1;
+  int64_t bx = (inner / w + {{ block }} - 1) / {{ block }};
+  if (bx > 2147483647) bx = 2147483647;
+  const dim3 grid((unsigned)bx, (unsigned)(rows < 65535 ? rows : 65535));
+  if (vec) {
+    assay_permute_rows<{{ vec }}><<<grid, {{ block }}, 0, stream>>>(src, dst, g, rows, inner / w);
+  } else {
+    assay_permute_rows<1><<<grid, {{ block }}, 0, stream>>>(src, dst, g, rows, inner);
+  }
+  return (int)cudaGetLastError();
+}
+"""
+
+
+def matches(plan: Any) -> bool:
+    return isinstance(plan, Permute)
+
+
+def space(target: str, analysis: Analysis, lib: int | None = None, policy: str = "any") -> Space:
+    return dict(KNOB_SPACES[(target, "permute")])
+
+
+def defaults(target: str, analysis: Analysis, lib: int | None = None,
+             policy: str = "any") -> dict[str, int]:
+    # Not yet measured on a GPU: the elementwise family's streaming setting.
+    return {"threads": 0} if target == "cpu" else {"block": 256, "vec": 4}
+
+
+def safe(target: str, plan: Any = None, knobs: Any = None) -> dict[str, int]:
+    return {"threads": 1} if target == "cpu" else {"block": 256, "vec": 1}
+
+
+def template(plan: Permute, knobs: dict[str, Any]) -> str:
+    return "permute"
+
+
+def strategy(plan: Permute, knobs: dict[str, Any]) -> str:
+    return "vectorize"  # one op that streams memory
+
+
+def _geometry_names() -> tuple[list[str], list[str]]:
+    return ([f"size{j}" for j in range(PERMUTE_MAX_DIMS)],
+            [f"stride{j}" for j in range(PERMUTE_MAX_DIMS)])
+
+
+def _params(plan: Permute, target: str) -> list[Param]:
+    """The source, the output, then the output's sizes and the source's strides in the
+    output's dim order, leading dims padded with size 1."""
+    pad = PERMUTE_MAX_DIMS - plan.ndim
+    sizes, strides = _geometry_names()
+    size_py = ["1"] * pad + [f"src.shape[{d}]" for d in plan.perm]
+    stride_py = ["0"] * pad + [f"src.stride({d})" for d in plan.perm]
+    geo = [Param("int64_t", name, py, "ctypes.c_int64")
+           for name, py in zip(sizes + strides, size_py + stride_py)]
+    return ([pointer(target, "src", "src.data_ptr()"),
+             pointer(target, "dst", "out.data_ptr()", const=False)] + geo)
+
+
+def source(plan: Permute, target: str, knobs: dict[str, Any], summary: str,
+           label: str = "permute") -> str:
+    values = head_values(label, knobs, summary)
+    sizes, strides = _geometry_names()
+    common = {"params": ", ".join(f"{p.ctype} {p.name}" for p in _params(plan, target)),
+              "sizes": ", ".join(sizes), "strides": ", ".join(strides),
+              "nd": PERMUTE_MAX_DIMS}
+    if target == "cpu":
+        return render(CPP_PERMUTE, **values, **common, parallel=int(knobs["threads"]) != 1)
+    return render(CUDA_COMMON, **values) + render(CUDA_PERMUTE, **common,
+                                                  block=int(knobs["block"]),
+                                                  vec=int(knobs["vec"]))
+
+
+def forward(plan: Permute, target: str, knobs: dict[str, Any]
+            ) -> tuple[list[str], list[Entry]]:
+    """ModelNew.forward's body: the source checked, the output allocated in the permuted
+    shape, one ``assay_permute`` call."""
+    params = _params(plan, target)
+    stream = (["torch.cuda.current_stream(out.device).cuda_stream"] if target == "cuda"
+              else [])
+    args = ", ".join([p.py for p in params] + stream)
+    lines = [
+        f"src = _tensor({plan.src}, {plan.src!r})",
+        f"_expect(src.dim() == {plan.ndim}, '{plan.src} does not have {plan.ndim} dims')",
+        f"out = torch.empty(tuple(src.shape[d] for d in {plan.perm!r}), dtype=DTYPE, "
+        f"device=src.device)",
+        "if out.numel():",
+        f"    _check(_lib().assay_permute({args}))",
+        "return out",
+    ]
+    return lines, [("assay_permute", params)]
+
+
+FAMILY = Family(name="permute", matches=matches, knob_spaces=KNOB_SPACES, space=space,
+                defaults=defaults, safe=safe, template=template, strategy=strategy,
+                source=source, calls=None, forward=forward)
