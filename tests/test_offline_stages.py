@@ -178,6 +178,13 @@ TASKS = {
     "permute_last": ("pass", "y = torch.relu(x).transpose(-1, -2)\n"
                      "return y.permute(1, 0, 2).contiguous() * 2.0", "torch.randn(b, m, k)",
                      {"b": 3, "m": 5, "k": 7}, {"b": 2, "m": 1, "k": 4}, 4),
+    # a view whose size reads a value fused into the kernel before it: the size of what that
+    # value was computed from (DenseNet121's relu(bn(x)).size(0) is x's)
+    "fused_size": ("self.pool = nn.MaxPool2d(2)\nself.bn = nn.BatchNorm2d(c)" + _STATS,
+                   "p = self.pool(x)\nz = torch.relu(self.bn(p)) * 0.5\n"
+                   "return nn.functional.adaptive_avg_pool2d(z, 1).view(z.size(0), -1)",
+                   "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 6, "w": 8},
+                   {"b": 3, "c": 2, "h": 4, "w": 4}, 2),
     # a view whose size reads an earlier stage's output by its name
     "pool_named_size": ("self.conv = nn.Conv2d(c, n, 3)",
                         "z = torch.relu(self.conv(x))\n"
@@ -313,7 +320,7 @@ def test_strict_policy_writes_every_convolution_with_its_own_kernel(task_dir):
     ("y = torch.exp(x)\na = torch.relu(y)\nb = torch.sigmoid(y)\n"
      "return torch.matmul(a, self.w) + b.sum()", "would carry 2 values"),
     # a view's size read from a value that one kernel computes inside itself
-    ("z = torch.relu(x * 2.0)\n"
+    ("z = torch.relu(x) + torch.sigmoid(x)\n"
      "return torch.mean(z, dim=1, keepdim=True).view(z.size(0), -1)",
      "a value inside another kernel"),
     # a view of a forward input as a product's operand: no kernel before it to end
@@ -339,7 +346,7 @@ def test_triton_declines_multi_kernel_plans(task_dir):
     ("level3/1_MLP", 3), ("level3/4_LeNet5", 7), ("level3/8_ResNetBasicBlock", 3),
     ("level3/11_VGG16", 21), ("level3/6_GoogleNetInceptionModule", 8),
     ("level3/14_DenseNet121DenseBlock", 18), ("level3/17_SqueezeNetFireModule", 4),
-    ("level3/25_ShuffleNetUnit", 5), ("level2/35_Conv2d_Subtract_HardSwish_MaxPool_Mish", 2),
+    ("level3/25_ShuffleNetUnit", 5), ("level3/15_DenseNet121", 187), ("level2/35_Conv2d_Subtract_HardSwish_MaxPool_Mish", 2),
     ("level2/45_Gemm_Sigmoid_LogSumExp", 2),
 ])
 def test_kernelbench_multi_kernel_tasks_get_a_plan(stem, kernels):

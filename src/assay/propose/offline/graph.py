@@ -2077,6 +2077,42 @@ def shape_value(node: Any) -> bool:
     return False
 
 
+# Ops whose output has their one tensor argument's shape, whatever the sizes: a size read of
+# their output is a size read of their input (stages.shape_expr).
+_SAME_SHAPE_OPS = _UNARY_FORMULAS | {"gelu", "dropout", "identity", "leaky_relu", "hardtanh",
+                                     "elu", "softplus", "softmax", "log_softmax", "add", "sub",
+                                     "mul", "div", "pow", "clamp", "clamp_min", "clamp_max"}
+_SAME_SHAPE_MODULES = (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.Mish, nn.SELU, nn.Softsign,
+                       nn.Hardsigmoid, nn.Hardswish, nn.Identity, nn.GELU, nn.LeakyReLU,
+                       nn.Hardtanh, nn.ELU, nn.Softplus, nn.modules.dropout._DropoutNd,
+                       nn.Softmax, nn.LogSoftmax, nn.modules.batchnorm._BatchNorm,
+                       nn.modules.instancenorm._InstanceNorm, nn.LayerNorm, nn.GroupNorm)
+
+
+def same_shape_source(node: fx.Node) -> fx.Node | None:
+    """The tensor whose shape ``node``'s output has for every size (an activation, a dropout,
+    a normalization of it, arithmetic with numbers), or None."""
+    tensors = [a for a in node.args if isinstance(a, fx.Node)]
+    if len(tensors) != 1 or node.args[0] is not tensors[0] or any(
+            isinstance(v, fx.Node) for v in node.kwargs.values()):
+        return None
+    if node.op == "call_module":
+        owner = node.graph.owning_module
+        try:
+            m = owner.get_submodule(str(node.target)) if owner is not None else None
+        except AttributeError:
+            return None
+        return tensors[0] if isinstance(m, _SAME_SHAPE_MODULES) else None
+    if node.op == "call_function":
+        name = _FUNCTIONS.get(node.target)
+    elif node.op == "call_method":
+        name = str(node.target).rstrip("_")
+        name = _METHOD_ALIASES.get(name, name)
+    else:
+        return None
+    return tensors[0] if name in _SAME_SHAPE_OPS else None
+
+
 def shape_only(node: fx.Node) -> bool:
     """A shape value that only views and other such values read (so no kernel computes it)."""
     return (shape_value(node) and bool(node.users)

@@ -28,7 +28,8 @@ from torch import fx
 
 from assay.propose.offline.graph import (PREFIX, RESHAPE_FUNCTIONS, SHAPE_ARITH, SIZE_METHODS,
                                          Analysis, NeedsCut, Unsupported, is_reshape,
-                                         own_kernel, shape_only, shape_value)
+                                         own_kernel, same_shape_source, shape_only,
+                                         shape_value)
 
 # A stage's output, as the next stages' argument; and, where a view follows the stage, its
 # output before the view (a later view's size queries may read it).
@@ -78,7 +79,11 @@ def shape_expr(node: Any, src: fx.Node, names: dict[fx.Node, str] | None = None
         return None
 
     def tensor(of: Any) -> str | None:
-        return "{t}" if of is src else (names or {}).get(of)
+        # A value no kernel outputs (an activation fused into the next kernel) has the shape
+        # of what it was computed from: DenseNet's relu(bn(x)).size(0) is x's.
+        while of is not None and of is not src and of not in (names or {}):
+            of = same_shape_source(of) if isinstance(of, fx.Node) else None
+        return None if of is None else "{t}" if of is src else (names or {})[of]
 
     if node.op == "call_method":  # x.size(d) (x.size() alone is only read through its items)
         d = node.args[1] if len(node.args) == 2 else None
