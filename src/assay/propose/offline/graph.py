@@ -303,6 +303,26 @@ class Permute:
 
 
 @dataclass(frozen=True)
+class Recurrent:
+    """``nn.GRU`` or ``nn.LSTM`` over a batch of sequences, every layer and direction: a kernel
+    of its own in a multi-kernel plan. The module's sizes and settings are read at run time;
+    ``result`` is which of its outputs the task keeps."""
+
+    inputs: tuple[str, ...]  # the stage's arguments, in order
+    cell: str  # "gru" or "lstm"
+    module: str  # the module's path in the model
+    x: str  # the input sequences (a name among ``inputs``)
+    h0: str = ""  # the initial hidden state ("": zeros)
+    c0: str = ""  # LSTM: the initial cell state ("": zeros)
+    result: str = "output"  # "output", "h_n" or "c_n"
+    dtype: str = "float32"
+    kind: str = "recurrent"
+    gemm: Any = None  # (the fields the families' matchers read)
+    pool: Any = None
+    head_leaf: int = -1
+
+
+@dataclass(frozen=True)
 class Analysis:
     plan: Plan  # or a stages.Pipeline: one plan per kernel, in order
     shape: tuple[int, ...]  # S at the analysed size (for default knobs only, never in code)
@@ -1363,6 +1383,8 @@ class _Lowering:
                 raise Unsupported(f"{PREFIX} nn.{type(m).__name__} with weight=")
             return self.call(node, _LOSS_MODULES[type(m)], tuple(node.args),
                              {**node.kwargs, **kw})
+        if type(m) in _RECURRENT_MODULES:  # a kernel of its own (recurrent_of)
+            raise self.cut(f"{PREFIX} nn.{type(m).__name__} beside other work in one kernel")
         if len(node.args) != 1 or node.kwargs:
             raise _unsupported(f"nn.{type(m).__name__} called with extra arguments")
         x = node.args[0]
@@ -2003,6 +2025,7 @@ def analyze_module(mod: Any, real: bool = False) -> Analysis:
     for node, value in zip([n for n in gm.graph.nodes if n.op == "placeholder"], inputs):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             node.meta[NUMBER_ARG] = True
+    _drop_dead(gm)
     _decompose(gm)
     try:
         # ShapeProp prints the failing node's traceback before raising; the decline says why.
@@ -2027,9 +2050,9 @@ def analyze_module(mod: Any, real: bool = False) -> Analysis:
 def analyze_graph(gm: fx.GraphModule) -> Analysis:
     """One plan of a traced graph whose nodes carry their shapes (``tensor_meta``); raises
     :class:`NeedsCut` where one kernel would have to end, Unsupported for the rest."""
-    copy = concat_of(gm) or permute_of(gm)
-    if copy is not None:
-        return copy
+    own = concat_of(gm) or permute_of(gm) or recurrent_of(gm)
+    if own is not None:
+        return own
     low = _Lowering(gm)
     out, names = low.run()
     out_node = next(n for n in gm.graph.nodes if n.op == "output").args[0]
@@ -2052,9 +2075,64 @@ def permute_node(node: fx.Node) -> bool:
             or (node.op == "call_function" and node.target in _PERMUTE_FUNCTIONS))
 
 
+_RECURRENT_MODULES = {nn.GRU: "gru", nn.LSTM: "lstm"}
+
+
+def recurrent_node(node: fx.Node) -> bool:
+    if node.op != "call_module" or node.graph.owning_module is None:
+        return False
+    try:
+        m = node.graph.owning_module.get_submodule(str(node.target))
+    except AttributeError:
+        return False
+    return type(m) in _RECURRENT_MODULES
+
+
 def own_kernel(node: fx.Node) -> bool:
-    """A node that is a kernel of its own in a multi-kernel plan (copy_of)."""
-    return concat_node(node) or permute_node(node)
+    """A node that is a kernel of its own in a multi-kernel plan (copy_of, recurrent_of)."""
+    return concat_node(node) or permute_node(node) or recurrent_node(node)
+
+
+def selections(node: fx.Node) -> list[fx.Node]:
+    """The items a recurrent module's result is read through (``out, h_n = gru(x, h0)``;
+    LSTM's ``(h_n, c_n)`` one level deeper), ending at the one tensor the task reads; [] if it
+    reads the tuple otherwise or more than one of its items (dead items are gone: _drop_dead)."""
+    chain, at = [], node
+    while not hasattr(at.meta.get("tensor_meta"), "shape"):
+        users = list(at.users)
+        if len(users) != 1 or users[0].op != "call_function" \
+                or users[0].target is not operator.getitem or users[0].args[0] is not at \
+                or not isinstance(users[0].args[1], int):
+            return []
+        at = users[0]
+        chain.append(at)
+    return chain
+
+
+def _in_place(node: fx.Node) -> bool:
+    """Whether ``node`` may write a tensor it is given (so it is kept even if unread)."""
+    if node.kwargs.get("inplace") or node.target in (operator.setitem,):
+        return True
+    if node.op == "call_method":
+        return str(node.target).endswith("_")
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", "").endswith("_")
+    if node.op == "call_module":
+        owner = node.graph.owning_module
+        try:
+            return bool(getattr(owner.get_submodule(str(node.target)), "inplace", False))
+        except AttributeError:
+            return True
+    return True
+
+
+def _drop_dead(gm: fx.GraphModule) -> None:
+    """Remove the values no output depends on (KernelBench's LSTM tasks compute a linear layer
+    on the output sequence, then return the state), keeping whatever may write in place."""
+    for node in reversed(list(gm.graph.nodes)):
+        if node.op not in ("placeholder", "output") and not node.users and not _in_place(node):
+            gm.graph.erase_node(node)
+    gm.recompile()
 
 
 def shape_value(node: Any) -> bool:
@@ -2192,6 +2270,57 @@ def permute_of(gm: fx.GraphModule) -> Analysis | None:
 
 
 PERMUTE_MAX_DIMS = 6  # the kernel's geometry: sizes and strides of at most this many dims
+
+
+def recurrent_of(gm: fx.GraphModule) -> Analysis | None:
+    """The plan of a graph that runs one nn.GRU/nn.LSTM on its arguments and returns one of
+    its outputs (a multi-kernel plan's stage), or None for any other graph."""
+    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    if not computed or not recurrent_node(computed[0]):
+        return None
+    node = computed[0]
+    m = gm.get_submodule(str(node.target))
+    cell = _RECURRENT_MODULES[type(m)]
+    chain = selections(node)
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    if not chain:
+        raise Unsupported(f"{PREFIX} nn.{type(m).__name__}'s result read other than as one of "
+                          f"its tensors")
+    if computed[1:] != chain or out is not chain[-1]:
+        return None  # more work after it: the lowering cuts there
+    path = tuple(n.args[1] for n in chain)
+    results = {(0,): "output", (1,): "h_n"} if cell == "gru" else \
+        {(0,): "output", (1, 0): "h_n", (1, 1): "c_n"}
+    if path not in results:
+        raise Unsupported(f"{PREFIX} item {path} of nn.{type(m).__name__}'s result")
+    if getattr(m, "proj_size", 0) or m.mode not in ("GRU", "LSTM"):
+        raise Unsupported(f"{PREFIX} nn.{type(m).__name__} with projections")
+    bound = dict(zip(("input", "hx"), node.args), **node.kwargs)
+    if set(bound) - {"input", "hx"}:
+        raise Unsupported(f"{PREFIX} nn.{type(m).__name__} called with unusual arguments")
+    x, hx = bound.get("input"), bound.get("hx")
+    states = ([] if hx is None else list(hx) if isinstance(hx, (tuple, list)) else [hx])
+    if cell == "lstm" and states and len(states) != 2:
+        raise Unsupported(f"{PREFIX} nn.LSTM's state other than (h0, c0)")
+    if cell == "gru" and len(states) > 1:
+        raise Unsupported(f"{PREFIX} nn.GRU's state other than h0")
+    for a in [x] + states:
+        tm = a.meta.get("tensor_meta") if isinstance(a, fx.Node) else None
+        if not isinstance(a, fx.Node) or a.op != "placeholder" or tm is None \
+                or not hasattr(tm, "shape") or tm.dtype != torch.float32:
+            raise Unsupported(f"{PREFIX} nn.{type(m).__name__} of other than float32 forward "
+                              f"inputs or stage outputs")
+    if len(x.meta["tensor_meta"].shape) != 3:
+        raise Unsupported(f"{PREFIX} nn.{type(m).__name__} of one unbatched sequence")
+    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+    h0, c0 = (str(states[0].target), str(states[1].target) if cell == "lstm" else "") \
+        if states else ("", "")
+    plan = Recurrent(names, cell, str(node.target), str(x.target), h0, c0, results[path])
+    shape = tuple(int(d) for d in chain[-1].meta["tensor_meta"].shape)
+    layers = f"{m.num_layers} layer{'s' if m.num_layers > 1 else ''}"
+    return Analysis(plan, shape, (cell,),
+                    f"{type(m).__name__}({x.target}, {layers}"
+                    f"{', bidirectional' if m.bidirectional else ''}) -> {results[path]}")
 
 
 def _row_groups(plan: Plan, model: Any) -> int:

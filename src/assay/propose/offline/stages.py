@@ -28,8 +28,8 @@ from torch import fx
 
 from assay.propose.offline.graph import (PREFIX, RESHAPE_FUNCTIONS, SHAPE_ARITH, SIZE_METHODS,
                                          Analysis, NeedsCut, Unsupported, is_reshape,
-                                         own_kernel, same_shape_source, shape_only,
-                                         shape_value)
+                                         own_kernel, recurrent_node, same_shape_source,
+                                         selections, shape_only, shape_value)
 
 # A stage's output, as the next stages' argument; and, where a view follows the stage, its
 # output before the view (a later view's size queries may read it).
@@ -246,14 +246,17 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
             # Sizes read by views belong to the views, not to a kernel.
             sizes = [n for n in todo if shape_only(n)]
             before = [n for n in todo[:todo.index(at)] if n not in sizes]
-            if not before and own_kernel(at):  # a join or a permutation: a kernel of its own
-                stages.append(analyze(_subgraph(gm, [at], at, names)[0]))
-                todo = todo[todo.index(at) + 1:]
+            if not before and own_kernel(at):  # a join, a permutation, an RNN: a kernel of
+                # its own, with the items of an RNN's result that select the tensor read
+                mine = [at] + (selections(at) if recurrent_node(at) else [])
+                end = mine[-1]
+                stages.append(analyze(_subgraph(gm, mine, end, names)[0]))
+                todo = [n for n in todo[todo.index(at) + 1:] if n not in mine]
                 # views of its output (torch.cat(...).view(...)) fold into its boundary
-                view, carried, todo = _more_views("{t}", at, todo, names)
+                view, carried, todo = _more_views("{t}", end, todo, names)
                 views.append("" if view == "{t}" else view)
                 if view != "{t}":
-                    names[at] = STAGE_RAW.format(len(stages) - 1)
+                    names[end] = STAGE_RAW.format(len(stages) - 1)
                 names[carried] = STAGE_INPUT.format(len(stages) - 1)
                 if carried is out:
                     break
