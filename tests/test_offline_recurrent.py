@@ -56,6 +56,16 @@ TASKS = {
                              "torch.randn(4, b, h)",
                              {"b": 2, "t": 6, "i": 3, "h": 5}, {"b": 4, "t": 2, "i": 8, "h": 9},
                              2),
+    # KernelBench L3_38's form: the last step of a bidirectional batch-first LSTM's output (a
+    # transposed view, as torch returns it, whose slice is copied by its strides), then a
+    # linear layer
+    "lstm_bi_last_step_fc": ("self.rnn = nn.LSTM(i, h, 2, batch_first=True, "
+                             "bidirectional=True)\nself.fc = nn.Linear(2 * h, 3)", "x, h0, c0",
+                             "out, hn = self.rnn(x, (h0, c0))\nreturn self.fc(out[:, -1, :])",
+                             "torch.randn(b, t, i), torch.randn(4, b, h), "
+                             "torch.randn(4, b, h)",
+                             {"b": 2, "t": 6, "i": 3, "h": 5}, {"b": 4, "t": 2, "i": 8, "h": 9},
+                             3),
 }
 
 
@@ -169,9 +179,10 @@ def test_cuda_recurrent_candidates_match_torch(task_dir, tmp_path, name):
 @pytest.mark.parametrize("stem, result", [
     ("level3/39_GRU", "output"), ("level3/40_GRUHidden", "h_n"),
     ("level3/42_GRUBidirectionalHidden", "h_n"), ("level3/36_LSTMHn", "h_n"),
-    ("level3/37_LSTMCn", "c_n"),
+    ("level3/37_LSTMCn", "c_n"), ("level3/38_LSTMBidirectional", "output"),
 ])
 def test_kernelbench_recurrent_tasks_get_a_plan(stem, result):
     ctx = TaskContext(Task.from_file(KERNELBENCH / f"{stem}.py"), target="cuda")
     plan = OfflineSynthesizer("cuda").analyse(ctx).plan
+    plan = plan.stages[0].plan if isinstance(plan, Pipeline) else plan
     assert isinstance(plan, Recurrent) and plan.result == result

@@ -185,6 +185,10 @@ TASKS = {
                    "return nn.functional.adaptive_avg_pool2d(z, 1).view(z.size(0), -1)",
                    "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 6, "w": 8},
                    {"b": 3, "c": 2, "h": 4, "w": 4}, 2),
+    # basic indexing of a computed value (steps, a new axis, a negative index): its view copied
+    "index_step_none": ("pass", "y = torch.relu(x)\nreturn y[:, 1::2, None, -1] * 2.0",
+                        "torch.randn(b, m, k)", {"b": 3, "m": 7, "k": 5},
+                        {"b": 2, "m": 4, "k": 1}, 3),
     # a view whose size reads an earlier stage's output by its name
     "pool_named_size": ("self.conv = nn.Conv2d(c, n, 3)",
                         "z = torch.relu(self.conv(x))\n"
@@ -394,7 +398,7 @@ def test_views_of_inputs_are_read_in_their_shape(tmp_path):
 
 
 JOINS = ("inception", "dense_block", "pool_then_join", "join_last_view")
-PERMUTES = ("channel_shuffle", "permute_last")
+PERMUTES = ("channel_shuffle", "permute_last", "index_step_none")
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda"])

@@ -110,9 +110,9 @@ def _check(err):
 {% endif %}
 
 
-def _tensor(t, what, dtype=DTYPE):
+def _tensor(t, what, dtype=DTYPE, strided=False):
     """A contiguous ``dtype`` tensor on this candidate's device (a copy only if it was
-    strided)."""
+    strided; ``strided``: as it is, for a kernel that reads its strides)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what}: expected a tensor, got {type(t).__name__}")
     # Attribute reads, not dispatcher calls (t.device builds an object, t.contiguous() goes
@@ -121,7 +121,7 @@ def _tensor(t, what, dtype=DTYPE):
     if t.dtype != dtype or not t.{{ "is_cuda" if device_type == "cuda" else "is_cpu" }}:
         raise TypeError(f"{what}: expected a {dtype} {{ device_type }} tensor, got {t.dtype} on "
                         f"{t.device}")
-    return t if t.is_contiguous() else t.contiguous()
+    return t if strided or t.is_contiguous() else t.contiguous()
 
 
 {{ py_arg_helpers }}

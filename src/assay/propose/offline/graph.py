@@ -285,12 +285,14 @@ class Concat:
 
 @dataclass(frozen=True)
 class Permute:
-    """``x.permute(perm)`` (or ``transpose``) of a stage's argument, made contiguous: a kernel of
-    its own in a multi-kernel plan (a ShuffleNet's channel shuffle)."""
+    """``x[index].permute(perm)`` of a stage's argument (a permutation, ``transpose``, or basic
+    indexing such as ``out[:, -1, :]``), made contiguous: a kernel of its own in a multi-kernel
+    plan (a ShuffleNet's channel shuffle, the last step of an RNN's output)."""
 
     inputs: tuple[str, ...]  # the stage's arguments, in order
-    src: str  # the tensor permuted (a name among ``inputs``)
-    perm: tuple[int, ...]  # output dim j is the source's dim perm[j]
+    src: str  # the tensor read (a name among ``inputs``)
+    perm: tuple[int, ...]  # output dim j is the indexed view's dim perm[j]
+    index: str = ""  # basic indexing applied first, as Python source ("[:, -1, :]")
     dtype: str = "float32"
     kind: str = "permute"
     gemm: Any = None  # (the fields the families' matchers read)
@@ -2071,8 +2073,42 @@ def concat_node(node: fx.Node) -> bool:
 
 
 def permute_node(node: fx.Node) -> bool:
+    """A permutation, or basic indexing of a tensor (``x[:, -1]``): a strided view copied."""
     return ((node.op == "call_method" and str(node.target) in _PERMUTE_METHODS)
-            or (node.op == "call_function" and node.target in _PERMUTE_FUNCTIONS))
+            or (node.op == "call_function" and node.target in _PERMUTE_FUNCTIONS)
+            or index_source(node) is not None)
+
+
+def index_source(node: fx.Node) -> str | None:
+    """``[...]`` for a getitem of a tensor by ints, slices of ints, None and Ellipsis (basic
+    indexing: a view), else None."""
+    if node.op != "call_function" or node.target is not operator.getitem \
+            or not isinstance(node.args[0], fx.Node) \
+            or not hasattr(node.args[0].meta.get("tensor_meta"), "shape"):
+        return None
+    items = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+
+    def one(v: Any) -> str | None:
+        if v is None:
+            return "None"
+        if v is Ellipsis:
+            return "..."
+        if isinstance(v, int) and not isinstance(v, bool):
+            return str(v)
+        if isinstance(v, slice):
+            parts = (v.start, v.stop, v.step)
+            if not all(p is None or (isinstance(p, int) and not isinstance(p, bool))
+                       for p in parts):
+                return None
+            text = ":".join("" if p is None else str(p) for p in parts[:2])
+            return text + (f":{v.step}" if v.step is not None else "")
+        return None
+
+    rendered = [one(v) for v in items]
+    if not items or any(r is None for r in rendered):
+        return None
+    return "[" + ", ".join(rendered) + ("," if len(rendered) == 1 and isinstance(
+        node.args[1], tuple) else "") + "]"
 
 
 _RECURRENT_MODULES = {nn.GRU: "gru", nn.LSTM: "lstm"}
@@ -2234,6 +2270,20 @@ def permute_of(gm: fx.GraphModule) -> Analysis | None:
     if len(computed) != 1 or not permute_node(computed[0]):
         return None
     node = computed[0]
+    index = index_source(node)
+    if index is not None:  # basic indexing: the view, copied as it is
+        src = node.args[0]
+        out = node.meta.get("tensor_meta")
+        if not isinstance(src, fx.Node) or src.op != "placeholder" or out is None \
+                or src.meta["tensor_meta"].dtype != torch.float32:
+            raise Unsupported(f"{PREFIX} indexing of other than a float32 stage argument")
+        nd = len(out.shape)
+        if nd > PERMUTE_MAX_DIMS:
+            raise Unsupported(f"{PREFIX} a view of {nd} dims (at most {PERMUTE_MAX_DIMS})")
+        names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+        return Analysis(Permute(names, str(src.target), tuple(range(nd)), index),
+                        tuple(int(d) for d in out.shape), ("index",),
+                        f"{src.target}{index}.contiguous()")
     name = (str(node.target) if node.op == "call_method"
             else _PERMUTE_FUNCTIONS[node.target])
     src, *rest = node.args

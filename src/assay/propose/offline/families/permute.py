@@ -1,8 +1,9 @@
-"""The permute family: ``x.permute(...)`` / ``transpose`` made contiguous, a kernel of its own
-(graph.Permute; a ShuffleNet's channel shuffle). The entry point gets the output's sizes and the
-source's strides in the output's dim order (padded to PERMUTE_MAX_DIMS), drops dims of size 1
-and merges dims that stay adjacent, so a channel shuffle of [N, G, C/G, H, W] is a copy of rows
-of H * W floats. Where the last merged dim is contiguous in the source, rows are copied (CUDA:
+"""The permute family: a strided view made contiguous, a kernel of its own (graph.Permute:
+``x.permute(...)``/``transpose``, basic indexing such as ``out[:, -1, :]``; a ShuffleNet's channel
+shuffle, an RNN's last step). The candidate makes the view (metadata only); the entry point
+gets its first element's address, sizes and strides (padded to PERMUTE_MAX_DIMS), drops dims of
+size 1 and merges dims that stay adjacent, so a channel shuffle of [N, G, C/G, H, W] is rows
+of H * W floats to copy. Where the last merged dim is contiguous in the source, rows are copied (CUDA:
 rows on the grid's y, vectors of ``vec`` floats on x; C++: a memcpy per row); otherwise each
 output element gathers its source element.
 """
@@ -199,11 +200,11 @@ def _params(plan: Permute, target: str) -> list[Param]:
     output's dim order, leading dims padded with size 1."""
     pad = PERMUTE_MAX_DIMS - plan.ndim
     sizes, strides = _geometry_names()
-    size_py = ["1"] * pad + [f"src.shape[{d}]" for d in plan.perm]
-    stride_py = ["0"] * pad + [f"src.stride({d})" for d in plan.perm]
+    size_py = ["1"] * pad + [f"v.shape[{j}]" for j in range(plan.ndim)]
+    stride_py = ["0"] * pad + [f"v.stride({j})" for j in range(plan.ndim)]
     geo = [Param("int64_t", name, py, "ctypes.c_int64")
            for name, py in zip(sizes + strides, size_py + stride_py)]
-    return ([pointer(target, "src", "src.data_ptr()"),
+    return ([pointer(target, "src", "v.data_ptr()"),
              pointer(target, "dst", "out.data_ptr()", const=False)] + geo)
 
 
@@ -229,11 +230,17 @@ def forward(plan: Permute, target: str, knobs: dict[str, Any]
     stream = (["torch.cuda.current_stream(out.device).cuda_stream"] if target == "cuda"
               else [])
     args = ", ".join([p.py for p in params] + stream)
+    view = f"src{plan.index}"
+    if plan.perm != tuple(range(plan.ndim)):
+        view += f".permute{plan.perm!r}"
     lines = [
-        f"src = _tensor({plan.src}, {plan.src!r})",
-        f"_expect(src.dim() == {plan.ndim}, '{plan.src} does not have {plan.ndim} dims')",
-        f"out = torch.empty(tuple(src.shape[d] for d in {plan.perm!r}), dtype=DTYPE, "
-        f"device=src.device)",
+        f"src = _tensor({plan.src}, {plan.src!r}, strided=True)",  # its strides are read
+        # the view is metadata (its first element's address, sizes and strides): the kernel
+        # copies it
+        f"v = {view}",
+        f"_expect(v.dim() == {plan.ndim}, '{plan.src}{plan.index} does not have {plan.ndim} "
+        f"dims')",
+        "out = torch.empty(v.shape, dtype=DTYPE, device=src.device)",
         "if out.numel():",
         f"    _check(_lib().assay_permute({args}))",
         "return out",
