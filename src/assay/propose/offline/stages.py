@@ -217,6 +217,19 @@ def _end_at_first(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analys
         return None
 
 
+def _own_stage(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis],
+               names: dict[fx.Node, str], todo: list[fx.Node], at: fx.Node
+               ) -> tuple[Analysis, str, fx.Node, fx.Node, list[fx.Node]]:
+    """The stage of a node that is a kernel of its own (graph.own_kernel), with the items of an
+    RNN's result that select the tensor read and the views of its output folded in: (stage,
+    view expression, its output, the value the next stages read, what is left to do)."""
+    mine = [at] + (selections(at) if recurrent_node(at) else [])
+    stage = analyze(_subgraph(gm, mine, mine[-1], names)[0])
+    rest = [n for n in todo[todo.index(at) + 1:] if n not in mine]
+    view, carried, rest = _more_views("{t}", mine[-1], rest, names)
+    return stage, view, mine[-1], carried, rest
+
+
 def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> Analysis:
     """Cut ``gm`` (traced, shapes propagated) into stages; ``analyze`` lowers one stage's
     graph into an :class:`Analysis`, raising :class:`NeedsCut` where it must end."""
@@ -246,14 +259,9 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
             # Sizes read by views belong to the views, not to a kernel.
             sizes = [n for n in todo if shape_only(n)]
             before = [n for n in todo[:todo.index(at)] if n not in sizes]
-            if not before and own_kernel(at):  # a join, a permutation, an RNN: a kernel of
-                # its own, with the items of an RNN's result that select the tensor read
-                mine = [at] + (selections(at) if recurrent_node(at) else [])
-                end = mine[-1]
-                stages.append(analyze(_subgraph(gm, mine, end, names)[0]))
-                todo = [n for n in todo[todo.index(at) + 1:] if n not in mine]
-                # views of its output (torch.cat(...).view(...)) fold into its boundary
-                view, carried, todo = _more_views("{t}", end, todo, names)
+            if not before and own_kernel(at):  # a join, a permutation, an RNN
+                stage, view, end, carried, todo = _own_stage(gm, analyze, names, todo, at)
+                stages.append(stage)
                 views.append("" if view == "{t}" else view)
                 if view != "{t}":
                     names[end] = STAGE_RAW.format(len(stages) - 1)
