@@ -27,18 +27,18 @@ KNOB_SPACES: dict[tuple[str, str], Space] = {
 
 # The geometry, shared by both targets: collapse the dims, then rows if the last is contiguous.
 GEOMETRY = r"""
-#define ASSAY_PD {{ nd }}
+constexpr int assay_pdims = {{ nd }};  // dims of the geometry
 struct AssayGeo {
   int nd;  // dims after collapsing, at least 1
-  int64_t size[ASSAY_PD];
-  int64_t stride[ASSAY_PD];
+  int64_t size[assay_pdims];
+  int64_t stride[assay_pdims];
 };
 
 // Size-1 dims dropped, neighbours merged where the source keeps them adjacent.
 static inline AssayGeo assay_collapse(const int64_t* size, const int64_t* stride) {
   AssayGeo g;
   g.nd = 0;
-  for (int j = 0; j < ASSAY_PD; ++j) {
+  for (int j = 0; j < assay_pdims; ++j) {
     if (size[j] == 1) continue;
     if (g.nd > 0 && g.stride[g.nd - 1] == stride[j] * size[j]) {
       g.size[g.nd - 1] *= size[j];
@@ -62,8 +62,8 @@ CPP_PERMUTE = CPP_PREAMBLE + r"""
 #include <string.h>
 """ + GEOMETRY + r"""
 extern "C" int assay_permute({{ params }}) {
-  const int64_t size[ASSAY_PD] = { {{ sizes }} };
-  const int64_t stride[ASSAY_PD] = { {{ strides }} };
+  const int64_t size[assay_pdims] = { {{ sizes }} };
+  const int64_t stride[assay_pdims] = { {{ strides }} };
   const AssayGeo g = assay_collapse(size, stride);
   int64_t n = 1;
   for (int j = 0; j < g.nd; ++j) n *= g.size[j];
@@ -132,8 +132,8 @@ assay_permute_elems(const float* __restrict__ src, float* __restrict__ dst, Assa
 
 extern "C" int assay_permute({{ params }}, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const int64_t size[ASSAY_PD] = { {{ sizes }} };
-  const int64_t stride[ASSAY_PD] = { {{ strides }} };
+  const int64_t size[assay_pdims] = { {{ sizes }} };
+  const int64_t stride[assay_pdims] = { {{ strides }} };
   AssayGeo g = assay_collapse(size, stride);
   int64_t n = 1;
   for (int j = 0; j < g.nd; ++j) n *= g.size[j];
