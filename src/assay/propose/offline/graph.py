@@ -2147,7 +2147,7 @@ def selections(node: fx.Node) -> list[fx.Node]:
 
 def _in_place(node: fx.Node) -> bool:
     """Whether ``node`` may write a tensor it is given (so it is kept even if unread)."""
-    if node.kwargs.get("inplace") or node.target in (operator.setitem,):
+    if node.kwargs.get("inplace") or node.target is operator.setitem:
         return True
     if node.op == "call_method":
         return str(node.target).endswith("_")
