@@ -3,7 +3,14 @@ as five verify steps of one campaign would (the CPU lease and its thread count, 
 verify settings, a fresh preparation and sandboxed worker each time), gives speedups within 5%
 of their median. Before the lease fixed the thread count, one ReLU kernel measured 0.97x, then
 0.41x: two OpenMP threads on two cores shared with other jobs wait at each barrier for the one
-the kernel descheduled."""
+the kernel descheduled.
+
+A control: the eager reference is timed again after each verification, in the test's own
+process (no candidate there). A machine whose memory speed drifts over the half minute (CI's
+shared VM: the five candidate timings of one run fell by 12% in order, another run had the
+reference's own IQR at 25-58%) cannot hold any code to 5%; such an attempt, the control's spread
+over 5%, is measured again (three attempts), and if the machine never holds still the test is
+skipped with the control's numbers, never passed."""
 
 from __future__ import annotations
 
@@ -44,13 +51,21 @@ prop = OfflineSynthesizer("cpu").translate(TaskContext(task, "cpu"), 1, random.R
 cand = Path(tempfile.mkdtemp()) / "c_relu.py"
 cand.write_text(prop.code)
 vcfg = from_cfg(v)
-runs = []
-for _ in range(5):
-    verdict = verify(task, cand, "cpu", vcfg, base, prepared=prepare(task, "cpu", vcfg))
-    runs.append({"accepted": verdict.accepted, "reasons": verdict.reasons,
-                 "runtime_ms": verdict.runtime_ms, "speedup": verdict.speedup_eager})
-print("RESULT " + json.dumps({"threads": threads, "size": task.size,
-                              "eager_ms": base["eager_ms"], "runs": runs}), flush=True)
+tcfg = TimingConfig(warmup_s=v.warmup_s, min_runs=v.min_runs, max_runs=v.max_runs,
+                    budget_s=v.budget_s)
+for attempt in range(3):
+    runs, control = [], []
+    for _ in range(5):
+        verdict = verify(task, cand, "cpu", vcfg, base, prepared=prepare(task, "cpu", vcfg))
+        runs.append({"accepted": verdict.accepted, "reasons": verdict.reasons,
+                     "runtime_ms": verdict.runtime_ms, "speedup": verdict.speedup_eager})
+        control.append(time_reference(task, "cpu", tcfg, compile_=False)["eager_ms"])
+    mid = sorted(control)[2]
+    if max(abs(c - mid) / mid for c in control) <= 0.05:
+        break
+print("RESULT " + json.dumps({"threads": threads, "size": task.size, "attempts": attempt + 1,
+                              "eager_ms": base["eager_ms"], "runs": runs,
+                              "control_ms": control}), flush=True)
 """
 
 
@@ -67,10 +82,18 @@ def test_the_same_cpu_kernel_verified_five_times_gives_the_same_speedup_within_5
     out = json.loads(lines[-1][len("RESULT "):])
     assert out["threads"] == 1 and out["size"] == "medium"
     assert all(r["accepted"] for r in out["runs"]), out["runs"]
+    control = out["control_ms"]
+    drift = max(abs(c - statistics.median(control)) / statistics.median(control)
+                for c in control)
+    if drift > 0.05:
+        pytest.skip(f"the machine did not hold still in {out['attempts']} attempts: the eager "
+                    f"reference itself measured {[round(c, 3) for c in control]} ms "
+                    f"({drift:.1%} from their median) between the verifications")
     speedups = [r["speedup"] for r in out["runs"]]
     med = statistics.median(speedups)
     worst = max(abs(s - med) / med for s in speedups)
-    assert worst <= 0.05, f"speedups {speedups} spread {worst:.1%} from their median {med:.3f}"
+    assert worst <= 0.05, (f"speedups {speedups} spread {worst:.1%} from their median {med:.3f} "
+                           f"(the reference between them: {control} ms)")
 
 
 HOLD = """
