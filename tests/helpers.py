@@ -12,6 +12,10 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from assay.propose.base import TaskContext
 
 REPO = Path(__file__).resolve().parents[1]
 CI = ("campaign=ci", "tasks=ci", "evolve=ci")  # the CI campaign: three small tasks
@@ -180,3 +184,29 @@ def entry_arities(code: str) -> list[tuple[str, int, int]]:
             i = ast.literal_eval(lib[0]) if lib else 0
             out.append((node.func.attr, len(node.args), declared.get((i, node.func.attr), -1)))
     return out
+
+
+def assert_matches_reference(code: str, path: Path, ctx: "TaskContext", overrides: list[dict],
+                             device: str = "cpu", rtol: float = 1e-4, atol: float = 1e-4) -> None:
+    """The candidate ``code`` (imported from ``path``) equals the task's reference, shape and
+    strides too, with the reference's seeded parameters, for each of ``overrides`` (module
+    variables set before the task is built: other sizes)."""
+    import torch
+
+    from assay.tasks.instantiate import make_inputs, reference_model, seeded
+    from conftest import import_file
+
+    cand = import_file(code, path)
+    for override in overrides:
+        mod = ctx.task.module()
+        for key, value in override.items():
+            setattr(mod, key, value)
+        ref = reference_model(mod, seed=0, device=device)
+        with seeded(0):
+            new = cand.ModelNew(*mod.get_init_inputs())
+        new.to(device).eval().load_state_dict(ref.state_dict())
+        inputs = make_inputs(mod, seed=1, device=device)
+        with torch.no_grad():
+            expected, got = ref(*inputs), new(*inputs)
+        assert got.shape == expected.shape and got.stride() == expected.stride(), override
+        torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)

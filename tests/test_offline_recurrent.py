@@ -20,10 +20,11 @@ from assay.propose.base import TaskContext
 from assay.propose.offline import OfflineSynthesizer
 from assay.propose.offline.graph import Recurrent
 from assay.propose.offline.stages import Pipeline
-from assay.tasks.instantiate import make_inputs, reference_model, seeded
+from assay.tasks.instantiate import make_inputs
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO, build_cuda_sources, entry_arities, task_ctx
+from helpers import (REPO, assert_matches_reference, build_cuda_sources, entry_arities,
+                     task_ctx)
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
@@ -89,20 +90,8 @@ def task_dir(tmp_path_factory) -> Path:
 
 
 def _check(code: str, ctx: TaskContext, name: str, tmp_path: Path, device: str = "cpu") -> None:
-    cand = import_file(code, tmp_path / f"cand_{name}_{abs(hash(code))}.py")
-    for override in ({}, TASKS[name][5]):
-        mod = ctx.task.module()
-        for key, value in override.items():
-            setattr(mod, key, value)
-        ref = reference_model(mod, seed=0, device=device)
-        with seeded(0):
-            new = cand.ModelNew(*mod.get_init_inputs())
-        new.to(device).eval().load_state_dict(ref.state_dict())
-        inputs = make_inputs(mod, seed=1, device=device)
-        with torch.no_grad():
-            expected, got = ref(*inputs), new(*inputs)
-        assert got.shape == expected.shape and got.stride() == expected.stride(), override
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    assert_matches_reference(code, tmp_path / f"cand_{name}_{abs(hash(code))}.py", ctx,
+                             [{}, TASKS[name][5]], device, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", list(TASKS))

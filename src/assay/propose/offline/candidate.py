@@ -16,7 +16,7 @@ from typing import Any
 from assay.propose.offline.families import Family, family_of, gemm, pipeline, triton_form
 from assay.propose.offline.families.family import Entry
 from assay.propose.offline.families.shared import (PY_ARG_HELPERS, knob_line, leaf_tensor,
-                                                   render)
+                                                   render, stream_args)
 from assay.propose.offline.graph import Plan
 from assay.propose.offline.stages import STAGE_INPUT, STAGE_RAW, Pipeline
 
@@ -282,8 +282,7 @@ def _forward_lines(plan: Plan, target: str, knobs: dict[str, Any], family: Famil
         lines.append(f"out = torch.empty(shape, dtype=DTYPE, device={dev}.device)")
         lines.append("if n == 0:")
     lines.append("    return out")
-    stream = ([f"torch.cuda.current_stream({dev}.device).cuda_stream"] if target == "cuda"
-              else [])
+    stream = stream_args(target, dev)
     calls, entries = family.calls(plan, target, knobs, stream)
     lines += calls
     lines.append("return out")

@@ -59,7 +59,7 @@ import math
 import operator
 import types
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -266,8 +266,20 @@ class Plan:
         return [i for i, n in enumerate(self.nodes) if n.op.startswith("reduce_")]
 
 
+@dataclass(frozen=True, kw_only=True)
+class _OwnKernel:
+    """What the families' matchers and the synthesizer read of any plan, for the plans that
+    are a kernel of their own in a multi-kernel plan (Concat, Permute, Recurrent): float32, no
+    head op (a product, a pooling) to fuse after."""
+
+    dtype: str = "float32"
+    gemm: Any = None
+    pool: Any = None
+    head_leaf: int = -1
+
+
 @dataclass(frozen=True)
-class Concat:
+class Concat(_OwnKernel):
     """``torch.cat(parts, dim)``: a kernel of its own in a multi-kernel plan (stages.py), which
     copies each part into its slice of the output. Its operands are the stage's arguments
     (forward inputs and earlier stages' outputs), never a value it computes."""
@@ -276,15 +288,11 @@ class Concat:
     parts: tuple[str, ...]  # the tensors joined, in order (names among ``inputs``; may repeat)
     dim: int  # the joined dim, non-negative
     ndim: int
-    dtype: str = "float32"
-    kind: str = "concat"
-    gemm: Any = None  # (the fields the families' matchers read)
-    pool: Any = None
-    head_leaf: int = -1
+    kind: ClassVar[str] = "concat"
 
 
 @dataclass(frozen=True)
-class Permute:
+class Permute(_OwnKernel):
     """``x[index].permute(perm)`` of a stage's argument (a permutation, ``transpose``, or basic
     indexing such as ``out[:, -1, :]``), made contiguous: a kernel of its own in a multi-kernel
     plan (a ShuffleNet's channel shuffle, the last step of an RNN's output)."""
@@ -293,11 +301,7 @@ class Permute:
     src: str  # the tensor read (a name among ``inputs``)
     perm: tuple[int, ...]  # output dim j is the indexed view's dim perm[j]
     index: str = ""  # basic indexing applied first, as Python source ("[:, -1, :]")
-    dtype: str = "float32"
-    kind: str = "permute"
-    gemm: Any = None  # (the fields the families' matchers read)
-    pool: Any = None
-    head_leaf: int = -1
+    kind: ClassVar[str] = "permute"
 
     @property
     def ndim(self) -> int:
@@ -305,7 +309,7 @@ class Permute:
 
 
 @dataclass(frozen=True)
-class Recurrent:
+class Recurrent(_OwnKernel):
     """``nn.GRU`` or ``nn.LSTM`` over a batch of sequences, every layer and direction: a kernel
     of its own in a multi-kernel plan. The module's sizes and settings are read at run time;
     ``result`` is which of its outputs the task keeps."""
@@ -317,11 +321,7 @@ class Recurrent:
     h0: str = ""  # the initial hidden state ("": zeros)
     c0: str = ""  # LSTM: the initial cell state ("": zeros)
     result: str = "output"  # "output", "h_n" or "c_n"
-    dtype: str = "float32"
-    kind: str = "recurrent"
-    gemm: Any = None  # (the fields the families' matchers read)
-    pool: Any = None
-    head_leaf: int = -1
+    kind: ClassVar[str] = "recurrent"
 
 
 @dataclass(frozen=True)

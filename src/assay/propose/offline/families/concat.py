@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from assay.propose.offline.families.family import Entry, Family, Space
+from assay.propose.offline.families.family import Entry, Space, standalone_family
 from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Param,
-                                                   head_values, pointer, render, size_params)
-from assay.propose.offline.graph import Analysis, Concat
+                                                   forward_call, head_values, pointer, render,
+                                                   size_params, stream_args)
+from assay.propose.offline.graph import Concat
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # threads: 0 = OpenMP's default over the outer rows, 1 = serial
@@ -81,33 +82,8 @@ extern "C" int assay_cat_part({{ params }}, void* stream_ptr) {
 """
 
 
-def matches(plan: Any) -> bool:
-    return isinstance(plan, Concat)
-
-
-def space(target: str, analysis: Analysis, lib: int | None = None, policy: str = "any") -> Space:
-    return dict(KNOB_SPACES[(target, "concat")])
-
-
-def defaults(target: str, analysis: Analysis, lib: int | None = None,
-             policy: str = "any") -> dict[str, int]:
-    # Not yet measured on a GPU: the elementwise family's streaming setting.
-    return {"threads": 0} if target == "cpu" else {"block": 256, "vec": 4}
-
-
-def safe(target: str, plan: Any = None, knobs: Any = None) -> dict[str, int]:
-    return {"threads": 1} if target == "cpu" else {"block": 256, "vec": 1}
-
-
-def template(plan: Concat, knobs: dict[str, Any]) -> str:
-    return "concat"
-
-
-def strategy(plan: Concat, knobs: dict[str, Any]) -> str:
-    return "vectorize"  # one op that streams memory
-
-
 def _params(target: str) -> list[Param]:
+    """``assay_cat_part``'s parameters, their Python values those of forward's loop."""
     return ([pointer(target, "src", "p.data_ptr()"),
              pointer(target, "dst", "out.data_ptr()", const=False)]
             + size_params("outer", "part", "row", "offset"))
@@ -130,8 +106,7 @@ def forward(plan: Concat, target: str, knobs: dict[str, Any]
     one ``assay_cat_part`` call per part."""
     d, nd = plan.dim, plan.ndim
     parts = ", ".join(f"_tensor({name}, {name!r})" for name in plan.parts)
-    stream = (", torch.cuda.current_stream(out.device).cuda_stream" if target == "cuda"
-              else "")
+    calls, entries = forward_call(_params(target), stream_args(target, "out"), "assay_cat_part")
     lines = [
         f"parts = ({parts},)",
         "ref = parts[0]",
@@ -144,18 +119,21 @@ def forward(plan: Concat, target: str, knobs: dict[str, Any]
         "out = torch.empty(shape, dtype=DTYPE, device=ref.device)",
         f"outer = math.prod(shape[:{d}])",
         f"inner = math.prod(shape[{d + 1}:])",
+        f"row = shape[{d}] * inner",
         "offset = 0",
         "for p in parts:",
         f"    part = p.shape[{d}] * inner",
         "    if outer and part:",
-        f"        _check(_lib().assay_cat_part(p.data_ptr(), out.data_ptr(), outer, part, "
-        f"shape[{d}] * inner, offset{stream}))",
+        *(f"        {line}" for line in calls),
         "    offset += part",
         "return out",
     ]
-    return lines, [("assay_cat_part", _params(target))]
+    return lines, entries
 
 
-FAMILY = Family(name="concat", matches=matches, knob_spaces=KNOB_SPACES, space=space,
-                defaults=defaults, safe=safe, template=template, strategy=strategy,
-                source=source, calls=None, forward=forward)
+FAMILY = standalone_family(
+    "concat", Concat, KNOB_SPACES,
+    # Not yet measured on a GPU: the elementwise family's streaming setting.
+    defaults={"cpu": {"threads": 0}, "cuda": {"block": 256, "vec": 4}},
+    safe={"cpu": {"threads": 1}, "cuda": {"block": 256, "vec": 1}},
+    strategy="vectorize", source=source, forward=forward)  # one op that streams memory

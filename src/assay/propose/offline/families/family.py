@@ -91,3 +91,20 @@ class Family:
     # graph.Plan (a concatenation: its checks and output are its own); None: the candidate
     # writes the checks and output of the plan's leaves, then ``calls``. (plan, target, knobs)
     forward: Callable[[Any, str, dict[str, Any]], tuple[list[str], list[Entry]]] | None = None
+
+
+def standalone_family(name: str, plan_type: type, knob_spaces: dict[tuple[str, str], Space],
+                      defaults: dict[str, dict[str, int]], safe: dict[str, dict[str, int]],
+                      strategy: str, source: Callable[..., str],
+                      forward: Callable[[Any, str, dict[str, Any]],
+                                        tuple[list[str], list[Entry]]]) -> Family:
+    """A family of one template, named like it, for the plans of ``plan_type``, a kernel of its
+    own in a multi-kernel plan (concat, permute, recurrent): its knobs' defaults and safest
+    values per target do not depend on the plan, its ModelNew.forward lines are its own."""
+    return Family(
+        name=name, matches=lambda plan: isinstance(plan, plan_type), knob_spaces=knob_spaces,
+        space=lambda target, analysis, lib=None, policy="any": dict(knob_spaces[(target, name)]),
+        defaults=lambda target, analysis, lib=None, policy="any": dict(defaults[target]),
+        safe=lambda target, plan=None, knobs=None: dict(safe[target]),
+        template=lambda plan, knobs: name, strategy=lambda plan, knobs: strategy,
+        source=source, calls=None, forward=forward)

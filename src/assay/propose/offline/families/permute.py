@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from assay.propose.offline.families.family import Entry, Family, Space
+from assay.propose.offline.families.family import Entry, Space, standalone_family
 from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Param,
-                                                   head_values, pointer, render)
-from assay.propose.offline.graph import PERMUTE_MAX_DIMS, Analysis, Permute
+                                                   forward_call, head_values, pointer, render,
+                                                   stream_args)
+from assay.propose.offline.graph import PERMUTE_MAX_DIMS, Permute
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # threads: 0 = OpenMP's default over rows, 1 = serial
@@ -164,40 +165,14 @@ extern "C" int assay_permute({{ params }}, void* stream_ptr) {
 """
 
 
-def matches(plan: Any) -> bool:
-    return isinstance(plan, Permute)
-
-
-def space(target: str, analysis: Analysis, lib: int | None = None, policy: str = "any") -> Space:
-    return dict(KNOB_SPACES[(target, "permute")])
-
-
-def defaults(target: str, analysis: Analysis, lib: int | None = None,
-             policy: str = "any") -> dict[str, int]:
-    # Not yet measured on a GPU: the elementwise family's streaming setting.
-    return {"threads": 0} if target == "cpu" else {"block": 256, "vec": 4}
-
-
-def safe(target: str, plan: Any = None, knobs: Any = None) -> dict[str, int]:
-    return {"threads": 1} if target == "cpu" else {"block": 256, "vec": 1}
-
-
-def template(plan: Permute, knobs: dict[str, Any]) -> str:
-    return "permute"
-
-
-def strategy(plan: Permute, knobs: dict[str, Any]) -> str:
-    return "vectorize"  # one op that streams memory
-
-
 def _geometry_names() -> tuple[list[str], list[str]]:
     return ([f"size{j}" for j in range(PERMUTE_MAX_DIMS)],
             [f"stride{j}" for j in range(PERMUTE_MAX_DIMS)])
 
 
 def _params(plan: Permute, target: str) -> list[Param]:
-    """The source, the output, then the output's sizes and the source's strides in the
-    output's dim order, leading dims padded with size 1."""
+    """The view's first element, the output, then the view's sizes and strides (the output's
+    dims, in order), leading dims padded with size 1."""
     pad = PERMUTE_MAX_DIMS - plan.ndim
     sizes, strides = _geometry_names()
     size_py = ["1"] * pad + [f"v.shape[{j}]" for j in range(plan.ndim)]
@@ -226,10 +201,8 @@ def forward(plan: Permute, target: str, knobs: dict[str, Any]
             ) -> tuple[list[str], list[Entry]]:
     """ModelNew.forward's body: the source checked, the output allocated in the permuted
     shape, one ``assay_permute`` call."""
-    params = _params(plan, target)
-    stream = (["torch.cuda.current_stream(out.device).cuda_stream"] if target == "cuda"
-              else [])
-    args = ", ".join([p.py for p in params] + stream)
+    calls, entries = forward_call(_params(plan, target), stream_args(target, "out"),
+                                  "assay_permute")
     view = f"src{plan.index}"
     if plan.perm != tuple(range(plan.ndim)):
         view += f".permute{plan.perm!r}"
@@ -242,12 +215,15 @@ def forward(plan: Permute, target: str, knobs: dict[str, Any]
         f"dims')",
         "out = torch.empty(v.shape, dtype=DTYPE, device=src.device)",
         "if out.numel():",
-        f"    _check(_lib().assay_permute({args}))",
+        *(f"    {line}" for line in calls),
         "return out",
     ]
-    return lines, [("assay_permute", params)]
+    return lines, entries
 
 
-FAMILY = Family(name="permute", matches=matches, knob_spaces=KNOB_SPACES, space=space,
-                defaults=defaults, safe=safe, template=template, strategy=strategy,
-                source=source, calls=None, forward=forward)
+FAMILY = standalone_family(
+    "permute", Permute, KNOB_SPACES,
+    # Not yet measured on a GPU: the elementwise family's streaming setting.
+    defaults={"cpu": {"threads": 0}, "cuda": {"block": 256, "vec": 4}},
+    safe={"cpu": {"threads": 1}, "cuda": {"block": 256, "vec": 1}},
+    strategy="vectorize", source=source, forward=forward)  # one op that streams memory

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from assay.propose.offline.families.family import Entry, Family, Space
+from assay.propose.offline.families.family import Entry, Space, standalone_family
 from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Param,
-                                                   head_values, pointer, render, size_params)
-from assay.propose.offline.graph import Analysis, Recurrent
+                                                   forward_call, head_values, pointer, render,
+                                                   size_params, stream_args)
+from assay.propose.offline.graph import Recurrent
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # threads: 0 = OpenMP's default over hidden units, 1 = serial
@@ -149,6 +150,26 @@ static void assay_step(const AssayStep& st) {
 extern "C" int assay_rnn({{ params }}) {""" + HOST_LOOP + "}\n"
 
 CUDA_RECURRENT = STRUCTS + r"""
+// acc[g][q] += this lane's share (k = lane, lane + 32, ...) of the dot product of gate g's row
+// j of w ([G * H, K]) with batch row b0 + q of ``in`` (rows ``in_b`` apart; past B: zeros).
+template <int G, int BT>
+__device__ __forceinline__ void assay_gate_dots(const float* __restrict__ w, int64_t H, int64_t j,
+                                                int64_t K, const float* __restrict__ in,
+                                                int64_t in_b, int64_t b0, int64_t B, int lane,
+                                                float (&acc)[G][BT]) {
+  for (int64_t k = lane; k < K; k += 32) {
+    float v[BT];
+    #pragma unroll
+    for (int q = 0; q < BT; ++q) v[q] = b0 + q < B ? in[(b0 + q) * in_b + k] : 0.0f;
+    #pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float wv = w[(g * H + j) * K + k];
+      #pragma unroll
+      for (int q = 0; q < BT; ++q) acc[g][q] += wv * v[q];
+    }
+  }
+}
+
 // A warp per hidden unit j (blockIdx.y: the direction); its lanes split the dot products over
 // the features and the hidden units, BT batch rows at a time, then sum them by shuffles.
 template <int BT>
@@ -166,28 +187,8 @@ assay_rnn_step(const AssayStep st) {
       #pragma unroll
       for (int q = 0; q < BT; ++q) { gi[g][q] = 0.0f; gh[g][q] = 0.0f; }
     }
-    for (int64_t k = lane; k < st.feat; k += 32) {
-      float xv[BT];
-      #pragma unroll
-      for (int q = 0; q < BT; ++q) xv[q] = b0 + q < st.B ? a.x[(b0 + q) * a.x_b + k] : 0.0f;
-      #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        const float w = a.wih[(g * st.H + j) * st.feat + k];
-        #pragma unroll
-        for (int q = 0; q < BT; ++q) gi[g][q] += w * xv[q];
-      }
-    }
-    for (int64_t k = lane; k < st.H; k += 32) {
-      float hv[BT];
-      #pragma unroll
-      for (int q = 0; q < BT; ++q) hv[q] = b0 + q < st.B ? a.h[(b0 + q) * a.h_b + k] : 0.0f;
-      #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        const float w = a.whh[(g * st.H + j) * st.H + k];
-        #pragma unroll
-        for (int q = 0; q < BT; ++q) gh[g][q] += w * hv[q];
-      }
-    }
+    assay_gate_dots<G, BT>(a.wih, st.H, j, st.feat, a.x, a.x_b, b0, st.B, lane, gi);
+    assay_gate_dots<G, BT>(a.whh, st.H, j, st.H, a.h, a.h_b, b0, st.B, lane, gh);
     #pragma unroll
     for (int g = 0; g < G; ++g) {
       #pragma unroll
@@ -237,33 +238,6 @@ extern "C" int assay_rnn({{ params }}, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);""" + HOST_LOOP + "}\n"
 
 
-def matches(plan: Any) -> bool:
-    return isinstance(plan, Recurrent)
-
-
-def space(target: str, analysis: Analysis, lib: int | None = None, policy: str = "any") -> Space:
-    return dict(KNOB_SPACES[(target, "recurrent")])
-
-
-def defaults(target: str, analysis: Analysis, lib: int | None = None,
-             policy: str = "any") -> dict[str, int]:
-    # Not yet measured on a GPU: 4 warps a block, 8 batch rows a pass (KernelBench's batch 10
-    # is two passes).
-    return {"threads": 0} if target == "cpu" else {"warps": 4, "bt": 8}
-
-
-def safe(target: str, plan: Any = None, knobs: Any = None) -> dict[str, int]:
-    return {"threads": 1} if target == "cpu" else {"warps": 4, "bt": 2}
-
-
-def template(plan: Recurrent, knobs: dict[str, Any]) -> str:
-    return "recurrent"
-
-
-def strategy(plan: Recurrent, knobs: dict[str, Any]) -> str:
-    return "fusion"  # the gates' products and the cell in one kernel per step
-
-
 def _params(plan: Recurrent, target: str) -> list[Param]:
     p = [pointer(target, "x", "x.data_ptr()"), pointer(target, "h0", "h0.data_ptr()"),
          Param("const void*", "weights", "weights", "ctypes.c_void_p"),
@@ -295,8 +269,7 @@ def forward(plan: Recurrent, target: str, knobs: dict[str, Any]
             ) -> tuple[list[str], list[Entry]]:
     """ModelNew.forward's body: the module's settings and every tensor checked, the weights'
     pointers in an array, the outputs and scratch sequences allocated, one ``assay_rnn``."""
-    params = _params(plan, target)
-    stream = (["torch.cuda.current_stream(x.device).cuda_stream"] if target == "cuda" else [])
+    calls, entries = forward_call(_params(plan, target), stream_args(target, "x"), "assay_rnn")
     mode = "LSTM" if plan.cell == "lstm" else "GRU"
     first = "batch_first"
     lines = [
@@ -342,14 +315,18 @@ def forward(plan: Recurrent, target: str, knobs: dict[str, Any]
     if plan.cell == "lstm":
         lines += ["cn = torch.empty(state, dtype=DTYPE, device=x.device)",
                   "cbuf = torch.empty((2, dirs, B, H), dtype=DTYPE, device=x.device)"]
-    args = ", ".join([p.py for p in params] + stream)
-    lines += [f"_check(_lib().assay_rnn({args}))",
+    lines += [*calls,
               # batch_first: torch returns the time-major sequence's transposed view too
               "return out.transpose(0, 1) if batch_first else out" if plan.result == "output"
               else f"return {dict(h_n='hn', c_n='cn')[plan.result]}"]
-    return lines, [("assay_rnn", params)]
+    return lines, entries
 
 
-FAMILY = Family(name="recurrent", matches=matches, knob_spaces=KNOB_SPACES, space=space,
-                defaults=defaults, safe=safe, template=template, strategy=strategy,
-                source=source, calls=None, forward=forward)
+FAMILY = standalone_family(
+    "recurrent", Recurrent, KNOB_SPACES,
+    # Not yet measured on a GPU: 4 warps a block, 8 batch rows a pass (KernelBench's batch 10
+    # is two passes).
+    defaults={"cpu": {"threads": 0}, "cuda": {"warps": 4, "bt": 8}},
+    safe={"cpu": {"threads": 1}, "cuda": {"warps": 4, "bt": 2}},
+    strategy="fusion",  # the gates' products and the cell in one kernel per step
+    source=source, forward=forward)

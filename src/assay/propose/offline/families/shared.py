@@ -625,11 +625,18 @@ def fused_params(plan: Plan, target: str) -> list[Param]:
     return ptrs + [out] + sizes + geometry
 
 
-def forward_call(params: list[Param], stream: list[str]
+def forward_call(params: list[Param], stream: list[str], name: str = "assay_forward"
                  ) -> tuple[list[str], list[tuple[str, list[Param]]]]:
-    """ModelNew.forward's call of the file's ``assay_forward``, and that entry point."""
-    return ([f"_check(_lib().assay_forward({', '.join([p.py for p in params] + stream)}))"],
-            [("assay_forward", params)])
+    """ModelNew.forward's call of the file's entry point ``name`` (its arguments the
+    parameters' Python expressions, then ``stream``), and that entry point."""
+    return ([f"_check(_lib().{name}({', '.join([p.py for p in params] + stream)}))"],
+            [(name, params)])
+
+
+def stream_args(target: str, tensor: str) -> list[str]:
+    """The CUDA entry points' last argument: the current stream of ``tensor``'s device."""
+    return [f"torch.cuda.current_stream({tensor}.device).cuda_stream"] if target == "cuda" \
+        else []
 
 
 def fused_calls(plan: Plan, target: str, knobs: dict[str, Any], stream: list[str]
