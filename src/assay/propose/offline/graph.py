@@ -2114,14 +2114,19 @@ def index_source(node: fx.Node) -> str | None:
 _RECURRENT_MODULES = {nn.GRU: "gru", nn.LSTM: "lstm"}
 
 
-def recurrent_node(node: fx.Node) -> bool:
-    if node.op != "call_module" or node.graph.owning_module is None:
-        return False
+def module_of(node: fx.Node) -> nn.Module | None:
+    """The module a call_module node calls, else None."""
+    owner = node.graph.owning_module
+    if node.op != "call_module" or owner is None:
+        return None
     try:
-        m = node.graph.owning_module.get_submodule(str(node.target))
+        return owner.get_submodule(str(node.target))
     except AttributeError:
-        return False
-    return type(m) in _RECURRENT_MODULES
+        return None
+
+
+def recurrent_node(node: fx.Node) -> bool:
+    return type(module_of(node)) in _RECURRENT_MODULES
 
 
 def own_kernel(node: fx.Node) -> bool:
@@ -2154,11 +2159,8 @@ def _in_place(node: fx.Node) -> bool:
     if node.op == "call_function":
         return getattr(node.target, "__name__", "").endswith("_")
     if node.op == "call_module":
-        owner = node.graph.owning_module
-        try:
-            return bool(getattr(owner.get_submodule(str(node.target)), "inplace", False))
-        except AttributeError:
-            return True
+        m = module_of(node)
+        return m is None or bool(getattr(m, "inplace", False))
     return True
 
 
@@ -2230,12 +2232,7 @@ def same_shape_source(node: fx.Node) -> fx.Node | None:
             isinstance(v, fx.Node) for v in node.kwargs.values()):
         return None
     if node.op == "call_module":
-        owner = node.graph.owning_module
-        try:
-            m = owner.get_submodule(str(node.target)) if owner is not None else None
-        except AttributeError:
-            return None
-        return tensors[0] if isinstance(m, _SAME_SHAPE_MODULES) else None
+        return tensors[0] if isinstance(module_of(node), _SAME_SHAPE_MODULES) else None
     if node.op == "call_function":
         name = _FUNCTIONS.get(node.target)
     elif node.op == "call_method":

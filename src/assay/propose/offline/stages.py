@@ -116,9 +116,9 @@ def view_expr(node: fx.Node, names: dict[fx.Node, str] | None = None) -> str | N
             return None
         return f"{{t}}.{name}({dim})"
     if name == "flatten":
-        names = ("start_dim", "end_dim")
-        bound = dict(zip(names, args), **kwargs)
-        if set(bound) - set(names) or not all(isinstance(v, int) for v in bound.values()):
+        keys = ("start_dim", "end_dim")  # (not ``names``: that is the tensors' names)
+        bound = dict(zip(keys, args), **kwargs)
+        if set(bound) - set(keys) or not all(isinstance(v, int) for v in bound.values()):
             return None
         return f"{{t}}.flatten({bound.get('start_dim', 0)}, {bound.get('end_dim', -1)})"
     if kwargs:
