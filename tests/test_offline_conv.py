@@ -1,5 +1,5 @@
 """The gemm family's own convolution (template ``conv``, knob ``lib`` = 2, families/gemm_conv.py):
-every convolution of graph.CONV_OPS, with or without an epilogue, written under the strict
+every convolution of ir.CONV_OPS, with or without an epilogue, written under the strict
 policy.
 
 CPU candidates are compiled with g++ (one build per task) and compared with torch at two sizes;

@@ -16,7 +16,8 @@ import torch
 from assay.bench.build import nvcc_path
 from assay.propose.base import Parent, TaskContext
 from assay.propose.offline import KNOB_SPACES, OfflineSynthesizer
-from assay.propose.offline.graph import Unsupported, analyze_task
+from assay.propose.offline.analysis import analyze_task
+from assay.propose.offline.ir import Unsupported
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 

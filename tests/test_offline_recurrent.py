@@ -1,4 +1,4 @@
-"""The offline synthesizer's recurrent family (graph.Recurrent, families/recurrent.py): nn.GRU and
+"""The offline synthesizer's recurrent family (ir.Recurrent, families/recurrent.py): nn.GRU and
 nn.LSTM, every layer and direction, as a kernel of its own.
 
 CPU candidates are built with g++ and compared with torch at two sizes (the sizes, layers,
@@ -18,7 +18,7 @@ import torch
 from assay.bench.build import nvcc_path
 from assay.propose.base import TaskContext
 from assay.propose.offline import OfflineSynthesizer
-from assay.propose.offline.graph import Recurrent
+from assay.propose.offline.ir import Recurrent
 from assay.propose.offline.stages import Pipeline
 from assay.tasks.instantiate import make_inputs
 from assay.tasks.model import Task

@@ -36,14 +36,17 @@ layers) is cut into stages (``stages``): a multi-kernel plan whose kernels Model
 in order, each written by its family with knobs of its own (every MLP and CNN of KernelBench's
 level 3 that uses only the ops above). Everything else is declined with a reason.
 
-Modules: ``graph`` (what pattern is this), ``stages`` (multi-kernel plans), ``families`` (one
+Modules: ``ir`` (the plans), ``graph`` (a traced task lowered into one plan), ``own_kernels``
+(joins, strided views and RNNs: kernels of their own), ``stages`` (multi-kernel plans),
+``analysis`` (a task's plan: one kernel or several), ``families`` (one
 module per kernel family: its matcher, knob spaces, code and templates, and the table of them;
 ``pipeline`` writes multi-kernel plans), ``candidate`` (the file around a family's kernel),
 ``synthesizer`` (the Proposer).
 """
 
-from assay.propose.offline.graph import Analysis, Plan, Unsupported, analyze_task
+from assay.propose.offline.analysis import analyze_task
 from assay.propose.offline.families import KNOB_SPACES
+from assay.propose.offline.ir import Analysis, Plan, Unsupported
 from assay.propose.offline.synthesizer import OfflineSynthesizer
 
 __all__ = ["KNOB_SPACES", "Analysis", "OfflineSynthesizer", "Plan", "Unsupported",

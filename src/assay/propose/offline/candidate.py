@@ -17,7 +17,7 @@ from assay.propose.offline.families import Family, family_of, gemm, pipeline, tr
 from assay.propose.offline.families.family import Entry
 from assay.propose.offline.families.shared import (PY_ARG_HELPERS, knob_line, leaf_tensor,
                                                    render, stream_args)
-from assay.propose.offline.graph import Plan
+from assay.propose.offline.ir import Plan
 from assay.propose.offline.stages import STAGE_INPUT, STAGE_RAW, Pipeline
 
 CANDIDATE = r'''"""Candidate written by Assay's offline synthesizer (v1).

@@ -59,278 +59,28 @@ import math
 import operator
 import types
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from assay.propose.offline.ir import (ARG_REDUCTIONS, CONV_OPS, PREFIX, Analysis, Gemm, Leaf,
+                                      NeedsCut, Node, Plan, Pool, Unsupported, conv_args,
+                                      describe, needed_nodes)
+from assay.propose.offline.own_kernels import (CATS, RECURRENT_MODULES, concat_of, module_of,
+                                               permute_node, permute_of, recurrent_of)
 from assay.tasks.instantiate import init_inputs, make_inputs
-from assay.tasks.model import Task
-
-PREFIX = "offline synthesizer v1 cannot express"
-# Index-valued reductions: their int64 result can only be the plan's output.
-ARG_REDUCTIONS = ("reduce_argmax", "reduce_argmin")
-
-
-class Unsupported(Exception):
-    """The task is outside what the offline synthesizer can write; ``str(e)`` says why."""
 
 
 class _Conflict(Unsupported):
     """A reduction that the builder's one row shape cannot hold (turned into a NeedsCut)."""
 
 
-class NeedsCut(Unsupported):
-    """What one kernel cannot fuse (a second product, a reduction of a reduced value, ...) but a
-    kernel boundary right before fx node ``before`` may: see :mod:`stages`. Without a boundary
-    it is a decline like any other."""
-
-    def __init__(self, reason: str, before: fx.Node):
-        super().__init__(reason)
-        self.before = before
-
-
-# ----------------------------------------------------------------------------------------------
-# The IR
-
-
-@dataclass(frozen=True)
-class Leaf:
-    """A tensor read by the kernel.
-
-    ``source`` is ``"input"`` (forward argument number ``index``, named ``name``), ``"attr"``
-    (a parameter, buffer or tensor attribute at dotted path ``name`` on the model) or
-    ``"scalar"`` (a forward argument that is a Python number: a 0-d tensor the candidate makes
-    from it at each call).
-    ``bcast`` is how it maps onto the iteration shape S (``ndim`` dims): ``"full"`` (same shape),
-    ``"scalar"`` (one element) or ``"block"``: its non-1 dims are S's dims ``a..b`` inclusive, so
-    element ``i`` of S reads ``(i // inner) % mid`` with ``inner = prod(S[b+1:])`` and
-    ``mid = prod(S[a:b+1])`` (a bias ``(C,)`` is the block of the last dim).
-    ``dtype``: "" (the plan's dtype) or "bool" (a mask, read as 0/1; axis plans only).
-    """
-
-    source: str
-    name: str
-    index: int
-    bcast: str = "full"
-    a: int = 0
-    b: int = 0
-    dtype: str = ""
-
-
-@dataclass(frozen=True)
-class Node:
-    """One value. ``op`` is a formula name (see families.shared.FORMULAS), ``load``, ``const``,
-    ``cols`` (the row length, or an axis plan's reduced length), ``size`` (the run-time size
-    of S's dim ``dim``: kl_div's batchmean, in full reductions only) or
-    ``reduce_sum``/``reduce_max``/``reduce_min``; axis plans add ``reduce_prod``,
-    ``reduce_argmax``/``reduce_argmin`` (int64 indices, first of ties; only as the output) and
-    the scans ``scan_sum``/``scan_prod`` (``elem`` class; attr ``reverse``: from the end).
-
-    ``cls``: ``elem`` (per element of S), ``row`` (per row) or ``uniform`` (one value).
-    ``attrs`` is a sorted tuple of (name, value) pairs so plans compare and hash by value.
-    """
-
-    op: str
-    args: tuple[int, ...] = ()
-    attrs: tuple[tuple[str, Any], ...] = ()
-    cls: str = "elem"
-
-    def attr(self, name: str, default: Any = None) -> Any:
-        return dict(self.attrs).get(name, default)
-
-
-@dataclass(frozen=True)
-class Gemm:
-    """The matrix product or convolution at the head of a plan (see the module doc).
-
-    ``op``: ``mm`` (``A[..., M, K] @ B[K, N]``), ``bmm`` (``A[b, M, K] @ B[b, K, N]``),
-    ``linear`` (``A[..., K] @ W[N, K]^T``) or a convolution of :data:`CONV_OPS` (``conv2d``:
-    NCHW; ``conv_transpose3d``: NCDHW, ...). ``a`` and ``b`` say where the operands come from (a
-    forward input or a model attribute; ``bcast`` is unused). ``conv``: ``("module", path)``
-    (the arguments read from that nn.Conv*d/ConvTranspose*d at run time) or ``("const",
-    *args)``: the functional call's arguments after the bias, in its order (stride, padding,
-    dilation, groups; transposed: stride, padding, output_padding, groups, dilation).
-    ``trivial``: what follows the
-    product is at most the op's own bias, so a library call plus an epilogue kernel would only
-    redo the library's work. ``what`` names the op for descriptions and declines.
-    """
-
-    op: str
-    a: Leaf
-    b: Leaf
-    a_ndim: int
-    conv: tuple = ()
-    trivial: bool = False
-    what: str = ""
-    trans_a: bool = False  # mm/linear: A given as its transpose (``A.T @ B``), stored [K, M]
-
-    @property
-    def matmul(self) -> bool:
-        return self.op in ("mm", "bmm", "linear")
-
-    @property
-    def is_conv(self) -> bool:
-        return self.op in CONV_OPS
-
-
-# Convolutions the head may be (the gemm family's conv template, or the library form:
-# torch.nn.functional.<op>), with their spatial dims.
-CONV_OPS = {"conv1d": 1, "conv2d": 2, "conv3d": 3, "conv_transpose1d": 1,
-            "conv_transpose2d": 2, "conv_transpose3d": 3}
 _CONV_MODULES = {nn.Conv1d: "conv1d", nn.Conv2d: "conv2d", nn.Conv3d: "conv3d",
                  nn.ConvTranspose1d: "conv_transpose1d", nn.ConvTranspose2d: "conv_transpose2d",
                  nn.ConvTranspose3d: "conv_transpose3d"}
-# The functional forms' arguments after (input, weight, bias), with their defaults.
-_CONV_ARGS = (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1))
-_CONV_TRANSPOSE_ARGS = (("stride", 1), ("padding", 0), ("output_padding", 0), ("groups", 1),
-                        ("dilation", 1))
-
-
-def conv_args(op: str) -> tuple[tuple[str, Any], ...]:
-    """The arguments of ``torch.nn.functional.<op>`` after the bias, with their defaults."""
-    return _CONV_TRANSPOSE_ARGS if op.startswith("conv_transpose") else _CONV_ARGS
-
-
-@dataclass(frozen=True)
-class Pool:
-    """2-D or 3-D max or average pooling of a forward input (NCHW or CHW; NCDHW or CDHW when
-    ``spatial`` is 3) at the head of a plan; its result is leaf ``pool_leaf`` and what follows
-    is an elementwise epilogue. Pairs are (height, width); ``depth`` is the window along D of
-    3-D pooling as (kernel, stride, padding, dilation), (1, 1, 0, 1) for 2-D (and for 1-D,
-    lowered as 2-D). ``divisor`` 0 = none (``divisor_override``); ``module``: the nn module's
-    path whose attributes must still match at run time ("" for F calls)."""
-
-    op: str  # "max" or "avg"
-    x: Leaf
-    kernel: tuple[int, int]
-    stride: tuple[int, int]
-    padding: tuple[int, int]
-    dilation: tuple[int, int] = (1, 1)
-    ceil_mode: bool = False
-    count_include_pad: bool = True
-    divisor: int = 0
-    module: str = ""
-    what: str = ""
-    depth: tuple[int, int, int, int] = (1, 1, 0, 1)  # along D: kernel, stride, padding, dilation
-    spatial: int = 2  # the pooled dims the kernel reads: 2 (1-D runs as 2-D) or 3
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What to compute, independent of sizes. ``kind`` is ``elementwise``, ``row`` or ``axis``
-    (a reduction or scan over the dims ``S[axis:axis + k]``, which do not all trail for a
-    reduction; see the module doc)."""
-
-    kind: str
-    inputs: tuple[str, ...]  # the forward's parameter names, in order
-    ndim: int  # rank of the iteration shape S
-    k: int  # row plans: the trailing dims reduced (rows x cols with cols = prod(S[-k:]));
-    # axis plans: the dims reduced or scanned, S[axis:axis + k]; k == ndim: a full
-    # reduction (one row)
-    leaves: tuple[Leaf, ...]
-    nodes: tuple[Node, ...]
-    output: int
-    keepdim: bool  # row plans whose output is a row value: keep the reduced dims as size 1
-    anchor: int  # a full leaf: its run-time shape is S (-1: S is the leaves' broadcast shape)
-    gemm: Gemm | None = None  # the product/convolution whose result is leaf ``gemm_leaf``
-    gemm_leaf: int = -1
-    # Row plans whose rows are groups of the trailing dims (GroupNorm): ("attr", path of the
-    # module whose num_groups it is) or ("const", groups); () for plain rows.
-    groups: tuple = ()
-    dtype: str = "float32"  # of every leaf and the output (float16/bfloat16: GEMM plans only)
-    pool: Pool | None = None  # the pooling whose result is leaf ``pool_leaf``
-    pool_leaf: int = -1
-    # Modules computed with their eval-mode semantics (BatchNorm's running statistics): the
-    # candidate refuses to run in training mode.
-    eval_only: tuple[str, ...] = ()
-    axis: int = -1  # axis plans: the first reduced or scanned dim
-
-    @property
-    def out_dtype(self) -> str:
-        """The output's dtype: int64 for an argmax/argmin, else the plan's."""
-        return "int64" if self.nodes[self.output].op in ARG_REDUCTIONS else self.dtype
-
-    @property
-    def head_leaf(self) -> int:
-        """The leaf a head op (product, convolution, pooling) computes; -1 without one."""
-        return self.gemm_leaf if self.gemm is not None else self.pool_leaf
-
-    @property
-    def out_is_row(self) -> bool:
-        return self.nodes[self.output].cls == "row"
-
-    def reductions(self) -> list[int]:
-        return [i for i, n in enumerate(self.nodes) if n.op.startswith("reduce_")]
-
-
-@dataclass(frozen=True, kw_only=True)
-class _OwnKernel:
-    """What the families' matchers and the synthesizer read of any plan, for the plans that
-    are a kernel of their own in a multi-kernel plan (Concat, Permute, Recurrent): float32, no
-    head op (a product, a pooling) to fuse after."""
-
-    dtype: str = "float32"
-    gemm: Any = None
-    pool: Any = None
-    head_leaf: int = -1
-
-
-@dataclass(frozen=True)
-class Concat(_OwnKernel):
-    """``torch.cat(parts, dim)``: a kernel of its own in a multi-kernel plan (stages.py), which
-    copies each part into its slice of the output. Its operands are the stage's arguments
-    (forward inputs and earlier stages' outputs), never a value it computes."""
-
-    inputs: tuple[str, ...]  # the stage's arguments, in order
-    parts: tuple[str, ...]  # the tensors joined, in order (names among ``inputs``; may repeat)
-    dim: int  # the joined dim, non-negative
-    ndim: int
-    kind: ClassVar[str] = "concat"
-
-
-@dataclass(frozen=True)
-class Permute(_OwnKernel):
-    """``x[index].permute(perm)`` of a stage's argument (a permutation, ``transpose``, or basic
-    indexing such as ``out[:, -1, :]``), made contiguous: a kernel of its own in a multi-kernel
-    plan (a ShuffleNet's channel shuffle, the last step of an RNN's output)."""
-
-    inputs: tuple[str, ...]  # the stage's arguments, in order
-    src: str  # the tensor read (a name among ``inputs``)
-    perm: tuple[int, ...]  # output dim j is the indexed view's dim perm[j]
-    index: str = ""  # basic indexing applied first, as Python source ("[:, -1, :]")
-    kind: ClassVar[str] = "permute"
-
-    @property
-    def ndim(self) -> int:
-        return len(self.perm)
-
-
-@dataclass(frozen=True)
-class Recurrent(_OwnKernel):
-    """``nn.GRU`` or ``nn.LSTM`` over a batch of sequences, every layer and direction: a kernel
-    of its own in a multi-kernel plan. The module's sizes and settings are read at run time;
-    ``result`` is which of its outputs the task keeps."""
-
-    inputs: tuple[str, ...]  # the stage's arguments, in order
-    cell: str  # "gru" or "lstm"
-    module: str  # the module's path in the model
-    x: str  # the input sequences (a name among ``inputs``)
-    h0: str = ""  # the initial hidden state ("": zeros)
-    c0: str = ""  # LSTM: the initial cell state ("": zeros)
-    result: str = "output"  # "output", "h_n" or "c_n"
-    kind: ClassVar[str] = "recurrent"
-
-
-@dataclass(frozen=True)
-class Analysis:
-    plan: Plan  # or a stages.Pipeline: one plan per kernel, in order
-    shape: tuple[int, ...]  # S at the analysed size (for default knobs only, never in code)
-    ops: tuple[str, ...]  # the task's ops as recognized, for descriptions
-    summary: str
-    row_groups: int = 1  # rows per row of S (plan.groups) at the analysed size, likewise
 
 
 # ----------------------------------------------------------------------------------------------
@@ -458,10 +208,6 @@ _GEMM_FUNCTIONS: dict[Any, str] = {
     **{getattr(torch, op): op for op in CONV_OPS if hasattr(torch, op)}}
 _GEMM_METHODS = {"matmul", "mm", "bmm"}
 _EINSUMS = {torch.einsum, getattr(torch.functional, "einsum", torch.einsum)}
-_CATS = {torch.cat, torch.concat, torch.concatenate}
-_PERMUTE_METHODS = {"permute", "transpose", "swapaxes", "swapdims"}
-_PERMUTE_FUNCTIONS = {torch.permute: "permute", torch.transpose: "transpose",
-                      torch.swapaxes: "transpose", torch.swapdims: "transpose"}
 # ints computed from shapes (view arguments: x.size(1) // groups)
 SHAPE_ARITH = {operator.floordiv: "//", operator.mul: "*", operator.add: "+",
                 operator.sub: "-"}
@@ -1004,7 +750,7 @@ class _Lowering:
             if node.target in _EINSUMS:
                 self.env[node] = self.einsum(node)
                 return
-            if node.target in _CATS:  # a kernel of its own (concat_of), after a boundary
+            if node.target in CATS:  # a kernel of its own (concat_of), after a boundary
                 raise self.cut(f"{PREFIX} torch.cat beside other work in one kernel")
             if node.target in _GEMM_FUNCTIONS:
                 self.env[node] = self.gemm_call(node, _GEMM_FUNCTIONS[node.target],
@@ -1385,7 +1131,7 @@ class _Lowering:
                 raise Unsupported(f"{PREFIX} nn.{type(m).__name__} with weight=")
             return self.call(node, _LOSS_MODULES[type(m)], tuple(node.args),
                              {**node.kwargs, **kw})
-        if type(m) in _RECURRENT_MODULES:  # a kernel of its own (recurrent_of)
+        if type(m) in RECURRENT_MODULES:  # a kernel of its own (recurrent_of)
             raise self.cut(f"{PREFIX} nn.{type(m).__name__} beside other work in one kernel")
         if len(node.args) != 1 or node.kwargs:
             raise _unsupported(f"nn.{type(m).__name__} called with extra arguments")
@@ -1747,18 +1493,6 @@ class _Lowering:
 # From the lowered graph to a Plan
 
 
-def needed_nodes(nodes: list[Node] | tuple[Node, ...], j: int) -> set[int]:
-    """Node ``j`` and every node it reads, transitively (indices into ``nodes``)."""
-    need: set[int] = set()
-    stack = [j]
-    while stack:
-        i = stack.pop()
-        if i not in need:
-            need.add(i)
-            stack.extend(nodes[i].args)
-    return need
-
-
 def _classify(shape: tuple[int, ...], s: tuple[int, ...], name: str) -> tuple[str, int, int]:
     """How a leaf of ``shape`` broadcasts onto the iteration shape ``s``."""
     nd = len(s)
@@ -2004,8 +1738,9 @@ def _decompose(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
-def analyze_module(mod: Any, real: bool = False) -> Analysis:
-    """Trace and lower one executed task module (see :meth:`Task.module`).
+def trace(mod: Any, real: bool = False) -> fx.GraphModule:
+    """One executed task module (see :meth:`Task.module`) traced, its dead values dropped, its
+    composite losses decomposed and every node's shape propagated (``tensor_meta``).
 
     Shapes are propagated on meta tensors (no memory at any size), or with ``real`` on real
     CPU tensors: for a small task that is faster, because the first use of meta kernels imports
@@ -2040,13 +1775,7 @@ def analyze_module(mod: Any, real: bool = False) -> Analysis:
             raise unknown from None
         raise Unsupported(f"{PREFIX} this task: shape propagation failed "
                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
-    try:
-        return analyze_graph(gm)
-    except NeedsCut:
-        # What one kernel cannot fuse: a kernel boundary there (stages imports this module).
-        from assay.propose.offline.stages import split
-
-        return split(gm, analyze_graph)
+    return gm
 
 
 def analyze_graph(gm: fx.GraphModule) -> Analysis:
@@ -2066,88 +1795,6 @@ def analyze_graph(gm: fx.GraphModule) -> Analysis:
     if len(summary) > 160:  # composite ops expand into long formulas: name them instead
         summary = f"{plan.kind} kernel fusing {', '.join(ops)}"
     return Analysis(plan, s, ops, summary, _row_groups(plan, gm))
-
-
-def concat_node(node: fx.Node) -> bool:
-    return node.op == "call_function" and node.target in _CATS
-
-
-def permute_node(node: fx.Node) -> bool:
-    """A permutation, or basic indexing of a tensor (``x[:, -1]``): a strided view copied."""
-    return ((node.op == "call_method" and str(node.target) in _PERMUTE_METHODS)
-            or (node.op == "call_function" and node.target in _PERMUTE_FUNCTIONS)
-            or index_source(node) is not None)
-
-
-def index_source(node: fx.Node) -> str | None:
-    """``[...]`` for a getitem of a tensor by ints, slices of ints, None and Ellipsis (basic
-    indexing: a view), else None."""
-    if node.op != "call_function" or node.target is not operator.getitem \
-            or not isinstance(node.args[0], fx.Node) \
-            or not hasattr(node.args[0].meta.get("tensor_meta"), "shape"):
-        return None
-    items = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
-
-    def one(v: Any) -> str | None:
-        if v is None:
-            return "None"
-        if v is Ellipsis:
-            return "..."
-        if isinstance(v, int) and not isinstance(v, bool):
-            return str(v)
-        if isinstance(v, slice):
-            parts = (v.start, v.stop, v.step)
-            if not all(p is None or (isinstance(p, int) and not isinstance(p, bool))
-                       for p in parts):
-                return None
-            text = ":".join("" if p is None else str(p) for p in parts[:2])
-            return text + (f":{v.step}" if v.step is not None else "")
-        return None
-
-    rendered = [one(v) for v in items]
-    if not items or any(r is None for r in rendered):
-        return None
-    return "[" + ", ".join(rendered) + ("," if len(rendered) == 1 and isinstance(
-        node.args[1], tuple) else "") + "]"
-
-
-_RECURRENT_MODULES = {nn.GRU: "gru", nn.LSTM: "lstm"}
-
-
-def module_of(node: fx.Node) -> nn.Module | None:
-    """The module a call_module node calls, else None."""
-    owner = node.graph.owning_module
-    if node.op != "call_module" or owner is None:
-        return None
-    try:
-        return owner.get_submodule(str(node.target))
-    except AttributeError:
-        return None
-
-
-def recurrent_node(node: fx.Node) -> bool:
-    return type(module_of(node)) in _RECURRENT_MODULES
-
-
-def own_kernel(node: fx.Node) -> bool:
-    """A node that is a kernel of its own in a multi-kernel plan (copy_of, recurrent_of)."""
-    return concat_node(node) or permute_node(node) or recurrent_node(node)
-
-
-def selections(node: fx.Node) -> list[fx.Node]:
-    """The items a recurrent module's result is read through (``out, h_n = gru(x, h0)``;
-    LSTM's ``(h_n, c_n)`` one level deeper), ending at the one tensor the task reads; [] if it
-    reads the tuple otherwise or more than one of its items (dead items are gone: _drop_dead)."""
-    chain, at = [], node
-    while not hasattr(at.meta.get("tensor_meta"), "shape"):
-        users = list(at.users)
-        if len(users) != 1 or users[0].op != "call_function" \
-                or users[0].target is not operator.getitem or users[0].args[0] is not at \
-                or not isinstance(users[0].args[1], int):
-            return []
-        at = users[0]
-        chain.append(at)
-    return chain
 
 
 def _in_place(node: fx.Node) -> bool:
@@ -2172,7 +1819,7 @@ class _ShapeProp(ShapeProp):
     def call_module(self, target: Any, args: tuple, kwargs: dict) -> Any:
         m = self.fetch_attr(target)
         x = args[0] if args else None
-        if type(m) not in _RECURRENT_MODULES or not isinstance(x, torch.Tensor) or x.dim() != 3:
+        if type(m) not in RECURRENT_MODULES or not isinstance(x, torch.Tensor) or x.dim() != 3:
             return super().call_module(target, args, kwargs)
         t, b = (x.shape[1], x.shape[0]) if m.batch_first else (x.shape[0], x.shape[1])
         dirs = 2 if m.bidirectional else 1
@@ -2249,146 +1896,6 @@ def shape_only(node: fx.Node) -> bool:
             and all(is_reshape(u) or shape_only(u) for u in node.users))
 
 
-def concat_of(gm: fx.GraphModule) -> Analysis | None:
-    """The plan of a graph that computes one torch.cat of its arguments (a multi-kernel plan's
-    stage), or None for any other graph."""
-    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
-    if len(computed) != 1 or not concat_node(computed[0]):
-        return None
-    node = computed[0]
-    bound = dict(zip(("tensors", "dim"), node.args), **node.kwargs)
-    parts, dim = bound.get("tensors"), bound.get("dim", 0)
-    if set(bound) - {"tensors", "dim"} or not isinstance(parts, (list, tuple)) or not parts:
-        raise Unsupported(f"{PREFIX} torch.cat called with unusual arguments")
-    if any(not isinstance(a, fx.Node) or a.op != "placeholder" for a in parts):
-        raise Unsupported(f"{PREFIX} torch.cat of a model attribute (only computed values and "
-                          f"forward inputs)")
-    out = node.meta.get("tensor_meta")
-    metas = [a.meta.get("tensor_meta") for a in parts]
-    if out is None or any(m is None or not hasattr(m, "shape") for m in metas):
-        raise Unsupported(f"{PREFIX} torch.cat of non-tensor values")
-    if any(m.dtype != torch.float32 for m in metas):
-        raise Unsupported(f"{PREFIX} torch.cat of {metas[0].dtype} tensors (float32 only)")
-    ndim = len(out.shape)
-    if not isinstance(dim, int) or isinstance(dim, bool) or not -ndim <= dim < ndim or \
-            any(len(m.shape) != ndim for m in metas):
-        raise Unsupported(f"{PREFIX} torch.cat over dim {dim!r} of tensors of other ranks")
-    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
-    plan = Concat(names, tuple(str(a.target) for a in parts), dim % ndim, ndim)
-    return Analysis(plan, tuple(int(d) for d in out.shape), ("cat",),
-                    f"cat({', '.join(plan.parts)}, dim={plan.dim})")
-
-
-def permute_of(gm: fx.GraphModule) -> Analysis | None:
-    """The plan of a graph that permutes one of its arguments (a multi-kernel plan's stage),
-    or None for any other graph."""
-    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
-    if len(computed) != 1 or not permute_node(computed[0]):
-        return None
-    node = computed[0]
-    index = index_source(node)
-    if index is not None:  # basic indexing: the view, copied as it is
-        src = node.args[0]
-        out = node.meta.get("tensor_meta")
-        if not isinstance(src, fx.Node) or src.op != "placeholder" or out is None \
-                or src.meta["tensor_meta"].dtype != torch.float32:
-            raise Unsupported(f"{PREFIX} indexing of other than a float32 stage argument")
-        nd = len(out.shape)
-        if nd > PERMUTE_MAX_DIMS:
-            raise Unsupported(f"{PREFIX} a view of {nd} dims (at most {PERMUTE_MAX_DIMS})")
-        names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
-        return Analysis(Permute(names, str(src.target), tuple(range(nd)), index),
-                        tuple(int(d) for d in out.shape), ("index",),
-                        f"{src.target}{index}.contiguous()")
-    name = (str(node.target) if node.op == "call_method"
-            else _PERMUTE_FUNCTIONS[node.target])
-    src, *rest = node.args
-    if not isinstance(src, fx.Node) or src.op != "placeholder":
-        raise Unsupported(f"{PREFIX} a permutation of a model attribute")
-    tm = src.meta.get("tensor_meta")
-    if tm is None or not hasattr(tm, "shape") or tm.dtype != torch.float32:
-        raise Unsupported(f"{PREFIX} a permutation of a non-float32 value")
-    nd = len(tm.shape)
-    kwargs = dict(node.kwargs)
-    if name == "permute":
-        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else \
-            tuple(rest) or kwargs.get("dims")
-        perm = tuple(dims) if isinstance(dims, (tuple, list)) else None
-    else:
-        bound = dict(zip(("dim0", "dim1"), rest), **kwargs)
-        perm = None
-        if set(bound) == {"dim0", "dim1"} and all(isinstance(v, int) for v in bound.values()):
-            perm = list(range(nd))
-            a, b = bound["dim0"] % max(nd, 1), bound["dim1"] % max(nd, 1)
-            perm[a], perm[b] = perm[b], perm[a]
-            perm = tuple(perm)
-    if (perm is None or any(not isinstance(d, int) or isinstance(d, bool) for d in perm)
-            or sorted(d % max(nd, 1) for d in perm) != list(range(nd))):
-        raise Unsupported(f"{PREFIX} Tensor.{name} called with unusual arguments")
-    if nd > PERMUTE_MAX_DIMS:
-        raise Unsupported(f"{PREFIX} a permutation of {nd} dims (at most {PERMUTE_MAX_DIMS})")
-    perm = tuple(d % nd for d in perm)
-    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
-    out = node.meta.get("tensor_meta")
-    shape = tuple(int(d) for d in out.shape) if out is not None else ()
-    return Analysis(Permute(names, str(src.target), perm), shape, ("permute",),
-                    f"{src.target}.permute{perm}.contiguous()")
-
-
-PERMUTE_MAX_DIMS = 6  # the kernel's geometry: sizes and strides of at most this many dims
-
-
-def recurrent_of(gm: fx.GraphModule) -> Analysis | None:
-    """The plan of a graph that runs one nn.GRU/nn.LSTM on its arguments and returns one of
-    its outputs (a multi-kernel plan's stage), or None for any other graph."""
-    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
-    if not computed or not recurrent_node(computed[0]):
-        return None
-    node = computed[0]
-    m = gm.get_submodule(str(node.target))
-    cell = _RECURRENT_MODULES[type(m)]
-    chain = selections(node)
-    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    if not chain:
-        raise Unsupported(f"{PREFIX} nn.{type(m).__name__}'s result read other than as one of "
-                          f"its tensors")
-    if computed[1:] != chain or out is not chain[-1]:
-        return None  # more work after it: the lowering cuts there
-    path = tuple(n.args[1] for n in chain)
-    results = {(0,): "output", (1,): "h_n"} if cell == "gru" else \
-        {(0,): "output", (1, 0): "h_n", (1, 1): "c_n"}
-    if path not in results:
-        raise Unsupported(f"{PREFIX} item {path} of nn.{type(m).__name__}'s result")
-    if getattr(m, "proj_size", 0) or m.mode not in ("GRU", "LSTM"):
-        raise Unsupported(f"{PREFIX} nn.{type(m).__name__} with projections")
-    bound = dict(zip(("input", "hx"), node.args), **node.kwargs)
-    if set(bound) - {"input", "hx"}:
-        raise Unsupported(f"{PREFIX} nn.{type(m).__name__} called with unusual arguments")
-    x, hx = bound.get("input"), bound.get("hx")
-    states = ([] if hx is None else list(hx) if isinstance(hx, (tuple, list)) else [hx])
-    if cell == "lstm" and states and len(states) != 2:
-        raise Unsupported(f"{PREFIX} nn.LSTM's state other than (h0, c0)")
-    if cell == "gru" and len(states) > 1:
-        raise Unsupported(f"{PREFIX} nn.GRU's state other than h0")
-    for a in [x] + states:
-        tm = a.meta.get("tensor_meta") if isinstance(a, fx.Node) else None
-        if not isinstance(a, fx.Node) or a.op != "placeholder" or tm is None \
-                or not hasattr(tm, "shape") or tm.dtype != torch.float32:
-            raise Unsupported(f"{PREFIX} nn.{type(m).__name__} of other than float32 forward "
-                              f"inputs or stage outputs")
-    if len(x.meta["tensor_meta"].shape) != 3:
-        raise Unsupported(f"{PREFIX} nn.{type(m).__name__} of one unbatched sequence")
-    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
-    h0, c0 = (str(states[0].target), str(states[1].target) if cell == "lstm" else "") \
-        if states else ("", "")
-    plan = Recurrent(names, cell, str(node.target), str(x.target), h0, c0, results[path])
-    shape = tuple(int(d) for d in chain[-1].meta["tensor_meta"].shape)
-    layers = f"{m.num_layers} layer{'s' if m.num_layers > 1 else ''}"
-    return Analysis(plan, shape, (cell,),
-                    f"{type(m).__name__}({x.target}, {layers}"
-                    f"{', bidirectional' if m.bidirectional else ''}) -> {results[path]}")
-
-
 def _row_groups(plan: Plan, model: Any) -> int:
     """How many rows each row of the output's shape makes (GroupNorm's groups), or 1."""
     if not plan.groups:
@@ -2399,61 +1906,3 @@ def _row_groups(plan: Plan, model: Any) -> int:
         return int(functools.reduce(getattr, plan.groups[1].split("."), model).num_groups)
     except (AttributeError, TypeError, ValueError):
         return 1  # defaults only: the kernel reads the groups at run time
-
-
-def analyze_task(task: Task) -> Analysis:
-    """Analyse ``task`` at its size and, when it differs, at ``small`` too.
-
-    The generated code is size-generic, so the plan must not depend on the size: a shape
-    coincidence at one size (a batch equal to a feature count, a dim of 1) would otherwise
-    turn into a wrong broadcast at another. Plans that differ are declined.
-    """
-    # Real tensors only where the small size is the task's own (a task without a small
-    # variant, e.g. a KernelBench file, is as large at "small" as at "large").
-    main = analyze_module(task.module(), real=task.size == "small" and task.has_small_variant)
-    if task.size != "small" and task.has_small_variant:
-        other = analyze_module(dataclasses.replace(task, size="small").module(), real=True)
-        if structure(other.plan) != structure(main.plan):
-            raise Unsupported(f"{PREFIX} this task: its graph's structure differs between "
-                              f"sizes")
-    return main
-
-
-def structure(plan: Any) -> Any:
-    """What of a plan (or a multi-kernel plan's stages) must not depend on the task's size."""
-    stages = getattr(plan, "stages", None)
-    return plan if stages is None else (tuple(s.plan for s in stages), plan.views)
-
-
-def describe(plan: Plan) -> str:
-    """A short human-readable formula of the plan, for docstrings and logs."""
-    names: dict[int, str] = {}
-    for i, n in enumerate(plan.nodes):
-        args = [names[a] for a in n.args]
-        if n.op == "load":
-            lf = plan.leaves[n.attr("leaf")]
-            if lf.source == "pool" and plan.pool is not None:
-                pl, x = plan.pool, plan.pool.x
-                k, s, p = pl.kernel, pl.stride, pl.padding
-                if pl.spatial == 3:
-                    k, s, p = ((pl.depth[j],) + t for j, t in enumerate((k, s, p)))
-                names[i] = (f"{pl.op}_pool{pl.spatial}d("
-                            f"{x.name if x.source == 'input' else 'self.' + x.name}, "
-                            f"k={k}, s={s}, p={p})")
-            elif lf.source == "gemm" and plan.gemm is not None:
-                g = plan.gemm
-                ops = [o.name if o.source == "input" else f"self.{o.name}" for o in (g.a, g.b)]
-                names[i] = f"{g.op}({', '.join(ops)})"
-            else:
-                names[i] = lf.name if lf.source == "input" else f"self.{lf.name}"
-        elif n.op == "const":
-            names[i] = f"{n.attr('value'):g}"
-        elif n.op == "cols":
-            names[i] = "N"
-        elif n.op in ("add", "sub", "mul", "div"):
-            sym = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[n.op]
-            names[i] = f"({args[0]} {sym} {args[1]})"
-        else:
-            extra = [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in n.attrs]
-            names[i] = f"{n.op}({', '.join(args + extra)})"
-    return names[plan.output]

@@ -4,14 +4,14 @@ One plan fuses one head op (a product, a convolution, a pooling) with the chain 
 reductions of one row shape. A task with more (every MLP, CNN block and residual block of
 KernelBench's level 3, a level-2 chain with a pooling after its convolution or a reduction of a
 reduced value) is cut right before the op that would not fit (the lowering says where: a
-:class:`graph.NeedsCut`), and each piece becomes a plan of its own, written by its family as
+:class:`ir.NeedsCut`), and each piece becomes a plan of its own, written by its family as
 usual. ``ModelNew.forward`` then runs the stages in order, each one's output an input of the
 next (see :mod:`candidate`).
 
 A cut is made only where exactly one computed value is live across it (the stage's output);
 forward inputs, parameters and earlier stages' outputs may be read by any stage. So branches
 that a torch.cat joins (an Inception module's four, a DenseNet block's growing list) are stages
-one after the other, and the join is a stage of its own (graph.Concat). Where a cut would carry
+one after the other, and the join is a stage of its own (ir.Concat). Where a cut would carry
 several values, the first of them may end a kernel of its own (a DenseNet's pooling, read by the
 normalization before the next convolution and by a later join); else (attention's q and k,
 computed in one stretch) the task is declined with the reason.
@@ -26,10 +26,10 @@ from typing import Any
 
 from torch import fx
 
-from assay.propose.offline.graph import (PREFIX, RESHAPE_FUNCTIONS, SHAPE_ARITH, SIZE_METHODS,
-                                         Analysis, NeedsCut, Unsupported, is_reshape,
-                                         own_kernel, recurrent_node, same_shape_source,
-                                         selections, shape_only, shape_value)
+from assay.propose.offline.graph import (RESHAPE_FUNCTIONS, SHAPE_ARITH, SIZE_METHODS, is_reshape,
+                                         same_shape_source, shape_only, shape_value)
+from assay.propose.offline.ir import PREFIX, Analysis, NeedsCut, Unsupported
+from assay.propose.offline.own_kernels import own_kernel, recurrent_node, selections
 
 # A stage's output, as the next stages' argument; and, where a view follows the stage, its
 # output before the view (a later view's size queries may read it).
@@ -44,7 +44,7 @@ class Pipeline:
     ``inputs`` are the forward's parameter names; each stage's ``plan.inputs`` names its own
     arguments: forward inputs, and ``stage<k>`` for the output of an earlier stage k."""
 
-    stages: tuple[Analysis, ...]  # their shapes are one size's (graph.structure: the plans)
+    stages: tuple[Analysis, ...]  # their shapes are one size's (ir.structure: the plans)
     inputs: tuple[str, ...]
     # Per stage: a view applied to its output before the next stages read it ("" for none), a
     # Python expression of ``{t}`` (the output), e.g. ``{t}.view({t}.size(0), -1)``; its size
@@ -220,7 +220,7 @@ def _end_at_first(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analys
 def _own_stage(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis],
                names: dict[fx.Node, str], todo: list[fx.Node], at: fx.Node
                ) -> tuple[Analysis, str, fx.Node, fx.Node, list[fx.Node]]:
-    """The stage of a node that is a kernel of its own (graph.own_kernel), with the items of an
+    """The stage of a node that is a kernel of its own (own_kernel), with the items of an
     RNN's result that select the tensor read and the views of its output folded in: (stage,
     view expression, its output, the value the next stages read, what is left to do)."""
     mine = [at] + (selections(at) if recurrent_node(at) else [])

@@ -1,6 +1,6 @@
 """The offline synthesizer as a Proposer: the four evolution operators, over knob spaces.
 
-Every candidate of a task comes from one plan (graph.analyze_task) and one knob set of the
+Every candidate of a task comes from one plan (analysis.analyze_task) and one knob set of the
 plan's family (families.family_of: its knob spaces, defaults and code); the operators only move
 in knob space: translate samples it (the defaults of each template first), mutate perturbs one
 or two knobs of a parent, crossover takes each knob from one of the parents, repair falls back
@@ -24,7 +24,8 @@ from typing import Any
 from assay.propose.base import Parent, TaskContext
 from assay.propose.offline.candidate import candidate_file
 from assay.propose.offline.families import family_of
-from assay.propose.offline.graph import PREFIX, Analysis, Unsupported, analyze_task
+from assay.propose.offline.analysis import analyze_task
+from assay.propose.offline.ir import PREFIX, Analysis, Unsupported
 from assay.records import Proposal
 
 TARGETS = ("cpu", "cuda", "triton")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from assay.propose.offline.families import (axis, concat, elementwise, gemm, permute,
                                             pipeline, pool, recurrent, row, total)
 from assay.propose.offline.families.family import Family, Space
-from assay.propose.offline.graph import Plan
+from assay.propose.offline.ir import Plan
 
 # Their matchers exclude each other: a plan belongs to one family. A multi-kernel plan
 # (stages.Pipeline) is the pipeline family's, its stages' plans the others'.
@@ -29,7 +29,7 @@ def family_of(plan: Plan) -> Family:
     if pipeline.matches(plan):
         return pipeline.FAMILY
     found = [f for f in FAMILIES.values() if f.matches(plan)]
-    if len(found) != 1:  # pragma: no cover - graph.analyze_task makes plans of one family
+    if len(found) != 1:  # pragma: no cover - analysis.analyze_task makes plans of one family
         raise ValueError(f"a plan of {len(found)} families: {[f.name for f in found]}")
     return found[0]
 

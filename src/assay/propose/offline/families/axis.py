@@ -26,7 +26,7 @@ from assay.propose.offline.families.family import Family, Space
 from assay.propose.offline.families.shared import (CPP_FORWARD_CLOSE, CPP_FORWARD_OPEN, CUDA_COMMON,
                                                    Names, Schedule, elem_closure, fused_calls,
                                                    fused_kernel, render)
-from assay.propose.offline.graph import ARG_REDUCTIONS, Analysis, Plan
+from assay.propose.offline.ir import ARG_REDUCTIONS, Analysis, Plan
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # threads: 0 = OpenMP's default team, 1 = serial, k = at most k; tile: inner positions

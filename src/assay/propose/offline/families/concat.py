@@ -1,4 +1,4 @@
-"""The concat family: ``torch.cat`` as a kernel of its own (graph.Concat), the join of branches
+"""The concat family: ``torch.cat`` as a kernel of its own (ir.Concat), the join of branches
 in a multi-kernel plan (an Inception module's four, a DenseNet block's growing list). The output
 is seen as ``[outer, C, inner]`` with C the joined dim; each part ``[outer, c_i, inner]`` is
 copied into its slice ``[:, offset_i:offset_i + c_i, :]`` by one launch of the entry point
@@ -14,7 +14,7 @@ from assay.propose.offline.families.family import Entry, Space, standalone_famil
 from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Param,
                                                    forward_call, head_values, pointer, render,
                                                    size_params, stream_args)
-from assay.propose.offline.graph import Concat
+from assay.propose.offline.ir import Concat
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # threads: 0 = OpenMP's default over the outer rows, 1 = serial

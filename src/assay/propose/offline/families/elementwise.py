@@ -13,7 +13,7 @@ from assay.propose.offline.families.shared import (CPP_FORWARD_CLOSE, CPP_FORWAR
                                                    Names, elem_closure, fused_calls, fused_kernel,
                                                    knob_line, leaves_of, render, vector_flags,
                                                    vector_index)
-from assay.propose.offline.graph import Analysis, Plan, needed_nodes
+from assay.propose.offline.ir import Analysis, Plan, needed_nodes
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # threads: 0 = OpenMP default, 1 = serial, k = at most k; chunk: elements per OpenMP task;

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from assay.propose.offline.families.shared import Param
-from assay.propose.offline.graph import Analysis, Plan
+from assay.propose.offline.ir import Analysis, Plan
 
 Space = dict[str, tuple[int, ...]]  # knob -> the values it may take
 Entry = tuple[str, list[Param]]  # a kernel entry point of the file, with its parameters
@@ -88,7 +88,7 @@ class Family:
     # the candidate needs the permissive policy): (plan, target, knobs).
     library: Callable[[Plan, str, dict[str, Any]], str] = _no_library
     # ModelNew.forward's whole body and the file's entry points, for a plan that is not a
-    # graph.Plan (a concatenation: its checks and output are its own); None: the candidate
+    # ir.Plan (a concatenation: its checks and output are its own); None: the candidate
     # writes the checks and output of the plan's leaves, then ``calls``. (plan, target, knobs)
     forward: Callable[[Any, str, dict[str, Any]], tuple[list[str], list[Entry]]] | None = None
 

@@ -27,7 +27,7 @@ from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Pa
                                                    fused_epilogue, head_values, leaf_params,
                                                    leaf_tensor, out_param, pointer, render,
                                                    size_params)
-from assay.propose.offline.graph import CONV_OPS, PREFIX, Analysis, Gemm, Plan, conv_args
+from assay.propose.offline.ir import CONV_OPS, PREFIX, Analysis, Gemm, Plan, conv_args
 
 # The templates of this package's own (knob lib 0: the product's GEMM; 2: the convolution), by
 # name (each module holds its knob space, defaults, C++/CUDA template and kernel writer).

@@ -1,5 +1,5 @@
 """The convolution of the gemm family (template ``conv``, knob ``lib`` = 2): any convolution of
-graph.CONV_OPS (1-, 2-, 3-D, transposed or not; stride, padding, dilation, groups,
+ir.CONV_OPS (1-, 2-, 3-D, transposed or not; stride, padding, dilation, groups,
 output_padding) of float32 NC(D)(H)W tensors, computed by this package's own kernel with the
 elementwise epilogue fused into its stores (or the row kernel following it), so that a lone or
 CNN convolution passes the strict policy.
@@ -27,7 +27,7 @@ from typing import Any
 
 from assay.propose.offline.families.family import Space
 from assay.propose.offline.families.shared import Param, render
-from assay.propose.offline.graph import Plan
+from assay.propose.offline.ir import Plan
 
 # The geometry the candidate passes, 3-D whatever the rank: batch, input channels and dims,
 # output channels and dims, kernel dims, stride, padding, dilation, groups.

@@ -10,7 +10,7 @@ from typing import Any
 from assay.propose.offline.families.family import Space
 from assay.propose.offline.families.gemm_tiled import CUDA_GEMM_LAUNCH
 from assay.propose.offline.families.shared import render
-from assay.propose.offline.graph import Plan
+from assay.propose.offline.ir import Plan
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # warp_m x warp_n: each warp's share of the tile, in 16 x 16 WMMA fragments; load_vec: 8 =

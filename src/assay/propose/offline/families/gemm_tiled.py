@@ -10,7 +10,7 @@ from typing import Any
 
 from assay.propose.offline.families.family import Space
 from assay.propose.offline.families.shared import render
-from assay.propose.offline.graph import Plan
+from assay.propose.offline.ir import Plan
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # tile_m x tile_n: the output tile of one OpenMP task; k_step: the K slab packed at a time.

@@ -1,4 +1,4 @@
-"""The permute family: a strided view made contiguous, a kernel of its own (graph.Permute:
+"""The permute family: a strided view made contiguous, a kernel of its own (ir.Permute:
 ``x.permute(...)``/``transpose``, basic indexing such as ``out[:, -1, :]``; a ShuffleNet's channel
 shuffle, an RNN's last step). The candidate makes the view (metadata only); the entry point
 gets its first element's address, sizes and strides (padded to PERMUTE_MAX_DIMS), drops dims of
@@ -16,7 +16,7 @@ from assay.propose.offline.families.family import Entry, Space, standalone_famil
 from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Param,
                                                    forward_call, head_values, pointer, render,
                                                    stream_args)
-from assay.propose.offline.graph import PERMUTE_MAX_DIMS, Permute
+from assay.propose.offline.ir import PERMUTE_MAX_DIMS, Permute
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # threads: 0 = OpenMP's default over rows, 1 = serial

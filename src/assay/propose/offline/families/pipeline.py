@@ -16,7 +16,7 @@ from typing import Any
 
 from assay.propose.offline import families
 from assay.propose.offline.families.family import Family, Space
-from assay.propose.offline.graph import PREFIX, Analysis
+from assay.propose.offline.ir import PREFIX, Analysis
 from assay.propose.offline.stages import Pipeline
 
 

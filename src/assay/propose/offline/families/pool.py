@@ -14,7 +14,7 @@ from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Pa
                                                    fused_epilogue, head_values, leaf_params,
                                                    leaf_tensor, out_param, pointer, render,
                                                    size_params)
-from assay.propose.offline.graph import Analysis, Plan
+from assay.propose.offline.ir import Analysis, Plan
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # cpu: threads over (plane, output row). cuda: block threads; cols: consecutive outputs of

@@ -1,4 +1,4 @@
-"""The recurrent family: ``nn.GRU`` and ``nn.LSTM`` (graph.Recurrent), every layer and direction,
+"""The recurrent family: ``nn.GRU`` and ``nn.LSTM`` (ir.Recurrent), every layer and direction,
 as a kernel of its own. Sizes (steps, batch, features, hidden, layers, directions, batch_first)
 are read at run time from the tensors and the module; the cell (GRU or LSTM) is the plan's.
 
@@ -21,7 +21,7 @@ from assay.propose.offline.families.family import Entry, Space, standalone_famil
 from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Param,
                                                    forward_call, head_values, pointer, render,
                                                    size_params, stream_args)
-from assay.propose.offline.graph import Recurrent
+from assay.propose.offline.ir import Recurrent
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # threads: 0 = OpenMP's default over hidden units, 1 = serial

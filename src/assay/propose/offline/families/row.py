@@ -18,7 +18,7 @@ from assay.propose.offline.families.shared import (CPP_FORWARD_CLOSE, CPP_FORWAR
                                                    fused_kernel, knob_line, leaf_kind, leaves_of,
                                                    render, vector_conditions, vector_flags,
                                                    vector_index)
-from assay.propose.offline.graph import PREFIX, Analysis, Plan
+from assay.propose.offline.ir import PREFIX, Analysis, Plan
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # threads, unroll: as for the elementwise family; chunk: rows per OpenMP task (0 = an even

@@ -17,7 +17,7 @@ from typing import Any
 
 import jinja2
 
-from assay.propose.offline.graph import Leaf, Plan
+from assay.propose.offline.ir import Leaf, Plan
 
 _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True,
                           lstrip_blocks=True, keep_trailing_newline=True,
@@ -390,7 +390,7 @@ FORMULAS: dict[str, Formula] = {
 
 
 def leaf_kind(plan: Plan, k: int) -> str:
-    """How the kernel indexes leaf ``k`` (see graph.Leaf for the block convention).
+    """How the kernel indexes leaf ``k`` (see ir.Leaf for the block convention).
 
     elementwise: full ``[i]``, scalar ``[0]``, mod ``[i % mid]``, general
     ``[(i / inner) % mid]``; row plans add col ``[c]`` (a weight over the whole row), colmod

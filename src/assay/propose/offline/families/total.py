@@ -21,7 +21,7 @@ from assay.propose.offline.families.shared import (CPP_FORWARD_CLOSE, CPP_FORWAR
                                                    fused_kernel, fused_params, leaf_kind,
                                                    leaves_of, pointer, render, vector_flags,
                                                    vector_index)
-from assay.propose.offline.graph import PREFIX, Analysis, Plan
+from assay.propose.offline.ir import PREFIX, Analysis, Plan
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # threads: 0 = OpenMP default, 1 = serial, k = at most k; chunk: elements per block of the

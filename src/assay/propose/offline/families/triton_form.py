@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from assay.propose.offline.families.shared import PY_ARG_HELPERS, knob_line, render
-from assay.propose.offline.graph import PREFIX, Plan, needed_nodes
+from assay.propose.offline.ir import PREFIX, Plan, needed_nodes
 
 
 def t_float(v: float) -> str:
@@ -129,7 +129,7 @@ def why_not(plan: Plan) -> str | None:
 
 
 def load_expr(plan: Plan, k: int, index: str = "offs", mask: str = "mask") -> str:
-    """Leaf ``k`` at the flat indices ``index`` (graph.Leaf's broadcast convention)."""
+    """Leaf ``k`` at the flat indices ``index`` (ir.Leaf's broadcast convention)."""
     lf = plan.leaves[k]
     if lf.bcast == "scalar":
         return f"tl.load(t{k})"

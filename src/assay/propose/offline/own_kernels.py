@@ -1,0 +1,244 @@
+"""The ops that are a kernel of their own in a multi-kernel plan, on the fx graph: ``torch.cat``
+(:class:`~assay.propose.offline.ir.Concat`), a permutation or basic indexing made contiguous
+(:class:`~assay.propose.offline.ir.Permute`) and ``nn.GRU``/``nn.LSTM``
+(:class:`~assay.propose.offline.ir.Recurrent`). The ``*_node`` predicates say where
+:mod:`stages` cuts around them; the ``*_of`` functions plan a stage that is one of them.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from assay.propose.offline.ir import (PERMUTE_MAX_DIMS, PREFIX, Analysis, Concat, Permute,
+                                      Recurrent, Unsupported)
+
+
+CATS = {torch.cat, torch.concat, torch.concatenate}
+
+PERMUTE_METHODS = {"permute", "transpose", "swapaxes", "swapdims"}
+
+PERMUTE_FUNCTIONS = {torch.permute: "permute", torch.transpose: "transpose",
+                     torch.swapaxes: "transpose", torch.swapdims: "transpose"}
+
+
+def concat_node(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target in CATS
+
+
+def permute_node(node: fx.Node) -> bool:
+    """A permutation, or basic indexing of a tensor (``x[:, -1]``): a strided view copied."""
+    return ((node.op == "call_method" and str(node.target) in PERMUTE_METHODS)
+            or (node.op == "call_function" and node.target in PERMUTE_FUNCTIONS)
+            or index_source(node) is not None)
+
+
+def index_source(node: fx.Node) -> str | None:
+    """``[...]`` for a getitem of a tensor by ints, slices of ints, None and Ellipsis (basic
+    indexing: a view), else None."""
+    if node.op != "call_function" or node.target is not operator.getitem \
+            or not isinstance(node.args[0], fx.Node) \
+            or not hasattr(node.args[0].meta.get("tensor_meta"), "shape"):
+        return None
+    items = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+
+    def one(v: Any) -> str | None:
+        if v is None:
+            return "None"
+        if v is Ellipsis:
+            return "..."
+        if isinstance(v, int) and not isinstance(v, bool):
+            return str(v)
+        if isinstance(v, slice):
+            parts = (v.start, v.stop, v.step)
+            if not all(p is None or (isinstance(p, int) and not isinstance(p, bool))
+                       for p in parts):
+                return None
+            text = ":".join("" if p is None else str(p) for p in parts[:2])
+            return text + (f":{v.step}" if v.step is not None else "")
+        return None
+
+    rendered = [one(v) for v in items]
+    if not items or any(r is None for r in rendered):
+        return None
+    return "[" + ", ".join(rendered) + ("," if len(rendered) == 1 and isinstance(
+        node.args[1], tuple) else "") + "]"
+
+
+RECURRENT_MODULES = {nn.GRU: "gru", nn.LSTM: "lstm"}
+
+
+def module_of(node: fx.Node) -> nn.Module | None:
+    """The module a call_module node calls, else None."""
+    owner = node.graph.owning_module
+    if node.op != "call_module" or owner is None:
+        return None
+    try:
+        return owner.get_submodule(str(node.target))
+    except AttributeError:
+        return None
+
+
+def recurrent_node(node: fx.Node) -> bool:
+    return type(module_of(node)) in RECURRENT_MODULES
+
+
+def own_kernel(node: fx.Node) -> bool:
+    """A node that is a kernel of its own in a multi-kernel plan (copy_of, recurrent_of)."""
+    return concat_node(node) or permute_node(node) or recurrent_node(node)
+
+
+def selections(node: fx.Node) -> list[fx.Node]:
+    """The items a recurrent module's result is read through (``out, h_n = gru(x, h0)``;
+    LSTM's ``(h_n, c_n)`` one level deeper), ending at the one tensor the task reads; [] if it
+    reads the tuple otherwise or more than one of its items (graph.trace drops dead items)."""
+    chain, at = [], node
+    while not hasattr(at.meta.get("tensor_meta"), "shape"):
+        users = list(at.users)
+        if len(users) != 1 or users[0].op != "call_function" \
+                or users[0].target is not operator.getitem or users[0].args[0] is not at \
+                or not isinstance(users[0].args[1], int):
+            return []
+        at = users[0]
+        chain.append(at)
+    return chain
+
+
+def concat_of(gm: fx.GraphModule) -> Analysis | None:
+    """The plan of a graph that computes one torch.cat of its arguments (a multi-kernel plan's
+    stage), or None for any other graph."""
+    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    if len(computed) != 1 or not concat_node(computed[0]):
+        return None
+    node = computed[0]
+    bound = dict(zip(("tensors", "dim"), node.args), **node.kwargs)
+    parts, dim = bound.get("tensors"), bound.get("dim", 0)
+    if set(bound) - {"tensors", "dim"} or not isinstance(parts, (list, tuple)) or not parts:
+        raise Unsupported(f"{PREFIX} torch.cat called with unusual arguments")
+    if any(not isinstance(a, fx.Node) or a.op != "placeholder" for a in parts):
+        raise Unsupported(f"{PREFIX} torch.cat of a model attribute (only computed values and "
+                          f"forward inputs)")
+    out = node.meta.get("tensor_meta")
+    metas = [a.meta.get("tensor_meta") for a in parts]
+    if out is None or any(m is None or not hasattr(m, "shape") for m in metas):
+        raise Unsupported(f"{PREFIX} torch.cat of non-tensor values")
+    if any(m.dtype != torch.float32 for m in metas):
+        raise Unsupported(f"{PREFIX} torch.cat of {metas[0].dtype} tensors (float32 only)")
+    ndim = len(out.shape)
+    if not isinstance(dim, int) or isinstance(dim, bool) or not -ndim <= dim < ndim or \
+            any(len(m.shape) != ndim for m in metas):
+        raise Unsupported(f"{PREFIX} torch.cat over dim {dim!r} of tensors of other ranks")
+    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+    plan = Concat(names, tuple(str(a.target) for a in parts), dim % ndim, ndim)
+    return Analysis(plan, tuple(int(d) for d in out.shape), ("cat",),
+                    f"cat({', '.join(plan.parts)}, dim={plan.dim})")
+
+
+def permute_of(gm: fx.GraphModule) -> Analysis | None:
+    """The plan of a graph that permutes one of its arguments (a multi-kernel plan's stage),
+    or None for any other graph."""
+    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    if len(computed) != 1 or not permute_node(computed[0]):
+        return None
+    node = computed[0]
+    index = index_source(node)
+    if index is not None:  # basic indexing: the view, copied as it is
+        src = node.args[0]
+        out = node.meta.get("tensor_meta")
+        if not isinstance(src, fx.Node) or src.op != "placeholder" or out is None \
+                or src.meta["tensor_meta"].dtype != torch.float32:
+            raise Unsupported(f"{PREFIX} indexing of other than a float32 stage argument")
+        nd = len(out.shape)
+        if nd > PERMUTE_MAX_DIMS:
+            raise Unsupported(f"{PREFIX} a view of {nd} dims (at most {PERMUTE_MAX_DIMS})")
+        names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+        return Analysis(Permute(names, str(src.target), tuple(range(nd)), index),
+                        tuple(int(d) for d in out.shape), ("index",),
+                        f"{src.target}{index}.contiguous()")
+    name = (str(node.target) if node.op == "call_method"
+            else PERMUTE_FUNCTIONS[node.target])
+    src, *rest = node.args
+    if not isinstance(src, fx.Node) or src.op != "placeholder":
+        raise Unsupported(f"{PREFIX} a permutation of a model attribute")
+    tm = src.meta.get("tensor_meta")
+    if tm is None or not hasattr(tm, "shape") or tm.dtype != torch.float32:
+        raise Unsupported(f"{PREFIX} a permutation of a non-float32 value")
+    nd = len(tm.shape)
+    kwargs = dict(node.kwargs)
+    if name == "permute":
+        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else \
+            tuple(rest) or kwargs.get("dims")
+        perm = tuple(dims) if isinstance(dims, (tuple, list)) else None
+    else:
+        bound = dict(zip(("dim0", "dim1"), rest), **kwargs)
+        perm = None
+        if set(bound) == {"dim0", "dim1"} and all(isinstance(v, int) for v in bound.values()):
+            perm = list(range(nd))
+            a, b = bound["dim0"] % max(nd, 1), bound["dim1"] % max(nd, 1)
+            perm[a], perm[b] = perm[b], perm[a]
+            perm = tuple(perm)
+    if (perm is None or any(not isinstance(d, int) or isinstance(d, bool) for d in perm)
+            or sorted(d % max(nd, 1) for d in perm) != list(range(nd))):
+        raise Unsupported(f"{PREFIX} Tensor.{name} called with unusual arguments")
+    if nd > PERMUTE_MAX_DIMS:
+        raise Unsupported(f"{PREFIX} a permutation of {nd} dims (at most {PERMUTE_MAX_DIMS})")
+    perm = tuple(d % nd for d in perm)
+    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+    out = node.meta.get("tensor_meta")
+    shape = tuple(int(d) for d in out.shape) if out is not None else ()
+    return Analysis(Permute(names, str(src.target), perm), shape, ("permute",),
+                    f"{src.target}.permute{perm}.contiguous()")
+
+
+def recurrent_of(gm: fx.GraphModule) -> Analysis | None:
+    """The plan of a graph that runs one nn.GRU/nn.LSTM on its arguments and returns one of
+    its outputs (a multi-kernel plan's stage), or None for any other graph."""
+    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    if not computed or not recurrent_node(computed[0]):
+        return None
+    node = computed[0]
+    m = gm.get_submodule(str(node.target))
+    cell = RECURRENT_MODULES[type(m)]
+    chain = selections(node)
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    if not chain:
+        raise Unsupported(f"{PREFIX} nn.{type(m).__name__}'s result read other than as one of "
+                          f"its tensors")
+    if computed[1:] != chain or out is not chain[-1]:
+        return None  # more work after it: the lowering cuts there
+    path = tuple(n.args[1] for n in chain)
+    results = {(0,): "output", (1,): "h_n"} if cell == "gru" else \
+        {(0,): "output", (1, 0): "h_n", (1, 1): "c_n"}
+    if path not in results:
+        raise Unsupported(f"{PREFIX} item {path} of nn.{type(m).__name__}'s result")
+    if getattr(m, "proj_size", 0) or m.mode not in ("GRU", "LSTM"):
+        raise Unsupported(f"{PREFIX} nn.{type(m).__name__} with projections")
+    bound = dict(zip(("input", "hx"), node.args), **node.kwargs)
+    if set(bound) - {"input", "hx"}:
+        raise Unsupported(f"{PREFIX} nn.{type(m).__name__} called with unusual arguments")
+    x, hx = bound.get("input"), bound.get("hx")
+    states = ([] if hx is None else list(hx) if isinstance(hx, (tuple, list)) else [hx])
+    if cell == "lstm" and states and len(states) != 2:
+        raise Unsupported(f"{PREFIX} nn.LSTM's state other than (h0, c0)")
+    if cell == "gru" and len(states) > 1:
+        raise Unsupported(f"{PREFIX} nn.GRU's state other than h0")
+    for a in [x] + states:
+        tm = a.meta.get("tensor_meta") if isinstance(a, fx.Node) else None
+        if not isinstance(a, fx.Node) or a.op != "placeholder" or tm is None \
+                or not hasattr(tm, "shape") or tm.dtype != torch.float32:
+            raise Unsupported(f"{PREFIX} nn.{type(m).__name__} of other than float32 forward "
+                              f"inputs or stage outputs")
+    if len(x.meta["tensor_meta"].shape) != 3:
+        raise Unsupported(f"{PREFIX} nn.{type(m).__name__} of one unbatched sequence")
+    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+    h0, c0 = (str(states[0].target), str(states[1].target) if cell == "lstm" else "") \
+        if states else ("", "")
+    plan = Recurrent(names, cell, str(node.target), str(x.target), h0, c0, results[path])
+    shape = tuple(int(d) for d in chain[-1].meta["tensor_meta"].shape)
+    layers = f"{m.num_layers} layer{'s' if m.num_layers > 1 else ''}"
+    return Analysis(plan, shape, (cell,),
+                    f"{type(m).__name__}({x.target}, {layers}"
+                    f"{', bidirectional' if m.bidirectional else ''}) -> {results[path]}")
