@@ -23,9 +23,10 @@ tensor that also broadcasts back over the tensor (``x / norm(x)``); the ``total`
 those. Composite ops (softmax, layer_norm, rms_norm, logsumexp, normalize, mean, and the losses
 mse_loss, l1_loss, smooth_l1_loss, huber_loss and kl_div with their reductions) are lowered
 into reductions and elementwise nodes here so that the code generator only knows three
-reductions (sum, max, min) and scalar formulas. Losses over rows of a per-row reduction
-(triplet_margin_loss, cross_entropy) are declined: one plan does not hold a reduction of
-reduced values, and a kernel boundary cannot split a loss's one op.
+reductions (sum, max, min) and scalar formulas. triplet_margin_loss (a loss over rows of a
+per-row reduction) is decomposed into its ops (``_decompose``); cross_entropy is a kernel of its
+own (``own_kernels.xent_of``: logits and int64 class indices, the rows' losses and their
+reduction in one entry point).
 
 A task may open with one matrix product or convolution (``torch.matmul``/``mm``/``bmm``,
 ``F.linear``/``nn.Linear``, ``F.conv2d``/``nn.Conv2d``) whose operands are inputs or parameters:
@@ -70,7 +71,7 @@ from assay.propose.offline.ir import (ARG_REDUCTIONS, CONV_OPS, PREFIX, Analysis
                                       NeedsCut, Node, Plan, Pool, Unsupported, conv_args,
                                       describe, needed_nodes)
 from assay.propose.offline.own_kernels import (CATS, RECURRENT_MODULES, concat_of, module_of,
-                                               permute_node, permute_of, recurrent_of)
+                                               permute_node, permute_of, recurrent_of, xent_of)
 from assay.tasks.instantiate import init_inputs, make_inputs
 
 
@@ -269,9 +270,7 @@ _LOSS_MODULES = {nn.MSELoss: "mse_loss", nn.L1Loss: "l1_loss", nn.SmoothL1Loss: 
                  nn.CrossEntropyLoss: "cross_entropy"}
 # Losses whose value is a mean over rows of a per-row reduction (a reduction of reduced
 # values, which a plan cannot hold yet), and what each needs.
-_ROW_LOSSES = {"triplet_margin_loss": "per-row distances, then their mean",
-               "cross_entropy": "a per-row logsumexp minus the int64 target's logit, then "
-                                "their mean"}
+_ROW_LOSSES = {"triplet_margin_loss": "per-row distances, then their mean"}
 
 # Why a common op is out of reach, for the decline message.
 _CATEGORIES = (
@@ -1317,6 +1316,8 @@ class _Lowering:
                              bool(bound.get("keepdim", False)))
         if op in _LOSSES:
             return self.loss(op, bound)
+        if op == "cross_entropy":  # a kernel of its own (xent_of), after a boundary
+            raise self.cut(f"{PREFIX} cross_entropy beside other work in one kernel")
         if op in _ROW_LOSSES:
             raise Unsupported(f"{PREFIX} {op} ({_ROW_LOSSES[op]}: a reduction of reduced "
                               f"values)")
@@ -1781,7 +1782,7 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
 def analyze_graph(gm: fx.GraphModule) -> Analysis:
     """One plan of a traced graph whose nodes carry their shapes (``tensor_meta``); raises
     :class:`NeedsCut` where one kernel would have to end, Unsupported for the rest."""
-    own = concat_of(gm) or permute_of(gm) or recurrent_of(gm)
+    own = concat_of(gm) or permute_of(gm) or recurrent_of(gm) or xent_of(gm)
     if own is not None:
         return own
     low = _Lowering(gm)

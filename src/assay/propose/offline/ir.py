@@ -4,7 +4,8 @@
 plans; the families (``families/``) write code for them. Nothing here traces or runs a model.
 A :class:`Plan` is one fused kernel (``elementwise``, ``row`` or ``axis``, possibly opening with
 a :class:`Gemm` or a :class:`Pool`); :class:`Concat`, :class:`Permute` and :class:`Recurrent`
-are kernels of their own (a join, a strided view copied, an RNN) between a multi-kernel plan's
+are kernels of their own (a join, a strided view copied, an RNN; :class:`CrossEntropy`, a loss
+over rows of a per-row reduction) between a multi-kernel plan's
 fused ones.
 """
 
@@ -266,6 +267,23 @@ class Recurrent(OwnKernel):
     c0: str = ""  # LSTM: the initial cell state ("": zeros)
     result: str = "output"  # "output", "h_n" or "c_n"
     kind: ClassVar[str] = "recurrent"
+
+
+@dataclass(frozen=True)
+class CrossEntropy(OwnKernel):
+    """``F.cross_entropy(x, target)`` (or ``nn.CrossEntropyLoss``) of float32 logits ``[N, C]``
+    and int64 class indices ``[N]``: per row, the logsumexp minus the target's logit (0 where
+    the target is ``ignore_index``), then their mean over the rows not ignored, their sum, or
+    the rows as they are (``reduction``). A kernel of its own in a multi-kernel plan: the
+    per-row reduction and the reduction of those are one entry point."""
+
+    inputs: tuple[str, ...]  # the stage's arguments, in order
+    x: str  # the logits (a name among ``inputs``)
+    target: str  # the class indices (a forward input)
+    module: str = ""  # nn.CrossEntropyLoss's path: its settings are read at run time
+    reduction: str = "mean"  # the functional's (module: the module's at run time)
+    ignore_index: int = -100
+    kind: ClassVar[str] = "xent"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The ops that are a kernel of their own in a multi-kernel plan, on the fx graph: ``torch.cat``
 (:class:`~assay.propose.offline.ir.Concat`), a permutation or basic indexing made contiguous
-(:class:`~assay.propose.offline.ir.Permute`) and ``nn.GRU``/``nn.LSTM``
-(:class:`~assay.propose.offline.ir.Recurrent`). The ``*_node`` predicates say where
+(:class:`~assay.propose.offline.ir.Permute`), ``nn.GRU``/``nn.LSTM``
+(:class:`~assay.propose.offline.ir.Recurrent`) and the cross-entropy loss
+(:class:`~assay.propose.offline.ir.CrossEntropy`). The ``*_node`` predicates say where
 :mod:`stages` cuts around them; the ``*_of`` functions plan a stage that is one of them.
 """
 
@@ -13,8 +14,10 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from assay.propose.offline.ir import (PERMUTE_MAX_DIMS, PREFIX, Analysis, Concat, Permute,
-                                      Recurrent, Unsupported)
+import torch.nn.functional as F
+
+from assay.propose.offline.ir import (PERMUTE_MAX_DIMS, PREFIX, Analysis, Concat, CrossEntropy,
+                                      Permute, Recurrent, Unsupported)
 
 
 CATS = {torch.cat, torch.concat, torch.concatenate}
@@ -86,9 +89,14 @@ def recurrent_node(node: fx.Node) -> bool:
     return type(module_of(node)) in RECURRENT_MODULES
 
 
+def xent_node(node: fx.Node) -> bool:
+    return ((node.op == "call_function" and node.target is F.cross_entropy)
+            or isinstance(module_of(node), nn.CrossEntropyLoss))
+
+
 def own_kernel(node: fx.Node) -> bool:
-    """A node that is a kernel of its own in a multi-kernel plan (copy_of, recurrent_of)."""
-    return concat_node(node) or permute_node(node) or recurrent_node(node)
+    """A node that is a kernel of its own in a multi-kernel plan (the ``*_of`` below)."""
+    return concat_node(node) or permute_node(node) or recurrent_node(node) or xent_node(node)
 
 
 def selections(node: fx.Node) -> list[fx.Node]:
@@ -242,3 +250,56 @@ def recurrent_of(gm: fx.GraphModule) -> Analysis | None:
     return Analysis(plan, shape, (cell,),
                     f"{type(m).__name__}({x.target}, {layers}"
                     f"{', bidirectional' if m.bidirectional else ''}) -> {results[path]}")
+
+
+# F.cross_entropy's parameters, in order; the deprecated size_average/reduce must be None.
+_XENT_ARGS = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction",
+              "label_smoothing")
+
+
+def xent_of(gm: fx.GraphModule) -> Analysis | None:
+    """The plan of a graph that computes one cross-entropy loss of its arguments (a multi-kernel
+    plan's stage, or the whole task), or None for any other graph."""
+    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    if len(computed) != 1 or not xent_node(computed[0]):
+        return None
+    node = computed[0]
+    m = module_of(node)
+    if m is not None:  # its settings are read at run time; what the kernel lacks, checked now
+        bound = dict(zip(("input", "target"), node.args), **node.kwargs)
+        if m.weight is not None or m.label_smoothing:
+            raise Unsupported(f"{PREFIX} nn.CrossEntropyLoss with class weights or label "
+                              f"smoothing")
+    else:
+        bound = dict(zip(_XENT_ARGS, node.args), **node.kwargs)
+        if set(bound) - set(_XENT_ARGS) or bound.get("weight") is not None \
+                or bound.get("label_smoothing", 0.0) or bound.get("size_average") is not None \
+                or bound.get("reduce") is not None:
+            raise Unsupported(f"{PREFIX} cross_entropy with class weights, label smoothing or "
+                              f"the deprecated reduction flags")
+    reduction, ignore = ((m.reduction, m.ignore_index) if m is not None else
+                         (bound.get("reduction", "mean"), bound.get("ignore_index", -100)))
+    if reduction not in ("mean", "sum", "none") or isinstance(ignore, bool) \
+            or not isinstance(ignore, int):
+        raise Unsupported(f"{PREFIX} cross_entropy with reduction {reduction!r} and "
+                          f"ignore_index {ignore!r}")
+    x, t = bound.get("input"), bound.get("target")
+    metas = [a.meta.get("tensor_meta") if isinstance(a, fx.Node) and a.op == "placeholder"
+             else None for a in (x, t)]
+    if any(tm is None or not hasattr(tm, "shape") for tm in metas):
+        raise Unsupported(f"{PREFIX} cross_entropy of other than forward inputs or stage outputs")
+    xm, tm = metas
+    if xm.dtype != torch.float32 or tm.dtype != torch.int64:
+        raise Unsupported(f"{PREFIX} cross_entropy of {xm.dtype} logits and {tm.dtype} targets "
+                          f"(float32 logits and int64 class indices only)")
+    if len(xm.shape) != 2 or len(tm.shape) != 1:
+        raise Unsupported(f"{PREFIX} cross_entropy of {len(xm.shape)}-D logits (v1: [N, C] "
+                          f"with [N] class indices)")
+    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+    plan = CrossEntropy(names, str(x.target), str(t.target), str(node.target) if m else "",
+                        str(reduction), int(ignore))
+    out = node.meta.get("tensor_meta")
+    shape = tuple(int(d) for d in out.shape) if out is not None and hasattr(out, "shape") else ()
+    return Analysis(plan, tuple(int(d) for d in xm.shape), ("cross_entropy",),
+                    f"cross_entropy({x.target}, {t.target}, reduction={reduction!r})"
+                    + (f" of {shape}" if shape else ""))
