@@ -51,13 +51,16 @@ run time, so a plan learned at one size serves every size (``analyze_task`` chec
 
 from __future__ import annotations
 
+import ast
 import builtins
 import contextlib
 import dataclasses
 import functools
+import inspect
 import io
 import math
 import operator
+import textwrap
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,8 +73,9 @@ from torch.fx.passes.shape_prop import ShapeProp
 from assay.propose.offline.ir import (ARG_REDUCTIONS, CONV_OPS, PREFIX, Analysis, Gemm, Leaf,
                                       NeedsCut, Node, Plan, Pool, Unsupported, conv_args,
                                       describe, needed_nodes)
-from assay.propose.offline.own_kernels import (CATS, RECURRENT_MODULES, concat_of, module_of,
-                                               permute_node, permute_of, recurrent_of, xent_of)
+from assay.propose.offline.own_kernels import (CATS, PERMUTE_FUNCTIONS, RECURRENT_MODULES,
+                                               concat_of, module_of, permute_node, permute_of,
+                                               recurrent_of, xent_of)
 from assay.tasks.instantiate import init_inputs, make_inputs
 
 
@@ -1755,6 +1759,10 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
             model, inputs = _meta_model(mod), _meta_inputs(mod)
     except Exception as e:  # noqa: BLE001
         raise Unsupported(f"{PREFIX} this task: building it failed ({type(e).__name__}: {e})")
+    aliased = _augmented_alias(getattr(type(model), "forward", None))
+    if aliased is not None:
+        raise Unsupported(f"{PREFIX} an augmented assignment to {aliased!r} while another name "
+                          f"for that tensor is read after it (fx records it as a new value)")
     try:
         gm = fx.symbolic_trace(model)
     except Exception as e:  # noqa: BLE001
@@ -1763,6 +1771,7 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
     for node, value in zip([n for n in gm.graph.nodes if n.op == "placeholder"], inputs):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             node.meta[NUMBER_ARG] = True
+    _follow_writes(gm)
     _drop_dead(gm)
     _decompose(gm)
     try:
@@ -1798,9 +1807,23 @@ def analyze_graph(gm: fx.GraphModule) -> Analysis:
     return Analysis(plan, s, ops, summary, _row_groups(plan, gm))
 
 
+# Python's augmented assignments on a traced tensor (``y += 1``): fx records the operator, and
+# torch writes ``y`` and returns it.
+_AUGMENTED = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+              operator.ipow, operator.imod, operator.iand, operator.ior, operator.ixor,
+              operator.ilshift, operator.irshift}
+# Ops whose result may share memory with their first argument (a write to one shows in the
+# other); getitem counts (basic indexing is a view).
+_VIEW_METHODS = RESHAPE_METHODS | {"permute", "transpose", "swapaxes", "swapdims", "t", "expand",
+                                   "expand_as", "view_as", "narrow", "select", "unflatten",
+                                   "diagonal", "unfold", "as_strided", "split", "chunk",
+                                   "unbind", "movedim", "detach", "contiguous"}
+
+
 def _in_place(node: fx.Node) -> bool:
     """Whether ``node`` may write a tensor it is given (so it is kept even if unread)."""
-    if node.kwargs.get("inplace") or node.target is operator.setitem:
+    if node.kwargs.get("inplace") or node.target is operator.setitem or \
+            node.target in _AUGMENTED:
         return True
     if node.op == "call_method":
         return str(node.target).endswith("_")
@@ -1810,6 +1833,84 @@ def _in_place(node: fx.Node) -> bool:
         m = module_of(node)
         return m is None or bool(getattr(m, "inplace", False))
     return True
+
+
+def _writes_first(node: fx.Node) -> bool:
+    """Whether ``node`` writes its first argument and returns it (``y += 1``, ``x.relu_()``,
+    ``F.relu(x, inplace=True)``, ``nn.ReLU(inplace=True)``)."""
+    if node.op == "call_function":
+        return (node.target in _AUGMENTED or node.kwargs.get("inplace") is True
+                or getattr(node.target, "__name__", "").endswith("_"))
+    if node.op == "call_method":
+        return str(node.target).endswith("_") and not str(node.target).startswith("_")
+    if node.op == "call_module":
+        return getattr(module_of(node), "inplace", False) is True
+    return False
+
+
+def _may_view(node: fx.Node) -> bool:
+    return ((node.op == "call_method" and str(node.target) in _VIEW_METHODS)
+            or (node.op == "call_function" and (node.target is operator.getitem
+                                                or node.target in RESHAPE_FUNCTIONS
+                                                or node.target in PERMUTE_FUNCTIONS)))
+
+
+def _augmented_alias(forward: Any) -> str | None:
+    """The name of a tensor that ``forward`` writes by an augmented assignment (``y += 1``)
+    while another name for it is read after that, else None. fx records ``y += 1`` on a traced
+    tensor as ``y = y + 1`` (a proxy has no in-place operators), so ``z = y; y += 1; return z``
+    would be computed as returning the old ``y``: eager returns the new one. Read from the
+    source (names bound to names, in line order); None where the source is not available."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    steps = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign))),
+                   key=lambda n: (n.lineno, n.col_offset))
+    loads = [(n.lineno, n.id) for n in ast.walk(tree)
+             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+    group: dict[str, object] = {}
+    for st in steps:
+        if isinstance(st, ast.Assign):
+            fresh = object()
+            for t in st.targets:
+                if isinstance(t, ast.Name):
+                    value = st.value
+                    group[t.id] = group.setdefault(value.id, object()) \
+                        if isinstance(value, ast.Name) else fresh
+        elif isinstance(st.target, ast.Name) and st.target.id in group:
+            name = st.target.id
+            others = {v for v, g in group.items() if g is group[name] and v != name}
+            if any(line > st.lineno and v in others for line, v in loads):
+                return name
+    return None
+
+
+def _follow_writes(gm: fx.GraphModule) -> None:
+    """Reads of a tensor after an in-place write to it read the written value, as in eager:
+    fx records ``z = y; y += 1; return z`` as ``iadd = y + 1`` with ``z`` still the node ``y``,
+    so the later reads of ``y`` are pointed at the write's result (the same tensor). A write
+    to or through a view whose other aliases are read after it is declined: the plan computes
+    values, not shared memory."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    changed = False
+    for node in list(gm.graph.nodes):
+        if not _writes_first(node) or not node.args or not isinstance(node.args[0], fx.Node):
+            continue
+        target = node.args[0]
+        for user in list(target.users):
+            if user is not node and order[user] > order[node]:
+                user.replace_input_with(target, node)
+                changed = True
+        # the tensors that share the written memory: what it views, and views taken of it
+        aliases = [target.args[0]] if _may_view(target) and target.args and \
+            isinstance(target.args[0], fx.Node) else []
+        aliases += [u for u in target.users if u is not node and _may_view(u)]
+        if any(order[u] > order[node] for a in aliases for u in a.users if u is not target):
+            raise Unsupported(f"{PREFIX} an in-place write to a tensor whose view (or base) is "
+                              f"read after it (the plan computes values, not shared memory)")
+    if changed:
+        gm.recompile()
 
 
 class _ShapeProp(ShapeProp):
