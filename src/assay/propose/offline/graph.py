@@ -1863,7 +1863,7 @@ def _augmented_alias(forward: Any) -> str | None:
     source (names bound to names, in line order); None where the source is not available."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
-    except (OSError, TypeError, SyntaxError):
+    except Exception:  # noqa: BLE001 - no source (built-in, generated, wrapped oddly): no check
         return None
     steps = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign))),
                    key=lambda n: (n.lineno, n.col_offset))
