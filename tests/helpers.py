@@ -186,6 +186,15 @@ def entry_arities(code: str) -> list[tuple[str, int, int]]:
     return out
 
 
+def assert_calls_as_declared(code: str, entry: str, what: object = None) -> None:
+    """The candidate calls ``entry``, and every entry point with as many arguments as its
+    ctypes argtypes (a mismatch is a TypeError at the first call, on the device only)."""
+    arities = entry_arities(code)
+    assert entry in {n for n, _, _ in arities}, (what, entry, arities)
+    assert all(passed == declared for n, passed, declared in arities
+               if n != "assay_error_string"), (what, arities)  # (declared by _lib itself)
+
+
 def assert_matches_reference(code: str, path: Path, ctx: "TaskContext", overrides: list[dict],
                              device: str = "cpu", rtol: float = 1e-4, atol: float = 1e-4) -> None:
     """The candidate ``code`` (imported from ``path``) equals the task's reference, shape and

@@ -284,13 +284,6 @@ def ids_per_generation(results: Path, campaign: str, llm: str, gens: int = 2) ->
             for g in range(gens)]
 
 
-def ranking(results: Path, campaign: str, llm: str) -> list[str]:
-    """Generation 0's accepted candidates, fastest first (as the search ranks them)."""
-    cands = generation(results, campaign, llm, 0)["candidates"]
-    accepted = [cid for cid, c in cands.items() if c["verdict"]["accepted"]]
-    return sorted(accepted, key=lambda cid: -cands[cid]["verdict"]["speedup_eager"])
-
-
 # -- the test --------------------------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -488,14 +481,13 @@ def check_kill_and_resume(world: dict) -> None:
     run(world, "llmresume", [A], target=final)
     for p, data in before.items():
         assert p.read_bytes() == data, f"{p} was redone on resume"
-    # The search is a function of the verdicts: the same ranking of generation 0 as the
-    # uninterrupted run's makes the same generation 1. (Speedups are measurements: on a loaded
-    # machine two runs may rank close kernels differently, and then pick other parents.)
-    resumed, straight = (ids_per_generation(results, c, A) for c in ("llmresume", "llmtest"))
-    assert resumed[0] == straight[0]
-    if ranking(results, "llmresume", A) == ranking(results, "llmtest", A):
-        assert resumed == straight
+    # The search is a function of the verdicts: check_population finds generation 0 ranked as
+    # in the uninterrupted run (the mutation's parent is the faster translation, whose loop runs
+    # once to the other's 128 times: a loaded machine does not swap them), so generation 1 is
+    # the same.
     check_population(results, "llmresume", A)
+    assert ids_per_generation(results, "llmresume", A) == \
+        ids_per_generation(results, "llmtest", A)
 
 
 def start_budget_run(world: dict) -> subprocess.Popen:

@@ -22,8 +22,8 @@ from assay.records import Proposal
 from assay.tasks.instantiate import make_inputs
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import (REPO, assert_matches_reference, build_cuda_sources, entry_arities,
-                     task_ctx)
+from helpers import (REPO, assert_calls_as_declared, assert_matches_reference,
+                     build_cuda_sources, task_ctx)
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
@@ -397,16 +397,10 @@ def test_joins_and_permutations_call_their_entry_points_as_declared(task_dir, ta
     syn = OfflineSynthesizer(target)
     for name in JOINS:
         for prop in syn.translate(task_ctx(task_dir, name, target), n=2, rng=random.Random(0)):
-            arities = entry_arities(prop.code)
-            assert {"assay_cat_part"} <= {n for n, _, _ in arities}, name
-            assert all(passed == declared for n, passed, declared in arities
-                       if n != "assay_error_string"), (name, arities)
+            assert_calls_as_declared(prop.code, "assay_cat_part", name)
     for name in PERMUTES:
         for prop in syn.translate(task_ctx(task_dir, name, target), n=2, rng=random.Random(0)):
-            arities = entry_arities(prop.code)
-            assert {"assay_permute"} <= {n for n, _, _ in arities}, name
-            assert all(passed == declared for n, passed, declared in arities
-                       if n != "assay_error_string"), (name, arities)
+            assert_calls_as_declared(prop.code, "assay_permute", name)
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")

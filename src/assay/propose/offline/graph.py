@@ -1807,11 +1807,6 @@ def analyze_graph(gm: fx.GraphModule) -> Analysis:
     return Analysis(plan, s, ops, summary, _row_groups(plan, gm))
 
 
-# Python's augmented assignments on a traced tensor (``y += 1``): fx records the operator, and
-# torch writes ``y`` and returns it.
-_AUGMENTED = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
-              operator.ipow, operator.imod, operator.iand, operator.ior, operator.ixor,
-              operator.ilshift, operator.irshift}
 # Ops whose result may share memory with their first argument (a write to one shows in the
 # other); getitem counts (basic indexing is a view).
 _VIEW_METHODS = RESHAPE_METHODS | {"permute", "transpose", "swapaxes", "swapdims", "t", "expand",
@@ -1822,8 +1817,7 @@ _VIEW_METHODS = RESHAPE_METHODS | {"permute", "transpose", "swapaxes", "swapdims
 
 def _in_place(node: fx.Node) -> bool:
     """Whether ``node`` may write a tensor it is given (so it is kept even if unread)."""
-    if node.kwargs.get("inplace") or node.target is operator.setitem or \
-            node.target in _AUGMENTED:
+    if node.kwargs.get("inplace") or node.target is operator.setitem:
         return True
     if node.op == "call_method":
         return str(node.target).endswith("_")
@@ -1836,10 +1830,11 @@ def _in_place(node: fx.Node) -> bool:
 
 
 def _writes_first(node: fx.Node) -> bool:
-    """Whether ``node`` writes its first argument and returns it (``y += 1``, ``x.relu_()``,
-    ``F.relu(x, inplace=True)``, ``nn.ReLU(inplace=True)``)."""
+    """Whether ``node`` writes its first argument and returns it (``x.relu_()``,
+    ``F.relu(x, inplace=True)``, ``nn.ReLU(inplace=True)``; ``y += 1`` is no such node: fx
+    records it as ``y + 1``, see :func:`_augmented_alias`)."""
     if node.op == "call_function":
-        return (node.target in _AUGMENTED or node.kwargs.get("inplace") is True
+        return (node.kwargs.get("inplace") is True
                 or getattr(node.target, "__name__", "").endswith("_"))
     if node.op == "call_method":
         return str(node.target).endswith("_") and not str(node.target).startswith("_")

@@ -8,13 +8,13 @@
 
 from __future__ import annotations
 
+import inspect
 import operator
 from typing import Any
 
 import torch
-from torch import fx, nn
-
 import torch.nn.functional as F
+from torch import fx, nn
 
 from assay.propose.offline.ir import (PERMUTE_MAX_DIMS, PREFIX, Analysis, Concat, CrossEntropy,
                                       Permute, Recurrent, Unsupported)
@@ -115,10 +115,20 @@ def selections(node: fx.Node) -> list[fx.Node]:
     return chain
 
 
+def _computed(gm: fx.GraphModule) -> list[fx.Node]:
+    """A stage graph's nodes that compute something (neither arguments nor its output)."""
+    return [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+
+
+def _arguments(gm: fx.GraphModule) -> tuple[str, ...]:
+    """A stage graph's argument names, in order (a plan's ``inputs``)."""
+    return tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+
+
 def concat_of(gm: fx.GraphModule) -> Analysis | None:
     """The plan of a graph that computes one torch.cat of its arguments (a multi-kernel plan's
     stage), or None for any other graph."""
-    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    computed = _computed(gm)
     if len(computed) != 1 or not concat_node(computed[0]):
         return None
     node = computed[0]
@@ -139,7 +149,7 @@ def concat_of(gm: fx.GraphModule) -> Analysis | None:
     if not isinstance(dim, int) or isinstance(dim, bool) or not -ndim <= dim < ndim or \
             any(len(m.shape) != ndim for m in metas):
         raise Unsupported(f"{PREFIX} torch.cat over dim {dim!r} of tensors of other ranks")
-    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+    names = _arguments(gm)
     plan = Concat(names, tuple(str(a.target) for a in parts), dim % ndim, ndim)
     return Analysis(plan, tuple(int(d) for d in out.shape), ("cat",),
                     f"cat({', '.join(plan.parts)}, dim={plan.dim})")
@@ -148,7 +158,7 @@ def concat_of(gm: fx.GraphModule) -> Analysis | None:
 def permute_of(gm: fx.GraphModule) -> Analysis | None:
     """The plan of a graph that permutes one of its arguments (a multi-kernel plan's stage),
     or None for any other graph."""
-    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    computed = _computed(gm)
     if len(computed) != 1 or not permute_node(computed[0]):
         return None
     node = computed[0]
@@ -162,7 +172,7 @@ def permute_of(gm: fx.GraphModule) -> Analysis | None:
         nd = len(out.shape)
         if nd > PERMUTE_MAX_DIMS:
             raise Unsupported(f"{PREFIX} a view of {nd} dims (at most {PERMUTE_MAX_DIMS})")
-        names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+        names = _arguments(gm)
         return Analysis(Permute(names, str(src.target), tuple(range(nd)), index),
                         tuple(int(d) for d in out.shape), ("index",),
                         f"{src.target}{index}.contiguous()")
@@ -194,7 +204,7 @@ def permute_of(gm: fx.GraphModule) -> Analysis | None:
     if nd > PERMUTE_MAX_DIMS:
         raise Unsupported(f"{PREFIX} a permutation of {nd} dims (at most {PERMUTE_MAX_DIMS})")
     perm = tuple(d % nd for d in perm)
-    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+    names = _arguments(gm)
     out = node.meta.get("tensor_meta")
     shape = tuple(int(d) for d in out.shape) if out is not None else ()
     return Analysis(Permute(names, str(src.target), perm), shape, ("permute",),
@@ -204,7 +214,7 @@ def permute_of(gm: fx.GraphModule) -> Analysis | None:
 def recurrent_of(gm: fx.GraphModule) -> Analysis | None:
     """The plan of a graph that runs one nn.GRU/nn.LSTM on its arguments and returns one of
     its outputs (a multi-kernel plan's stage), or None for any other graph."""
-    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    computed = _computed(gm)
     if not computed or not recurrent_node(computed[0]):
         return None
     node = computed[0]
@@ -241,7 +251,7 @@ def recurrent_of(gm: fx.GraphModule) -> Analysis | None:
                               f"inputs or stage outputs")
     if len(x.meta["tensor_meta"].shape) != 3:
         raise Unsupported(f"{PREFIX} nn.{type(m).__name__} of one unbatched sequence")
-    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+    names = _arguments(gm)
     h0, c0 = (str(states[0].target), str(states[1].target) if cell == "lstm" else "") \
         if states else ("", "")
     plan = Recurrent(names, cell, str(node.target), str(x.target), h0, c0, results[path])
@@ -252,15 +262,10 @@ def recurrent_of(gm: fx.GraphModule) -> Analysis | None:
                     f"{', bidirectional' if m.bidirectional else ''}) -> {results[path]}")
 
 
-# F.cross_entropy's parameters, in order; the deprecated size_average/reduce must be None.
-_XENT_ARGS = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction",
-              "label_smoothing")
-
-
 def xent_of(gm: fx.GraphModule) -> Analysis | None:
     """The plan of a graph that computes one cross-entropy loss of its arguments (a multi-kernel
     plan's stage, or the whole task), or None for any other graph."""
-    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    computed = _computed(gm)
     if len(computed) != 1 or not xent_node(computed[0]):
         return None
     node = computed[0]
@@ -271,14 +276,18 @@ def xent_of(gm: fx.GraphModule) -> Analysis | None:
             raise Unsupported(f"{PREFIX} nn.CrossEntropyLoss with class weights or label "
                               f"smoothing")
     else:
-        bound = dict(zip(_XENT_ARGS, node.args), **node.kwargs)
-        if set(bound) - set(_XENT_ARGS) or bound.get("weight") is not None \
-                or bound.get("label_smoothing", 0.0) or bound.get("size_average") is not None \
-                or bound.get("reduce") is not None:
+        try:  # torch's own signature: its defaults, and its names for the arguments
+            call = inspect.signature(F.cross_entropy).bind(*node.args, **node.kwargs)
+        except TypeError as e:
+            raise Unsupported(f"{PREFIX} cross_entropy called with unusual arguments ({e})")
+        call.apply_defaults()
+        bound = call.arguments
+        if bound["weight"] is not None or bound["label_smoothing"] \
+                or bound["size_average"] is not None or bound["reduce"] is not None:
             raise Unsupported(f"{PREFIX} cross_entropy with class weights, label smoothing or "
                               f"the deprecated reduction flags")
     reduction, ignore = ((m.reduction, m.ignore_index) if m is not None else
-                         (bound.get("reduction", "mean"), bound.get("ignore_index", -100)))
+                         (bound["reduction"], bound["ignore_index"]))
     if reduction not in ("mean", "sum", "none") or isinstance(ignore, bool) \
             or not isinstance(ignore, int):
         raise Unsupported(f"{PREFIX} cross_entropy with reduction {reduction!r} and "
@@ -295,7 +304,7 @@ def xent_of(gm: fx.GraphModule) -> Analysis | None:
     if len(xm.shape) != 2 or len(tm.shape) != 1:
         raise Unsupported(f"{PREFIX} cross_entropy of {len(xm.shape)}-D logits (v1: [N, C] "
                           f"with [N] class indices)")
-    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+    names = _arguments(gm)
     plan = CrossEntropy(names, str(x.target), str(t.target), str(node.target) if m else "",
                         str(reduction), int(ignore))
     out = node.meta.get("tensor_meta")

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from assay.propose.offline.families.family import Entry, Space, standalone_family
-from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Param,
-                                                   forward_call, head_values, pointer, render,
-                                                   size_params, stream_args)
+from assay.propose.offline.families.shared import (CPP_PREAMBLE, Param, forward_call,
+                                                   own_kernel_source, pointer, size_params,
+                                                   stream_args)
 from assay.propose.offline.ir import Concat
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
@@ -91,13 +91,8 @@ def _params(target: str) -> list[Param]:
 
 def source(plan: Concat, target: str, knobs: dict[str, Any], summary: str,
            label: str = "concat") -> str:
-    values = head_values(label, knobs, summary)
-    params = ", ".join(f"{p.ctype} {p.name}" for p in _params(target))
-    if target == "cpu":
-        return render(CPP_CONCAT, **values, params=params, parallel=int(knobs["threads"]) != 1)
-    return render(CUDA_COMMON, **values) + render(CUDA_CONCAT, params=params,
-                                                  block=int(knobs["block"]),
-                                                  vec=int(knobs["vec"]))
+    return own_kernel_source(CPP_CONCAT, CUDA_CONCAT, target, knobs, summary, label,
+                             _params(target))
 
 
 def forward(plan: Concat, target: str, knobs: dict[str, Any]

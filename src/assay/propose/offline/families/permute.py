@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from assay.propose.offline.families.family import Entry, Space, standalone_family
-from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Param,
-                                                   forward_call, head_values, pointer, render,
-                                                   stream_args)
+from assay.propose.offline.families.shared import (CPP_PREAMBLE, Param, forward_call,
+                                                   own_kernel_source, pointer, stream_args)
 from assay.propose.offline.ir import PERMUTE_MAX_DIMS, Permute
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
@@ -185,16 +184,10 @@ def _params(plan: Permute, target: str) -> list[Param]:
 
 def source(plan: Permute, target: str, knobs: dict[str, Any], summary: str,
            label: str = "permute") -> str:
-    values = head_values(label, knobs, summary)
     sizes, strides = _geometry_names()
-    common = {"params": ", ".join(f"{p.ctype} {p.name}" for p in _params(plan, target)),
-              "sizes": ", ".join(sizes), "strides": ", ".join(strides),
-              "nd": PERMUTE_MAX_DIMS}
-    if target == "cpu":
-        return render(CPP_PERMUTE, **values, **common, parallel=int(knobs["threads"]) != 1)
-    return render(CUDA_COMMON, **values) + render(CUDA_PERMUTE, **common,
-                                                  block=int(knobs["block"]),
-                                                  vec=int(knobs["vec"]))
+    return own_kernel_source(CPP_PERMUTE, CUDA_PERMUTE, target, knobs, summary, label,
+                             _params(plan, target), sizes=", ".join(sizes),
+                             strides=", ".join(strides), nd=PERMUTE_MAX_DIMS)
 
 
 def forward(plan: Permute, target: str, knobs: dict[str, Any]

@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from assay.propose.offline.families.family import Entry, Space, standalone_family
-from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Param,
-                                                   forward_call, head_values, pointer, render,
-                                                   size_params, stream_args)
+from assay.propose.offline.families.shared import (CPP_PREAMBLE, Param, forward_call,
+                                                   own_kernel_source, pointer, size_params,
+                                                   stream_args)
 from assay.propose.offline.ir import Recurrent
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
@@ -255,14 +255,9 @@ def _params(plan: Recurrent, target: str) -> list[Param]:
 
 def source(plan: Recurrent, target: str, knobs: dict[str, Any], summary: str,
            label: str = "recurrent") -> str:
-    values = head_values(label, knobs, summary)
-    common = {"params": ", ".join(f"{p.ctype} {p.name}" for p in _params(plan, target)),
-              "gates": 4 if plan.cell == "lstm" else 3, "lstm": plan.cell == "lstm"}
-    if target == "cpu":
-        return render(CPP_RECURRENT, **values, **common, parallel=int(knobs["threads"]) != 1)
-    return render(CUDA_COMMON, **values) + render(CUDA_RECURRENT, **common,
-                                                  warps=int(knobs["warps"]),
-                                                  bt=int(knobs["bt"]))
+    return own_kernel_source(CPP_RECURRENT, CUDA_RECURRENT, target, knobs, summary, label,
+                             _params(plan, target), gates=4 if plan.cell == "lstm" else 3,
+                             lstm=plan.cell == "lstm")
 
 
 def forward(plan: Recurrent, target: str, knobs: dict[str, Any]

@@ -701,6 +701,20 @@ def head_values(template: str, knobs: dict[str, Any], summary: str) -> dict[str,
             "knob_line": knob_line(knobs), "helpers": HELPERS.strip("\n")}
 
 
+def own_kernel_source(cpp: str, cuda: str, target: str, knobs: dict[str, Any], summary: str,
+                      label: str, params: list[Param], **values: Any) -> str:
+    """The kernel file of a family with one template per target (concat, permute, recurrent,
+    xent): the C++ template (which opens with CPP_PREAMBLE; ``parallel``: knob ``threads`` is
+    not 1) or CUDA_COMMON and the CUDA template, every knob an int value of the template,
+    ``params`` its entry point's parameter list, ``values`` the rest."""
+    head = head_values(label, knobs, summary)
+    ints = {k: int(v) for k, v in knobs.items()}
+    values["params"] = ", ".join(f"{p.ctype} {p.name}" for p in params)
+    if target == "cpu":
+        return render(cpp, **head, **values, **ints, parallel=ints["threads"] != 1)
+    return render(CUDA_COMMON, **head) + render(cuda, **values, **ints)
+
+
 def knob_line(knobs: dict[str, Any]) -> str:
     return " ".join(f"{k}={knobs[k]}" for k in sorted(knobs))
 

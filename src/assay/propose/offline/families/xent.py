@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from assay.propose.offline.families.family import Entry, Space, standalone_family
-from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Param,
-                                                   forward_call, head_values, pointer, render,
-                                                   size_params, stream_args)
+from assay.propose.offline.families.shared import (CPP_PREAMBLE, Param, forward_call,
+                                                   own_kernel_source, pointer, size_params,
+                                                   stream_args)
 from assay.propose.offline.ir import CrossEntropy
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
@@ -176,14 +176,9 @@ def _params(target: str) -> list[Param]:
 
 def source(plan: CrossEntropy, target: str, knobs: dict[str, Any], summary: str,
            label: str = "xent") -> str:
-    values = head_values(label, knobs, summary)
     # (for reduction "none" out is losses, and only losses is written: mode 0 never reads out)
-    params = ", ".join(f"{p.ctype} {p.name}" for p in _params(target))
-    if target == "cpu":
-        return render(CPP_XENT, **values, params=params, parallel=int(knobs["threads"]) != 1)
-    return render(CUDA_COMMON, **values) + render(CUDA_XENT, params=params,
-                                                  block=int(knobs["block"]),
-                                                  vec=int(knobs["vec"]))
+    return own_kernel_source(CPP_XENT, CUDA_XENT, target, knobs, summary, label,
+                             _params(target))
 
 
 def forward(plan: CrossEntropy, target: str, knobs: dict[str, Any]
