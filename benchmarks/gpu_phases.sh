@@ -17,6 +17,12 @@
 #   triton      benchmarks/triton_evidence.sh (issue #20)
 #   streams     benchmarks/probe_streams.py on PROBE (KernelBench task files; default L2_19 and
 #               L2_34): the streams each reference's kernels run on, as the audit sees them
+#   inline      benchmarks/inline_build.py (issue #16: a load_inline candidate's cold build per
+#               idea, assay's cache cold and warm), REPEAT builds per variant (default 1),
+#               BUILDS: the variants (default all), into $S/inline$TAG
+#   batch       benchmarks/verify_batch.py on .kb (issue #16: candidates per GPU-hour, batch
+#               against a sequential `assay verify` loop); PROBLEMS: level-1 task numbers,
+#               SAMPLES per task (3), SEQUENTIAL candidates in the loop (2)
 #   synthkb     the offline synthesizer on KernelBench (issue #17), resumable; LEVELS=1,
 #               VARIANTS / MUTATIONS (synth_suite's defaults), TASKS: id globs, SAMPLE: tasks
 #               per level (seeded), LIMIT: undecided tasks taken per call
@@ -113,10 +119,17 @@ for phase in "$@"; do
         --levels "${LEVELS:-1}" --out "$S/synthkb" --budget-s $((secs - 60)) --grace-s 30 \
         ${VARIANTS:+--variants $VARIANTS} ${MUTATIONS:+--mutations $MUTATIONS} \
         ${TASKS:+--tasks "$TASKS"} ${SAMPLE:+--sample $SAMPLE} ${LIMIT:+--limit $LIMIT} ;;
+    inline)
+      run_for "$secs" "$S/inline.log" python3 benchmarks/inline_build.py --repeat "${REPEAT:-1}" \
+        ${BUILDS:+--variants $BUILDS} --out "$S/inline${TAG:-}" ;;
+    batch)
+      run_for "$secs" "$S/batch.log" python3 benchmarks/verify_batch.py --source .kb \
+        --out "$S/batch" --samples "${SAMPLES:-3}" --sequential "${SEQUENTIAL:-2}" \
+        --budget-s $((secs - 30)) ${PROBLEMS:+--problems $PROBLEMS} ;;
     streams)
       run_for "$secs" "$S/streams.md" python3 benchmarks/probe_streams.py \
         ${PROBE:-.kb/level2/19_ConvTranspose2d_GELU_GroupNorm.py .kb/level2/34_ConvTranspose3d_LayerNorm_GELU_Scaling.py} ;;
-    *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, streams, synthkb)" ;;
+    *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, inline, batch, streams, synthkb)" ;;
   esac
 done
 tar czf "$OUT/state.tgz" -C "$S" . && ls -la "$OUT"
