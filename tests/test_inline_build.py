@@ -7,11 +7,13 @@ C compiler (PyInit_<name>, like torch's); one opt-in test (ASSAY_SLOW_TESTS=1) r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
 import subprocess
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from torch.utils import cpp_extension
 
 from assay.bench import inline
 from assay.bench.build import BuildError
+from assay.verify import provenance
 
 CC = shutil.which("cc") or shutil.which("gcc")
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler")
@@ -27,6 +30,8 @@ pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler")
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ASSAY_KERNEL_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "scratch").mkdir()  # TMPDIR: the sandbox's scratch folder in a worker
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))
     monkeypatch.setenv("ASSAY_CUDA_ARCH", "sm_90")
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
 
@@ -37,6 +42,10 @@ def fake_load_inline(builds: list):
     @functools.wraps(cpp_extension.load_inline)  # inspect.signature sees load_inline's
     def build(name, cpp_sources, cuda_sources=None, build_directory=None, **_):
         builds.append(build_directory)
+        cuda = "\n".join([cuda_sources] if isinstance(cuda_sources, str) else cuda_sources or [])
+        if "needs: torch/extension.h" in cuda and "torch/extension.h>" not in cuda:
+            raise RuntimeError(f"Error building extension '{name}': cuda.cu:9: error: "
+                               "'torch::nn' has not been declared")
         value = cpp_sources if isinstance(cpp_sources, str) else cpp_sources[0]
         src = Path(build_directory) / "m.c"
         src.write_text(f"""
@@ -71,8 +80,63 @@ def test_same_content_builds_once_and_any_name_change_rebuilds(builds):
     assert inline.cached_load_inline("ext_a", "8").answer() == 8 and len(builds) == 2
     assert inline.cached_load_inline("ext_b", "7").answer() == 7 and len(builds) == 3
     assert len(list(Path(os.environ["ASSAY_KERNEL_CACHE"]).glob("inline-*.so"))) == 3
-    # the private build folders are gone; only the libraries stay
+    # the private build folders are gone; the libraries stay, in the cache and (the copy each
+    # build loaded) in TMPDIR
     assert not any(Path(b).exists() for b in builds)
+    assert len(list(Path(tempfile.gettempdir()).glob("inline-*.so"))) == 3
+
+
+@pytest.mark.parametrize("cache_writable", [True, False])
+def test_the_loaded_library_stays_where_provenance_reads(builds, monkeypatch, cache_writable):
+    """A worker that builds its candidate itself loads the library from its build folder: that
+    file must outlive the build (audit_provenance reads the candidate's kernels from the
+    scratch folder), also where the shared cache refuses the build (an earlier run's lock)."""
+    if not cache_writable:
+        monkeypatch.setattr(inline, "cache_lock", _refused_lock)
+    m = inline.cached_load_inline("ext_kept", "5")
+    assert m.answer() == 5
+    kept = list(Path(tempfile.gettempdir()).glob("inline-*-ext_kept*.so"))
+    assert len(kept) == 1 and provenance.defines(kept[0].read_bytes(), "PyInit_ext_kept")
+    cached = list(Path(os.environ["ASSAY_KERNEL_CACHE"]).glob("inline-*.so"))
+    assert len(cached) == (1 if cache_writable else 0)
+
+
+@contextlib.contextmanager
+def _refused_lock(path):
+    yield False
+
+
+def test_lighter_cuda_sources():
+    body = "__global__ void k(float* x) {}\ntorch::Tensor f(torch::Tensor x) { return x; }\n"
+    light = inline.lighter_cuda_sources("#include <torch/extension.h>\n" + body)
+    assert light == ["\n" + body]
+    assert inline.lighter_cuda_sources(["# include \"torch/extension.h\"  // all of it\n", body]) \
+        == ["\n", body]
+    assert inline.lighter_cuda_sources(body) is None  # nothing to take out
+    assert inline.lighter_cuda_sources(None) is None and inline.lighter_cuda_sources([]) is None
+    for own in ("PYBIND11_MODULE(m, m) {}", "namespace py = pybind11;", "py::object o;",
+                "TORCH_LIBRARY(ns, m) {}", "PyObject* p;"):
+        assert inline.lighter_cuda_sources(["#include <torch/extension.h>\n", body + own]) \
+            is None, own
+
+
+def test_light_build_first_then_the_sources_as_written(builds, capfd):
+    full = "#include <torch/extension.h>\n__global__ void k() {}\n"
+    assert inline.cached_load_inline("ext_l", "3", cuda_sources=full).answer() == 3
+    assert len(builds) == 1  # the light build held
+    needs = full + "// needs: torch/extension.h\n"
+    assert inline.cached_load_inline("ext_m", "4", cuda_sources=needs).answer() == 4
+    assert len(builds) == 3  # the light build failed, then the sources as written
+    assert "building the sources as written" in capfd.readouterr().err
+    assert inline.cached_load_inline("ext_m", "4", cuda_sources=needs).answer() == 4
+    assert len(builds) == 3  # keyed by the sources as written: a cache hit
+
+
+def test_a_failing_light_and_full_build_reports_the_full_log(builds):
+    bad = "#include <torch/extension.h>\n// needs: torch/extension.h\n"
+    with pytest.raises(BuildError) as e:
+        inline.cached_load_inline("ext_n", "4 +* 1", cuda_sources=bad)
+    assert len(builds) == 2 and "error" in e.value.log and "torch::nn" not in e.value.log
 
 
 def test_device_arch_only_and_in_the_key(builds, monkeypatch):
