@@ -155,7 +155,11 @@ def test_cuda_recurrent_kernels_build(task_dir, tmp_path):
 def test_cuda_recurrent_candidates_match_torch(task_dir, tmp_path, name):
     ctx = task_ctx(task_dir, name, "cuda")
     syn = OfflineSynthesizer("cuda")
-    for knobs in ({}, {"warps": 2, "bt": 2}):
+    plan = syn.analyse(ctx).plan
+    # a pipeline's knobs are its stages' (s<k>.warps): the recurrent stage's
+    at = next(f"s{k}." for k, st in enumerate(plan.stages) if isinstance(st.plan, Recurrent)) \
+        if isinstance(plan, Pipeline) else ""
+    for knobs in ({}, {at + "warps": 2, at + "bt": 2}):
         code = syn.with_knobs(ctx, knobs).code if knobs else \
             syn.translate(ctx, n=1, rng=random.Random(0))[0].code
         _check(code, ctx, name, tmp_path, "cuda")

@@ -141,7 +141,10 @@ def test_cuda_xent_kernels_build(task_dir, tmp_path):
 def test_cuda_xent_candidates_match_torch(task_dir, tmp_path, name):
     ctx = task_ctx(task_dir, name, "cuda")
     syn = OfflineSynthesizer("cuda")
-    for knobs in ({}, {"block": 128, "vec": 1}, {"block": 1024, "vec": 4}):
+    plan = syn.analyse(ctx).plan
+    # a pipeline's knobs are its stages' (s<k>.block): the loss is the last stage
+    at = f"s{len(plan.stages) - 1}." if isinstance(plan, Pipeline) else ""
+    for knobs in ({}, {at + "block": 128, at + "vec": 1}, {at + "block": 1024, at + "vec": 4}):
         code = syn.with_knobs(ctx, knobs).code if knobs else \
             syn.translate(ctx, n=1, rng=random.Random(0))[0].code
         _check(code, ctx, name, tmp_path, "cuda")
