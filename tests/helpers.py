@@ -196,10 +196,12 @@ def assert_calls_as_declared(code: str, entry: str, what: object = None) -> None
 
 
 def assert_matches_reference(code: str, path: Path, ctx: "TaskContext", overrides: list[dict],
-                             device: str = "cpu", rtol: float = 1e-4, atol: float = 1e-4) -> None:
+                             device: str = "cpu", rtol: float | None = None,
+                             atol: float | None = None, seeds: tuple[int, ...] = (1,)) -> None:
     """The candidate ``code`` (imported from ``path``) equals the task's reference (in true
-    fp32), shape and strides too, with the reference's seeded parameters, for each of
-    ``overrides`` (module variables set before the task is built: other sizes)."""
+    fp32), dtype, shape and strides too, with the reference's seeded parameters, for each of
+    ``overrides`` (module variables set before the task is built: other sizes) and each input
+    seed of ``seeds``. Tolerances: 1e-4 (2e-2 for half-precision outputs) unless given."""
     import torch
 
     from assay.tasks.instantiate import make_inputs, reference_model, seeded
@@ -214,10 +216,14 @@ def assert_matches_reference(code: str, path: Path, ctx: "TaskContext", override
         with seeded(0):
             new = cand.ModelNew(*mod.get_init_inputs())
         new.to(device).eval().load_state_dict(ref.state_dict())
-        inputs = make_inputs(mod, seed=1, device=device)
-        # the reference in true fp32: cuDNN's default TF32 (convolutions, GRU/LSTM) differs
-        # from fp32 by ~1e-4, more than the candidates' own fp32 arithmetic
-        with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-            expected, got = ref(*inputs), new(*inputs)
-        assert got.shape == expected.shape and got.stride() == expected.stride(), override
-        torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
+        for seed in seeds:
+            inputs = make_inputs(mod, seed=seed, device=device)
+            # the reference in true fp32: cuDNN's default TF32 (convolutions, GRU/LSTM) differs
+            # from fp32 by ~1e-4, more than the candidates' own fp32 arithmetic
+            with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+                expected, got = ref(*inputs), new(*inputs)
+            assert got.shape == expected.shape and got.stride() == expected.stride(), override
+            assert got.dtype == expected.dtype, override
+            low = 2e-2 if expected.dtype in (torch.float16, torch.bfloat16) else 1e-4
+            torch.testing.assert_close(got, expected, rtol=low if rtol is None else rtol,
+                                       atol=low if atol is None else atol)

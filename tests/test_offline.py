@@ -21,7 +21,7 @@ from assay.records import Proposal
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO, build_cuda_sources, entry_arities
+from helpers import REPO, assert_matches_reference, build_cuda_sources, entry_arities
 
 # ---------------------------------------------------------------------------------------------
 # Tiny tasks in KernelBench format. Each takes `dim` as its init input and one (batch, dim)
@@ -641,26 +641,10 @@ def _gctx(gemm_dir: Path, name: str, target: str = "cpu") -> TaskContext:
 
 def _check_gemm(prop: Proposal, ctx: TaskContext, name: str, tmp_path: Path,
                 device: str = "cpu") -> None:
-    """The candidate equals the reference at every size of GEMM_SIZES[name]."""
-    cand = _import(prop.code, tmp_path / f"cand_{prop.id}.py")
-    for override in GEMM_SIZES[name.split("_float")[0].split("_bfloat")[0]]:
-        mod = ctx.task.module()
-        for key, value in override.items():
-            setattr(mod, key, value)
-        ref = reference_model(mod, seed=0, device=device)
-        with seeded(0):
-            new = cand.ModelNew(*mod.get_init_inputs())
-        new.to(device).eval()
-        new.load_state_dict(ref.state_dict())
-        for seed in (1, 2):
-            inputs = make_inputs(mod, seed=seed, device=device)
-            with torch.no_grad():
-                expected, got = ref(*inputs), new(*inputs)
-            assert got.shape == expected.shape and got.stride() == expected.stride(), override
-            assert got.dtype == expected.dtype
-            low = expected.dtype in (torch.float16, torch.bfloat16)
-            tol = dict(rtol=2e-2, atol=2e-2) if low else dict(rtol=1e-4, atol=1e-4)
-            torch.testing.assert_close(got, expected, **tol)
+    """The candidate equals the reference at every size of GEMM_SIZES[name], two input seeds."""
+    assert_matches_reference(prop.code, tmp_path / f"cand_{prop.id}.py", ctx,
+                             GEMM_SIZES[name.split("_float")[0].split("_bfloat")[0]], device,
+                             seeds=(1, 2))
 
 
 @pytest.mark.parametrize("name", list(GEMM_TASKS))
