@@ -12,7 +12,8 @@
 #   redteam     the red-team generator on cuda (issue #19), resumes from its results.jsonl
 #   gputests    pytest -m gpu $FILES (default tests/test_gpu.py: the cuda zoo, Triton cases
 #               included; the synthesizer's families: FILES="tests/test_offline*.py"), K: -k,
-#               XDIST: pytest-xdist workers (default: one per GPU where there are several)
+#               XDIST: pytest-xdist workers (default: one per GPU where there are several);
+#               ZOO_TRANSFER=cuda_ipc: the zoo with the worker's data in device memory
 #   audit       benchmarks/audit_overhead.py --device cuda (issue #19's last line)
 #   triton      benchmarks/triton_evidence.sh (issue #20)
 #   streams     benchmarks/probe_streams.py on PROBE (KernelBench task files; default L2_19 and

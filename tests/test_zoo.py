@@ -38,7 +38,7 @@ from assay.verify.compare import compare_tensor, reference_stats
 from assay.verify.harness import prepare, verify
 from assay.verify.policy import compute_ops
 from assay.verify.reference import Prepared
-from assay.verify.settings import SandboxLimits, VerifyConfig
+from assay.verify.settings import SandboxLimits, Transfer, VerifyConfig
 
 ZOO = Path(__file__).parent / "zoo"
 # Generous device ceilings: no honest cpu kernel comes near this floor; a faked time does.
@@ -72,10 +72,13 @@ def zoo_task(rel: str, root: Path = ZOO) -> Task:
 
 
 def zoo_config(meta: dict) -> VerifyConfig:
+    """The zoo's verify settings; ZOO_TRANSFER=cuda_ipc runs the cases with the worker's inputs
+    and outputs in device memory (the cuda zoo must hold there before that path is a default)."""
     c = meta["CONFIG"]
     return VerifyConfig(policy=meta["POLICY"], budget_s=0.1, warmup_s=0.02, min_runs=10,
                         max_runs=20, timeout_s=c.get("timeout_s", 300),
-                        limits=SandboxLimits(memory_gb=c.get("memory_gb", 32)))
+                        limits=SandboxLimits(memory_gb=c.get("memory_gb", 32)),
+                        transfer=Transfer(os.environ.get("ZOO_TRANSFER", "host")))
 
 
 def prepared(task: Task, device: str = "cpu") -> Prepared:
