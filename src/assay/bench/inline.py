@@ -143,6 +143,7 @@ def _build(original, a: dict[str, Any], build_dir: str, name: str):
     a = {**a, "build_directory": build_dir}
     light = lighter_cuda_sources(a.get("cuda_sources"))
     if light is not None:
+        before = _version_entry(name)
         try:
             return original(**{**a, "cuda_sources": light})
         except (RuntimeError, subprocess.CalledProcessError) as e:
@@ -150,6 +151,7 @@ def _build(original, a: dict[str, Any], build_dir: str, name: str):
                 raise
             print(f"[assay] {name}: the build with torch/types.h in place of torch/extension.h "
                   "failed; building the sources as written", file=sys.stderr, flush=True)
+            _version_entry(name, restore=before)
     try:
         return original(**a)
     except (RuntimeError, subprocess.CalledProcessError) as e:
@@ -157,6 +159,30 @@ def _build(original, a: dict[str, Any], build_dir: str, name: str):
         if "Error building extension" not in text:
             raise
         raise BuildError(f"load_inline build of {name!r} failed", _ninja_log(text)) from None
+
+
+_UNSET = object()
+
+
+def _version_entry(name: str, restore: Any = _UNSET) -> Any:
+    """torch's per-process count of the builds of extension ``name`` (another build of the name
+    with other sources is NAME_v1, whose init symbol the cache's import by NAME cannot find,
+    and which the cache therefore does not take): read, or put back as it was before a failed
+    light build, so the build as written keeps the name. (Not dropped for every build: torch
+    returns the module already loaded under a name, and the count is what gives a second
+    build in one process a name of its own.)"""
+    from torch.utils import cpp_extension
+
+    entries = getattr(getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None), "entries", None)
+    if not isinstance(entries, dict):
+        return None
+    if restore is _UNSET:
+        return entries.get(name)
+    if restore is None:
+        entries.pop(name, None)
+    else:
+        entries[name] = restore
+    return restore
 
 
 _EXTENSION_H = re.compile(r"^[ \t]*#[ \t]*include[ \t]*[<\"]torch/extension\.h[>\"][^\n]*$", re.M)
