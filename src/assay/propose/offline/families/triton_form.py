@@ -195,6 +195,32 @@ def leaf_args(plan: Plan) -> tuple[list[str], list[str]]:
     return params, geometry
 
 
+def epilogue_args(plan: Plan) -> tuple[list[str], list[str]]:
+    """leaf_args without the head op's result (leaf ``plan.head_leaf``: the product's tile or
+    the pooled values, which the kernel computes rather than loads)."""
+    hk = plan.head_leaf
+    ptrs, geometry = leaf_args(plan)
+    return ([p for p in ptrs if p != f"t{hk}"],
+            [g for g in geometry if g not in (f"inner{hk}", f"mid{hk}")])
+
+
+def epilogue_lines(plan: Plan, value: str) -> list[str]:
+    """The elementwise epilogue of a head op (a product, a pooling) at the flat output indices
+    ``offs``: the head's result is ``value``, the other leaves are loaded (as float32)."""
+    body: list[str] = []
+    for j in sorted(needed_nodes(plan.nodes, plan.output)):
+        n = plan.nodes[j]
+        if n.op in ("const", "cols"):
+            continue
+        if n.op == "load" and n.attr("leaf") == plan.head_leaf:
+            body.append(f"v{j} = {value}")
+        elif n.op == "load":
+            body.append(f"v{j} = {load_expr(plan, n.attr('leaf'))}.to(tl.float32)")
+        else:
+            body.append(define(plan, j))
+    return body
+
+
 CANDIDATE = r'''"""Candidate written by Assay's offline synthesizer (v1).
 
 Computes: {{ summary }}
@@ -306,24 +332,13 @@ def gemm_kernel(plan: Plan, knobs: dict[str, Any], summary: str, template: str,
     """The @triton.jit GEMM of ``plan``: with its elementwise epilogue fused (``fused``), or
     storing the product for the row kernel that follows."""
     assert plan.gemm is not None
-    gk = plan.gemm_leaf
     body: list[str] = []
     params = ["A", "B"]
     geometry: list[str] = []
     if fused:
-        ptrs, geometry = leaf_args(plan)
-        params += [p for p in ptrs if p != f"t{gk}"]
-        geometry = [g for g in geometry if g not in (f"inner{gk}", f"mid{gk}")]
-        for j in sorted(needed_nodes(plan.nodes, plan.output)):
-            n = plan.nodes[j]
-            if n.op in ("const", "cols"):
-                continue
-            if n.op == "load" and n.attr("leaf") == gk:
-                body.append(f"v{j} = acc")
-            elif n.op == "load":
-                body.append(f"v{j} = {load_expr(plan, n.attr('leaf'))}.to(tl.float32)")
-            else:
-                body.append(define(plan, j))
+        ptrs, geometry = epilogue_args(plan)
+        params += ptrs
+        body = epilogue_lines(plan, "acc")
         result = output_expr(plan)
     else:
         result = "acc"
@@ -337,12 +352,10 @@ def gemm_kernel(plan: Plan, knobs: dict[str, Any], summary: str, template: str,
 def gemm_launch(plan: Plan, knobs: dict[str, Any], fused: bool) -> str:
     """ModelNew.forward's launch of assay_gemm (the head's lines set lA, lB, M, N, K, batch,
     sA, sB, sC; a fused epilogue's leaves are l<k>, the output ``out``; else ``g``)."""
-    gk = plan.gemm_leaf
     args = ["lA", "lB"]
     if fused:
-        ptrs, geometry = leaf_args(plan)
-        args += [f"l{p[1:]}" for p in ptrs if p != f"t{gk}"]
-        geometry = [g for g in geometry if g not in (f"inner{gk}", f"mid{gk}")]
+        ptrs, geometry = epilogue_args(plan)
+        args += [f"l{p[1:]}" for p in ptrs]
     else:
         geometry = []
     args += ["out" if fused else "g", "M", "N", "K", "sA", "sB", "sC"] + geometry
