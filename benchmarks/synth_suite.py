@@ -8,8 +8,9 @@
     PYTHONPATH=src python benchmarks/synth_suite.py --source ../shared/kernelbench --plans-only \
         --out /tmp/plans                        # no device: coverage and declines (plans.md)
     PYTHONPATH=src python benchmarks/synth_suite.py --kernels triton --out $OUT/synth-triton
-        # target=triton: the synthesizer's Triton forms (elementwise, row, GEMM), compiled by Triton
-        # at their first launch (no build phase); on --device cpu, Triton's interpreter
+        # target=triton: the synthesizer's Triton forms (elementwise, row, GEMM, pooling),
+        # compiled by Triton at their first launch (no build phase); on --device cpu, Triton's
+        # interpreter
 
 For each task of ``--source`` (data/tasks by default; any KernelBench-format folder: level1/,
 level2/, ... of task files; ``--tasks`` globs, ``--levels``): the synthesizer's proposals

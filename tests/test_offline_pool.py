@@ -2,7 +2,8 @@
 
 CPU candidates are built with g++ and compared exactly with torch (the same window bounds,
 divisor and summation order); CUDA candidates are compiled with nvcc here and compared on the
-device by the tests marked ``gpu``.
+device by the tests marked ``gpu``, and so are the Triton candidates (which
+tests/test_offline_triton.py runs in Triton's interpreter where there is no GPU).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ POOLS = {
     "avg_ceil_nopad": ("self.pool = nn.AvgPool2d((3, 2), stride=(2, 3), padding=(1, 1), "
                        "ceil_mode=True, count_include_pad=False)", "return self.pool(x)",
                        "batch, 2, h, w"),
+    # ceil_mode's last window overhangs the padded input (h or w even): a divisor of 2 rows
+    "avg_ceil_pad": ("self.pool = nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True)",
+                     "return self.pool(x)", "batch, 2, h, w"),
     "avg_divisor_fn": ("", "return F.avg_pool2d(x, 2, divisor_override=3)", "batch, 2, h, w"),
     "max_fn_epilogue": ("self.scale = nn.Parameter(torch.randn(4, 1, 1))",
                         "return torch.relu(F.max_pool2d(x, 2)) * self.scale + 0.5",
@@ -236,4 +240,23 @@ def test_cuda_pool_candidates_match_torch(pool_dir, tmp_path, name):
     for knobs in ({"block": 256, "cols": 2, "vec": 1}, {"block": 128, "cols": 1, "vec": 0},
                   {"block": 512, "cols": 4, "vec": 1}, {"block": 128, "cols": 2, "vec": 0}):
         prop = syn.with_knobs(ctx, knobs)
+        _check(prop.code, path, tmp_path, "cuda", shapes)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_triton_pool_candidates_match_torch(pool_dir, tmp_path, name):
+    """The Triton form compiled by Triton on the device: the defaults, run-time window loops,
+    the smallest and the largest programs."""
+    pytest.importorskip("triton")
+    path = pool_dir / f"{name}.py"
+    ctx = _ctx(path, "triton")
+    syn = OfflineSynthesizer("triton", "strict")
+    shapes = SHAPES + [(2, 130, 260)]
+    for knobs in ({}, {"block": 128, "num_warps": 4, "unroll": 0},
+                  {"block": 64, "num_warps": 1, "unroll": 1},
+                  {"block": 1024, "num_warps": 8, "unroll": 1}):
+        prop = syn.with_knobs(ctx, knobs)
+        assert prop.code is not None and "@triton.jit" in prop.code, prop.declined
         _check(prop.code, path, tmp_path, "cuda", shapes)

@@ -1,8 +1,9 @@
-"""The offline synthesizer's Triton form (target=triton): elementwise candidates run in Triton's
-interpreter on cpu tensors (TRITON_INTERPRET=1, as the verifier's sandbox runs them without a
-GPU) and match the reference at several shapes, ops without an exact Triton formula and
-families without a Triton template are declined with a reason, the evolution operators stay in
-Triton's knob space, and the verifier accepts a synthesized Triton kernel.
+"""The offline synthesizer's Triton form (target=triton): elementwise, row, GEMM and pooling
+candidates run in Triton's interpreter on cpu tensors (TRITON_INTERPRET=1, as the verifier's
+sandbox runs them without a GPU) and match the reference at several shapes, ops without an
+exact Triton formula and families without a Triton template are declined with a reason, the
+evolution operators stay in Triton's knob space, and the verifier accepts a synthesized Triton
+kernel.
 """
 
 from __future__ import annotations
@@ -258,3 +259,100 @@ def test_number_arguments_in_the_interpreter(tmp_path):
             got = new(a, s, c)
         expected = torch.relu(a * s) + c * a.sum(dim=1, keepdim=True)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+# --- the pool family's Triton form -------------------------------------------------------------
+
+from test_offline_pool import POOLS  # noqa: E402
+from test_offline_pool import _check as _check_pool  # noqa: E402
+from test_offline_pool import _source as _pool_source  # noqa: E402
+
+POOL_SPACE = KNOB_SPACES[("triton", "pool")]
+# (batch, h, w): two sizes per case, odd and even (ceil_mode's last window overhangs the
+# padded input at one of them); 3-D tasks pool a depth of h - 2
+POOL_SHAPES = [(2, 9, 11), (1, 16, 20)]
+POOL_TASKS = {
+    # 81 taps: more than UNROLL_TAPS, run-time window loops by default
+    "avg_9x9": ("", "return F.avg_pool2d(x, 9, stride=1, padding=4, count_include_pad=False)",
+                "batch, 2, h, w"),
+    "max_elu": ("", "return F.elu(F.max_pool2d(x, 2))", "batch, 2, h, w"),
+}
+
+
+@pytest.fixture(scope="module")
+def pool_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("triton_pool")
+    for name, spec in {**POOLS, **POOL_TASKS}.items():
+        (root / f"{name}.py").write_text(_pool_source(*spec))
+    return root
+
+
+def _pool_ctx(pool_dir, name: str) -> TaskContext:
+    return TaskContext(Task.from_file(pool_dir / f"{name}.py", size="large"), target="triton")
+
+
+@pytest.mark.parametrize("name", sorted(POOLS) + ["avg_9x9"])
+def test_triton_pool_candidates_match_torch_in_the_interpreter(pool_dir, tmp_path, name):
+    """Max and average pooling, 1-, 2- and 3-D, with stride, padding, dilation, ceil_mode,
+    count_include_pad=False, divisor_override and a fused epilogue: one program per block of
+    outputs, each window tap a masked load; the window unrolled and in run-time loops; equal
+    to torch up to float rounding, NaN included (test_offline_pool._check)."""
+    ctx = _pool_ctx(pool_dir, name)
+    syn = OfflineSynthesizer("triton", "strict")
+    props = syn.translate(ctx, n=2, rng=random.Random(0))
+    assert len(props) == 2 and all(p.code is not None for p in props), props[0].declined
+    first = props[0].knobs
+    assert first["unroll"] == (0 if name == "avg_9x9" else 1), first  # the defaults
+    props.append(syn.with_knobs(ctx, {"block": 64, "num_warps": 1, "unroll": 1 - first["unroll"]}))
+    for prop in props:
+        assert set(prop.knobs) == set(POOL_SPACE), prop.knobs
+        assert all(prop.knobs[k] in POOL_SPACE[k] for k in POOL_SPACE), prop.knobs
+        assert prop.strategy == "pooling" and _kernels(prop.code) == ["assay_pool"]
+        forward = prop.code.split("class ModelNew")[1]
+        assert "load_library" not in prop.code  # no library pooling either:
+        assert not any(f"_pool{d}d(" in forward for d in (1, 2, 3)), forward
+        loop = "tl.static_range(KW)" if prop.knobs["unroll"] else "range(KW)"
+        assert f"for kw in {loop}:" in prop.code
+        _check_pool(prop.code, pool_dir / f"{name}.py", tmp_path, "cpu", POOL_SHAPES)
+
+
+def test_triton_pool_declines_an_epilogue_without_an_exact_triton_formula(pool_dir):
+    (prop,) = OfflineSynthesizer("triton", "strict").translate(_pool_ctx(pool_dir, "max_elu"), 2,
+                                                               random.Random(0))
+    assert prop.code is None and "elu exactly in Triton" in prop.declined, prop.declined
+
+
+def test_triton_pool_evolution_operators_stay_in_tritons_knob_space(pool_dir):
+    ctx = _pool_ctx(pool_dir, "max_3s2p1")
+    syn = OfflineSynthesizer("triton", "strict")
+    base = syn.translate(ctx, 1, random.Random(0))[0]
+    assert base.knobs == {"block": 256, "num_warps": 4, "unroll": 1}
+    parent = Parent(base.id, base.code, {}, {"knobs": base.knobs})
+    kids = syn.mutate(ctx, parent, 4, random.Random(1))
+    assert kids and all(k.knobs != base.knobs for k in kids)
+    other = kids[0]
+    kids += syn.crossover(ctx, [parent, Parent(other.id, other.code, {}, {"knobs": other.knobs})],
+                          random.Random(2))
+    repaired = syn.repair(ctx, parent, random.Random(3))[0]
+    for kid in kids + [repaired]:
+        assert kid.code is not None and set(kid.knobs) == set(POOL_SPACE)
+        assert all(kid.knobs[k] in POOL_SPACE[k] for k in POOL_SPACE), kid.knobs
+        assert f"BLOCK={kid.knobs['block']}, num_warps={kid.knobs['num_warps']})" in kid.code
+    assert repaired.knobs == {"block": 128, "num_warps": 4, "unroll": 0}  # the safe form
+
+
+def test_the_verifier_accepts_a_synthesized_triton_pool_kernel(pool_dir, tmp_path):
+    """End to end on cpu, as for the other families: average pooling with ceil_mode and
+    count_include_pad=False, verified in the sandbox under strict, its kernel audited."""
+    from test_zoo import GENEROUS_PEAKS, prepared, record, zoo_config
+
+    task = Task.from_file(pool_dir / "avg_ceil_nopad.py")
+    prop = OfflineSynthesizer("triton", "strict").with_knobs(
+        TaskContext(task, target="triton"), {"block": 1024})
+    path = tmp_path / f"{prop.id}.py"
+    path.write_text(prop.code)
+    v = verify_candidate(task, path, zoo_config({"POLICY": "strict", "CONFIG": {}}),
+                         record(task), GENEROUS_PEAKS, prepared(task))
+    assert v.accepted, (v.reasons, {k: c["detail"][:300] for k, c in v.checks.items()
+                                    if not c["passed"]})
+    assert "triton::assay_pool" in v.kernels_launched

@@ -30,7 +30,7 @@ from assay.records import Proposal
 
 TARGETS = ("cpu", "cuda", "triton")
 # The families with a Triton form (target ``triton``); the others decline it for now.
-TRITON_FAMILIES = ("elementwise", "row", "gemm")
+TRITON_FAMILIES = ("elementwise", "row", "gemm", "pool")
 POLICIES = ("any", "strict", "permissive")
 
 

@@ -3,18 +3,23 @@ of NCL as CHW with windows of height 1) or 3-D pooling (NCDHW or CDHW: the same 
 depth loop around the window and output rows over (plane, output depth, output row)), with the
 elementwise chain after it fused into the store. C++: OpenMP threads over (plane, output row);
 CUDA: a thread per run of consecutive outputs of a row, windows read straight from global
-memory."""
+memory; Triton: one program per BLOCK outputs (flat over planes and output rows), each window
+tap a masked load of BLOCK elements. Every case the C++ and CUDA forms write has a Triton form
+(1-, 2- and 3-D, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override, the
+epilogue); the Triton form declines only epilogues with an op it cannot write exactly
+(triton_form.why_not)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from assay.propose.offline.families import triton_form as tri
 from assay.propose.offline.families.family import Entry, Family, Head, Space
 from assay.propose.offline.families.shared import (CPP_PREAMBLE, CUDA_COMMON, Param, forward_call,
                                                    fused_epilogue, head_values, leaf_params,
-                                                   leaf_tensor, out_param, pointer, render,
-                                                   size_params)
-from assay.propose.offline.ir import Analysis, Plan
+                                                   knob_line, leaf_tensor, out_param, pointer,
+                                                   render, size_params)
+from assay.propose.offline.ir import Analysis, Plan, Pool
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # cpu: threads over (plane, output row). cuda: block threads; cols: consecutive outputs of
@@ -22,7 +27,19 @@ KNOB_SPACES: dict[tuple[str, str], Space] = {
     # float4 loads of the thread's stride chunk plus its halo (when whole vectors).
     ("cpu", "pool"): {"threads": (0, 1, 2, 4, 8)},
     ("cuda", "pool"): {"block": (128, 256, 512), "cols": (1, 2, 4), "vec": (0, 1)},
+    # triton: block = outputs per program (Triton's BLOCK, a power of two); num_warps: warps
+    # per program; unroll: 1 = the window's loops unrolled (tl.static_range: every tap's load
+    # issued at once), 0 = run-time loops (a large window compiles in bounded time). No
+    # num_stages: there is no loop over the data to pipeline.
+    ("triton", "pool"): {"block": (64, 128, 256, 512, 1024), "num_warps": (1, 2, 4, 8),
+                         "unroll": (0, 1)},
 }
+
+# Triton's defaults (not yet measured here); windows of at most UNROLL_TAPS taps are unrolled
+# by default (knob unroll): 27 for a 3x3x3 window, where an 11x11x11 one would be 1331 loads in
+# one straight line.
+TRITON_DEFAULTS = {"block": 256, "num_warps": 4}
+UNROLL_TAPS = 64
 
 # 2-D pooling (max or average) with an elementwise epilogue: `acc_v` is the window's value,
 # `i` the output's flat index. The window's arithmetic is torch's (the same bounds, the same
@@ -353,6 +370,135 @@ extern "C" int assay_forward({{ params }}) {
 }
 """
 
+# Triton: one program per BLOCK outputs, flat over (plane, [output depth,] output row, output
+# column). Each tap of the window is one masked load of BLOCK elements, a tap outside the input
+# loading the value that changes nothing (-inf for max, 0.0 for a sum), so the arithmetic is
+# torch's as in POOL_WINDOW: the same taps in the same order, NaN propagating through max, the
+# same divisor (POOL_AVG_DIVIDE's rules), an IEEE-rounded division. The pooling parameters are
+# constexpr arguments (knob unroll: tl.static_range unrolls the window's loops).
+TRITON_POOL = r"""
+# Assay offline synthesizer v1: {{ template }} kernel (triton)
+# computes: {{ summary }}
+# knobs: {{ knob_line }}
+@triton.jit
+def assay_pool({{ params }},
+               KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+               PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
+{% if depth %}
+               KD: tl.constexpr, SD: tl.constexpr, PD: tl.constexpr, DD: tl.constexpr,
+{% endif %}
+               BLOCK: tl.constexpr):
+    # 64-bit indices: offs is int64 and every index below is computed from it first.
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    ow = offs % OW
+    r = offs // OW
+    oh = r % OH
+    r = r // OH
+{% if depth %}
+    od = r % OD
+    xp = x + (r // OD) * D * H * W  # the plane's first element
+    ds = od * SD - PD  # the window's first slice, padding included
+{% else %}
+    xp = x + r * H * W  # the plane's first element
+{% endif %}
+    hs = oh * SH - PH  # the window's corner, padding included
+    ws = ow * SW - PW
+{% if op == "max" %}
+    acc = tl.full([BLOCK], float("-inf"), tl.float32)
+{% else %}
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+{% endif %}
+{% for line in window %}
+    {{ line }}
+{% endfor %}
+{% if op != "max" %}
+    # torch's divisor: the window clipped to the padded input (ceil_mode can overhang it), or
+    # to the input itself (count_include_pad=False), or divisor_override; an empty window is 0.
+{% if depth %}
+    de = tl.minimum(ds + KD, D + PD)
+    d0 = tl.maximum(ds, 0)
+    d1 = tl.minimum(de, D)
+{% endif %}
+    he = tl.minimum(hs + KH, H + PH)
+    we = tl.minimum(ws + KW, W + PW)
+    h0 = tl.maximum(hs, 0)
+    w0 = tl.maximum(ws, 0)
+    h1 = tl.minimum(he, H)
+    w1 = tl.minimum(we, W)
+{% if divisor %}
+    divide = {{ divisor }}.0  # divisor_override
+{% elif count_include_pad %}
+    divide = ({% if depth %}(de - ds) * {% endif %}(he - hs) * (we - ws)).to(tl.float32)
+{% else %}
+    divide = ({% if depth %}(d1 - d0) * {% endif %}(h1 - h0) * (w1 - w0)).to(tl.float32)
+{% endif %}
+    empty = {% if depth %}(d0 >= d1) | {% endif %}(h0 >= h1) | (w0 >= w1)
+    acc = tl.where(empty, 0.0, tl.math.div_rn(acc, divide))
+{% endif %}
+{% for line in body %}
+    {{ line }}
+{% endfor %}
+    tl.store(out + offs, {{ result }}, mask=mask)
+"""
+
+
+def _triton_window(pool: Pool, unroll: bool) -> list[str]:
+    """The loops over the window's taps (depth, height, width; torch's order) of TRITON_POOL,
+    each tap's load masked to the input (and to the program's outputs)."""
+    loop = "tl.static_range" if unroll else "range"
+    pad, update = (('float("-inf")', "acc = tl.where((v > acc) | (v != v), v, acc)"
+                    "  # NaN propagates, as in torch") if pool.op == "max"
+                   else ("0.0", "acc += v"))
+    lines, ind, ok, base = [], "", "mask", "xp"
+    if pool.spatial == 3:
+        lines += [f"for kd in {loop}(KD):", "    di = ds + kd * DD",
+                  "    okd = mask & (di >= 0) & (di < D)", "    xd = xp + di * H * W"]
+        ind, ok, base = "    ", "okd", "xd"
+    return lines + [f"{ind}for kh in {loop}(KH):", f"{ind}    ih = hs + kh * DH",
+                    f"{ind}    okh = {ok} & (ih >= 0) & (ih < H)", f"{ind}    xh = {base} + ih * W",
+                    f"{ind}    for kw in {loop}(KW):", f"{ind}        iw = ws + kw * DW",
+                    f"{ind}        v = tl.load(xh + iw, mask=okh & (iw >= 0) & (iw < W), "
+                    f"other={pad})",
+                    f"{ind}        {update}"]
+
+
+def _triton_sizes(pool: Pool) -> list[str]:
+    return (["n", "D", "H", "W", "OD", "OH", "OW"] if pool.spatial == 3
+            else ["n", "H", "W", "OH", "OW"])
+
+
+def triton_source(plan: Plan, knobs: dict[str, Any], summary: str) -> str:
+    """The @triton.jit pooling kernel of ``plan``, its epilogue fused into the store."""
+    pool = plan.pool
+    assert pool is not None
+    ptrs, geometry = tri.epilogue_args(plan)
+    params = ["x"] + ptrs + ["out"] + _triton_sizes(pool) + geometry
+    return render(TRITON_POOL, template="pool", summary=summary.replace("\n", " "),
+                  knob_line=knob_line(knobs), params=", ".join(params),
+                  depth=pool.spatial == 3, op=pool.op,
+                  window=_triton_window(pool, bool(knobs["unroll"])), divisor=pool.divisor,
+                  count_include_pad=pool.count_include_pad,
+                  body=tri.epilogue_lines(plan, "acc"), result=tri.output_expr(plan))
+
+
+def triton_launch(plan: Plan, knobs: dict[str, Any]) -> str:
+    """ModelNew.forward's launch of assay_pool (the head's lines set lx and the sizes; the
+    epilogue's leaves are l<k>), one program per ``block`` outputs."""
+    pool = plan.pool
+    assert pool is not None
+    ptrs, geometry = tri.epilogue_args(plan)
+    args = ["lx"] + [f"l{p[1:]}" for p in ptrs] + ["out"] + _triton_sizes(pool) + geometry
+    names = ["KH", "KW", "SH", "SW", "PH", "PW", "DH", "DW"]
+    values = [*pool.kernel, *pool.stride, *pool.padding, *pool.dilation]
+    if pool.spatial == 3:
+        names += ["KD", "SD", "PD", "DD"]
+        values += list(pool.depth)
+    block = int(knobs["block"])
+    return (f"assay_pool[(triton.cdiv(n, {block}),)]({', '.join(args)}, "
+            + "".join(f"{k}={int(v)}, " for k, v in zip(names, values))
+            + f"BLOCK={block}, num_warps={int(knobs['num_warps'])})")
+
 
 def _pool_params(plan: Plan, target: str) -> list[Param]:
     """assay_forward's parameters for a pooling plan: the pooled input, the epilogue's other
@@ -368,6 +514,8 @@ def _pool_params(plan: Plan, target: str) -> list[Param]:
 
 def pool_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
     """The pooling kernel with its elementwise epilogue fused into the store."""
+    if target == "triton":
+        return triton_source(plan, knobs, summary)
     pool = plan.pool
     assert pool is not None
     prologue, body, out_expr = fused_epilogue(plan, False)
@@ -439,8 +587,23 @@ def space(target: str, analysis: Analysis, lib: int | None = None, policy: str =
     return dict(KNOB_SPACES[(target, "pool")])
 
 
+def declines(target: str, analysis: Analysis, policy: str = "any") -> str | None:
+    """The Triton form writes every pooling the others do; its epilogue needs exact Triton
+    formulas (no libdevice ops)."""
+    return tri.why_not(analysis.plan) if target == "triton" else None
+
+
+def _taps(pool: Pool) -> int:
+    return pool.kernel[0] * pool.kernel[1] * pool.depth[0]
+
+
 def defaults(target: str, analysis: Analysis, lib: int | None = None,
              policy: str = "any") -> dict[str, int]:
+    if target == "triton":
+        # TRITON_DEFAULTS, the window unrolled unless it has more than UNROLL_TAPS taps.
+        pool = analysis.plan.pool
+        assert pool is not None
+        return dict(TRITON_DEFAULTS, unroll=int(_taps(pool) <= UNROLL_TAPS))
     # Four outputs per thread, each input row of their windows as two float4 loads and a halo
     # element. H200, L1_18/L1_19 (3x3/2 windows): 0.041 ms, 1.1x torch.compile; with scalar
     # loads 0.065-0.09 ms (benchmarks/probe_gpu.py --only sweep).
@@ -448,7 +611,10 @@ def defaults(target: str, analysis: Analysis, lib: int | None = None,
 
 
 def safe(target: str, plan: Plan | None = None, knobs: Any = None) -> dict[str, int]:
-    """Scalar loads, one output per thread, serial on the host."""
+    """Scalar loads, one output per thread, serial on the host; small Triton programs whose
+    window loops run at run time (the least to compile)."""
+    if target == "triton":
+        return {"block": 128, "num_warps": 4, "unroll": 0}
     return {"threads": 1} if target == "cpu" else {"block": 128, "cols": 1, "vec": 0}
 
 
@@ -466,9 +632,13 @@ def head(plan: Plan, target: str, knobs: dict[str, Any]) -> Head:
 
 def calls(plan: Plan, target: str, knobs: dict[str, Any], stream: list[str]
           ) -> tuple[list[str], list[Entry]]:
+    """The C/CUDA entry point's call, or (Triton) the launch of the file's @triton.jit kernel
+    (no entry points to bind)."""
+    if target == "triton":
+        return [triton_launch(plan, knobs)], []
     return forward_call(_pool_params(plan, target), stream)
 
 
 FAMILY = Family(name="pool", matches=matches, knob_spaces=KNOB_SPACES, space=space,
                 defaults=defaults, safe=safe, template=template, strategy=strategy,
-                source=pool_source, calls=calls, head=head)
+                source=pool_source, calls=calls, declines=declines, head=head)
