@@ -1,0 +1,64 @@
+"""benchmarks/kb_baselines.py: our eager timings against KernelBench's published ones (no
+device: rows and published times written here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from helpers import REPO
+
+_spec = importlib.util.spec_from_file_location("kb_baselines", REPO / "benchmarks/kb_baselines.py")
+kb = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(kb)
+
+
+def _row(task: str, path: str, ms: float, accepted: bool = True, gpu: str | None = None) -> dict:
+    r = {"task": task, "path": f".kb/{path}", "accepted": accepted, "runtime_ms": ms}
+    return {**r, "gpu": gpu} if gpu else r
+
+
+@pytest.fixture
+def published(tmp_path):
+    d = tmp_path / "H100_Modal"
+    d.mkdir()
+    times = {"level1": {"1_Square_matrix_multiplication_.py": {"mean": 2.0, "hardware": "H100"},
+                        "54_conv_standard_3D.py": {"mean": 1.0, "hardware": "H100"},
+                        "19_ReLU.py": {"mean": 4.0, "hardware": "H100"}},
+             "level2": {}, "level3": {}}
+    (d / "baseline_time_torch.json").write_text(json.dumps(times))
+    return d
+
+
+def test_ratios_per_gpu_and_kind_latest_row_wins(tmp_path, published, capsys):
+    old = tmp_path / "old.jsonl"
+    new = tmp_path / "new.jsonl"
+    old.write_text("\n".join(json.dumps(r) for r in [
+        _row("L1_1_Square_matrix_multiplication", "level1/1_Square_matrix_multiplication_.py", 9.0),
+        _row("L1_54_conv_standard_3D", "level1/54_conv_standard_3D.py", 1.7)]) + "\n\n")
+    new.write_text("\n".join(json.dumps(r) for r in [
+        _row("L1_1_Square_matrix_multiplication", "level1/1_Square_matrix_multiplication_.py",
+             2.1, gpu="H100"),  # replaces the old row of that task, and names its GPU
+        _row("L1_19_ReLU", "level1/19_ReLU.py", 3.0),
+        _row("L1_20_LeakyReLU", "level1/20_LeakyReLU.py", 1.0),  # nothing published: left out
+        _row("L1_21_Sigmoid", "level1/21_Sigmoid.py", 1.0, accepted=False)]) + "\n")
+    out = tmp_path / "out"
+    assert kb.main(["--timing", str(published), "--rows", str(old), str(new),
+                    "--gpu-of", f"{old}=H200", f"{new}=H200", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "H100: 1 of 1 tasks within 10%" in text  # 2.1 against 2.0
+    assert "H200: 0 of 2 tasks within 10%" in text  # the conv 1.7x slower, the ReLU 0.75x
+    assert "convolution: 1 tasks, median 1.700, 1 slower and 0 faster" in text
+    assert "memory-bound: 1 tasks, median 0.750, 0 slower and 1 faster" in text
+    table = (out / "baselines.md").read_text()
+    assert table.count("| L1_") == 3 and "L1_20" not in table and "L1_21" not in table
+
+
+def test_bad_input_is_one_line_naming_the_file(tmp_path, published):
+    bad = tmp_path / "rows.jsonl"
+    bad.write_text('{"task": "L1_1"}\nnot json\n')
+    with pytest.raises(SystemExit, match=r"rows\.jsonl:2: not a JSON row"):
+        kb.main(["--timing", str(published), "--rows", str(bad)])
+    assert kb.main(["--timing", str(tmp_path / "nowhere"), "--rows", str(bad)]) == 2
