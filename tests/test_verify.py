@@ -189,3 +189,19 @@ def test_an_import_error_names_the_users_file_and_line(task, tmp_path):
     v = verify(task, cand, "cpu", VerifyConfig(budget_s=0.1))
     assert v.reasons == ["compiles"]
     assert v.checks["compiles"]["detail"].startswith(f"{cand}, line 3: ValueError: boom")
+
+
+@pytest.mark.parametrize("policy", ["strict", "permissive"])
+def test_cli_transfer_reaches_the_verify_config(policy):
+    """`assay verify --transfer cuda_ipc` sets verify.transfer under either policy; without the
+    option the config's own value (host) holds."""
+    import argparse
+
+    from assay.app import compose
+    from assay.cli import _verify_overrides
+    from assay.verify.config import from_cfg
+
+    for transfer, expected in (("cuda_ipc", "cuda_ipc"), (None, "host")):
+        args = argparse.Namespace(policy=policy, transfer=transfer)
+        cfg = from_cfg(compose(_verify_overrides(args)).verify)
+        assert (cfg.transfer, cfg.policy) == (expected, policy)

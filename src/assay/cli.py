@@ -70,7 +70,7 @@ def _verify(args: argparse.Namespace) -> int:
     from assay.verify.memory import plan_task
 
     t = time.perf_counter()
-    cfg = from_cfg(compose([f"verify={args.policy}"]).verify)
+    cfg = from_cfg(compose(_verify_overrides(args)).verify)
     times["config_s"] = time.perf_counter() - t
     # A task too large for this machine's memory is decided before any baseline too.
     t = time.perf_counter()
@@ -135,7 +135,13 @@ def _verify_folder(args: argparse.Namespace) -> int:
         return 2
     _hold_cpu_threads(device)
     args.device, args.size = device, resolve_size(args.size, device)
-    return batch(args, from_cfg(compose([f"verify={args.policy}"]).verify))
+    return batch(args, from_cfg(compose(_verify_overrides(args)).verify))
+
+
+def _verify_overrides(args: argparse.Namespace) -> list[str]:
+    """The verify group's Hydra overrides `assay verify` takes from its options."""
+    return [f"verify={args.policy}"] + ([f"verify.transfer={args.transfer}"]
+                                        if args.transfer else [])
 
 
 def _hold_cpu_threads(device: str) -> None:
@@ -319,6 +325,10 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--policy", default="strict", choices=["strict", "permissive"],
                    help="strict: custom kernels only, any library or ATen compute op "
                         "rejects; permissive: library calls allowed and reported")
+    v.add_argument("--transfer", choices=["host", "cuda_ipc"], default=None,
+                   help="how the sandboxed worker's inputs and outputs travel (default: the "
+                        "config's verify.transfer, host: shared host memory; cuda_ipc: device "
+                        "memory, cuda only, far less copying for KernelBench's largest tasks)")
     v.add_argument("--size", default="auto", choices=["auto", "large", "medium", "small"],
                    help="task size (auto: the task's own on cuda, its medium variant on cpu "
                         "where it has one, else its small one)")
