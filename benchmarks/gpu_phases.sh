@@ -24,6 +24,10 @@
 #   batch       benchmarks/verify_batch.py on .kb (issue #16: candidates per GPU-hour, batch
 #               against a sequential `assay verify` loop); PROBLEMS: level-1 task numbers,
 #               SAMPLES per task (3), SEQUENTIAL candidates in the loop (2)
+#   verify1     `assay verify` of one generated load_inline candidate of KB's level-1 PROBLEM (21:
+#               Sigmoid, 6.4 GB tensors) once per TRANSFERS (default: host cuda_ipc; SECONDS
+#               each), the
+#               verdicts with their `times` in $S/verify1/ (issue #16's single-verification line)
 #   synthkb     the offline synthesizer on KernelBench (issue #17), resumable; LEVELS=1,
 #               VARIANTS / MUTATIONS (synth_suite's defaults), TASKS: id globs, SAMPLE: tasks
 #               per level (seeded), LIMIT: undecided tasks taken per call
@@ -128,10 +132,21 @@ for phase in "$@"; do
       run_for $((secs + 60)) "$S/batch.log" python3 benchmarks/verify_batch.py --source .kb \
         --out "$S/batch" --samples "${SAMPLES:-3}" --sequential "${SEQUENTIAL:-2}" \
         --budget-s $((secs - 30)) ${PROBLEMS:+--problems $PROBLEMS} ;;
+    verify1)
+      mkdir -p "$S/verify1"
+      python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import verify_batch as v; \
+        from pathlib import Path; v.write_candidates(Path('.kb'), Path('$S/verify1'), 1, \
+        [${PROBLEM:-21}])" || exit 1
+      cand=$(ls "$S"/verify1/level_1_problem_${PROBLEM:-21}_sample_0_kernel.py)
+      task=$(ls .kb/level1/${PROBLEM:-21}_*.py)
+      for tr in ${TRANSFERS:-host cuda_ipc}; do
+        run_for "$secs" "$S/verify1.log" python3 -m assay.cli verify --task "$task" \
+          --candidate "$cand" --device cuda --transfer "$tr" --json "$S/verify1/$tr.json"
+      done ;;
     streams)
       run_for "$secs" "$S/streams.md" python3 benchmarks/probe_streams.py \
         ${PROBE:-.kb/level2/19_ConvTranspose2d_GELU_GroupNorm.py .kb/level2/34_ConvTranspose3d_LayerNorm_GELU_Scaling.py} ;;
-    *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, inline, batch, streams, synthkb)" ;;
+    *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, inline, batch, verify1, streams, synthkb)" ;;
   esac
 done
 tar czf "$OUT/state.tgz" -C "$S" . && ls -la "$OUT"
