@@ -20,8 +20,9 @@ with :func:`cached_load_inline`, which
   every header three times (host preprocessing and cudafe++, the device front end cicc, the host
   compile), and the extension header adds the whole C++ frontend and pybind11 (the CUDA file of
   one elementwise kernel: nvcc 62 s -> 27 s on the 2-core CPU machine; load_inline itself puts
-  ``torch/types.h`` first in the CUDA file, and the bindings live in the C++ file). A source that needs the full header
-  fails that build and is built again as written, so the only cost of a wrong guess is time;
+  ``torch/types.h`` first in the CUDA file, and the bindings live in the C++ file). A source
+  that needs the full header fails that build and is built again as written, so the only cost
+  of a wrong guess is time;
 - turns a failed build into :class:`assay.bench.build.BuildError` whose ``log`` is the whole
   compiler output, so the verdict's ``compiles`` check and the repair prompt get the log even
   when torch's message is longer than the worker's error line.
