@@ -51,13 +51,14 @@ def kind(task: str) -> str:
     t = task.lower()
     if "conv" in t or any(k in t for k in CNNS):
         return "convolution"
-    if any(k in t for k in ("lstm", "gru", "rnn", "mamba", "swin", "vit", "transformer", "attention", "gpt")):
+    if any(k in t for k in MODEL_BLOCKS):
         return "model block (level 3)"
     if any(k in t for k in ("matmul", "matrix", "gemm", "linear", "mlp", "bmm", "einsum")):
         return "matrix product"
     return "memory-bound"
 
 
+MODEL_BLOCKS = ("lstm", "gru", "rnn", "mamba", "swin", "vit", "transformer", "attention", "gpt")
 # level 3's convolutional networks, whose names do not say "conv"
 CNNS = ("resnet", "resnext", "vgg", "densenet", "efficientnet", "mobilenet", "googlenet",
         "inception", "squeezenet", "shufflenet", "regnet", "alexnet", "lenet", "unet", "convnext")
