@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from assay.propose.offline.families.family import Entry, Space, standalone_family
+from assay.propose.offline.families.family import (STREAMING_DEFAULTS, STREAMING_SAFE,
+                                                   Entry, Space, standalone_family)
 from assay.propose.offline.families.shared import (CPP_PREAMBLE, Param, forward_call,
                                                    own_kernel_source, pointer, size_params,
                                                    stream_args)
@@ -128,7 +129,5 @@ def forward(plan: Concat, target: str, knobs: dict[str, Any]
 
 FAMILY = standalone_family(
     "concat", Concat, KNOB_SPACES,
-    # Not yet measured on a GPU: the elementwise family's streaming setting.
-    defaults={"cpu": {"threads": 0}, "cuda": {"block": 256, "vec": 4}},
-    safe={"cpu": {"threads": 1}, "cuda": {"block": 256, "vec": 1}},
+    defaults=STREAMING_DEFAULTS, safe=STREAMING_SAFE,
     strategy="vectorize", source=source, forward=forward)  # one op that streams memory

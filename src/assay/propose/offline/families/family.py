@@ -93,6 +93,13 @@ class Family:
     forward: Callable[[Any, str, dict[str, Any]], tuple[list[str], list[Entry]]] | None = None
 
 
+# The streaming ops of their own (concat, permute): the elementwise family's streaming setting
+# (OpenMP's default threads; 256 threads with float4 on cuda), not yet measured for them on a
+# GPU; the safe values go one thread / one element at a time.
+STREAMING_DEFAULTS = {"cpu": {"threads": 0}, "cuda": {"block": 256, "vec": 4}}
+STREAMING_SAFE = {"cpu": {"threads": 1}, "cuda": {"block": 256, "vec": 1}}
+
+
 def standalone_family(name: str, plan_type: type, knob_spaces: dict[tuple[str, str], Space],
                       defaults: dict[str, dict[str, int]], safe: dict[str, dict[str, int]],
                       strategy: str, source: Callable[..., str],

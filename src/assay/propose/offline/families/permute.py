@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from assay.propose.offline.families.family import Entry, Space, standalone_family
+from assay.propose.offline.families.family import (STREAMING_DEFAULTS, STREAMING_SAFE,
+                                                   Entry, Space, standalone_family)
 from assay.propose.offline.families.shared import (CPP_PREAMBLE, Param, forward_call,
                                                    own_kernel_source, pointer, stream_args)
 from assay.propose.offline.ir import PERMUTE_MAX_DIMS, Permute
@@ -216,7 +217,5 @@ def forward(plan: Permute, target: str, knobs: dict[str, Any]
 
 FAMILY = standalone_family(
     "permute", Permute, KNOB_SPACES,
-    # Not yet measured on a GPU: the elementwise family's streaming setting.
-    defaults={"cpu": {"threads": 0}, "cuda": {"block": 256, "vec": 4}},
-    safe={"cpu": {"threads": 1}, "cuda": {"block": 256, "vec": 1}},
+    defaults=STREAMING_DEFAULTS, safe=STREAMING_SAFE,
     strategy="vectorize", source=source, forward=forward)  # one op that streams memory
