@@ -31,8 +31,8 @@
 #   synthkb     the offline synthesizer on KernelBench (issue #17), resumable; LEVELS=1,
 #               VARIANTS / MUTATIONS (synth_suite's defaults), TASKS: id globs, SAMPLE: tasks
 #               per level (seeded), LIMIT: undecided tasks taken per call
-# Needs: the wheels in .whl/ (hydra-core, omegaconf, antlr4, psutil, rich, markdown-it-py,
-# mdurl, pygments; snakemake's for triton) and KernelBench in .kb/ (a copy of
+# Needs: the wheels in .whl/ (`python3 benchmarks/device_wheels.py`, with --pipeline for the
+# triton phase's campaigns: snakemake's closure, ~29 MiB) and KernelBench in .kb/ (a copy of
 # ../shared/kernelbench), both carried. Example, two calls on one warm machine:
 #   bash benchmarks/gpu_phases.sh selfcheck:540      then      bash benchmarks/gpu_phases.sh redteam:540
 set -uo pipefail
