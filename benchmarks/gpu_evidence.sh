@@ -2,7 +2,7 @@
 # One call on the GPU machine (torch 2.11+cu130 there): GPU tests, then the CI campaign on the
 # cuda target at H100 sizes up to `profile`. Results come back under $OUT; track, export and
 # report then run on the CPU machine (mlflow and polars stay off the GPU machine).
-#   wheels: snakemake + hydra-core + omegaconf and their missing deps, in .whl/ (carried)
+#   wheels: `python3 benchmarks/device_wheels.py --pipeline` into .whl/ (carried)
 set -uo pipefail
 OUT=${OUT:-/tmp/assay-out}
 mkdir -p "$OUT"

@@ -7,7 +7,7 @@
 #   3. the CI campaign with target=triton and with target=cuda, one report comparing them
 #   4. with KB=/path/to/KernelBench/KernelBench/level1: the same pair of campaigns on its first
 #      ${KB_LIMIT:-20} tasks
-#   wheels: snakemake + hydra-core + omegaconf and their missing deps, in .whl/ (carried)
+#   wheels: `python3 benchmarks/device_wheels.py --pipeline` into .whl/ (carried)
 set -uo pipefail
 OUT=${OUT:-/tmp/assay-out}
 mkdir -p "$OUT"
