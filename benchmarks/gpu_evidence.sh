@@ -6,15 +6,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/assay-out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-export ASSAY_KERNEL_CACHE=/tmp/assay-kernels
-{
-  date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
-  nvcc --version | tail -1
-} 2>&1 | tee "$OUT/device.txt"
+. benchmarks/device_env.sh "$OUT/device.txt" || exit 1
 
 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log"
 

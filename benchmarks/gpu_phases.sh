@@ -41,16 +41,8 @@ S=${STATE:-/tmp/assay-state}
 mkdir -p "$OUT"
 if [ ! -d "$S" ] && [ -f .dev/state.tgz ]; then mkdir -p "$S" && tar xzf .dev/state.tgz -C "$S"; fi
 mkdir -p "$S"
-if [ ! -d /tmp/site ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1
-export ASSAY_KERNEL_CACHE=${ASSAY_KERNEL_CACHE:-/tmp/assay-kernels}
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c 'import torch, triton; print("torch", torch.__version__, torch.version.cuda,
-              "triton", triton.__version__)'
-  echo "phases: $*"; } 2>&1 | tee -a "$S/device.txt"
+. benchmarks/device_env.sh "$S/device.txt" || exit 1
+echo "phases: $*" | tee -a "$S/device.txt"
 gpus=$(nvidia-smi -L | wc -l)  # several: the phases spread over them (selfcheck, redteam, gputests)
 
 # run_for SECONDS LOG CMD...: CMD in its own process group, killed with it after SECONDS
