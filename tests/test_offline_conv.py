@@ -3,8 +3,9 @@ every convolution of ir.CONV_OPS, with or without an epilogue, written under the
 policy.
 
 CPU candidates are compiled with g++ (one build per task) and compared with torch at two sizes;
-two CUDA sources are only compiled (nvcc, no GPU needed); KernelBench's lone convolutions of
-level 1 must get a plan under strict.
+CUDA sources are only compiled here (nvcc, no GPU needed): the implicit GEMM's first form and a
+covering set of its second (knobs stages, warp_tile, split_k), which the GPU tests compare with
+torch; KernelBench's lone convolutions of level 1 must get a plan under strict.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from assay.bench.build import build, nvcc_path
+from assay.bench.build import nvcc_path
 from assay.propose.base import Parent, TaskContext
-from assay.propose.offline import OfflineSynthesizer
+from assay.propose.offline import KNOB_SPACES, OfflineSynthesizer
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO, task_ctx
+from helpers import REPO, assert_matches_reference, build_cuda_sources, entry_arities, task_ctx
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
@@ -171,19 +172,138 @@ def test_templates_offered_per_policy(task_dir):
     assert safe.knobs["lib"] == 2 and safe.knobs["tile_m"] == 32
 
 
+# The implicit GEMM's second form (knobs stages 2, warp_tile 1 or split_k 1; gemm_conv's
+# CUDA_CONV_PIPE), a covering set rather than the product: every rank, transposed and grouped
+# ones, a fused epilogue and the row kernel after it, with double and single buffering, warp
+# tiles (8 x 4 and 4 x 8 lanes of 4 x 4, 4 x 1 and 2 x 2 sub-tiles; a block of 16 threads,
+# too few for a warp's grid) and the rows-apart layout, slabs of 8 to 32, 2 pixels a thread
+# (128 x 16 tiles of 64 threads), more threads than a slab has elements (32 x 8 slabs of A,
+# 1024 threads), the largest double-buffered slabs (dynamic shared memory past 48 KB), a
+# depthwise convolution through the implicit GEMM; split K where the sizes allow it.
+PIPE_CASES = [
+    ("conv2d_grouped_padded", {"stages": 2, "warp_tile": 1, "split_k": 1}),
+    ("conv3d_strided", {"stages": 2, "warp_tile": 1, "split_k": 1, "tile_m": 128,
+                        "tile_n": 64, "thread_m": 8, "thread_n": 4, "k_step": 32}),
+    ("convt3d_strided_dilated", {"stages": 2, "warp_tile": 0, "split_k": 1, "tile_m": 32,
+                                 "tile_n": 64, "thread_m": 2, "thread_n": 1, "k_step": 8}),
+    ("convt2d_grouped_tanh", {"stages": 1, "warp_tile": 1, "split_k": 1, "tile_m": 32,
+                              "tile_n": 64, "thread_m": 8, "thread_n": 1}),
+    ("conv1d_strided_dilated_gelu", {"stages": 2, "warp_tile": 1, "tile_m": 128,
+                                     "tile_n": 16, "thread_m": 8, "thread_n": 4,
+                                     "k_step": 8}),
+    ("conv2d_softmax", {"stages": 2, "warp_tile": 0, "split_k": 1, "tile_n": 32,
+                        "thread_m": 2, "thread_n": 2}),
+    ("depthwise2d_relu", {"depthwise": 0, "stages": 2, "warp_tile": 1, "tile_n": 16,
+                          "thread_m": 2, "thread_n": 2}),
+    ("conv2d_grouped_padded", {"stages": 1, "warp_tile": 1, "tile_m": 32, "tile_n": 16,
+                               "thread_m": 8, "thread_n": 4, "k_step": 8}),
+    ("convt1d_padded_dilated", {"stages": 2, "warp_tile": 1, "split_k": 1, "k_step": 8}),
+]
+# Per task, sizes of a long K (input channels of a group x taps: 900 to 2100, no multiple of
+# the slab) and an output of a few tiles, where split K cuts K into parts on any device of
+# more than a few SMs (a depthwise convolution's K is its taps: none).
+LONG_K = {
+    "conv1d_strided_dilated_gelu": {"b": 1, "cin": 700, "cout": 20, "w": 40},
+    "conv2d_grouped_padded": {"b": 1, "cin": 300, "cout": 34, "h": 6, "w": 5},
+    "conv3d_strided": {"b": 1, "cin": 205, "cout": 24, "d": 3, "h": 5, "w": 4},
+    "convt1d_padded_dilated": {"b": 1, "cin": 601, "cout": 5, "w": 6},
+    "convt2d_grouped_tanh": {"b": 1, "cin": 162, "cout": 6, "h": 3, "w": 2},
+    "convt3d_strided_dilated": {"b": 1, "cin": 101, "cout": 3, "d": 2, "h": 2, "w": 2},
+    "conv2d_softmax": {"b": 1, "cin": 201, "cout": 7, "h": 6, "w": 5},
+}
+
+
+def _pipe_candidate(task_dir: Path, tmp_path: Path, name: str, knobs: dict):
+    prop = OfflineSynthesizer("cuda", policy="strict").with_knobs(
+        task_ctx(task_dir, name, "cuda"), {"lib": 2, **knobs})
+    return prop, import_file(prop.code, tmp_path / f"pipe_{prop.id}.py")
+
+
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 def test_cuda_convolutions_compile(task_dir, tmp_path):
-    """nvcc builds the implicit GEMM with a fused epilogue and its depthwise kernel (a grouped
-    2-D convolution), and the gather form of a transposed 3-D one with the largest tiles."""
+    """nvcc builds the implicit GEMM's first form with a fused epilogue and its depthwise
+    kernel (a grouped 2-D convolution), the gather form of a transposed 3-D one with the
+    largest tiles, and the second form's covering set (PIPE_CASES)."""
     syn = OfflineSynthesizer("cuda", policy="strict")
     cases = [("depthwise2d_relu", {}),
              ("convt3d_strided_dilated", {"tile_m": 128, "tile_n": 64, "thread_m": 2,
                                           "thread_n": 1, "k_step": 32, "depthwise": 0})]
+    sources: dict[str, tuple] = {}
     for name, knobs in cases:
         prop = syn.with_knobs(task_ctx(task_dir, name, "cuda"), {"lib": 2, **knobs})
         cand = import_file(prop.code, tmp_path / f"cuda_{prop.id}.py")
         assert cand.POLICY == "strict" and "assay_conv_tiles" in cand.SOURCE
-        assert build(cand.SOURCE, lang="cuda").exists(), name
+        assert "assay_conv_launch" not in cand.SOURCE  # the first form, as it was measured
+        sources[cand.SOURCE] = (name, knobs)
+    for name, knobs in PIPE_CASES:
+        _, cand = _pipe_candidate(task_dir, tmp_path, name, knobs)
+        assert cand.POLICY == "strict" and "assay_conv_launch" in cand.SOURCE, (name, knobs)
+        assert ("assay_conv_parts_sum" in cand.SOURCE) == bool(knobs.get("split_k")), name
+        sources[cand.SOURCE] = (name, knobs)
+    assert len(sources) == len(cases) + len(PIPE_CASES)
+    build_cuda_sources(sources)
+
+
+def test_conv_knobs_evolve_within_the_space(task_dir):
+    """Mutation and crossover of the CUDA conv template stay within its knob space and reach
+    the second form's knobs; a parent without them (written before they were) reads as the
+    first form; every entry point call (assay_conv_parts too) matches its argtypes."""
+    ctx = task_ctx(task_dir, "conv2d_grouped_padded", "cuda")
+    syn = OfflineSynthesizer("cuda", policy="strict")
+    space = dict(KNOB_SPACES[("cuda", "conv")], lib=(2,))
+    assert {"stages", "warp_tile", "split_k"} <= set(space)
+    (base,) = syn.translate(ctx, n=1, rng=random.Random(0))
+    assert (base.knobs["stages"], base.knobs["warp_tile"], base.knobs["split_k"]) == (1, 0, 0)
+    old = {k: v for k, v in base.knobs.items() if k not in ("stages", "warp_tile", "split_k")}
+    kids = syn.mutate(ctx, Parent("p", None, {}, {"knobs": old}), 24, random.Random(1))
+    other = syn.translate(ctx, n=4, rng=random.Random(2))
+    for seed in range(8):
+        kids += syn.crossover(ctx, [Parent("a", None, {}, {"knobs": kids[seed].knobs}),
+                                    Parent("b", None, {}, {"knobs": other[-1].knobs})],
+                              random.Random(seed))
+    seen: dict[str, set] = {k: set() for k in space}
+    for kid in kids + other:
+        assert set(kid.knobs) == set(space), kid.knobs
+        assert all(kid.knobs[k] in space[k] for k in space), kid.knobs
+        for k in space:
+            seen[k].add(kid.knobs[k])
+        for name, passed, declared in entry_arities(kid.code):
+            if name != "assay_error_string":
+                assert passed == declared, (kid.knobs, name, passed, declared)
+    assert all(seen[k] == set(space[k]) for k in ("stages", "warp_tile", "split_k")), seen
+    split = syn.with_knobs(ctx, {"lib": 2, "split_k": 1})
+    assert {n for n, _, _ in entry_arities(split.code)} >= {"assay_conv", "assay_conv_parts"}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", range(len(PIPE_CASES)))
+def test_cuda_conv_pipeline_matches_torch(task_dir, tmp_path, case):
+    """The second form (PIPE_CASES) equals torch in true fp32 at the task's size (K within a
+    few slabs: never split) and at LONG_K's (few output tiles: K split into parts where the
+    knob allows it, the parts' sum the same bits on every call)."""
+    name, knobs = PIPE_CASES[case]
+    prop, cand = _pipe_candidate(task_dir, tmp_path, name, knobs)
+    ctx = task_ctx(task_dir, name, "cuda")
+    sizes = [{}, LONG_K[name]] if name in LONG_K else [{}, TASKS[name][4]]
+    assert_matches_reference(prop.code, tmp_path / f"pipe_ref_{prop.id}.py", ctx, sizes,
+                             device="cuda")
+    if not knobs.get("split_k"):
+        return
+    lib = cand._lib()
+    chosen: list[int] = []  # the parts of each call (the candidate's own _lib())
+    parts = lib.assay_conv_parts
+    lib.assay_conv_parts = lambda *args: chosen.append(parts(*args)) or chosen[-1]
+    for override in sizes:
+        mod = ctx.task.module()
+        for key, value in override.items():
+            setattr(mod, key, value)
+        ref, new = _model_pair(cand, mod, "cuda")
+        (x,) = make_inputs(mod, seed=1, device="cuda")
+        with torch.no_grad():
+            got, again = new(x), new(x)
+        assert torch.equal(got, again), override
+    assert chosen[0] == 1 and chosen[-1] > 1, chosen  # the task's size: whole; LONG_K: split
 
 
 @pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")
@@ -205,10 +325,11 @@ def test_source_names_no_library_kernel(task_dir, tmp_path):
     read as custom."""
     from assay.verify.policy import LIBRARY_KERNEL
 
-    prop = OfflineSynthesizer("cuda").with_knobs(task_ctx(task_dir, "conv2d_softmax", "cuda"),
-                                                 {"lib": 2})
-    source = import_file(prop.code, tmp_path / "names.py").SOURCE
-    names = set(re.findall(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)\(",
-                           source))
-    assert names == {"assay_conv_tiles", "assay_conv_direct", "assay_rows"}
-    assert not [n for n in names if LIBRARY_KERNEL.search(f"void {n}(float const*, long)")]
+    for knobs, more in (({}, set()), ({"stages": 2, "split_k": 1}, {"assay_conv_parts_sum"})):
+        prop = OfflineSynthesizer("cuda").with_knobs(
+            task_ctx(task_dir, "conv2d_softmax", "cuda"), {"lib": 2, **knobs})
+        source = import_file(prop.code, tmp_path / f"names_{prop.id}.py").SOURCE
+        names = set(re.findall(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)\(",
+                               source))
+        assert names == {"assay_conv_tiles", "assay_conv_direct", "assay_rows"} | more
+        assert not [n for n in names if LIBRARY_KERNEL.search(f"void {n}(float const*, long)")]

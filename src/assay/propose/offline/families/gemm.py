@@ -214,7 +214,7 @@ def _gemm_params(plan: Plan, target: str, fused: bool, split: bool = False) -> l
     """assay_gemm's (assay_conv's) parameters: operands, the epilogue's leaves (when fused), the
     output (the product itself, ``g``, when a row kernel follows), sizes and batch strides (the
     convolution's geometry, ``cg``), leaf geometry; ``split``: the split-K workspace and its
-    number of parts (gemm_tiled.uses_split)."""
+    number of parts (_splits)."""
     assert plan.gemm is not None
     elt = "float" if plan.dtype == "float32" else "assay_elt"
     conv = plan.gemm.is_conv
@@ -231,8 +231,11 @@ def _gemm_params(plan: Plan, target: str, fused: bool, split: bool = False) -> l
 
 
 def _splits(plan: Plan, target: str, knobs: dict[str, Any]) -> bool:
-    """Whether the product is the tiled GEMM that may split K (gemm_tiled.uses_split)."""
-    return template(plan, knobs) == "gemm" and gemm_tiled.uses_split(target, knobs)
+    """Whether the product is the tiled GEMM or the convolution that may split K
+    (gemm_tiled.uses_split, gemm_conv.uses_split)."""
+    name = template(plan, knobs)
+    return ((name == "gemm" and gemm_tiled.uses_split(target, knobs))
+            or (name == "conv" and gemm_conv.uses_split(target, knobs)))
 
 
 def _product_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
@@ -464,10 +467,13 @@ def calls(plan: Plan, target: str, knobs: dict[str, Any], stream: list[str]
         entries.append((entry, gp))
         if split:  # the parts K is cut into, the kernel's choice; their sums' workspace (none,
             # and no allocation in the call, where K is not cut)
-            pp = size_params("M", "N", "K", "batch")
-            entries.append(("assay_gemm_parts", pp))
-            lines += [f"parts = _lib().assay_gemm_parts({', '.join([p.py for p in pp] + stream)})",
-                      "ws = (torch.empty(parts * batch * M * N, dtype=torch.float32, "
+            conv = entry == "assay_conv"
+            pp = ([p for p in gp if p.name in gemm_conv.SIZES] if conv
+                  else size_params("M", "N", "K", "batch"))
+            size = "math.prod(gshape)" if conv else "batch * M * N"
+            entries.append((f"{entry}_parts", pp))
+            lines += [f"parts = _lib().{entry}_parts({', '.join([p.py for p in pp] + stream)})",
+                      f"ws = (torch.empty(parts * {size}, dtype=torch.float32, "
                       "device=lA.device) if parts > 1 else None)"]
         if not fused:
             lines.append("g = torch.empty(gshape, dtype=DTYPE, device=lA.device)")
