@@ -12,7 +12,8 @@
 3. ``sweep``: synthesizer kernels over chosen knob sets (``SWEEPS[--sweep]``: ``synth``, the
    row kernels (norms, softmax, reductions, matrix-vector, the GroupNorm after L2_5's
    convolution); ``gemm``, the fp32 SIMT GEMM of L1_14/L1_15 against cuBLAS; ``gemm_pipeline``,
-   its cp.async and 256 x 128 forms), built in parallel first, each checked against the
+   its cp.async and 256 x 128 forms; ``conv``, the own convolution's two forms on L1_17 and
+   L2_4), built in parallel first, each checked against the
    reference and timed with the verifier's protocol beside eager and torch.compile, with its
    device time per kernel.
 4. ``ncu``: Nsight Compute sections of chosen synthesizer kernels (``NCU``).
@@ -234,6 +235,17 @@ SWEEPS = {
         {"tile_m": 256, "min_blocks": 1}, {"tile_m": 256, "min_blocks": 1, "stages": 3},
         {"tile_m": 256, "min_blocks": 1, "stages": 3, "k_step": 16},
         {"tile_m": 256, "min_blocks": 1, "stages": 4}),
+    # the own convolution (lib 2) on L1_17 and L2_4: its first form (the defaults) against its
+    # second (gemm_conv's CUDA_CONV_PIPE): double buffering, warp tiles, both, larger tiles
+    # (their outputs have hundreds of tiles: split K stays whole there, as it should)
+    "conv": {task: [{"lib": 2, **k} for k in (
+        {}, {"stages": 2}, {"warp_tile": 1}, {"stages": 2, "warp_tile": 1},
+        {"stages": 2, "warp_tile": 1, "split_k": 1},
+        {"stages": 2, "warp_tile": 1, "tile_m": 128, "thread_m": 8},
+        {"stages": 2, "warp_tile": 1, "tile_m": 128, "thread_m": 8, "k_step": 8},
+        {"stages": 2, "warp_tile": 1, "k_step": 32})]
+        for task in ("data/tasks/level1/17_Conv2d.py",
+                     "data/tasks/level2/4_Conv2d_ReLU_BiasAdd.py")},
 }
 # A sweep's kernel whose result is off by more than this (relative to the output's largest
 # magnitude) is reported as a mismatch: its time says nothing.
