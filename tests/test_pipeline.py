@@ -251,8 +251,9 @@ def test_readme_recipes_on_the_ci_campaign(ci_campaign, tmp_path):
     assert r.returncode == 0 and "Nothing to be done" in r.stdout + r.stderr, r.stderr[-3000:]
 
     # Every step in an empty folder with only the files its rule declares (issue 22, part 3).
+    jobs = planned_jobs(tmp_path, [c / target for target in ALONE])
     for target, check in ALONE.items():
-        runs_alone_with_its_declared_inputs(tmp_path, c / target, check)
+        runs_alone_with_its_declared_inputs(tmp_path, c / target, jobs, check)
 
     # make rerun TASK=L1_1_ReLU: that task's jobs and the campaign-wide ones, nothing else.
     verdicts = files(c, "offline/*/gen_*/verdicts/*.json")
@@ -337,18 +338,33 @@ ALONE = {
 }
 
 
-def runs_alone_with_its_declared_inputs(workdir: Path, target: Path, check) -> None:
-    """Copy only the inputs Snakemake lists for the job making ``target`` into an empty folder,
-    run the job's own command there, and ``check(made, target)`` its output: the
-    step reads nothing under the campaign folder that its rule does not declare. A declared
-    ``verdicts.json`` brings its generation's per-candidate ``verdicts/`` along: verify writes
-    them together (undeclared, see workflow/rules/verify.smk)."""
-    rel = target.relative_to(workdir)
-    r = subprocess.run(snakemake(workdir, "-n", "-p", "--forcerun", str(rel), overrides=CAMPAIGN),
+def planned_jobs(workdir: Path, targets: list[Path]) -> dict[str, str]:
+    """The job block (rule, input, output, shell command) Snakemake plans for each of
+    ``targets``, forced to run, by one dry run with the campaign's overrides: output path
+    relative to ``workdir`` -> its job's block."""
+    rels = [str(t.relative_to(workdir)) for t in targets]
+    r = subprocess.run(snakemake(workdir, "-n", "-p", "--forcerun", *rels, overrides=CAMPAIGN),
                        capture_output=True, text=True, env=env())
     assert r.returncode == 0, r.stderr[-3000:]
-    block = next(b for b in job_blocks(r.stdout + r.stderr)
-                 if str(rel) in re.search(r"\n\s+output: (.*)", b).group(1).split(", "))
+    blocks = {}
+    for block in job_blocks(r.stdout + r.stderr):
+        output = re.search(r"\n\s+output: (.*)", block)  # (none: the `all` target)
+        for out in output.group(1).split(", ") if output else []:
+            blocks[out] = block
+    assert set(rels) <= set(blocks), sorted(set(rels) - set(blocks))
+    return blocks
+
+
+def runs_alone_with_its_declared_inputs(workdir: Path, target: Path, jobs: dict[str, str],
+                                        check) -> None:
+    """Copy only the inputs Snakemake lists for the job making ``target`` (its block in
+    ``jobs``, from planned_jobs) into an empty folder, run the job's own command there, and
+    ``check(made, target)`` its output: the step reads nothing under the campaign folder that
+    its rule does not declare. A declared ``verdicts.json`` brings its generation's
+    per-candidate ``verdicts/`` along: verify writes them together (undeclared, see
+    workflow/rules/verify.smk)."""
+    rel = target.relative_to(workdir)
+    block = jobs[str(rel)]
     found = re.search(r"\n\s+input: (.*)", block)
     inputs = found.group(1).split(", ") if found else []
     command = re.search(r"Shell command: (.*)", block).group(1)
