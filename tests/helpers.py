@@ -55,9 +55,10 @@ def env(**extra: str) -> dict[str, str]:
 # entry points renamed by a macro (still C linkage: a second definition within the source still
 # fails), its macros undefined after it, its line numbers kept. Only sources of the same #include
 # lines, in the same order, share a unit, and those lines head the unit, so none builds on a
-# header that it does not include itself; the first source of each such group is also built
-# alone, as it is (an include hoisted above code that needed it late would show there). A unit
-# that fails is built again source by source: the verdict, and the log shown, are the source's.
+# header that it does not include itself; one source of each such group, the shortest (the
+# cheapest build), is also built alone, as it is (an include hoisted above code that needed it
+# late would show there). A unit that fails is built again source by source: the verdict, and
+# the log shown, are the source's.
 
 _INCLUDE = re.compile(r"^[ \t]*#[ \t]*include\b.*$", re.M)
 _DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)", re.M)
@@ -124,7 +125,7 @@ def build_cuda_sources(sources: dict[str, object] | Sequence[str], per_unit: int
     jobs: list[list[str]] = []  # a list of one source: built as it is
     for members in groups.values():
         if len(members) > 1:
-            jobs.append(members[:1])
+            jobs.append([min(members, key=len)])
         n = -(-len(members) // per_unit)
         jobs += [members[k::n] for k in range(n)]
 

@@ -7,6 +7,12 @@ SIGKILL stops it mid-way, the same command finishes it; the resume test reads it
 works on a copy of its own. (`assay run`, which `make run` calls, making the CI campaign from an
 empty folder: tests/test_install.py, from the installed wheel.) pytest-xdist keeps both tests on
 one worker under `--dist loadgroup` (`make test`); elsewhere each worker makes the campaign.
+
+The campaign is made without torch.compile baselines (`baselines.compile=false`, its one override
+beyond the README's): inductor's C++ builds cost 10-20 s of CPU per task, and none of these
+tests reads a compile timing (a compile that failed would only be recorded). The README's own
+commands then find nothing to do (a campaign's settings are those of its first run). The
+compile baseline itself, through the baseline step: test_the_baseline_step_times_torch_compile.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import env, snakemake  # noqa: F401 - shared by the DAG tests
+# CI: the README's CI campaign, make run CAMPAIGN=ci OVERRIDES="tasks=ci evolve=ci"
+from helpers import CI, env, snakemake  # noqa: F401 - shared by the DAG tests
 
 pytestmark = pytest.mark.slow
 STAGES = ("extract", "baseline", "translate", "evolve", "verify", "profile", "track", "export",
@@ -57,6 +64,28 @@ def test_lint_is_clean(tmp_path):
     assert "Lints for" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
 
 
+def test_the_baseline_step_times_torch_compile(tmp_path):
+    """One baseline job of the README's CI campaign, torch.compile baseline included (on by
+    default, `baselines.compile`): inductor compiles the reference (its C++ build, outside the
+    CPU lease) and the compiled reference is timed beside eager. A failed compile would only be
+    recorded (`compile_error`), so a campaign finishing proves nothing of it; here it must
+    time."""
+    target = "results/ci/baselines/L1_1_ReLU.json"
+    r = subprocess.run(snakemake(tmp_path, target), capture_output=True, text=True, env=env(),
+                       timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert {rule for rule, _ in jobs_run(r.stdout + r.stderr)} == {"extract", "baseline"}
+    out = json.loads((tmp_path / target).read_text())
+    assert "compile_error" not in out, out
+    assert out["compile_ms"] > 0 and out["eager_ms"] > 0, out
+    log = (tmp_path / "results/ci/logs/baseline/L1_1_ReLU.log").read_text()
+    assert "L1_1_ReLU: timing eager and torch.compile on cpu" in log, log[-3000:]
+
+
+# The campaign's overrides: the README's CI campaign, without torch.compile baselines (see above).
+CAMPAIGN = (*CI, "baselines.compile=false")
+
+
 def verdict_files(results: Path) -> dict[str, tuple[int, str]]:
     return {str(p.relative_to(results)): (p.stat().st_mtime_ns,
                                           hashlib.sha256(p.read_bytes()).hexdigest())
@@ -65,12 +94,13 @@ def verdict_files(results: Path) -> dict[str, tuple[int, str]]:
 
 @pytest.fixture(scope="module")
 def ci_campaign(tmp_path_factory) -> dict:
-    """The CI campaign in a folder of its own: started by the README's bare snakemake, killed
-    with SIGKILL once some candidates are judged (generation 1 still to come), finished by the
-    same command. Its verdict files at the kill, and the resuming run."""
+    """The CI campaign in a folder of its own: started by the README's bare snakemake (with
+    CAMPAIGN's overrides), killed with SIGKILL once some candidates are judged (generation 1
+    still to come), finished by the same command. Its verdict files at the kill, and the resuming
+    run."""
     work = tmp_path_factory.mktemp("ci_campaign")
     results = work / "results"
-    proc = subprocess.Popen(snakemake(work), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(snakemake(work, overrides=CAMPAIGN), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=env(), start_new_session=True)
     deadline = time.monotonic() + 900
     # Kill once some candidates are judged, while generation 1 is still to come.
@@ -83,8 +113,8 @@ def ci_campaign(tmp_path_factory) -> dict:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     before = verdict_files(results)
-    resumed = subprocess.run(snakemake(work), capture_output=True, text=True, env=env(),
-                             timeout=1500)
+    resumed = subprocess.run(snakemake(work, overrides=CAMPAIGN), capture_output=True, text=True,
+                             env=env(), timeout=1500)
     return {"work": work, "finished_first": finished_first, "before": before,
             "resumed": resumed}
 
@@ -166,7 +196,6 @@ def test_killed_campaign_resumes_without_losing_or_redoing_work(ci_campaign):
 
 # --- The README's recipes ("Running campaigns"), literally, on the CI campaign ------------------
 
-CI = ("campaign=ci", "tasks=ci", "evolve=ci")  # make run CAMPAIGN=ci OVERRIDES="tasks=ci evolve=ci"
 CAMPAIGN_WIDE = {"track", "export", "report", "all"}
 
 
@@ -222,8 +251,9 @@ def test_readme_recipes_on_the_ci_campaign(ci_campaign, tmp_path):
     assert r.returncode == 0 and "Nothing to be done" in r.stdout + r.stderr, r.stderr[-3000:]
 
     # Every step in an empty folder with only the files its rule declares (issue 22, part 3).
+    jobs = planned_jobs(tmp_path, [c / target for target in ALONE])
     for target, check in ALONE.items():
-        runs_alone_with_its_declared_inputs(tmp_path, c / target, check)
+        runs_alone_with_its_declared_inputs(tmp_path, c / target, jobs, check)
 
     # make rerun TASK=L1_1_ReLU: that task's jobs and the campaign-wide ones, nothing else.
     verdicts = files(c, "offline/*/gen_*/verdicts/*.json")
@@ -308,18 +338,33 @@ ALONE = {
 }
 
 
-def runs_alone_with_its_declared_inputs(workdir: Path, target: Path, check) -> None:
-    """Copy only the inputs Snakemake lists for the job making ``target`` into an empty folder,
-    run the job's own command there, and ``check(made, target)`` its output: the
-    step reads nothing under the campaign folder that its rule does not declare. A declared
-    ``verdicts.json`` brings its generation's per-candidate ``verdicts/`` along: verify writes
-    them together (undeclared, see workflow/rules/verify.smk)."""
-    rel = target.relative_to(workdir)
-    r = subprocess.run(snakemake(workdir, "-n", "-p", "--forcerun", str(rel)),
+def planned_jobs(workdir: Path, targets: list[Path]) -> dict[str, str]:
+    """The job block (rule, input, output, shell command) Snakemake plans for each of
+    ``targets``, forced to run, by one dry run with the campaign's overrides: output path
+    relative to ``workdir`` -> its job's block."""
+    rels = [str(t.relative_to(workdir)) for t in targets]
+    r = subprocess.run(snakemake(workdir, "-n", "-p", "--forcerun", *rels, overrides=CAMPAIGN),
                        capture_output=True, text=True, env=env())
     assert r.returncode == 0, r.stderr[-3000:]
-    block = next(b for b in job_blocks(r.stdout + r.stderr)
-                 if str(rel) in re.search(r"\n\s+output: (.*)", b).group(1).split(", "))
+    blocks = {}
+    for block in job_blocks(r.stdout + r.stderr):
+        output = re.search(r"\n\s+output: (.*)", block)  # (none: the `all` target)
+        for out in output.group(1).split(", ") if output else []:
+            blocks[out] = block
+    assert set(rels) <= set(blocks), sorted(set(rels) - set(blocks))
+    return blocks
+
+
+def runs_alone_with_its_declared_inputs(workdir: Path, target: Path, jobs: dict[str, str],
+                                        check) -> None:
+    """Copy only the inputs Snakemake lists for the job making ``target`` (its block in
+    ``jobs``, from planned_jobs) into an empty folder, run the job's own command there, and
+    ``check(made, target)`` its output: the step reads nothing under the campaign folder that
+    its rule does not declare. A declared ``verdicts.json`` brings its generation's
+    per-candidate ``verdicts/`` along: verify writes them together (undeclared, see
+    workflow/rules/verify.smk)."""
+    rel = target.relative_to(workdir)
+    block = jobs[str(rel)]
     found = re.search(r"\n\s+input: (.*)", block)
     inputs = found.group(1).split(", ") if found else []
     command = re.search(r"Shell command: (.*)", block).group(1)
