@@ -29,10 +29,10 @@ with :func:`cached_load_inline`, which
 
 Builds happen in a private folder under ``TMPDIR`` (the sandbox's scratch); only the finished
 library is copied into the cache, under a lock per key, and renamed into place atomically. The
-library the process loaded stays in ``TMPDIR`` (:func:`_keep_loaded`): the verifier's
-``audit_provenance`` reads the candidate's kernels from the scratch folder and the cache, and a
-worker that built its own candidate (no prebuild, or a cache it may not write) had deleted the
-only copy it loaded.
+library the process loaded stays at its path in ``TMPDIR`` (:func:`_clear_build_dir`): the
+verifier's ``audit_provenance`` reads the candidate's kernels from the scratch folder and the
+cache, and a worker that built its own candidate (no prebuild, or a cache it may not write) had
+deleted the only copy it loaded; a candidate may also read the module's ``__file__``.
 """
 
 from __future__ import annotations
@@ -133,8 +133,7 @@ def cached_load_inline(*args, **kwargs):
                 os.replace(tmp, lib)
             return module
         finally:
-            _keep_loaded(built, build_dir, key)
-            shutil.rmtree(build_dir, ignore_errors=True)
+            _clear_build_dir(build_dir, built)
 
 
 def _build(original, a: dict[str, Any], build_dir: str, name: str):
@@ -206,15 +205,27 @@ def lighter_cuda_sources(cuda_sources: Any) -> list[str] | None:
     return [_EXTENSION_H.sub("", s) for s in sources]
 
 
-def _keep_loaded(built: Path, build_dir: str, key: str) -> None:
-    """Move the library this process loaded out of ``build_dir`` (about to be removed) into
-    ``TMPDIR``: the sandbox's scratch folder, where audit_provenance looks for the candidate's
-    kernels (and which goes with the worker)."""
+def _clear_build_dir(build_dir: str, built: Path) -> None:
+    """Remove the build folder, all but the library this process loaded: it stays where the
+    module's ``__file__`` says (a candidate may copy or dlopen it, as it may after torch's own
+    load_inline), in ``TMPDIR``, the sandbox's scratch folder, where audit_provenance looks for
+    the candidate's kernels (and which goes with the worker)."""
+    root = Path(build_dir)
     try:
-        if built.is_file() and Path(build_dir).resolve() in built.resolve().parents:
-            os.replace(built, Path(tempfile.gettempdir()) / f"inline-{key}-{built.name}")
+        keep = built.resolve() if built.is_file() and root.resolve() in built.resolve().parents \
+            else None
     except OSError:
-        pass
+        keep = None
+    if keep is None:
+        shutil.rmtree(root, ignore_errors=True)
+        return
+    for entry in root.iterdir():
+        if entry.resolve() == keep:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _torch_load_inline():
