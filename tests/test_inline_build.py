@@ -50,8 +50,8 @@ def fake_load_inline(builds: list):
             with_cuda=bool(cuda), with_sycl=False, is_python_module=True, is_standalone=False)
         name = f"{name}_v{version}" if version else name
         if "needs: torch/extension.h" in cuda and "torch/extension.h>" not in cuda:
-            raise RuntimeError(f"Error building extension '{name}': cuda.cu:9: error: "
-                               "'torch::nn' has not been declared")
+            raise RuntimeError(f"Error building extension '{name}': FAILED: cuda.cuda.o\n"
+                               "cuda.cu:9: error: 'torch::nn' has not been declared")
         value = cpp_sources if isinstance(cpp_sources, str) else cpp_sources[0]
         src = Path(build_directory) / "m.c"
         src.write_text(f"""
@@ -212,3 +212,12 @@ def test_real_load_inline_cpu_is_cached(monkeypatch):
     assert inline.cached_load_inline("assay_twice", src, functions=["twice"]).twice(21) == 42
     assert inline.cached_load_inline("assay_twice", src, functions=["twice"]).twice(4) == 8
     assert len(calls) == 1
+
+
+def test_a_light_build_failing_in_the_cpp_file_is_not_built_again(builds):
+    """The swap changes the CUDA file only: a failure in the C++ file (main.o) is the build's
+    own, reported at once rather than after a second build that fails the same way."""
+    light = "#include <torch/extension.h>\n__global__ void k() {}\n"
+    with pytest.raises(BuildError) as e:
+        inline.cached_load_inline("ext_o", "4 +* 1", cuda_sources=light)
+    assert len(builds) == 1 and "error" in e.value.log

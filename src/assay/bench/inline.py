@@ -138,20 +138,30 @@ def cached_load_inline(*args, **kwargs):
 
 def _build(original, a: dict[str, Any], build_dir: str, name: str):
     """torch's load_inline into ``build_dir``: first with the lighter CUDA header where it
-    applies, then (that build failing) the sources as written; a failure of the latter is a
-    BuildError with its whole log."""
+    applies, then (that build failing in the CUDA file) the sources as written; a failure of
+    the build that counts is a BuildError with its whole log."""
     a = {**a, "build_directory": build_dir}
     light = lighter_cuda_sources(a.get("cuda_sources"))
     if light is not None:
-        before = _version_entry(name)
+        versions = _torch_build_counts()
+        before = versions.get(name)
         try:
             return original(**{**a, "cuda_sources": light})
         except (RuntimeError, subprocess.CalledProcessError) as e:
-            if "Error building extension" not in str(e):
+            text = str(e)
+            if "Error building extension" not in text:
                 raise
+            if "FAILED: cuda.cuda.o" not in text:  # the C++ file, which the swap leaves as it
+                raise BuildError(f"load_inline build of {name!r} failed",  # was: same failure
+                                 _ninja_log(text)) from None
             print(f"[assay] {name}: the build with torch/types.h in place of torch/extension.h "
                   "failed; building the sources as written", file=sys.stderr, flush=True)
-            _version_entry(name, restore=before)
+            # torch numbers a name's builds per process (other sources: NAME_v1, whose library
+            # the cache's import by NAME cannot load): the failed attempt is forgotten
+            if before is None:
+                versions.pop(name, None)
+            else:
+                versions[name] = before
     try:
         return original(**a)
     except (RuntimeError, subprocess.CalledProcessError) as e:
@@ -161,28 +171,13 @@ def _build(original, a: dict[str, Any], build_dir: str, name: str):
         raise BuildError(f"load_inline build of {name!r} failed", _ninja_log(text)) from None
 
 
-_UNSET = object()
-
-
-def _version_entry(name: str, restore: Any = _UNSET) -> Any:
-    """torch's per-process count of the builds of extension ``name`` (another build of the name
-    with other sources is NAME_v1, whose init symbol the cache's import by NAME cannot find,
-    and which the cache therefore does not take): read, or put back as it was before a failed
-    light build, so the build as written keeps the name. (Not dropped for every build: torch
-    returns the module already loaded under a name, and the count is what gives a second
-    build in one process a name of its own.)"""
+def _torch_build_counts() -> dict:
+    """torch's per-process count of each extension name's builds (its JIT versioner's entries;
+    an empty dict where a torch version keeps none)."""
     from torch.utils import cpp_extension
 
     entries = getattr(getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None), "entries", None)
-    if not isinstance(entries, dict):
-        return None
-    if restore is _UNSET:
-        return entries.get(name)
-    if restore is None:
-        entries.pop(name, None)
-    else:
-        entries[name] = restore
-    return restore
+    return entries if isinstance(entries, dict) else {}
 
 
 _EXTENSION_H = re.compile(r"^[ \t]*#[ \t]*include[ \t]*[<\"]torch/extension\.h[>\"][^\n]*$", re.M)
