@@ -6,8 +6,8 @@ machine has Python 3.12, torch and Triton but no network):
 
 The distributions and their exact versions are this checkout's virtualenv's (``make install``
 pins them): the closure of the roots' requirements (markers for Linux and Python 3.12), less
-what torch itself needs (a wheel of ours ahead of torch's own typing_extensions or jinja2 on
-PYTHONPATH could break its import) and less numpy. Each is fetched as a CPython 3.12 manylinux
+torch's own closure (a wheel of ours ahead of torch's typing_extensions or jinja2 on PYTHONPATH
+could break its import), Triton and numpy. Each is fetched as a CPython 3.12 manylinux
 x86_64 or pure wheel; one published only as a source archive is built into a wheel here (pure
 Python ones only: a compiled one built here would be for this machine's Python). Prints each
 wheel and the total size (the device tool carries 64 MiB a call, the working tree included).
@@ -30,9 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 # what the GPU steps import beyond torch (assay.verify, assay.bench, gpu_phases.sh's phases)
 BASE = ("hydra-core", "omegaconf", "psutil", "rich", "filelock")
 PIPELINE = ("snakemake",)
-# the GPU machine's torch brings these (and numpy is there): never shadowed by ours
-ON_THE_MACHINE = {"torch", "triton", "numpy", "typing-extensions", "jinja2", "markupsafe",
-                  "filelock", "sympy", "mpmath", "networkx", "fsspec", "setuptools"}
+# the GPU machine's torch and what it requires (read from this venv's torch: the same
+# requirements), Triton and numpy: never shadowed by ours
+ALSO_ON_THE_MACHINE = {"triton", "numpy"}
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64")
 # the GPU machine: Linux x86_64, CPython 3.12
@@ -68,6 +68,11 @@ def closure(roots: tuple[str, ...]) -> dict[str, str]:
     return found
 
 
+def on_the_machine() -> set[str]:
+    """What the GPU machine has: torch's closure and ALSO_ON_THE_MACHINE."""
+    return set(closure(("torch",))) | ALSO_ON_THE_MACHINE
+
+
 def fetch(name: str, version: str, dest: Path) -> Path:
     """One wheel of ``name==version`` for the GPU machine into ``dest``."""
     before = set(dest.iterdir())
@@ -100,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     dest = Path(args.dest)
     dest.mkdir(parents=True, exist_ok=True)
     wanted = closure(BASE + (PIPELINE if args.pipeline else ()))
-    wanted = {n: v for n, v in wanted.items() if n not in ON_THE_MACHINE}
+    wanted = {n: v for n, v in wanted.items() if n not in on_the_machine()}
     total = 0
     for i, (name, version) in enumerate(sorted(wanted.items()), 1):
         wheel = fetch(name, version, dest)
