@@ -15,7 +15,7 @@
 #               XDIST: pytest-xdist workers (default: one per GPU where there are several);
 #               ZOO_TRANSFER=cuda_ipc: the zoo with the worker's data in device memory
 #   audit       benchmarks/audit_overhead.py --device cuda (issue #19's last line)
-#   triton      benchmarks/triton_evidence.sh (issue #20)
+#   triton      benchmarks/triton_evidence.sh (issue #20); PARTS: which of its parts (default all)
 #   streams     benchmarks/probe_streams.py on PROBE (KernelBench task files; default L2_19 and
 #               L2_34): the streams each reference's kernels run on, as the audit sees them
 #   inline      benchmarks/inline_build.py (issue #16: a load_inline candidate's cold build per
@@ -43,7 +43,11 @@ if [ ! -d "$S" ] && [ -f .dev/state.tgz ]; then mkdir -p "$S" && tar xzf .dev/st
 mkdir -p "$S"
 . benchmarks/device_env.sh "$S/device.txt" || exit 1
 echo "phases: $*" | tee -a "$S/device.txt"
-gpus=$(nvidia-smi -L | wc -l)  # several: the phases spread over them (selfcheck, redteam, gputests)
+# the GPUs this run may use: CUDA_VISIBLE_DEVICES where set (a lane of gpu_lanes.sh), else every
+# one; several: the phases spread over them (selfcheck, redteam, gputests)
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then IFS=, read -ra gpu_ids <<< "$CUDA_VISIBLE_DEVICES"
+else mapfile -t gpu_ids < <(seq 0 $(( $(nvidia-smi -L | wc -l) - 1 ))); fi
+gpus=${#gpu_ids[@]}
 
 # run_for SECONDS LOG CMD...: CMD in its own process group, killed with it after SECONDS
 run_for() {
@@ -80,12 +84,12 @@ for phase in "$@"; do
         for k in $(seq 0 $((gpus - 1))); do
           d="$S/selfcheck-gpu$k"; mkdir -p "$d"; cp "$S/selfcheck/selfcheck.jsonl" "$d/" 2>/dev/null
           wc -l < "$d/selfcheck.jsonl" > "$d/seed_lines" 2>/dev/null || echo 0 > "$d/seed_lines"
-          CUDA_VISIBLE_DEVICES=$k ASSAY_HOST_SHARE=$gpus SHARED_RUN=1 \
+          CUDA_VISIBLE_DEVICES=${gpu_ids[$k]} ASSAY_HOST_SHARE=${ASSAY_HOST_SHARE:-$gpus} SHARED_RUN=1 \
             run_for $((secs + 40)) "$S/selfcheck-gpu$k.log" \
             python3 benchmarks/kb_selfcheck.py "${selfcheck_args[@]}" --out "$d" \
             --shard "$k/$gpus" > /dev/null &
         done
-        wait; pkill -9 -f "assay.verify.sandbox" 2>/dev/null
+        wait; [ -n "${LANE:-}" ] || pkill -9 -f "assay.verify.sandbox" 2>/dev/null
         for k in $(seq 0 $((gpus - 1))); do
           d="$S/selfcheck-gpu$k"
           # (a row torn by a kill gets its line ended: the next shard's rows start their own)
@@ -141,4 +145,4 @@ for phase in "$@"; do
     *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, inline, batch, verify1, streams, synthkb)" ;;
   esac
 done
-tar czf "$OUT/state.tgz" -C "$S" . && ls -la "$OUT"
+[ -n "${LANE:-}" ] || { tar czf "$OUT/state.tgz" -C "$S" . && ls -la "$OUT"; }

@@ -27,14 +27,14 @@ sys.path.insert(0, str(ROOT / "tests"))
 from redteam.generate import Variant, generate, sample, write  # noqa: E402
 
 
-def _pin_gpu(counter, gpus: int) -> None:
-    """Pool initializer: worker i verifies on GPU i mod ``gpus`` (set before torch loads)."""
+def _pin_gpu(counter, gpu_ids: list[str]) -> None:
+    """Pool initializer: worker i verifies on GPU ``gpu_ids[i mod N]`` (set before torch loads)."""
     import os
 
     with counter.get_lock():
         i = counter.value
         counter.value += 1
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu_ids[i % len(gpu_ids)]
 
 
 def _one(v: Variant, path: str, budget_s: float) -> dict:
@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=[], help="variants whose id contains any of these")
     ap.add_argument("--budget-s", type=float, default=0.1, help="timing budget per candidate")
     ap.add_argument("--gpus", type=int, default=1,
-                    help="cuda: spread the workers over this many GPUs (worker i on GPU i mod N)")
+                    help="cuda: spread the workers over this many of the visible GPUs "
+                         "(worker i on the (i mod N)-th)")
     a = ap.parse_args(argv)
     if a.workers < 1 or a.gpus < 1:
         ap.error("--workers and --gpus must be at least 1")
@@ -145,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     ctx = multiprocessing.get_context("spawn")  # the parent never forks a process holding CUDA
     pin = {}
     if a.target == "cuda" and a.gpus > 1:
-        pin = {"initializer": _pin_gpu, "initargs": (ctx.Value("i", 0), a.gpus)}
+        from assay.gpu import visible_gpus  # the ids this run was given (a lane's, say)
+
+        ids = (visible_gpus() or [str(k) for k in range(a.gpus)])[:a.gpus]
+        pin = {"initializer": _pin_gpu, "initargs": (ctx.Value("i", 0), ids)}
     with ProcessPoolExecutor(a.workers, mp_context=ctx, **pin) as pool, results.open("a") as f:
         futs = {pool.submit(_one, v, str(paths[v.id]), a.budget_s): v for v in todo}
         for i, fut in enumerate(as_completed(futs), 1):

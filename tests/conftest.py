@@ -9,11 +9,14 @@ import textwrap
 from pathlib import Path
 
 # GPU tests spread over a machine's GPUs: with pytest-xdist and GPU_TESTS_SPREAD=N, worker gwK
-# sees GPU K mod N only (set before torch touches CUDA: `-n N` on a machine of N GPUs runs the
-# cuda zoo N times as fast, no test sharing a GPU's timing with another)
+# sees the (K mod N)-th visible GPU only (set before torch touches CUDA: `-n N` on a machine of
+# N GPUs runs the cuda zoo N times as fast, no test sharing a GPU's timing with another)
 if os.environ.get("GPU_TESTS_SPREAD") and (m := re.fullmatch(
         r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))):
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(int(m[1]) % int(os.environ["GPU_TESTS_SPREAD"]))
+    _ids = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()] \
+        or [str(k) for k in range(int(os.environ["GPU_TESTS_SPREAD"]))]
+    os.environ["CUDA_VISIBLE_DEVICES"] = _ids[int(m[1]) % min(len(_ids), int(
+        os.environ["GPU_TESTS_SPREAD"]))]
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
