@@ -8,14 +8,14 @@
 #   4. with KB=/path/to/KernelBench/KernelBench/level1: the same pair of campaigns on its first
 #      ${KB_LIMIT:-20} tasks
 #   wheels: `python3 benchmarks/device_wheels.py --pipeline` into .whl/ (carried)
-# PARTS: the parts to run, of "zoo synth-triton synth-cuda campaigns" (default: all, in that
+# PARTS: the parts to run (spaces or commas), of "zoo synth-triton synth-cuda campaigns" (default: all, in that
 # order); two gpu_lanes.sh lanes can take different parts on different GPUs of one machine.
 set -uo pipefail
 OUT=${OUT:-/tmp/assay-out}
 mkdir -p "$OUT"
 . benchmarks/device_env.sh "$OUT/device.txt" || exit 1
 
-PARTS=" ${PARTS:-zoo synth-triton synth-cuda campaigns} "
+PARTS=" $(echo ${PARTS:-zoo synth-triton synth-cuda campaigns} | tr , " ") "
 part() { [[ $PARTS == *" $1 "* ]]; }
 
 part zoo && python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k triton -s 2>&1 \
