@@ -8,8 +8,8 @@
 #   4. with KB=/path/to/KernelBench/KernelBench/level1: the same pair of campaigns on its first
 #      ${KB_LIMIT:-20} tasks
 #   wheels: `python3 benchmarks/device_wheels.py --pipeline` into .whl/ (carried)
-# PARTS: the parts to run (spaces or commas), of "zoo synth-triton synth-cuda campaigns" (default: all, in that
-# order); two gpu_lanes.sh lanes can take different parts on different GPUs of one machine.
+# PARTS: the parts to run (spaces or commas), of "zoo synth-triton synth-cuda campaigns"
+# (default: all, in that order); gpu_lanes.sh's lanes can take different parts on different GPUs.
 set -uo pipefail
 OUT=${OUT:-/tmp/assay-out}
 mkdir -p "$OUT"
