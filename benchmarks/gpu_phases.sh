@@ -30,7 +30,10 @@
 #               verdicts with their `times` in $S/verify1/ (issue #16's single-verification line)
 #   synthkb     the offline synthesizer on KernelBench (issue #17), resumable; LEVELS=1,
 #               VARIANTS / MUTATIONS (synth_suite's defaults), TASKS: id globs, SAMPLE: tasks
-#               per level (seeded), LIMIT: undecided tasks taken per call
+#               per level (seeded), LIMIT: undecided tasks taken per call; KERNELS=triton: the
+#               Triton forms, into $S/synthkb-triton
+#   joins       benchmarks/probe_joins.py: the stream waits the audit sees of a joined side
+#               stream (issue #19)
 # Needs: the wheels in .whl/ (`python3 benchmarks/device_wheels.py`, with --pipeline for the
 # triton phase's campaigns: snakemake's closure, ~29 MiB) and KernelBench in .kb/ (a copy of
 # ../shared/kernelbench), both carried. Example, two calls on one warm machine:
@@ -116,8 +119,9 @@ for phase in "$@"; do
     triton)
       OUT=$S/triton run_for "$secs" "$S/triton.log" bash benchmarks/triton_evidence.sh ;;
     synthkb)
-      run_for "$secs" "$S/synthkb.log" python3 benchmarks/synth_suite.py --source .kb \
-        --levels "${LEVELS:-1}" --out "$S/synthkb" --budget-s $((secs - 60)) --grace-s 30 \
+      run_for "$secs" "$S/synthkb${KERNELS:+-$KERNELS}.log" python3 benchmarks/synth_suite.py \
+        --source .kb ${KERNELS:+--kernels $KERNELS} --levels "${LEVELS:-1}" \
+        --out "$S/synthkb${KERNELS:+-$KERNELS}" --budget-s $((secs - 60)) --grace-s 30 \
         ${VARIANTS:+--variants $VARIANTS} ${MUTATIONS:+--mutations $MUTATIONS} \
         ${TASKS:+--tasks "$TASKS"} ${SAMPLE:+--sample $SAMPLE} ${LIMIT:+--limit $LIMIT} ;;
     inline)
@@ -139,10 +143,12 @@ for phase in "$@"; do
         run_for "$secs" "$S/verify1.log" python3 -m assay.cli verify --task "$task" \
           --candidate "$cand" --device cuda --transfer "$tr" --json "$S/verify1/$tr.json"
       done ;;
+    joins)
+      run_for "$secs" "$S/joins.log" python3 benchmarks/probe_joins.py --out "$S/joins.md" ;;
     streams)
       run_for "$secs" "$S/streams.md" python3 benchmarks/probe_streams.py \
         ${PROBE:-.kb/level2/19_ConvTranspose2d_GELU_GroupNorm.py .kb/level2/34_ConvTranspose3d_LayerNorm_GELU_Scaling.py} ;;
-    *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, inline, batch, verify1, streams, synthkb)" ;;
+    *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, inline, batch, verify1, streams, synthkb, joins)" ;;
   esac
 done
 [ -n "${LANE:-}" ] || { tar czf "$OUT/state.tgz" -C "$S" . && ls -la "$OUT"; }
