@@ -150,6 +150,7 @@ def test_staged_copies_between_device_and_host_are_exact(monkeypatch):
     from assay.verify import worker
 
     monkeypatch.setattr(worker, "STAGE_B", 1 << 12)
+    monkeypatch.setattr(worker, "STAGE_MIN_B", 1 << 10)  # (12 kB, staged: over this floor)
     monkeypatch.setattr(worker, "_STAGE", [])
     x = torch.randn(3001, device="cuda")
     host = torch.empty(3001)

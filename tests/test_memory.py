@@ -68,7 +68,10 @@ def _shapes(in_b, out_b, params_b=0) -> TaskShapes:
                       out_b, 2 * out_b)
 
 
-PROTO = Protocol.of(VerifyConfig())
+# The host transfer's protocol: the plans below are the host path's numbers (on cuda the
+# default cuda_ipc is weighed against it: test_plan_transfers_takes_the_lighter_path)
+HOST = VerifyConfig(transfer="host")
+PROTO = Protocol.of(HOST)
 
 
 def test_protocol_counts_the_default_config():
@@ -107,7 +110,7 @@ def test_cpu_target_counts_everything_against_host_memory():
 
 
 def test_planner_scales_with_the_protocol():
-    cfg = VerifyConfig(timing_sets=1, swap_sets=0)
+    cfg = VerifyConfig(timing_sets=1, swap_sets=0, transfer="host")
     s = _shapes(GiB, GiB)
     lean = plan(s, Protocol.of(cfg), "cuda", None, None)
     full = plan(s, PROTO, "cuda", None, None)
@@ -312,6 +315,29 @@ def test_kernelbench_tasks_on_h100_and_h200_numbers(stem, box, fits, steps):
     # float64 kept for the correctness sets only is a host placement's step; else nothing
     # of the references fits beside the sets on an 80 GB card: recomputed
     assert p.placement == ("host" if "float64" in steps else "recompute")
+
+
+@pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")
+@pytest.mark.parametrize("stem, box, transfer", [
+    # small tensors: the default's arenas in device memory fit as well as the host's (a tie
+    # keeps the config's cuda_ipc)
+    ("42_Max_Pooling_2D", (139, 120), "cuda_ipc"),
+    # 6 GiB per input and output: the arenas on the GPU would cost a check the host keeps
+    ("24_LogSoftmax", (79, 120), "host"),
+])
+def test_plan_transfers_takes_the_lighter_path(stem, box, transfer):
+    from assay.verify.memory import plan_transfers
+
+    s = task_shapes(Task.from_file(KERNELBENCH / "level1" / f"{stem}.py").module())
+    cfg = VerifyConfig()
+    assert cfg.transfer == "cuda_ipc"
+    p = plan_transfers(s, cfg, "cuda:0", box[0] * GiB, box[1] * GiB)
+    both = [plan(s, Protocol.of(VerifyConfig(transfer=t)), "cuda", box[0] * GiB, box[1] * GiB)
+            for t in ("cuda_ipc", "host")]
+    assert p.fits and p.protocol.transfer == transfer, [(b.fits, b.reductions) for b in both]
+    assert len(p.reductions) == min(len(b.reductions) for b in both if b.fits)
+    # the cpu target plans its one memory whatever the config says
+    assert plan_transfers(s, cfg, "cpu", None, None).protocol.transfer == "cuda_ipc"
 
 
 def test_a_few_rounding_outliers_pass_in_a_large_output_and_never_many_or_in_a_small_one():

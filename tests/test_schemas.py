@@ -65,7 +65,7 @@ def test_a_bad_value_in_a_config_file_fails_too(tmp_path, monkeypatch):
 
     shutil.copytree(config_dir(), tmp_path / "config")
     strict = tmp_path / "config" / "verify" / "strict.yaml"
-    strict.write_text(strict.read_text().replace("transfer: host", "transfer: pcie"))
+    strict.write_text(strict.read_text().replace("transfer: cuda_ipc", "transfer: pcie"))
     monkeypatch.setenv(assay_env.CONFIG_DIR.name, str(tmp_path / "config"))
     with pytest.raises(ConfigError) as e:
         compose([])

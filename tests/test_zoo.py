@@ -72,13 +72,13 @@ def zoo_task(rel: str, root: Path = ZOO) -> Task:
 
 
 def zoo_config(meta: dict) -> VerifyConfig:
-    """The zoo's verify settings; ZOO_TRANSFER=cuda_ipc runs the cases with the worker's inputs
-    and outputs in device memory (the cuda zoo must hold there before that path is a default)."""
+    """The zoo's verify settings; on cuda the cases run on the default transfer (cuda_ipc: the
+    worker's inputs and outputs in device memory), ZOO_TRANSFER=host on the shared-file path."""
     c = meta["CONFIG"]
     return VerifyConfig(policy=meta["POLICY"], budget_s=0.1, warmup_s=0.02, min_runs=10,
                         max_runs=20, timeout_s=c.get("timeout_s", 300),
                         limits=SandboxLimits(memory_gb=c.get("memory_gb", 32)),
-                        transfer=Transfer(os.environ.get("ZOO_TRANSFER", "host")))
+                        transfer=Transfer(os.environ.get("ZOO_TRANSFER", Transfer.cuda_ipc)))
 
 
 def prepared(task: Task, device: str = "cpu") -> Prepared:

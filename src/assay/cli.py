@@ -326,9 +326,10 @@ def parser() -> argparse.ArgumentParser:
                    help="strict: custom kernels only, any library or ATen compute op "
                         "rejects; permissive: library calls allowed and reported")
     v.add_argument("--transfer", choices=["host", "cuda_ipc"], default=None,
-                   help="how the sandboxed worker's inputs and outputs travel (default: the "
-                        "config's verify.transfer, host: shared host memory; cuda_ipc: device "
-                        "memory, cuda only, far less copying for KernelBench's largest tasks)")
+                   help="how the sandboxed worker's inputs and outputs travel on cuda (default: "
+                        "the config's verify.transfer, cuda_ipc: device memory, far less "
+                        "copying for KernelBench's largest tasks; host: shared host memory, "
+                        "what cpu always uses)")
     v.add_argument("--size", default="auto", choices=["auto", "large", "medium", "small"],
                    help="task size (auto: the task's own on cuda, its medium variant on cpu "
                         "where it has one, else its small one)")

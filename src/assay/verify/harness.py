@@ -363,7 +363,7 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
             v.verify_s = time.perf_counter() - t0
             return v.finish()
 
-    transfer = cfg.transfer if prep.device.startswith("cuda") else "host"
+    transfer = prep.transfer  # the memory plan's (assay.verify.memory.plan_transfers)
     for attempt in (transfer, "host"):
         with WorkerRun(prep, Path(candidate), cfg, times, attempt) as w:
             try:

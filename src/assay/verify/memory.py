@@ -476,11 +476,26 @@ def free_memory(device: str) -> tuple[int | None, int | None]:
     return dev, host
 
 
+def plan_transfers(shapes: TaskShapes, cfg, device: str, device_free_b: int | None,
+                   host_free_b: int | None) -> Plan:
+    """:func:`plan` for the config's transfer and, on cuda with ``transfer: cuda_ipc`` (the
+    arenas in device memory), for ``host`` too: the one that fits with fewer reductions, the
+    config's on a tie. Its ``protocol.transfer`` says which the worker is to use (a task
+    whose sets fill the GPU keeps its arenas on the host rather than lose a check)."""
+    kind = device.split(":")[0]
+    protos = [Protocol.of(cfg)]
+    if kind == "cuda" and protos[0].transfer != "host":
+        protos.append(replace(protos[0], transfer="host"))
+    plans = [plan(shapes, p, kind, device_free_b, host_free_b) for p in protos]
+    return min(plans, key=lambda p: (not p.fits, len(p.reductions)))  # ties: the first
+
+
 def plan_task(task, device: str, cfg) -> Plan | None:
     """The plan of verifying ``task`` on ``device`` now (its free memory), or None when the
-    task's shapes cannot be found without running it (verification then goes ahead unplanned)."""
+    task's shapes cannot be found without running it (verification then goes ahead unplanned);
+    :func:`plan_transfers` chooses the transfer."""
     shapes, _why = shapes_or_none(task.module())
     if shapes is None:
         return None
     dev_free, host_free = free_memory(device)
-    return plan(shapes, Protocol.of(cfg), device.split(":")[0], dev_free, host_free)
+    return plan_transfers(shapes, cfg, device, dev_free, host_free)

@@ -170,6 +170,7 @@ class Prepared:
     # "recompute": the sets on the device, the references made again when compared
     reductions: dict[str, str] = field(default_factory=dict)  # the memory plan's lighter protocol
     one_landing: bool = False        # one landing buffer for every verified call (handshake)
+    transfer: str = "host"           # the worker's arenas: host, or cuda_ipc (the plan's choice)
     # (shape, dtype, strides as the forward returned them) of each output, the same every set
     out_meta: list[tuple] = field(default_factory=list)
     _inputs: dict[str, Any] | None = field(default=None, repr=False)
@@ -381,7 +382,8 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
                     _degenerate(refs, refs64, stats, dists, check, cfg, device),
                     max(out_bytes, 1 << 20), placement="recompute" if recompute else keep,
                     reductions=dict(plan.reductions) if plan is not None else {},
-                    one_landing=proto.one_landing, out_meta=out_meta)
+                    one_landing=proto.one_landing, out_meta=out_meta,
+                    transfer=proto.transfer if device.startswith("cuda") else "host")
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     prep.prepare_s = time.perf_counter() - t0

@@ -149,16 +149,10 @@ def _memory_plan(task: Task, device: str, cfg: VerifyConfig, share: int):
     if shapes is None:
         return None, True, cfg
     dev_free, host_free = memory.free_memory(device)
-    kind = device.split(":")[0]
-    cfgs = [cfg] + ([dataclasses.replace(cfg, transfer="host")]
-                    if kind == "cuda" and cfg.transfer != "host" else [])
-
-    def lightness(p) -> tuple:
-        return (not p.fits, len(p.reductions))
 
     def best(d: int | None, h: int | None):
-        plans = [(memory.plan(shapes, memory.Protocol.of(c), kind, d, h), c) for c in cfgs]
-        return min(plans, key=lambda pc: lightness(pc[0]))  # ties: the first (cfg's own)
+        p = memory.plan_transfers(shapes, cfg, device, d, h)
+        return p, dataclasses.replace(cfg, transfer=p.protocol.transfer)
 
     plan, use = best(dev_free, host_free)
     if not plan.fits or share <= 1:

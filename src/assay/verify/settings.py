@@ -88,7 +88,9 @@ class VerifyConfig:
     perturb_timed_inputs: bool = True
     # How long outputs must stay unchanged after forward returns (work left on a thread shows).
     settle_s: float = 0.02
-    # How tensors reach the worker and come back: host (a shared memory file, both targets) or
-    # cuda_ipc (device memory shared with CUDA IPC from a private memory pool; cuda only).
-    transfer: Transfer = Transfer.host
+    # How tensors reach the worker and come back: cuda_ipc (device memory shared with CUDA IPC
+    # from a private memory pool; on cuda only: cpu always uses host) or host (a shared memory
+    # file). On cuda the memory plan takes host instead where that keeps more of the protocol
+    # (assay.verify.memory.plan_transfers).
+    transfer: Transfer = Transfer.cuda_ipc
     limits: SandboxLimits = field(default_factory=SandboxLimits)
