@@ -317,6 +317,7 @@ def arena_view(arenas: dict[str, torch.Tensor], desc: dict[str, Any]) -> torch.T
 # in; staged, torch's multi-threaded host copy touches them (KernelBench's 6 GiB elementwise
 # inputs: the harness's input arena 28-43 s before, 3-9 s after).
 STAGE_B = 256 << 20
+CUDA_HOST_THREADS = 8  # torch's intra-op threads in a cuda worker (run)
 STAGE_MIN_B = 16 << 20
 _STAGE: list[torch.Tensor] = []  # the pinned buffer, made once per process
 
@@ -826,6 +827,10 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
         # An explicit index: "cuda" alone is refused by set_device and synchronize.
         device = torch.device("cuda", device.index if device.index is not None else 0)
         torch.cuda.set_device(device)
+        # The host side of a cuda worker is copies (the staged transfers, the arenas): a few
+        # threads saturate them, while torch's pool of a thread per core on a 64-core host
+        # spent the sandbox's CPU-time limit (900 s) in 54 s of KernelBench's L1_37 (H200).
+        torch.set_num_threads(min(torch.get_num_threads(), CUDA_HOST_THREADS))
     torch.set_grad_enabled(False)
     # The arithmetic the reference and the baselines used (true fp32 unless the config allows
     # tf32), set before the candidate loads: changing it is then a global_state rejection.
