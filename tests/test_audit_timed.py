@@ -126,6 +126,66 @@ def test_trace_counts_kernels_on_other_streams_and_the_waits_that_join_them():
     assert trace["side"] == [1, 1, 0] and trace["joins"] == [0, 2, 0]
 
 
+class _OldKinetoEvent:
+    """A kineto event as torch before 2.12 gives it (the GPU machine's 2.11): no
+    ``activity_type``; a kernel is linked to the CPU op it was launched under."""
+
+    def __init__(self, name, start, end, corr=0, linked=0, device="cpu", stream=None):
+        self._v = (name, start, end, corr, linked, device, stream)
+
+    def name(self):
+        return self._v[0]
+
+    def start_ns(self):
+        return self._v[1]
+
+    def end_ns(self):
+        return self._v[2]
+
+    def correlation_id(self):
+        return self._v[3]
+
+    def linked_correlation_id(self):
+        return self._v[4]
+
+    def device_type(self):
+        return self._v[5]
+
+    def start_thread_id(self):
+        return 1
+
+    def device_resource_id(self):
+        return self._v[6]
+
+
+def test_stream_waits_join_on_a_torch_without_activity_types():
+    """The H200's torch 2.11 gave its events no activity type, and the worker dropped every
+    runtime call: a side stream joined back with wait_stream read as unjoined, and 13 honest
+    red-team variants were refused. The waits are told by name there."""
+    from assay.verify.worker import _event
+
+    E = _OldKinetoEvent
+    raw = [
+        E("aten::fill_", 50, 60, corr=10), E("hold", 55, 95, linked=10, device="cuda", stream=7),
+        E(CALL_RANGE, 100, 200, corr=1),                                 # side stream, no wait
+        E("aten::gelu", 110, 120, corr=11),
+        E("cudaLaunchKernel", 112, 118, corr=901),                       # dropped: not a wait
+        E(CALL_RANGE, 300, 400, corr=2),                                 # side stream, joined
+        E("cudaStreamWaitEvent", 305, 308, corr=903),
+        E("aten::gelu", 310, 320, corr=12),
+        E("cudaStreamWaitEvent", 330, 333, corr=905),
+        E(CALL_RANGE, 500, 600, corr=3),                                 # the caller's stream
+        E("aten::gelu", 510, 520, corr=13),
+        E("gelu", 120, 150, linked=11, device="cuda", stream=13),
+        E("gelu", 320, 350, linked=12, device="cuda", stream=13),
+        E("gelu", 520, 550, linked=13, device="cuda", stream=7),
+    ]
+    events = [d for e in raw if (d := _event(e, "cpu")) is not None]
+    assert [e["name"] for e in events if e["act"] == "cuda_runtime"] == ["cudaStreamWaitEvent"] * 2
+    trace = attribute_trace(events, cuda=True)
+    assert trace["side"] == [1, 1, 0] and trace["joins"] == [0, 2, 0]
+
+
 def test_a_library_ops_own_streams_are_not_a_side_stream():
     """cuDNN's FFT convolutions fork onto streams of their own inside the ATen op, joined by
     waits the trace does not show (H200, KernelBench L2_19, 2026-11-28): an op that launched

@@ -564,12 +564,25 @@ class CallAudit:
         return out
 
 
+# A stream wait as kineto names the runtime or driver call, _ptsz forms included
+# (attribute_trace's "joins")
+STREAM_WAITS = ("cudaStreamWaitEvent", "cuStreamWaitEvent")
+
+
 def _event(e: Any, cpu_type: Any) -> dict[str, Any] | None:
     """A kineto event as plain data (the fields the attribution reads), or None for one it
-    does not read (about 5 us an event: a trace holds every call's)."""
+    does not read (about 5 us an event: a trace holds every call's).
+
+    Torch before 2.12 (the GPU machine's 2.11) has no ``activity_type`` on its events: there
+    the stream waits are told by name, and no other runtime call is kept (kernels are then
+    attributed through the CPU op they are linked to). Without this every joined side stream
+    read as unjoined: 13 honest red-team variants were refused for ``stream_ordered`` on an
+    H200 (docs/evidence/2026-11-28-h200x4-lanes.md). A range the candidate names like a wait
+    could pass for one there, as any record of this process can be forged (docs/ARCHITECTURE.md,
+    "What the worker's report can prove")."""
     act = getattr(e, "activity_type", None)
-    act = act() if callable(act) else ""
     name = e.name()
+    act = act() if callable(act) else "cuda_runtime" if name.startswith(STREAM_WAITS) else ""
     cpu = e.device_type() == cpu_type
     if cpu and not (name.startswith(("aten::", TRITON_RANGE, *COMPILED_MARKS))
                     or name == CALL_RANGE or act in ("cuda_runtime", "cuda_driver")):
@@ -661,7 +674,7 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
             i = call_of(e["start"])
             if i >= 0:
                 add(i, e["name"], "interpreted", 0.0, self_ns.get(id(e), 0) / 1e3)
-        elif "StreamWaitEvent" in e["name"] and (i := call_of(e["start"])) >= 0:
+        elif e["name"].startswith(STREAM_WAITS) and (i := call_of(e["start"])) >= 0:
             joins[i] += 1
     if cuda:
         launcher = launcher_of(cpu)
