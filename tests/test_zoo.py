@@ -622,3 +622,15 @@ def test_interpreted_triton_kernels_show_in_the_cpu_audit():
     assert "triton::gelu_kernel" in v.kernels_launched, v.kernels_launched
     assert "all running the same code" in v.checks["audit_consistency"]["detail"]
     assert times["worker.first_call_s"] > 0 and "worker.load_s" in times
+
+
+def test_a_passed_precision_check_says_how_close_it_came():
+    """An accepted kernel's precision check names its closest call to the float64 bound (the
+    cuda red team accepted a bf16-input MSE that the cpu run rejects by 5x: a pass that says
+    nothing of its margin hides how near a trick came)."""
+    v = run_case("honest_mse_cpp")
+    assert v.accepted, v.reasons
+    detail = v.checks["precision"]["detail"]
+    assert "of the bound" in detail and "allowed" in detail and "sqrt(" in detail, detail
+    ratio = float(detail.split("(closest, ")[1].split(" of the bound")[0])
+    assert 0.0 <= ratio <= 1.0, detail

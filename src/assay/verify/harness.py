@@ -522,6 +522,8 @@ class _OutputFindings:
     aliased: list[str] = field(default_factory=list)     # shares memory with an input
     changed: list[str] = field(default_factory=list)     # inputs modified in place
     precision: list[str] = field(default_factory=list)   # over the float64 error bound
+    # the correctness sets' closest call to that bound (ratio, its detail): said on a pass too
+    nearest_bound: tuple[float, str] = (0.0, "")
     max_abs: float = 0.0  # over the correctness sets
     rel: float = 0.0
 
@@ -601,6 +603,8 @@ def _compare_outputs(prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -> _Output
                 found.max_abs, found.rel = max(found.max_abs, c.max_abs), max(found.rel, c.rel)
                 if not c.precision_ok:
                     found.precision.append(f"{tag}: {c.precision_detail}")
+                elif c.precision_ratio > found.nearest_bound[0]:
+                    found.nearest_bound = (c.precision_ratio, f"{tag}: {c.precision_detail}")
             if not c.ok:
                 problems.append(f"{tag}: {c.detail}")
     return found
@@ -653,7 +657,9 @@ def _check_outputs(v: Verdict, found: _OutputFindings,
     checks.record(v, "correctness", not problems["check"],
                   _lighter("correctness", red, "; ".join(problems["check"][:4])))
     checks.record(v, "precision", not found.precision, "; ".join(found.precision[:3]) or
-            "candidate within the allowed error against float64")
+            "candidate within the allowed error against float64" + (
+                f" (closest, {found.nearest_bound[0]:.2f} of the bound: "
+                f"{found.nearest_bound[1]})" if found.nearest_bound[1] else ""))
     checks.record(v, "stale_results", not problems["stale"],
                   _lighter("stale_results", red, "; ".join(problems["stale"][:3])))
     checks.record(v, "inputs_unchanged", not changed,
