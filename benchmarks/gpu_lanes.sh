@@ -9,7 +9,9 @@
 # gpu_phases.sh's state folder (each phase writes its own files); every lane's output goes to
 # $STATE/lane-<ids>.log, and one $OUT/state.tgz comes back when all have ended. Sandboxed
 # workers are cleaned up once, at the end (a lane never kills another's). Host memory is shared:
-# ASSAY_HOST_SHARE is the machine's GPU count unless set.
+# ASSAY_HOST_SHARE is the machine's GPU count unless set. Two lanes must not run the same phase
+# (they would share its folder), except triton with other PARTS and synthkb with other KERNELS;
+# a phase over several GPUs takes them in one lane ("1,2: selfcheck:480").
 set -uo pipefail
 OUT=${OUT:-/tmp/assay-out}
 S=${STATE:-/tmp/assay-state}

@@ -117,7 +117,8 @@ for phase in "$@"; do
       run_for "$secs" "$S/audit.log" python3 benchmarks/audit_overhead.py --device cuda \
         --repeat "${REPEAT:-3}" --out "$S/audit" ;;
     triton)
-      OUT=$S/triton run_for "$secs" "$S/triton.log" bash benchmarks/triton_evidence.sh ;;
+      tlog="$S/triton${PARTS:+-${PARTS//[ ,]/_}}.log"  # lanes with other PARTS: their own logs
+      OUT=$S/triton run_for "$secs" "$tlog" bash benchmarks/triton_evidence.sh ;;
     synthkb)
       run_for "$secs" "$S/synthkb${KERNELS:+-$KERNELS}.log" python3 benchmarks/synth_suite.py \
         --source .kb ${KERNELS:+--kernels $KERNELS} --levels "${LEVELS:-1}" \
