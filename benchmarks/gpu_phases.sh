@@ -9,7 +9,8 @@
 #               RETRY: the row statuses to redo (default: error; also rejected, too_large,
 #               degenerate), ONLY: task-id globs, JOBS: tasks in flight per GPU (3); on a
 #               machine of several GPUs, one shard of the tasks per GPU (--shard k/N)
-#   redteam     the red-team generator on cuda (issue #19), resumes from its results.jsonl
+#   redteam     the red-team generator on cuda (issue #19), resumes from its results.jsonl;
+#               RT_ONLY: variants whose id holds one of these (commas), WORKERS (5 per GPU)
 #   gputests    pytest -m gpu $FILES (default tests/test_gpu.py: the cuda zoo, Triton cases
 #               included; the synthesizer's families: FILES="tests/test_offline*.py"), K: -k,
 #               XDIST: pytest-xdist workers (default: one per GPU where there are several);
@@ -106,7 +107,8 @@ for phase in "$@"; do
       fi ;;
     redteam)
       run_for "$secs" "$S/redteam.log" python3 benchmarks/redteam.py --target cuda \
-        --workers "${WORKERS:-$((5 * gpus))}" --gpus "$gpus" --out "$S/redteam" ;;
+        --workers "${WORKERS:-$((5 * gpus))}" --gpus "$gpus" --out "$S/redteam" \
+        ${RT_ONLY:+--only ${RT_ONLY//,/ }} ;;
     gputests)  # on several GPUs, one pytest-xdist worker per GPU (tests/conftest.py)
       spread=()
       [ "$gpus" -gt 1 ] && spread=(-n "$gpus")
