@@ -13,25 +13,21 @@
 # (they would share its folder), except triton with other PARTS and synthkb with other KERNELS;
 # a phase over several GPUs takes them in one lane ("1,2: selfcheck:480").
 set -uo pipefail
-OUT=${OUT:-/tmp/assay-out}
-S=${STATE:-/tmp/assay-state}
-mkdir -p "$OUT"
-if [ ! -d "$S" ] && [ -f .dev/state.tgz ]; then mkdir -p "$S" && tar xzf .dev/state.tgz -C "$S"; fi
-mkdir -p "$S"
-. benchmarks/device_env.sh "$S/device.txt" || exit 1  # the wheels once, before the lanes start
+. benchmarks/device_state.sh || exit 1  # $OUT, $S; the wheels once, before the lanes
 export ASSAY_HOST_SHARE=${ASSAY_HOST_SHARE:-$(nvidia-smi -L | wc -l)}
+logs=()
 for lane in "$@"; do
   ids=${lane%%:*}; words=${lane#*:}
   env_words=(); phases=()
   for w in $words; do
     if [[ $w == *=* ]]; then env_words+=("$w"); else phases+=("$w"); fi
   done
-  log="$S/lane-${ids//,/_}.log"
+  log="$S/lane-${ids//,/_}.log"; logs+=("$log")  # (a restored state holds older ones)
   echo "lane $ids: ${env_words[*]} ${phases[*]} -> $log"
   env "${env_words[@]}" CUDA_VISIBLE_DEVICES="$ids" LANE=1 SHARED_RUN=1 STATE="$S" OUT="$OUT" \
     bash benchmarks/gpu_phases.sh "${phases[@]}" > "$log" 2>&1 &
 done
 wait
 pkill -9 -f "assay.verify.sandbox" 2>/dev/null
-for log in "$S"/lane-*.log; do echo "=== $log"; tail -40 "$log"; done
+for log in "${logs[@]}"; do echo "=== $log"; tail -40 "$log"; done
 tar czf "$OUT/state.tgz" -C "$S" . && ls -la "$OUT"

@@ -40,12 +40,7 @@
 # ../shared/kernelbench), both carried. Example, two calls on one warm machine:
 #   bash benchmarks/gpu_phases.sh selfcheck:540      then      bash benchmarks/gpu_phases.sh redteam:540
 set -uo pipefail
-OUT=${OUT:-/tmp/assay-out}
-S=${STATE:-/tmp/assay-state}
-mkdir -p "$OUT"
-if [ ! -d "$S" ] && [ -f .dev/state.tgz ]; then mkdir -p "$S" && tar xzf .dev/state.tgz -C "$S"; fi
-mkdir -p "$S"
-. benchmarks/device_env.sh "$S/device.txt" || exit 1
+. benchmarks/device_state.sh || exit 1  # $OUT, $S (restored), the wheels
 echo "phases: $*" | tee -a "$S/device.txt"
 # the GPUs this run may use: CUDA_VISIBLE_DEVICES where set (a lane of gpu_lanes.sh), else every
 # one; several: the phases spread over them (selfcheck, redteam, gputests)
