@@ -24,7 +24,7 @@ SAKANA = ["Op_Name", "Level_ID", "Task_ID", "Kernel_Name", "CUDA_Runtime",
           "CUDA_Speedup_Compile", "CUDA_Code", "PyTorch_Code_Module", "PyTorch_Code_Functional",
           "Correct", "Max_Diff", "Error", "NCU_Profile", "Torch_Profile", "Clang_Tidy"]
 OURS = ["Verdict_Reasons", "Candidate_ID", "Parent_IDs", "Generation", "LLM", "Tokens",
-        "Cost_USD"]
+        "Cost_USD", "PyTorch_Native_Default_Runtime"]
 
 
 @pytest.fixture(scope="module")
@@ -268,3 +268,18 @@ def test_collect_keeps_failed_check_details(campaign: Campaign) -> None:
         assert len(row["reason_details"]) == len(row["reasons"])
         assert row["reason_details"][0] == f"{row['reasons'][0]} failed"
     assert df.filter(pl.col("accepted"))["reason_details"].list.len().max() == 0
+
+
+def test_eager_under_default_numerics_reaches_the_archive(tmp_path: Path) -> None:
+    """A baseline timed under PyTorch's default numerics too (cuDNN in TF32 on a GPU) fills
+    PyTorch_Native_Default_Runtime for its task's rows; a task without one leaves it null."""
+    from assay.collect import task_ids
+
+    campaign = make_fake_campaign(tmp_path, tasks=2, llms=("offline",), gens=1)
+    tasks = sorted(task_ids(campaign))
+    base = read_json(campaign.baseline(tasks[0]))
+    write_json(campaign.baseline(tasks[0]), {**base, "eager_default_ms": 0.61})
+    frame = pl.concat([pl.read_parquet(p) for p in export(campaign)])
+    got = {(r["Level_ID"], r["Task_ID"], r["PyTorch_Native_Default_Runtime"])
+           for r in frame.iter_rows(named=True)}
+    assert {v for _, _, v in got} == {0.61, None}, got

@@ -54,6 +54,14 @@ def test_ratios_per_gpu_and_kind_latest_row_wins(tmp_path, published, capsys):
     assert "memory-bound: 1 tasks, median 0.750, 0 slower and 1 faster" in text
     table = (out / "baselines.md").read_text()
     assert table.count("| L1_") == 3 and "L1_20" not in table and "L1_21" not in table
+    # a row timed under PyTorch's default numerics too (the self-check does so for cuDNN
+    # tasks): that time is the one compared with the published, as KernelBench timed it
+    again = tmp_path / "again.jsonl"
+    again.write_text(json.dumps({**_row("L1_54_conv_standard_3D", "level1/54_conv_standard_3D.py",
+                                        1.7, gpu="H200"), "eager_default_ms": 1.02}) + "\n")
+    assert kb.main(["--timing", str(published), "--rows", str(again), "--out", str(out)]) == 0
+    assert "convolution: 1 tasks, median 1.020, 0 slower" in capsys.readouterr().out
+    assert "| default (cuDNN TF32) |" in (out / "baselines.md").read_text()
 
 
 def test_bad_input_is_one_line_naming_the_file(tmp_path, published):

@@ -161,3 +161,30 @@ def test_the_baseline_compiles_before_its_hold_and_times_only_inside_it(monkeypa
     assert out["eager_ms"] == out["compile_ms"] == 1.0
     assert events[:5] == ["compile"] + ["compiled call"] * 3 + ["hold"], events
     assert events[-1] == "release" and "time, not held" not in events, events
+
+
+def test_eager_under_default_numerics_is_timed_only_where_they_differ(monkeypatch):
+    """time_default_numerics: cuDNN's modules (convolutions, transposed ones, recurrent
+    layers) run in TF32 under PyTorch's default numerics, nothing else does; on the cpu target
+    the numerics are the same, so time_reference records None and times nothing more."""
+    from torch import nn
+
+    from assay.bench import baseline
+    from assay.resources import resolve_data
+    from assay.tasks.model import Task
+
+    assert baseline.runs_cudnn(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()))
+    assert baseline.runs_cudnn(nn.Sequential(nn.Linear(2, 2), nn.ConvTranspose1d(2, 2, 2)))
+    assert baseline.runs_cudnn(nn.GRU(4, 4))
+    assert not baseline.runs_cudnn(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)))
+    conv = nn.Conv1d(2, 2, 3)
+    x = [[torch.randn(1, 2, 8)]]
+    assert baseline.time_default_numerics(conv, x, torch.device("cpu"), timing.TimingConfig()) \
+        is None
+    calls = []
+    monkeypatch.setattr(baseline, "time_calls", lambda fn, dev, cfg: calls.append(1) or
+                        timing.Timing(median_ms=1.0, iqr_ms=0.0, runs=10))
+    task = Task.from_file(resolve_data("data/tasks") / "level1" / "1_ReLU.py", size="small")
+    out = baseline.time_reference(task, "cpu", timing.TimingConfig(), compile_=False)
+    assert out["eager_default_ms"] is None and len(calls) == 2  # eager, and eager again
+    assert not torch.backends.cudnn.allow_tf32  # the verifier's numerics are back

@@ -52,6 +52,9 @@ COLLECT_SCHEMA: dict[str, pl.DataType] = {
     "runtime_iqr_ms": pl.Float64(),
     "baseline_eager_ms": pl.Float64(),
     "baseline_compile_ms": pl.Float64(),
+    # eager under PyTorch's default numerics where they differ (cuDNN in TF32; the verifier's
+    # eager and the candidates run true fp32): bench.baseline.time_default_numerics
+    "baseline_eager_default_ms": pl.Float64(),
     "speedup_eager": pl.Float64(),
     "speedup_compile": pl.Float64(),
     "roofline_ms": pl.Float64(),
@@ -254,6 +257,7 @@ def _collect_task(campaign: Campaign, llm: str, task: str, rec: dict[str, Any],
                                                    base.get("eager_ms"))),
                 "baseline_compile_ms": _float(_first(v.get("baseline_compile_ms"),
                                                      base.get("compile_ms"))),
+                "baseline_eager_default_ms": _float(base.get("eager_default_ms")),
                 "speedup_eager": _float(v.get("speedup_eager")),
                 "speedup_compile": _float(v.get("speedup_compile")),
                 "roofline_ms": _float(v.get("roofline_ms")),

@@ -60,6 +60,7 @@ ARCHIVE_SCHEMA: dict[str, pl.DataType] = {
     "LLM": pl.String(),
     "Tokens": pl.Int64(),
     "Cost_USD": pl.Float64(),
+    "PyTorch_Native_Default_Runtime": pl.Float64(),
 }
 ARCHIVE_COLUMNS: list[str] = list(ARCHIVE_SCHEMA)
 
@@ -107,6 +108,10 @@ _DESCRIPTIONS = {
     "LLM": "proposer backend that wrote the candidate",
     "Tokens": "LLM tokens spent on the proposal (in + out)",
     "Cost_USD": "LLM cost of the proposal in US dollars",
+    "PyTorch_Native_Default_Runtime": "eager PyTorch runtime in ms under PyTorch's default "
+                                      "numerics where they differ from the verifier's (cuDNN "
+                                      "in TF32; PyTorch_Native_Runtime and CUDA_Runtime are "
+                                      "true fp32), else null",
 }
 
 
@@ -140,6 +145,7 @@ def archive_frame(df: pl.DataFrame) -> pl.DataFrame:
         pl.col("llm").alias("LLM"),
         pl.col("tokens").alias("Tokens"),
         pl.col("cost_usd").alias("Cost_USD"),
+        pl.col("baseline_eager_default_ms").alias("PyTorch_Native_Default_Runtime"),
     )
     out = out.cast(ARCHIVE_SCHEMA)  # type: ignore[arg-type]
     assert out.columns == ARCHIVE_COLUMNS

@@ -35,12 +35,41 @@ def steady(time_once: Callable[[], Timing]) -> tuple[Timing, int]:
     return best, taken
 
 
+def runs_cudnn(model: torch.nn.Module) -> bool:
+    """Whether the model holds modules whose forward goes through cuDNN on a GPU (convolutions,
+    transposed ones, recurrent layers): those run in TF32 under PyTorch's default numerics."""
+    kinds = (torch.nn.modules.conv._ConvNd, torch.nn.RNNBase)
+    return any(isinstance(m, kinds) for m in model.modules())
+
+
+def time_default_numerics(model: torch.nn.Module, sets: list[list], dev: torch.device,
+                          cfg: TimingConfig) -> float | None:
+    """Eager's median time under PyTorch's default numerics, where those differ from the
+    verifier's: on cuda, a model with cuDNN modules (cuDNN in TF32, torch's default; the
+    verifier's eager and every candidate are held to true fp32). What a user's PyTorch takes by
+    default and what KernelBench's published eager times measured (its convolutions ran 1.68x
+    faster than the verifier's fp32 eager on an H200: docs/evidence/2026-11-28-cpu-kb-
+    baselines.md). None where the numerics are the same, or it could not be timed."""
+    if dev.type != "cuda" or not runs_cudnn(model):
+        return None
+    torch.backends.cudnn.allow_tf32 = True  # torch's own default
+    try:
+        with torch.no_grad():
+            t = time_calls(lambda i: model(*sets[i % len(sets)]), dev, cfg)
+        return t.median_ms
+    except (RuntimeError, torch.cuda.OutOfMemoryError):  # no room beside what runs: not timed
+        return None
+    finally:
+        set_fp32_numerics(False)
+
+
 def time_reference(task: Task, device: str, cfg: TimingConfig, compile_: bool = True,
                    compile_mode: str = "default", rotating: int = 3,
                    hold: Callable[[], ContextManager[Any]] = contextlib.nullcontext
                    ) -> dict[str, Any]:
-    """Eager's and torch.compile's timings of the task's reference. torch.compile compiles (and
-    warms up on every input set) first; ``hold()`` is entered around the timings alone (the
+    """Eager's and torch.compile's timings of the task's reference (and ``eager_default_ms``:
+    :func:`time_default_numerics`). torch.compile compiles (and warms up on every input set)
+    first; ``hold()`` is entered around the timings alone (the
     baseline step's CPU lease: inductor's compile, seconds of C++ builds on the cpu target,
     runs beside another step's timing)."""
     set_fp32_numerics(False)
@@ -70,6 +99,8 @@ def time_reference(task: Task, device: str, cfg: TimingConfig, compile_: bool = 
             again = time_calls(lambda i: model(*sets[i % rotating]), dev, cfg)
             lo, hi = sorted((eager.median_ms, again.median_ms))
             out["noise_frac"] = (hi - lo) / lo if lo > 0 else 0.0
+            # beside it, eager as PyTorch runs it by default (cuDNN in TF32), where that differs
+            out["eager_default_ms"] = time_default_numerics(model, sets, dev, cfg)
             if compiled is not None:
                 try:
                     t, out["compile_timings"] = steady(

@@ -164,6 +164,31 @@ def _memory_plan(task: Task, device: str, cfg: VerifyConfig, share: int):
     return plan, False, use
 
 
+def _eager_default_ms(task: Task, device: str, cfg: VerifyConfig, turns) -> float | None:
+    """The task's eager time under PyTorch's default numerics where those differ from the
+    verifier's (assay.bench.baseline.time_default_numerics), on one input set, the GPU held as
+    for a worker run; None where they do not, or where it does not fit beside what runs (the
+    caller's _release frees what it made)."""
+    import torch
+
+    from assay.bench.baseline import runs_cudnn, time_default_numerics
+    from assay.bench.timing import TimingConfig
+    from assay.gpu import turns_alone
+    from assay.tasks.instantiate import make_inputs, reference_model
+
+    try:
+        module = task.module()
+        model = reference_model(module, 0, device)
+        if not runs_cudnn(model):
+            return None
+        sets = [make_inputs(module, 100, device)]
+        with turns_alone(turns):
+            return time_default_numerics(model, sets, torch.device(device), TimingConfig(
+                cfg.warmup_s, cfg.min_runs, cfg.max_runs, cfg.budget_s))
+    except (RuntimeError, torch.cuda.OutOfMemoryError):
+        return None
+
+
 def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
            peaks: dict | None, share: int = 1) -> dict[str, Any]:
     from assay.gpu import DeviceTurns, turns_shared
@@ -219,6 +244,10 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
         "harness_degenerate": harness_degenerate,
         "times": {k: round(x, 3) if isinstance(x, float) else x for k, x in times.items()},
     }
+    if v.accepted and device.startswith("cuda"):
+        # beside the verifier's fp32 eager (runtime_ms), eager as PyTorch runs it by default,
+        # where that differs (cuDNN in TF32): what KernelBench's published times measured
+        row["eager_default_ms"] = _eager_default_ms(task, device, cfg, turns)
     if lighter:  # verified with a lighter protocol to fit memory (the memory_plan check)
         row["lighter"] = lighter
     if plan is not None:  # where the sets and references lived (where the seconds went)
