@@ -8,8 +8,8 @@ eager and torch.compile baselines within 10% of KernelBench's published H100 tim
 ``--rows``: JSONL rows of ``benchmarks/kb_selfcheck.py`` (the reference verified as its own
 candidate: its ``runtime_ms`` is the verifier's eager timing of the task, flushed L2, fp32 without
 TF32; where a row has ``eager_default_ms``, eager under PyTorch's default numerics, cuDNN in TF32
-as KernelBench timed it, that is compared instead), later files' rows win per task; a row's GPU is its ``gpu`` field, else the one
-``--gpu-of`` names for its file. ``--timing``: KernelBench's folder of published times
+as KernelBench timed it, that is compared instead), later files' rows win per task; a row's GPU
+is its ``gpu`` field, else the one ``--gpu-of`` names for its file. ``--timing``: KernelBench's folder of published times
 (``baseline_time_torch.json``: level -> task file -> mean ms, the hardware named per entry).
 
 Prints, per GPU model, how many accepted tasks are within 10% of the published eager time, the
