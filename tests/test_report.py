@@ -401,3 +401,21 @@ def test_a_triton_campaign_beside_a_cuda_one_is_labelled_with_its_kernels(tmp_pa
     assert "<td>kb-triton (cuda, Triton kernels)</td>" in part
     assert "<td>kb-cuda (cuda)</td>" in part
     assert "target: cuda;" in write_report(forms["kb-cuda"]).read_text()
+
+
+def test_the_leaderboard_shows_the_speedup_over_tf32_eager_where_it_was_timed(
+        tmp_path: Path) -> None:
+    """A baseline timed under PyTorch's default numerics too (cuDNN in TF32: conv tasks on a
+    GPU) puts the best kernel's speedup over that eager beneath its fp32 one; no other row."""
+    from assay.layout import read_json, write_json
+
+    c = make_fake_campaign(tmp_path, tasks=2, gens=1, llms=("offline",))
+    conv = next(t for t in sorted(p.stem for p in (c.root / "tasks").glob("*.json"))
+                if t.startswith("L2_"))
+    base = read_json(c.baseline(conv))
+    write_json(c.baseline(conv), {**base, "eager_default_ms": base["eager_ms"] / 2})
+    html = write_report(c).read_text()
+    assert html.count("TF32 eager</small>") == 1, html.count("TF32 eager</small>")
+    row = html.split('id="task-')[1:]
+    assert any(conv in r.split("</tr>")[0] and "TF32 eager</small>" in r.split("</tr>")[0]
+               for r in row)

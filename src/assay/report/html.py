@@ -726,7 +726,11 @@ name; tasks by id.</p>
 {% if r.best %}
 <td><a href="#kernel-{{ r.anchor }}"><code>{{ r.best.candidate }}</code></a></td>
 <td>{{ r.best.llm }}</td>
-<td class="n">{{ r.best.speedup_eager | x }}</td><td class="n">{{ r.best.speedup_compile | x }}</td>
+<td class="n">{{ r.best.speedup_eager | x }}
+{%- if r.best.baseline_eager_default_ms and r.best.runtime_ms %}<br><small title="eager with
+cuDNN in TF32, PyTorch's default numerics">{{ (r.best.baseline_eager_default_ms
+/ r.best.runtime_ms) | x }} TF32 eager</small>{% endif %}</td>
+<td class="n">{{ r.best.speedup_compile | x }}</td>
 <td class="n">{{ r.best.runtime_ms | ms }}</td><td class="n">{{ r.roofline_pct | pct100 }}</td>
 {% else %}
 <td>-</td><td>-</td><td class="n">-</td><td class="n">-</td><td class="n">-</td><td class="n">-</td>
@@ -745,6 +749,9 @@ accepted){% endif %}</td>
 {% endfor %}
 <p class="note">Per-LLM columns: that backend's best accepted speedup over eager
 (&#10007;: tried, nothing accepted). % of roofline = roofline time / measured time.
+Eager runs in true fp32, as every candidate must; where PyTorch's default numerics differ
+(cuDNN in TF32 for convolutions and recurrent layers on a GPU) the speedup over eager run that
+way is shown beneath ("TF32 eager").
 The verdict column counts accepted / verified candidates. MLflow: the task's child run of the
 best kernel's backend, and (compare) all its backends' runs side by side{% if n_links %} in
 the MLflow UI at <code>{{ mlflow_ui }}</code>
