@@ -14,7 +14,8 @@
 #   gputests    pytest -m gpu $FILES (default tests/test_gpu.py: the cuda zoo, Triton cases
 #               included; the synthesizer's families: FILES="tests/test_offline*.py"), K: -k,
 #               XDIST: pytest-xdist workers (default: one per GPU where there are several);
-#               ZOO_TRANSFER=cuda_ipc: the zoo with the worker's data in device memory
+#               ZOO_TRANSFER=host: the zoo with the worker's data in shared host memory (the
+#               default is verify.transfer's, cuda_ipc)
 #   audit       benchmarks/audit_overhead.py --device cuda (issue #19's last line)
 #   triton      benchmarks/triton_evidence.sh (issue #20); PARTS: which of its parts (default all)
 #   streams     benchmarks/probe_streams.py on PROBE (KernelBench task files; default L2_19 and
@@ -27,8 +28,8 @@
 #               SAMPLES per task (3), SEQUENTIAL candidates in the loop (2)
 #   verify1     `assay verify` of one generated load_inline candidate of KB's level-1 PROBLEM (21:
 #               Sigmoid, 6.4 GB tensors) once per TRANSFERS (default: host cuda_ipc; SECONDS
-#               each), the
-#               verdicts with their `times` in $S/verify1/ (issue #16's single-verification line)
+#               each), the verdicts with their `times` in $S/verify1/ (issue #16's
+#               single-verification line)
 #   synthkb     the offline synthesizer on KernelBench (issue #17), resumable; LEVELS=1,
 #               VARIANTS / MUTATIONS (synth_suite's defaults), TASKS: id globs, SAMPLE: tasks
 #               per level (seeded), LIMIT: undecided tasks taken per call; KERNELS=triton: the

@@ -9,7 +9,8 @@
 #      ${KB_LIMIT:-20} tasks
 #   wheels: `python3 benchmarks/device_wheels.py --pipeline` into .whl/ (carried)
 # PARTS: the parts to run (spaces or commas), of "zoo synth-triton synth-cuda campaigns"
-# (campaign-triton / campaign-cuda: one of the two) (default: all, in that order); gpu_lanes.sh's lanes can take different parts on different GPUs.
+# (campaign-triton / campaign-cuda: one of the two) (default: all, in that order); the lanes of
+# gpu_lanes.sh can take different parts on different GPUs.
 set -uo pipefail
 OUT=${OUT:-/tmp/assay-out}
 mkdir -p "$OUT"
