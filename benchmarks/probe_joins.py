@@ -34,6 +34,12 @@ def _joined(state: dict, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _activity(e) -> str:
+    """The event's kineto activity type; "?" where torch gives none (before 2.12)."""
+    act = getattr(e, "activity_type", None)
+    return act() if callable(act) else "?"
+
+
 def probe(sync_events: bool, calls: int, show: int) -> list[str]:
     dev = torch.device("cuda")
     x = torch.randn(1 << 20, device=dev)
@@ -64,16 +70,13 @@ def probe(sync_events: bool, calls: int, show: int) -> list[str]:
         lo, hi = r0 - 200_000, r1 + 200_000
         for e in sorted(raw, key=lambda e: e.start_ns()):
             if lo <= e.start_ns() <= hi and any(n in e.name() for n in names):
-                act = getattr(e, "activity_type", None)
-                act = act() if callable(act) else "?"
-                lines.append(f"| {k} | {e.name()} | {act} | {e.device_type()} | "
+                lines.append(f"| {k} | {e.name()} | {_activity(e)} | {e.device_type()} | "
                              f"{(e.start_ns() - r0) / 1e3:.1f} | {(e.end_ns() - r1) / 1e3:.1f} |")
     kinds: dict[str, int] = {}
     for e in raw:
-        act = getattr(e, "activity_type", None)
-        act = act() if callable(act) else "?"
         if any(n in e.name() for n in names):
-            kinds[f"{e.name()} ({act})"] = kinds.get(f"{e.name()} ({act})", 0) + 1
+            key = f"{e.name()} ({_activity(e)})"
+            kinds[key] = kinds.get(key, 0) + 1
     lines += ["", "every such event in the trace: " + ", ".join(
         f"{k}: {v}" for k, v in sorted(kinds.items())), ""]
     return lines

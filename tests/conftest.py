@@ -13,10 +13,11 @@ from pathlib import Path
 # N GPUs runs the cuda zoo N times as fast, no test sharing a GPU's timing with another)
 if os.environ.get("GPU_TESTS_SPREAD") and (m := re.fullmatch(
         r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))):
-    _ids = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()] \
-        or [str(k) for k in range(int(os.environ["GPU_TESTS_SPREAD"]))]
-    os.environ["CUDA_VISIBLE_DEVICES"] = _ids[int(m[1]) % min(len(_ids), int(
-        os.environ["GPU_TESTS_SPREAD"]))]
+    from assay.gpu import visible_gpus  # (no torch: CUDA_VISIBLE_DEVICES, else nvidia-smi)
+
+    _spread = int(os.environ["GPU_TESTS_SPREAD"])
+    _ids = visible_gpus()[:_spread] or [str(k) for k in range(_spread)]
+    os.environ["CUDA_VISIBLE_DEVICES"] = _ids[int(m[1]) % len(_ids)]
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
