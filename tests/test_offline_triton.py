@@ -224,11 +224,15 @@ def test_triton_gemm_candidates_match_the_reference_in_the_interpreter(gemm_dir,
         assert all("tl.dot(a, b)" in p.code for p in props)
         pytest.skip("bfloat16 tl.dot is wrong in Triton's interpreter; checked on the GPU")
     props.append(syn.with_knobs(ctx, {"block_m": 32, "block_n": 32, "block_k": 16}))
-    linear = "W[N, K] (a Linear's weight)" in props[0].code
-    # the weight's [BN, BK] tile in its own row order, then tl.trans (knob b_rows)
-    props.append(syn.with_knobs(ctx, {"block_m": 32, "block_n": 64, "block_k": 16,
-                                      "b_rows": 1}))
-    assert ("tl.trans(bt)" in props[-1].code) == linear
+    # a Linear's weight as [BN, BK] tiles in its own row order, then tl.trans (knob b_rows, a
+    # knob of Linear products only: another product has no transposed operand)
+    rows = {"block_m": 32, "block_n": 64, "block_k": 16, "b_rows": 1}
+    if name.startswith("linear"):
+        props.append(syn.with_knobs(ctx, rows))
+        assert "tl.trans(bt)" in props[-1].code
+    else:
+        with pytest.raises(ValueError, match="b_rows"):
+            syn.with_knobs(ctx, rows)
     for prop in props:
         assert prop.knobs["lib"] == 0 and "POLICY = \"strict\"" in prop.code
         want = ["assay_gemm"] + (["assay_row"] if "softmax" in name or "_ln" in name

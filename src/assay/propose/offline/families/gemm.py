@@ -169,6 +169,8 @@ def space(target: str, analysis: Analysis, lib: int | None = None, policy: str =
             out["layout"] = (0, 1)
         return out
     out.update(KNOB_SPACES[(target, template(plan, {"lib": lib}))])
+    if target == "triton" and plan.gemm is not None and plan.gemm.op == "linear":
+        out.update(tri.LINEAR_KNOB_SPACE)
     if plan.kind == "row":  # the row kernel after the GEMM has its own knobs
         out.update(row.space(target, analysis))
     return out

@@ -292,12 +292,13 @@ def candidate(*, summary: str, template: str, knobs: dict[str, Any], kernel: str
 # float16/bfloat16), the elementwise epilogue applied to the tile before its one store.
 
 GEMM_KNOB_SPACE = {"block_m": (32, 64, 128), "block_n": (32, 64, 128), "block_k": (16, 32, 64),
-                   "num_warps": (2, 4, 8), "num_stages": (1, 2, 3, 4),
-                   # a Linear's weight W[N, K]: 0 its transpose's [BK, BN] tile read in place,
-                   # 1 a [BN, BK] tile in W's own row order, then tl.trans (the usual Triton
-                   # form of A @ B^T; the in-place form ran at 0.15-0.42x eager on the Linear
-                   # tasks of an H200, the CUDA own GEMM 0.71-0.89x); no effect on other products
-                   "b_rows": (0, 1)}
+                   "num_warps": (2, 4, 8), "num_stages": (1, 2, 3, 4)}
+# A Linear's product only (gemm.space adds it there; other products have no transposed operand,
+# so the knob would only make copies): W[N, K] read as 0, its transpose's [BK, BN] tile in place,
+# or 1, a [BN, BK] tile in W's own row order, then tl.trans (the usual Triton form of A @ B^T;
+# the in-place form ran at 0.15-0.42x eager on the Linear tasks of an H200, the CUDA own GEMM at
+# 0.71-0.89x)
+LINEAR_KNOB_SPACE = {"b_rows": (0, 1)}
 
 TRITON_GEMM = r"""
 # Assay offline synthesizer v1: {{ template }} kernel (triton)
