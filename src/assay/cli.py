@@ -90,7 +90,7 @@ def _verify(args: argparse.Namespace) -> int:
         times["record_s"] = time.perf_counter() - t
         if child is not None:
             t = time.perf_counter()
-            tcfg = TimingConfig(cfg.warmup_s, cfg.min_runs, cfg.max_runs, cfg.budget_s)
+            tcfg = TimingConfig.of(cfg)
             try:
                 # Cached per (task, device, torch version, timing config): a second candidate
                 # of the task reuses it (assay.bench.baseline_cache).
@@ -300,6 +300,8 @@ To start a task from scratch, delete results/<campaign>/<llm>/<task>/ and run ag
 
 
 def parser() -> argparse.ArgumentParser:
+    from assay.verify.settings import Transfer  # (dataclasses only: no torch)
+
     p = argparse.ArgumentParser(prog="assay", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -325,7 +327,7 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--policy", default="strict", choices=["strict", "permissive"],
                    help="strict: custom kernels only, any library or ATen compute op "
                         "rejects; permissive: library calls allowed and reported")
-    v.add_argument("--transfer", choices=["host", "cuda_ipc"], default=None,
+    v.add_argument("--transfer", choices=[t.value for t in Transfer], default=None,
                    help="how the sandboxed worker's inputs and outputs travel on cuda (default: "
                         "the config's verify.transfer, cuda_ipc: device memory, far less "
                         "copying for KernelBench's largest tasks; host: shared host memory, "

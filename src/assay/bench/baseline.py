@@ -52,15 +52,16 @@ def time_default_numerics(model: torch.nn.Module, sets: list[list], dev: torch.d
     baselines.md). None where the numerics are the same, or it could not be timed."""
     if dev.type != "cuda" or not runs_cudnn(model):
         return None
+    before = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = True  # torch's own default
     try:
         with torch.no_grad():
             t = time_calls(lambda i: model(*sets[i % len(sets)]), dev, cfg)
         return t.median_ms
-    except (RuntimeError, torch.cuda.OutOfMemoryError):  # no room beside what runs: not timed
+    except RuntimeError:  # out of memory beside what runs (a RuntimeError too): not timed
         return None
     finally:
-        set_fp32_numerics(False)
+        torch.backends.cudnn.allow_tf32 = before
 
 
 def time_reference(task: Task, device: str, cfg: TimingConfig, compile_: bool = True,

@@ -146,14 +146,10 @@ def _build(original, a: dict[str, Any], build_dir: str, name: str):
         versions = _torch_build_counts()
         before = versions.get(name)
         try:
-            return original(**{**a, "cuda_sources": light})
-        except (RuntimeError, subprocess.CalledProcessError) as e:
-            text = str(e)
-            if "Error building extension" not in text:
-                raise
-            if "FAILED: cuda.cuda.o" not in text:  # the C++ file, which the swap leaves as it
-                raise BuildError(f"load_inline build of {name!r} failed",  # was: same failure
-                                 _ninja_log(text)) from None
+            return _load(original, name, {**a, "cuda_sources": light})
+        except BuildError as e:
+            if "FAILED: cuda.cuda.o" not in e.log:  # the C++ file, which the swap leaves as it
+                raise  # was: the same failure again
             print(f"[assay] {name}: the build with torch/types.h in place of torch/extension.h "
                   "failed; building the sources as written", file=sys.stderr, flush=True)
             # torch numbers a name's builds per process (other sources: NAME_v1, whose library
@@ -162,6 +158,11 @@ def _build(original, a: dict[str, Any], build_dir: str, name: str):
                 versions.pop(name, None)
             else:
                 versions[name] = before
+    return _load(original, name, a)
+
+
+def _load(original, name: str, a: dict[str, Any]):
+    """torch's load_inline(**a); its failed build a BuildError whose log is ninja's output."""
     try:
         return original(**a)
     except (RuntimeError, subprocess.CalledProcessError) as e:

@@ -119,6 +119,13 @@ class TimingConfig:
     # back: measured on an H200, 2-4% IQR on 70-140 us memory-bound kernels).
     flush_mode: str = "read"
 
+    @classmethod
+    def of(cls, verify: Any) -> "TimingConfig":
+        """The timing of a verify config (``VerifyConfig`` or its Hydra node): baselines are
+        timed with the candidates' protocol."""
+        return cls(warmup_s=verify.warmup_s, min_runs=verify.min_runs,
+                   max_runs=verify.max_runs, budget_s=verify.budget_s)
+
 
 class CacheFlusher:
     """Evicts caches between calls with a pass over a buffer larger than the last-level cache."""

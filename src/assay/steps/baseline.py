@@ -31,9 +31,7 @@ def baseline(cfg: DictConfig) -> dict:
         return out
     device = "cuda" if tgt == "cuda" else "cpu"
     task = app.load_task(cfg, cfg.task, tgt)
-    v = cfg.verify
-    tcfg = TimingConfig(warmup_s=v.warmup_s, min_runs=v.min_runs, max_runs=v.max_runs,
-                        budget_s=v.budget_s)
+    tcfg = TimingConfig.of(cfg.verify)
     log.info("%s: timing eager%s on %s", task.id,
              " and torch.compile" if cfg.baselines.compile else "", device)
     out = time_reference(task, device, tcfg, cfg.baselines.compile, cfg.baselines.compile_mode,

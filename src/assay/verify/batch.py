@@ -257,7 +257,7 @@ def _baseline(task: Task, device: str, cfg, compile_: bool) -> tuple[dict, bool]
     from assay.bench.baseline_cache import cached_baseline, in_child
     from assay.bench.timing import TimingConfig
 
-    tcfg = TimingConfig(cfg.warmup_s, cfg.min_runs, cfg.max_runs, cfg.budget_s)
+    tcfg = TimingConfig.of(cfg)
     return cached_baseline(task, device, tcfg, compile_,
                            lambda: in_child(time_reference, task, device, tcfg, compile_))
 
