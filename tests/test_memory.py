@@ -336,8 +336,12 @@ def test_plan_transfers_takes_the_lighter_path(stem, box, transfer):
             for t in ("cuda_ipc", "host")]
     assert p.fits and p.protocol.transfer == transfer, [(b.fits, b.reductions) for b in both]
     assert len(p.reductions) == min(len(b.reductions) for b in both if b.fits)
-    # the cpu target plans its one memory whatever the config says
-    assert plan_transfers(s, cfg, "cpu", None, None).protocol.transfer == "cuda_ipc"
+    # the cpu target: one memory, the same need whichever transfer the config names, so no
+    # second plan is weighed (the worker uses host there: Prepared.transfer)
+    on_cpu = plan_transfers(s, cfg, "cpu", None, 400 * GiB)
+    assert on_cpu.protocol.transfer == "cuda_ipc"
+    assert on_cpu.host_need_b == plan(s, Protocol.of(VerifyConfig(transfer="host")), "cpu",
+                                      None, 400 * GiB).host_need_b
 
 
 def test_a_few_rounding_outliers_pass_in_a_large_output_and_never_many_or_in_a_small_one():

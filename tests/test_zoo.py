@@ -634,3 +634,16 @@ def test_a_passed_precision_check_says_how_close_it_came():
     assert "of the bound" in detail and "allowed" in detail and "sqrt(" in detail, detail
     ratio = float(detail.split("(closest, ")[1].split(" of the bound")[0])
     assert 0.0 <= ratio <= 1.0, detail
+
+
+def test_the_cpu_target_uses_the_host_transfer_whatever_the_config_says():
+    """cuda_ipc is the default (verify.transfer) and means nothing on cpu: the worker runs on
+    the shared-file path there (Prepared.transfer), with no fallback recorded."""
+    meta = CASES["honest_gelu_cpp"]
+    task = zoo_task(meta["TASK"])
+    cfg = dataclasses.replace(zoo_config(meta), transfer=Transfer.cuda_ipc)  # (ZOO_TRANSFER)
+    times: dict = {}
+    v = verify(task, meta["path"], "cpu", cfg, record=record(task), peaks=GENEROUS_PEAKS,
+               times=times)
+    assert v.accepted, v.reasons
+    assert times["transfer"] == "host" and "transfer_fallback" not in times, times
