@@ -13,6 +13,12 @@
 # (they would share its folder), except triton with other PARTS and synthkb with other KERNELS;
 # a phase over several GPUs takes them in one lane ("1,2: selfcheck:480").
 set -uo pipefail
+[ $# -gt 0 ] || { echo "usage: gpu_lanes.sh \"IDS: [NAME=value ...] phase:secs ...\" ..." >&2; exit 2; }
+for lane in "$@"; do  # every lane well formed before any starts
+  [[ $lane =~ ^[0-9]+(,[0-9]+)*:.*[a-z0-9]+:[0-9]+ ]] || {
+    echo "gpu_lanes.sh: lane '$lane': expected 'GPU ids: [NAME=value ...] phase:seconds ...'" >&2
+    exit 2; }
+done
 . benchmarks/device_state.sh || exit 1  # $OUT, $S; the wheels once, before the lanes
 export ASSAY_HOST_SHARE=${ASSAY_HOST_SHARE:-$(nvidia-smi -L | wc -l)}
 logs=()

@@ -317,9 +317,10 @@ def arena_view(arenas: dict[str, torch.Tensor], desc: dict[str, Any]) -> torch.T
 # in; staged, torch's multi-threaded host copy touches them (KernelBench's 6 GiB elementwise
 # inputs: the harness's input arena 28-43 s before, 3-9 s after).
 STAGE_B = 256 << 20
-CUDA_HOST_THREADS = 8  # torch's intra-op threads in a cuda worker (run)
 STAGE_MIN_B = 16 << 20
 _STAGE: list[torch.Tensor] = []  # the pinned buffer, made once per process
+# torch's intra-op threads in a cuda worker (run): its host side is these copies
+CUDA_HOST_THREADS = 8
 
 
 def copy_staged(dst: torch.Tensor, src: torch.Tensor) -> None:
