@@ -137,31 +137,26 @@ def _release(device: str) -> None:
 
 
 def _memory_plan(task: Task, device: str, cfg: VerifyConfig, share: int):
-    """(the plan to verify with, whether it fits a 1/share part of the machine, the config
-    with the transfer the plan is for). The plan is the 1/share part's when that holds the
-    same protocol as the whole machine's (its placement keeps the task within its part), else
-    the whole machine's: a task that would need a lighter protocol to share the machine runs
-    alone, with the fuller one. With ``transfer: cuda_ipc`` (arenas in device memory), the
-    host transfer is planned too and taken when it needs fewer reductions."""
+    """(the plan to verify with, whether it fits a 1/share part of the machine). The plan is
+    the 1/share part's when that holds the same protocol as the whole machine's (its placement
+    keeps the task within its part), else the whole machine's: a task that would need a lighter
+    protocol to share the machine runs alone, with the fuller one. Its transfer is
+    memory.plan_transfers' choice (verify takes it from the plan)."""
     from assay.verify import memory
 
     shapes, _ = memory.shapes_or_none(task.module())  # one meta pass for every plan below
     if shapes is None:
-        return None, True, cfg
+        return None, True
     dev_free, host_free = memory.free_memory(device)
-
-    def best(d: int | None, h: int | None):
-        p = memory.plan_transfers(shapes, cfg, device, d, h)
-        return p, dataclasses.replace(cfg, transfer=p.protocol.transfer)
-
-    plan, use = best(dev_free, host_free)
+    plan = memory.plan_transfers(shapes, cfg, device, dev_free, host_free)
     if not plan.fits or share <= 1:
-        return plan, True, use
-    part, part_cfg = best(None if dev_free is None else dev_free // share,
-                          None if host_free is None else host_free // share)
+        return plan, True
+    part = memory.plan_transfers(shapes, cfg, device,
+                                 None if dev_free is None else dev_free // share,
+                                 None if host_free is None else host_free // share)
     if part.fits and part.reductions == plan.reductions:
-        return part, True, part_cfg
-    return plan, False, use
+        return part, True
+    return plan, False
 
 
 def _eager_default_ms(task: Task, device: str, cfg: VerifyConfig, turns) -> float | None:
@@ -200,7 +195,7 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
     task = Task.from_file(path, size=size)
     times: dict[str, Any] = {}
     t = time.perf_counter()
-    plan, fits_part, cfg = _memory_plan(task, device, cfg, share)
+    plan, fits_part = _memory_plan(task, device, cfg, share)
     times["plan_s"] = round(time.perf_counter() - t, 3)
     if plan is not None and not plan.fits and share > 1:
         # The free memory measured now is what the other tasks in flight leave: an H100's
