@@ -45,7 +45,7 @@ from assay.verify.arenas import (ALIGN, DeviceArena, FileArena, Layout, arena_vi
                                  describe_inputs, fill_inputs, shm_dir, tensor_nbytes)
 from assay.verify.compare import compare_tensor
 from assay.verify.reference import Prepared, prepare, resolve_device
-from assay.verify.sandbox import run_sandboxed
+from assay.verify.sandbox import prestart_worker, run_sandboxed
 from assay.verify.sandbox.host import kernel_cache
 from assay.verify.settings import VerifyConfig
 from assay.verify.worker import plan_slots
@@ -334,6 +334,7 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
         v.error = why
         v.verify_s = time.perf_counter() - t0
         return v.finish()
+    prestart_worker(device)  # its interpreter imports torch while references are prepared
 
     degenerate = bool(record and record.get("degeneracy", {}).get("degenerate"))
     if degenerate:

@@ -41,8 +41,11 @@ The package follows the two processes: ``parent`` (:func:`run_sandboxed`, :class
 plan, launch, wait, clean up) runs in the harness, with ``host`` (uid slots, the read plan for
 an unprivileged uid, the kernel cache's permissions, scratch clean-up) and ``cgroups``;
 ``launcher`` (``__main__``) runs in the launcher process, with ``mounts`` and ``libc``.
+``zygote``: the worker's launcher forked from a process that imported torch already (one per
+harness process; :func:`prestart_worker` starts it early), the same layers set up after the
+fork; ``ASSAY_SANDBOX_ZYGOTE=0`` execs a fresh interpreter per worker instead.
 """
 
-from assay.verify.sandbox.parent import Outcome, run_sandboxed
+from assay.verify.sandbox.parent import Outcome, prestart_worker, run_sandboxed
 
-__all__ = ["Outcome", "run_sandboxed"]
+__all__ = ["Outcome", "prestart_worker", "run_sandboxed"]

@@ -1,6 +1,8 @@
 """The launcher (``python -m assay.verify.sandbox --launch SPEC -- CMD...``): runs as the
 parent's user (root, usually), sets the sandbox up as the spec says, reports what it applied
-through a pipe it closes first, and execs the worker."""
+through a pipe it closes first, and execs the worker. A zygote's child (``--zygote``,
+:mod:`assay.verify.sandbox.zygote`) runs the same set-up and then the worker in its own
+process, torch already imported."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import os
 import resource
 import signal
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from assay.verify.sandbox.libc import check, get_libc
@@ -20,7 +22,7 @@ from assay.verify.sandbox.mounts import (MS_NODEV, MS_NOEXEC, MS_NOSUID, HalfMou
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 
 
@@ -43,7 +45,10 @@ def _drop_capabilities() -> None:
     check(libc.capset(ctypes.byref(Header(0x20080522, 0)), data), "capset")
 
 
-def launch(spec: dict, cmd: list[str]) -> None:
+def launch(spec: dict, cmd: list[str],
+           in_process: Callable[[list[str]], int] | None = None) -> None:
+    """Set the sandbox up, then exec ``cmd`` (or, from a zygote, ``in_process(cmd)`` in this
+    process under the spec's environment); never returns."""
     libc = get_libc()
     report_fd = spec["report_fd"]
     os.set_inheritable(report_fd, False)
@@ -172,6 +177,13 @@ def launch(spec: dict, cmd: list[str]) -> None:
         os._exit(126)
     send(**rep)
     os.close(report_fd)
+    if in_process is not None:
+        # What an exec would have reset: the uid change left the process undumpable, so its
+        # own /proc/self (maps, which the worker reads for provenance; environ) was root's.
+        libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+        os.environ.clear()
+        os.environ.update(spec["env"])
+        os._exit(in_process(cmd))
     try:
         os.execvpe(cmd[0], cmd, spec["env"])
     except OSError as e:
@@ -191,5 +203,10 @@ def main(argv: Iterable[str] | None = None) -> int:
     if len(argv) >= 3 and argv[0] == "--launch" and argv[2] == "--":
         launch(json.loads(argv[1]), argv[3:])
         return 0  # not reached: launch execs or exits
-    print("usage: python -m assay.verify.sandbox --launch SPEC -- CMD...", file=sys.stderr)
+    if len(argv) == 2 and argv[0] == "--zygote":
+        from assay.verify.sandbox.zygote import serve
+
+        return serve(int(argv[1]))
+    print("usage: python -m assay.verify.sandbox --launch SPEC -- CMD... | --zygote FD",
+          file=sys.stderr)
     return 2

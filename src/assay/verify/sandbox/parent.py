@@ -12,10 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from assay.verify.sandbox import zygote
 from assay.verify.sandbox.cgroups import Cgroups
 from assay.verify.sandbox.host import (PlanError, Slot, device_groups, freeze_cache, is_root,
                                        kernel_cache, kill_uid, needed_paths,
                                        open_cache_to_group, plan_covers, sanitize_scratch)
+from assay.verify.sandbox.zygote import Child
 from assay.verify.settings import SandboxLimits
 
 FILE_SIZE_LIMIT = 64 << 30  # one runaway file (a log, a result) cannot fill the disk alone
@@ -72,6 +74,12 @@ def candidate_env() -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
+
+
+def prestart_worker(device: str) -> None:
+    """Start the zygote (a worker's torch import) now, if it is not running: a verification
+    that calls this before it prepares its references finds its worker's interpreter ready."""
+    zygote.Zygote.get(candidate_env(), device)
 
 
 def run_sandboxed(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLimits,
@@ -165,12 +173,8 @@ def _run(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLimits, dev
     report: dict = {}
     try:
         spec["report_fd"] = write_fd
-        launcher = [sys.executable, "-m", "assay.verify.sandbox", "--launch", json.dumps(spec),
-                    "--", *cmd]
         with open(log, "wb") as out:
-            proc = subprocess.Popen(launcher, cwd="/", stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, pass_fds=(write_fd,),
-                                    start_new_session=True)
+            proc = _start(spec, cmd, out, write_fd, device)
             os.close(write_fd)
             write_fd = -1
             try:
@@ -209,7 +213,7 @@ def _run(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLimits, dev
         why = ""
         if oom:
             why = f" (out of memory: the sandbox's {limits.memory_gb:g} GB limit)"
-        elif sig in ("SIGXCPU", "SIGKILL") and _cpu_s(ru0) >= 0.95 * limits.cpu_s:
+        elif sig in ("SIGXCPU", "SIGKILL") and _cpu_s(ru0, proc) >= 0.95 * limits.cpu_s:
             why = f" (CPU time limit {limits.cpu_s} s)"
         elif sig == "SIGXFSZ":
             why = f" (file size limit {FILE_SIZE_LIMIT >> 30} GB)"
@@ -217,8 +221,29 @@ def _run(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLimits, dev
     return Outcome(f"exit {code}: {tail}", "exit", iso, code)
 
 
-def _cpu_s(before: resource.struct_rusage) -> float:
-    """CPU seconds of the children reaped since ``before`` (the worker's, through the relay)."""
+def _start(spec: dict, cmd: list[str], out, report_fd: int,
+           device: str) -> "subprocess.Popen | Child":
+    """The launcher, writing to ``out``: forked by the zygote (torch imported already) where
+    ``cmd`` is the worker's, else a fresh Python that sets the sandbox up and execs ``cmd``."""
+    if zygote.runs(cmd):
+        z = zygote.Zygote.get(candidate_env(), device)
+        if z is not None:
+            try:
+                return z.spawn({**spec, "parent": z.pid}, cmd, out.fileno(), report_fd)
+            except OSError:
+                zygote.Zygote.discard(z)
+    launcher = [sys.executable, "-m", "assay.verify.sandbox", "--launch", json.dumps(spec),
+                "--", *cmd]
+    return subprocess.Popen(launcher, cwd="/", stdin=subprocess.DEVNULL, stdout=out,
+                            stderr=subprocess.STDOUT, pass_fds=(report_fd,),
+                            start_new_session=True)
+
+
+def _cpu_s(before: resource.struct_rusage, proc: "subprocess.Popen | Child") -> float:
+    """CPU seconds of the launcher's tree (the worker's, through the relay): from the zygote
+    that reaped it, or those of this process's children reaped since ``before``."""
+    if isinstance(proc, Child):
+        return proc.cpu_s
     now = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (now.ru_utime + now.ru_stime) - (before.ru_utime + before.ru_stime)
 
@@ -233,7 +258,7 @@ def _tail(log: Path) -> str:
         return ""
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: "subprocess.Popen | Child") -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
