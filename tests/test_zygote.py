@@ -63,21 +63,23 @@ task = Task.from_file(Path(sys.argv[1]), size="small")
 cfg = VerifyConfig(budget_s=0.05, warmup_s=0.01, min_runs=5)
 cfg.limits.cpu_s = int(sys.argv[3])
 for _ in range(2):  # the second finds the zygote warm
-    v = verify(task, Path(sys.argv[2]), "cpu", cfg)
-    print("VERDICT " + json.dumps({"error": v.error, "reasons": v.reasons,
+    times = {}
+    v = verify(task, Path(sys.argv[2]), sys.argv[4], cfg, times=times)
+    print("VERDICT " + json.dumps({"accepted": v.accepted, "error": v.error,
+                                   "reasons": v.reasons, "import_s": times.get("import_s"),
                                    "zygotes": len(zygote.Zygote._all)}), flush=True)
 '''
 
 
-def _harness(tmp_path: Path, code: str, zygote: str, cpu_s: int = 300) -> list[dict]:
+def _harness(tmp_path: Path, code: str, zygote: str, cpu_s: int = 300, device: str = "cpu",
+             task: Path = ZOO / "tasks/level1/1_gelu.py") -> list[dict]:
     cand = tmp_path / "c.py"
     cand.write_text(code)
     env = {**os.environ, "ASSAY_TEST_SECRET": "sk-not-for-candidates",
            "ASSAY_SANDBOX_ZYGOTE": zygote,
            "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    r = subprocess.run([sys.executable, "-c", HARNESS, str(ZOO / "tasks/level1/1_gelu.py"),
-                        str(cand), str(cpu_s)], env=env, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run([sys.executable, "-c", HARNESS, str(task), str(cand), str(cpu_s),
+                        device], env=env, capture_output=True, text=True, timeout=600)
     out = [json.loads(ln[len("VERDICT "):]) for ln in r.stdout.splitlines()
            if ln.startswith("VERDICT ")]
     assert r.returncode == 0 and len(out) == 2, r.stderr[-3000:]
@@ -129,3 +131,15 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+@pytest.mark.gpu
+def test_a_cuda_worker_forked_from_the_zygote_is_accepted(tmp_path):
+    """Opt-in on cuda (ASSAY_SANDBOX_ZYGOTE=1) until this has run on a GPU: the zygote never
+    initializes CUDA, its forked worker does, and an honest kernel is accepted twice, the
+    second time with torch already imported."""
+    zoo = REPO / "tests" / "zoo_cuda"
+    runs = _harness(tmp_path, (zoo / "candidates" / "honest_gelu_cuda.py").read_text(), "1",
+                    device="cuda", task=zoo / "tasks" / "level1" / "1_gelu.py")
+    assert all(v["accepted"] for v in runs), runs
+    assert runs[1]["zygotes"] == 1 and runs[1]["import_s"] < 0.5, runs
