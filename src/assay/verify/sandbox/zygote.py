@@ -317,9 +317,9 @@ def _worker(cmd: list[str]) -> int:
 
     tempfile.tempdir = None  # TMPDIR is the scratch folder now
     sys.dont_write_bytecode = os.environ.get("PYTHONDONTWRITEBYTECODE") == "1"
-    sys.argv = [cmd[1] if len(cmd) > 1 else "", *cmd[3:]]
     from assay.verify import worker
 
+    sys.argv = [worker.__file__, *cmd[3:]]  # as ``python -m`` sets it
     rc = worker.main(cmd[3:])
     sys.stdout.flush()
     sys.stderr.flush()
