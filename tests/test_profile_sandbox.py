@@ -161,7 +161,11 @@ STARTERS = {"subprocess": {"run", "Popen", "call", "check_call", "check_output",
             "pty": {"spawn", "fork"}, "multiprocessing": {"Process", "Pool", "get_context"},
             "ctx": {"Process"}}
 ALLOWED = {
-    ("assay/verify/sandbox/parent.py", "_run"): "the sandbox launcher itself",
+    ("assay/verify/sandbox/parent.py", "_start"): "the sandbox launcher itself (exec path)",
+    ("assay/verify/sandbox/zygote.py", "_start"): "the zygote: imports torch, runs nothing of "
+                                                  "a candidate's before the launcher's set-up",
+    ("assay/verify/sandbox/zygote.py", "serve"): "the zygote's fork: the child runs the "
+                                                 "launcher's set-up (launch) before the worker",
     ("assay/verify/sandbox/launcher.py", "launch"): "the launcher: forks its pid-namespace "
                                                     "relay and execs the sandboxed command "
                                                     "after setting it up",
