@@ -109,12 +109,12 @@ def test_the_zygote_ends_when_its_harness_is_killed():
     code = ("import os\n"
             "from assay.verify.sandbox.parent import candidate_env\n"
             "from assay.verify.sandbox.zygote import Zygote\n"
-            "z = Zygote.get(candidate_env(), 'cpu')\n"
+            "z = Zygote.get(candidate_env())\n"
             "z._wait_ready()\n"
             "print(z.pid, flush=True)\n"
             "os.kill(os.getpid(), 9)\n")
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}"
-                                       f"{os.environ.get('PYTHONPATH', '')}"}
+    env = {**os.environ, "ASSAY_SANDBOX_ZYGOTE": "1",
+           "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
@@ -135,7 +135,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.gpu
 def test_a_cuda_worker_forked_from_the_zygote_is_accepted(tmp_path):
-    """Opt-in on cuda (ASSAY_SANDBOX_ZYGOTE=1) until this has run on a GPU: the zygote never
+    """Opt-in (ASSAY_SANDBOX_ZYGOTE=1), not yet run on a GPU: the zygote never
     initializes CUDA, its forked worker does, and an honest kernel is accepted twice, the
     second time with torch already imported."""
     zoo = REPO / "tests" / "zoo_cuda"

@@ -65,9 +65,10 @@ SANDBOX_PRIVATE_CACHE = EnvVar(
     "candidates)")
 SANDBOX_ZYGOTE = EnvVar(
     "ASSAY_SANDBOX_ZYGOTE",
-    "`auto` (default): on the cpu target each worker is forked from a process that imported "
-    "torch already (about 1.5 s less per verification); `1`: on cuda too (not yet checked on a "
-    "GPU); `0`: a fresh interpreter per worker")
+    "1: each sandboxed worker is forked from a process that imported torch already (about "
+    "1.5 s less per cpu verification here); opt-in: forked cpu workers' timings spread wider on "
+    "the 2-core CI machine, and it has not run on a GPU yet. Unset: a fresh interpreter per "
+    "worker")
 MLFLOW_UI = EnvVar(
     "ASSAY_MLFLOW_UI",
     "base URL of the MLflow UI that `assay report` links to when --mlflow-ui is not given "

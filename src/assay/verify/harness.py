@@ -334,7 +334,7 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
         v.error = why
         v.verify_s = time.perf_counter() - t0
         return v.finish()
-    prestart_worker(device)  # its interpreter imports torch while references are prepared
+    prestart_worker()  # (opt-in) its interpreter imports torch while references are prepared
 
     degenerate = bool(record and record.get("degeneracy", {}).get("degenerate"))
     if degenerate:

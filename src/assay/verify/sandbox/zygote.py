@@ -19,9 +19,9 @@ The zygote reaps its children and sends each one's wait status and CPU time on i
 socket; the harness waits on that socket as on a process (:class:`Child`), and kills the
 child's process group (the child starts its own session) exactly as it kills the exec path's
 launcher. When the harness's end of the control socket closes (the harness exited or was
-killed), the zygote kills its children and exits. ``ASSAY_SANDBOX_ZYGOTE`` (:func:`wanted`):
-on the cpu target by default, ``1`` everywhere, ``0`` never; a zygote that cannot start or
-stops answering is left for the exec path, with a log line."""
+killed), the zygote kills its children and exits. Opt-in, ``ASSAY_SANDBOX_ZYGOTE=1``
+(:func:`wanted` says why); a zygote that cannot start or stops answering is left for the exec
+path, with a log line."""
 
 from __future__ import annotations
 
@@ -47,14 +47,17 @@ _MAX_MSG = 1 << 20
 _FDS = 3  # log, report pipe, status socket
 
 
-def wanted(device: str) -> bool:
-    """``ASSAY_SANDBOX_ZYGOTE``: ``auto`` (the default) on the cpu target only, ``1`` on every
-    target, ``0`` never. On cuda it is opt-in until a GPU run has checked it (its workers
-    initialize CUDA after the fork, as torch requires: the zygote never touches CUDA)."""
-    how = os.environ.get("ASSAY_SANDBOX_ZYGOTE", "auto").strip().lower()
-    if how in ("0", "false", "no", "off"):
-        return False
-    return how in ("1", "true", "yes", "on") or device == "cpu"
+def wanted() -> bool:
+    """``ASSAY_SANDBOX_ZYGOTE=1`` forks every worker from the zygote; unset or anything else,
+    each worker execs a fresh interpreter. Opt-in because on the 2-core CPU machine the cpu
+    target's timings of forked workers spread wider (five verifications of one ReLU kernel 9.4%
+    and 16.2% from their median beside a control within 3.5%, where exec'd workers were within
+    6%: a forked worker's heap starts from the zygote's history, which sets whether a 16 MB
+    output is faulted in anew on each call; see bench.timing.steady_host_allocator), and on
+    cuda it has not run on a GPU yet (its workers initialize CUDA after the fork, as torch
+    requires: the zygote never touches CUDA)."""
+    return os.environ.get("ASSAY_SANDBOX_ZYGOTE", "").strip().lower() in ("1", "true", "yes",
+                                                                          "on")
 
 
 def runs(cmd: list[str]) -> bool:
@@ -104,11 +107,11 @@ class Zygote:
         return self.proc.pid
 
     @classmethod
-    def get(cls, env: dict[str, str], device: str) -> "Zygote | None":
+    def get(cls, env: dict[str, str]) -> "Zygote | None":
         """The running zygote for ``env``, started now if there is none (it imports torch
-        while the caller goes on); None where it is turned off for ``device`` or could not
+        while the caller goes on); None where it is not asked for (:func:`wanted`) or could not
         start (the caller execs the worker instead)."""
-        if not wanted(device):
+        if not wanted():
             return None
         key = tuple(env.get(k) for k in AT_IMPORT)
         with cls._lock:
