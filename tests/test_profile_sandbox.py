@@ -15,12 +15,10 @@ import os
 import shutil
 import socket
 import threading
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-import torch
 
 from assay.profile.tools import ncu_command, sandboxed_worker, torch_profile
 from assay.verify.harness import verify
