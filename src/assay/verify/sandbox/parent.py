@@ -17,7 +17,6 @@ from assay.verify.sandbox.cgroups import Cgroups
 from assay.verify.sandbox.host import (PlanError, Slot, device_groups, freeze_cache, is_root,
                                        kernel_cache, kill_uid, needed_paths,
                                        open_cache_to_group, plan_covers, sanitize_scratch)
-from assay.verify.sandbox.zygote import Child
 from assay.verify.settings import SandboxLimits
 
 FILE_SIZE_LIMIT = 64 << 30  # one runaway file (a log, a result) cannot fill the disk alone
@@ -222,7 +221,8 @@ def _run(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLimits, dev
     return Outcome(f"exit {code}: {tail}", "exit", iso, code)
 
 
-def _start(spec: dict, cmd: list[str], out, report_fd: int) -> "subprocess.Popen | Child":
+def _start(spec: dict, cmd: list[str], out,
+           report_fd: int) -> "subprocess.Popen | zygote.Child":
     """The launcher, writing to ``out``: forked by the zygote (torch imported already) where
     ``cmd`` is the worker's, else a fresh Python that sets the sandbox up and execs ``cmd``."""
     if zygote.runs(cmd):
@@ -239,10 +239,10 @@ def _start(spec: dict, cmd: list[str], out, report_fd: int) -> "subprocess.Popen
                             start_new_session=True)
 
 
-def _cpu_s(before: resource.struct_rusage, proc: "subprocess.Popen | Child") -> float:
+def _cpu_s(before: resource.struct_rusage, proc: "subprocess.Popen | zygote.Child") -> float:
     """CPU seconds of the launcher's tree (the worker's, through the relay): from the zygote
     that reaped it, or those of this process's children reaped since ``before``."""
-    if isinstance(proc, Child):
+    if isinstance(proc, zygote.Child):
         return proc.cpu_s
     now = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (now.ru_utime + now.ru_stime) - (before.ru_utime + before.ru_stime)
@@ -258,7 +258,7 @@ def _tail(log: Path) -> str:
         return ""
 
 
-def _kill_group(proc: "subprocess.Popen | Child") -> None:
+def _kill_group(proc: "subprocess.Popen | zygote.Child") -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -242,7 +242,7 @@ def serve(ctl_fd: int) -> int:
             os.close(report_fd)
             continue
         if pid == 0:
-            _child(req, log_fd, report_fd, [ctl, status, *children.values()], (wake_r, wake_w))
+            _child(req, log_fd, report_fd, [ctl, status, *children.values()])
         os.close(log_fd)
         os.close(report_fd)
         children[pid] = status
@@ -280,10 +280,10 @@ def _killpg(pid: int) -> None:
         pass
 
 
-def _child(req: dict, log_fd: int, report_fd: int, sockets: list[socket.socket],
-           wake: tuple[int, int]) -> None:
-    """In the forked child: nothing of the zygote's is left open, then the launcher."""
-    code = 127
+def _child(req: dict, log_fd: int, report_fd: int, sockets: list[socket.socket]) -> None:
+    """In the forked child: nothing of the zygote's is left open (its sockets closed through
+    their objects, every other descriptor, the signal wake-up pipe too, by number), then the
+    launcher, which never returns."""
     try:
         signal.set_wakeup_fd(-1)
         for s in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -298,7 +298,6 @@ def _child(req: dict, log_fd: int, report_fd: int, sockets: list[socket.socket],
         # Every other descriptor goes, whatever holds it: only the report pipe stays open.
         keep = os.dup2(report_fd, 3) if report_fd != 3 else 3
         os.closerange(4, os.sysconf("SC_OPEN_MAX"))
-        del wake, null, log_fd
         os.chdir("/")
         spec = req["spec"]
         spec["report_fd"] = keep
@@ -310,7 +309,7 @@ def _child(req: dict, log_fd: int, report_fd: int, sockets: list[socket.socket],
             os.write(2, f"sandbox: zygote child failed: {type(e).__name__}: {e}\n".encode())
         except OSError:
             pass
-    os._exit(code)
+    os._exit(127)
 
 
 def _worker(cmd: list[str]) -> int:
