@@ -165,6 +165,23 @@ def test_light_sources_start_each_file_with_what_it_names():
     assert inline.light_sources(no_switch) is None
 
 
+def test_slim_operator_headers_leave_out_what_their_functions_never_use(tmp_path):
+    a = {"cpp_sources": "", "cuda_sources": "auto y = at::empty_like(x); torch::zeros({2});",
+         "no_implicit_headers": False, "extra_include_paths": ["/mine"]}
+    light = inline.light_sources(a, tmp_path / "inc")
+    assert light["extra_include_paths"] == [str(tmp_path / "inc"), "/mine"]  # searched first
+    for op in ("empty_like", "zeros"):
+        slim = (tmp_path / "inc" / "ATen" / "ops" / f"{op}.h").read_text()
+        whole = inline.ops_called([f"at::{op}("])[op].read_text()
+        assert "#include <ATen/Context.h>" in whole and "#include <ATen/Context.h>" not in slim
+        assert "#include <ATen/DeviceGuard.h>" not in slim
+        assert f"#include <ATen/ops/{op}_ops.h>" in slim and f"inline at::Tensor {op}(" in slim
+    # nothing called: no folder, the caller's include paths as they were
+    assert "extra_include_paths" not in inline.light_sources({**a, "cuda_sources": "int x;"},
+                                                             tmp_path / "none")
+    assert not (tmp_path / "none").exists()
+
+
 def test_light_build_first_then_the_cuda_file_as_load_inline_writes_it(builds, capfd):
     full = "#include <torch/extension.h>\n__global__ void k() {}\n"
     assert inline.cached_load_inline("ext_l", "3", cuda_sources=full).answer() == 3
@@ -251,7 +268,7 @@ torch::Tensor add_relu(torch::Tensor a, torch::Tensor b) {
 
 
 def test_real_load_inline_builds_light_and_is_cached(monkeypatch):
-    """torch's own load_inline and headers (~7 s light on 2 cores, ~18 s as torch builds it):
+    """torch's own load_inline and headers (~6 s light on 2 cores, ~18 s as torch builds it):
     the light binding file holds for a C++ source, TORCH_CHECK still reaches Python as a
     RuntimeError, and a second call is a cache hit."""
     import torch
@@ -329,13 +346,15 @@ std::vector<torch::Tensor> row_sum_cuda(torch::Tensor x) {
 @pytest.mark.skipif(not shutil.which("nvcc"), reason="no nvcc")
 def test_a_kernelbench_style_cuda_file_compiles_light(tmp_path):
     """The light CUDA file of a typical candidate (factories, a dispatch macro, tensor methods,
-    TensorOptions, torch:: dtypes) compiles with nvcc against torch's real headers, host and
-    device side (~13 s on 2 cores; ~25 s against torch/types.h)."""
+    TensorOptions, torch:: dtypes) compiles with nvcc against torch's real headers and the slim
+    per-operator headers, host and device side (~8 s on 2 cores; ~25 s against
+    torch/types.h)."""
     light = inline.light_sources({"cpp_sources": "", "cuda_sources": KB_STYLE_CUDA,
-                                  "no_implicit_headers": False})
+                                  "no_implicit_headers": False}, tmp_path / "inc")
     src = tmp_path / "cuda.cu"
     src.write_text("\n".join(light["cuda_sources"]))
-    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    includes = [f"-I{p}" for p in light["extra_include_paths"]] + \
+        [arg for p in cpp_extension.include_paths() for arg in ("-isystem", p)]
     proc = subprocess.run(["nvcc", *includes, "-std=c++17", "-Xcompiler", "-fPIC",
                            *cpp_extension.COMMON_NVCC_FLAGS, "-gencode=arch=compute_90,code=sm_90",
                            "-c", str(src), "-o", str(tmp_path / "cuda.o")],
