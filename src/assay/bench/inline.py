@@ -23,7 +23,7 @@ with :func:`cached_load_inline`, which
   the functions its sources call, those without the two headers their inline functions never
   use (:func:`write_slim_op_headers`), and the binding file also with pybind11 and torch's
   Tensor caster: on the 2-core CPU machine a KernelBench-style elementwise candidate's CUDA
-  file compiled in 7.6 s instead of 25.4 s and its binding file in 4.2 s instead of 16.8 s. A
+  file compiled in 8.1-8.5 s instead of 25.4 s and its binding file in 5.0 s instead of 16.8 s. A
   source that needs more fails that build and is built again (:func:`_build`), so the only
   cost of a wrong guess is the light build's time;
 - turns a failed build into :class:`assay.bench.build.BuildError` whose ``log`` is the whole
@@ -279,8 +279,9 @@ def write_slim_op_headers(ops: dict[str, Path], include_dir: Path) -> None:
 def light_preamble(sources: list[str]) -> list[str]:
     """The lines a light file starts with: ATen's core (the Tensor class and its methods,
     TORCH_CHECK, the scalar types), the per-operator header of every ATen function the
-    sources call, the few other ATen headers they name, and ``torch::`` as an alias of ``at::``
-    (what torch/types.h makes of it), with the dtype names torch:: spells apart."""
+    sources call, the few other ATen headers they name, the tensor arithmetic operators, and
+    ``torch::`` as an alias of ``at::`` (what torch/types.h makes of it), with the dtype names
+    torch:: spells apart."""
     text = "\n".join(sources)
     heads = ["ATen/core/Tensor.h"]
     heads += [f"ATen/ops/{op}.h" for op in ops_called(sources)]
@@ -289,8 +290,17 @@ def light_preamble(sources: list[str]) -> list[str]:
                if re.search(rf"\btorch::{k}\b", text)]
     if re.search(r"\btorch::Dtype\b", text):
         aliases.append("using Dtype = at::ScalarType;")
-    return [*(f"#include <{h}>" for h in heads),
+    return [*(f"#include <{h}>" for h in heads), *_TENSOR_OPERATORS,
             "namespace torch { using namespace at; " + " ".join(aliases) + " }"]
+
+
+# Tensor arithmetic (x * 2 + y): ATen's operators header, in the per-operator form torch builds
+# itself with (it then needs empty_like only, the operators calling Tensor methods), where
+# whole-ATen mode would include every function of ATen
+_TENSOR_OPERATORS = ["#ifndef AT_PER_OPERATOR_HEADERS", "#define AT_PER_OPERATOR_HEADERS",
+                     "#include <ATen/TensorOperators.h>", "#undef AT_PER_OPERATOR_HEADERS",
+                     "#else", "#include <ATen/TensorOperators.h>", "#endif"]
+_OPERATORS_NEED = "empty_like"
 
 
 def light_sources(a: dict[str, Any], include_dir: Path | None = None) -> dict[str, Any] | None:
@@ -324,8 +334,8 @@ def light_sources(a: dict[str, Any], include_dir: Path | None = None) -> dict[st
     if cuda:
         out["cuda_sources"] = ["#include <cuda.h>", "#include <cuda_runtime.h>",
                                *light_preamble(cuda), *cuda]
-    ops = ops_called(cpp + cuda)
-    if include_dir is not None and ops:
+    ops = {**ops_called(cpp + cuda), **ops_called([f"at::{_OPERATORS_NEED}("])}
+    if include_dir is not None:
         write_slim_op_headers(ops, include_dir)
         out["extra_include_paths"] = [str(include_dir), *(a.get("extra_include_paths") or [])]
     return out
