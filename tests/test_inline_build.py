@@ -347,9 +347,9 @@ std::vector<torch::Tensor> row_sum_cuda(torch::Tensor x) {
 @pytest.mark.skipif(not shutil.which("nvcc"), reason="no nvcc")
 def test_a_kernelbench_style_cuda_file_compiles_light(tmp_path):
     """The light CUDA file of a typical candidate (factories, a dispatch macro, tensor methods
-    and arithmetic, TensorOptions, torch:: dtypes) compiles with nvcc against torch's real headers and the slim
-    per-operator headers, host and device side (~8 s on 2 cores; ~25 s against
-    torch/types.h)."""
+    and arithmetic, TensorOptions, torch:: dtypes) compiles with nvcc against torch's real
+    headers and the slim per-operator headers, host and device side (~9 s on 2 cores; ~25 s
+    against torch/types.h)."""
     light = inline.light_sources({"cpp_sources": "", "cuda_sources": KB_STYLE_CUDA,
                                   "no_implicit_headers": False}, tmp_path / "inc")
     src = tmp_path / "cuda.cu"
