@@ -17,10 +17,10 @@ wall time and ninja's per-step times (``.ninja_log``: the C++ binding ``main.o``
 - ``arch_only_pch``: the same plus torch's ``use_pch=True`` (a precompiled torch/extension.h for
   the C++ file; g++ only; torch writes it beside its headers, so this needs write access there);
 - ``arch_only_light_header``: the same with the CUDA source including ``torch/types.h`` instead
-  of ``torch/extension.h`` (no pybind11 or Python headers through nvcc): what rewriting that
-  include would buy, if it were worth the risk;
+  of ``torch/extension.h`` (no pybind11 or Python headers through nvcc);
 - ``assay_cold`` / ``assay_cached``: assay.bench.inline.cached_load_inline into an empty kernel
-  cache, then the same content again (a second worker: an import of the cached library).
+  cache (its light build: ATen's core and slim per-operator headers in both files), then the
+  same content again (a second worker: an import of the cached library).
 
 Writes ``DIR/inline_build.json`` and ``DIR/inline_build.md`` (median seconds per variant and
 the split). Expected run time: about 6 x 45 s x repeat on an H100 host, less as variants win.
