@@ -83,5 +83,5 @@ open(f"{out}/cpu_campaign.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines[:2]))
 PY
 
-taskset -c "$CORES" python3 -m pytest -m slow -q -p no:cacheprovider \
+ASSAY_STRICT_TIMING=1 taskset -c "$CORES" python3 -m pytest -m slow -q -p no:cacheprovider \
   tests/test_cpu_reproducible.py 2>&1 | tail -15 | tee "$OUT/reproducible.log"

@@ -1,8 +1,9 @@
 """load_inline through the content-hash cache (assay.bench.inline).
 
-torch's real load_inline needs ~30 s per build on this machine, so the cache logic is tested
-with a stand-in that has load_inline's signature and builds a tiny CPython extension with the
-C compiler (PyInit_<name>, like torch's); one opt-in test (ASSAY_SLOW_TESTS=1) runs torch's own.
+The cache and fallback logic is tested with a stand-in that has load_inline's signature and
+builds a tiny CPython extension with the C compiler (PyInit_<name>, like torch's); two tests
+build with torch's real headers: its own load_inline of a C++ extension (light, ~6 s) and nvcc
+on a light KernelBench-style CUDA file (~9 s).
 """
 
 from __future__ import annotations

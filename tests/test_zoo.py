@@ -585,6 +585,11 @@ def test_off_grid_data_exposes_a_bf16_mean_and_the_offset_set_too():
     for dists, shows in ((base.input_distributions, "large"), (["native", "grid"], "grid"),
                          (["native", "offset"], "offset"), (["native", "native"], None)):
         cfg = dataclasses.replace(base, input_distributions=list(dists))
+        if shows is None:
+            # Two native sets' mean squared errors (2 +- 0.008 each) fall within the tolerance
+            # of one another in ~4% of the secret draws, and the task reads as degenerate; the
+            # degeneracy is flagged, not refused, here: this case is about the bf16 mean.
+            cfg = dataclasses.replace(cfg, on_degenerate="flag")
         prep = prepare(task, "cpu", cfg)
         bad, good = (verify(task, CASES[name]["path"], "cpu", cfg, record=record(task),
                             peaks=GENEROUS_PEAKS, prepared=prep)
