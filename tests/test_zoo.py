@@ -584,12 +584,10 @@ def test_off_grid_data_exposes_a_bf16_mean_and_the_offset_set_too():
     assert [str(d) for d in base.input_distributions] == ["native", "native", "large"]
     for dists, shows in ((base.input_distributions, "large"), (["native", "grid"], "grid"),
                          (["native", "offset"], "offset"), (["native", "native"], None)):
-        cfg = dataclasses.replace(base, input_distributions=list(dists))
-        if shows is None:
-            # Two native sets' mean squared errors (2 +- 0.008 each) fall within the tolerance
-            # of one another in ~4% of the secret draws, and the task reads as degenerate; the
-            # degeneracy is flagged, not refused, here: this case is about the bf16 mean.
-            cfg = dataclasses.replace(cfg, on_degenerate="flag")
+        # Two sets at the task's scale (native, grid) give mean squared errors of 2 +- 0.008
+        # each, within the tolerance of one another in ~4% of the secret draws, and the task
+        # then reads as degenerate: flagged, not refused, here, where the bf16 mean is the point.
+        cfg = dataclasses.replace(base, input_distributions=list(dists), on_degenerate="flag")
         prep = prepare(task, "cpu", cfg)
         bad, good = (verify(task, CASES[name]["path"], "cpu", cfg, record=record(task),
                             peaks=GENEROUS_PEAKS, prepared=prep)
