@@ -28,11 +28,11 @@ cannot average out, from inside it, luck that is fixed for the worker's life.
 So the test has two tiers. Gross: a protocol fault (the lease's thread count: 0.97x, then
 0.41x) spreads every attempt's five verifications far past any machine's luck; the test fails
 when every attempt spread over GROSS. Fine (the issue's line): up to eight attempts (none
-started after ATTEMPTS_S); it holds on the first whose control held within 5% and whose five
-verifications held within 5%, or within twice the spread its own control measured where that
+started after ATTEMPTS_S); it holds on the first whose five verifications held within 5%, or,
+beside a control that held within 5%, within twice the spread that control measured where that
 is wider (five draws of the same process luck: the verifications' five may fairly spread as far
-again; at most 10%). Where no attempt's control held, it is skipped with the numbers, never
-passed. Where steady attempts did not hold, it fails under ASSAY_STRICT_TIMING=1 (set by
+again; at most 10%). Where nothing held and no control held, it is skipped with the numbers,
+never passed. Where steady attempts did not hold, it fails under ASSAY_STRICT_TIMING=1 (set by
 benchmarks/cpu_campaign.sh, which measures it on a machine given to it alone, its result under
 docs/evidence/) and is skipped with the numbers otherwise: on CI's shared VM the 5% line is
 not decidable, and a gate that fails there by luck lands nothing."""
@@ -72,8 +72,14 @@ def bound(control: list[float]) -> float:
     return max(0.05, 2 * spread(control))
 
 
-# The subprocess's script: it stops at the first attempt that holds, by the same two rules.
-STEPS = "import statistics\n" + inspect.getsource(spread) + inspect.getsource(bound) + """
+def holds(speedups: list[float], control: list[float]) -> bool:
+    """The issue's line: the five within 5% of their median, or, beside a steady control
+    (within 5%), within :func:`bound` of it."""
+    return spread(speedups) <= (bound(control) if spread(control) <= 0.05 else 0.05)
+
+
+# The subprocess's script: it stops at the first attempt that holds, by the same rules.
+STEPS = "import statistics\n" + "".join(inspect.getsource(f) for f in (spread, bound, holds)) + """
 import json, random, subprocess, sys, tempfile
 from pathlib import Path
 from assay import gpu
@@ -133,7 +139,7 @@ for _ in range(ATTEMPTS):
             sys.exit("the control failed: " + ctl.stderr[-2000:])
         control.append(float(ctl.stdout.split("CONTROL ")[-1]))
     attempts.append({"runs": runs, "control_ms": control})
-    if spread(control) <= 0.05 and spread([r["speedup"] for r in runs]) <= bound(control):
+    if holds([r["speedup"] for r in runs], control):
         break
 print("RESULT " + json.dumps({"threads": threads, "size": task.size, "eager_ms": base["eager_ms"],
                               "attempts": attempts}), flush=True)
@@ -165,10 +171,9 @@ def test_five_verifications_of_one_cpu_kernel_agree_within_5_percent_or_the_mach
     assert not all(spread([r["speedup"] for r in a["runs"]]) > GROSS for a in attempts), \
         f"every attempt spread over {GROSS:.0%}: a protocol fault\n" + \
         "\n".join(said(a) for a in attempts)
-    steady = [a for a in attempts if spread(a["control_ms"]) <= 0.05]
-    held = [spread([r["speedup"] for r in a["runs"]]) <= bound(a["control_ms"]) for a in steady]
-    if any(held):
+    if any(holds([r["speedup"] for r in a["runs"]], a["control_ms"]) for a in attempts):
         return
+    steady = [a for a in attempts if spread(a["control_ms"]) <= 0.05]
     if not steady:
         pytest.skip(f"the machine did not hold still in {len(attempts)} attempts (every "
                     f"control over 5%):\n" + "\n".join(said(a) for a in attempts))
