@@ -134,6 +134,7 @@ def test_light_sources_start_each_file_with_what_it_names():
     body = ("#include <torch/extension.h>\n__global__ void k(float* x) {}\n"
             "torch::Tensor f(torch::Tensor x) { auto y = torch::empty_like(x);\n"
             "  auto z = at::zeros({3}, x.options().dtype(torch::kFloat32));\n"
+            "  auto t = x.contiguous().sum();\n"
             "  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), \"f\", [&] {}); return y; }\n")
     a = {"cpp_sources": "#include <torch/extension.h>\ntorch::Tensor f(torch::Tensor x);",
          "cuda_sources": body, "no_implicit_headers": False}
@@ -145,7 +146,8 @@ def test_light_sources_start_each_file_with_what_it_names():
     head = "\n".join(cuda[:-1])
     for h in ("ATen/ops/empty_like.h", "ATen/ops/zeros.h", "ATen/Dispatch.h"):
         assert f"#include <{h}>" in head, h
-    assert "ATen/ops/dtype.h" not in head  # a method, not a call through torch:: or at::
+    for method in ("contiguous", "sum"):  # ATen ops called as methods: the core declares them
+        assert inline.ops_called([f"at::{method}("]) and f"ATen/ops/{method}.h" not in head
     assert "constexpr auto kFloat32 = at::kFloat;" in head and "kInt32" not in head
     assert "torch/extension.h" not in "\n".join(cuda + cpp)  # the source's own include too
     assert cpp[:2] == ["#include <torch/csrc/utils/pybind.h>", "#include <torch/csrc/Exceptions.h>"]
