@@ -334,7 +334,9 @@ def light_sources(a: dict[str, Any], include_dir: Path | None = None) -> dict[st
     if cuda:
         out["cuda_sources"] = ["#include <cuda.h>", "#include <cuda_runtime.h>",
                                *light_preamble(cuda), *cuda]
-    ops = {**ops_called(cpp + cuda), **ops_called([f"at::{_OPERATORS_NEED}("])}
+    ops = ops_called(cpp + cuda)
+    if (operators_need := _op_header(_OPERATORS_NEED)) is not None:
+        ops.setdefault(_OPERATORS_NEED, operators_need)
     if include_dir is not None:
         write_slim_op_headers(ops, include_dir)
         out["extra_include_paths"] = [str(include_dir), *(a.get("extra_include_paths") or [])]
