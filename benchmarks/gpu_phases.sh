@@ -27,9 +27,9 @@
 #               against a sequential `assay verify` loop); PROBLEMS: level-1 task numbers,
 #               SAMPLES per task (3), SEQUENTIAL candidates in the loop (2)
 #   verify1     `assay verify` of one generated load_inline candidate of KB's level-1 PROBLEM (21:
-#               Sigmoid, 6.4 GB tensors) once per TRANSFERS (default: host cuda_ipc; SECONDS
-#               each), the verdicts with their `times` in $S/verify1/ (issue #16's
-#               single-verification line)
+#               Sigmoid, 6.4 GB tensors) once per word of TRANSFERS (default: host cuda_ipc;
+#               SECONDS each; "cuda_ipc cuda_ipc": cold, then warm), the verdicts with their
+#               `times` in $S/verify1/<n>-<transfer>.json (issue #16's single-verification line)
 #   synthkb     the offline synthesizer on KernelBench (issue #17), resumable; LEVELS=1,
 #               VARIANTS / MUTATIONS (synth_suite's defaults), TASKS: id globs, SAMPLE: tasks
 #               per level (seeded), LIMIT: undecided tasks taken per call; KERNELS=triton: the
@@ -138,9 +138,11 @@ for phase in "$@"; do
         [${PROBLEM:-21}])" || exit 1
       cand=$(ls "$S"/verify1/level_1_problem_${PROBLEM:-21}_sample_0_kernel.py)
       task=$(ls .kb/level1/${PROBLEM:-21}_*.py)
+      i=0  # (a transfer named twice: the second run finds the build and baselines cached)
       for tr in ${TRANSFERS:-host cuda_ipc}; do
+        i=$((i + 1))
         run_for "$secs" "$S/verify1.log" python3 -m assay.cli verify --task "$task" \
-          --candidate "$cand" --device cuda --transfer "$tr" --json "$S/verify1/$tr.json"
+          --candidate "$cand" --device cuda --transfer "$tr" --json "$S/verify1/$i-$tr.json"
       done ;;
     joins)
       run_for "$secs" "$S/joins.log" python3 benchmarks/probe_joins.py --out "$S/joins.md" ;;

@@ -165,6 +165,26 @@ def test_staged_copies_between_device_and_host_are_exact(monkeypatch):
     assert torch.equal(out, t.cpu())
 
 
+def test_a_cuda_warm_up_of_a_tiny_call_is_capped_and_still_lasts_its_time():
+    """A call of microseconds warms up CUDA_WARMUP_CALLS times at most (the audit traces every
+    call), and the device is kept busy for the rest of the warm-up's time (its clocks)."""
+    from assay.bench import timing
+
+    x = torch.randn(1024, device="cuda")
+    calls, first_timed = [], []
+    t0 = time.perf_counter()
+
+    def before(call: int) -> None:
+        if not first_timed:
+            first_timed.append((len(calls), time.perf_counter() - t0))
+
+    cfg = timing.TimingConfig(warmup_s=0.0, min_runs=10, max_runs=10, budget_s=0.0)
+    timing.time_calls(lambda i: calls.append(i) or x * 2, torch.device("cuda"), cfg, before)
+    warm_calls, warm_s = first_timed[0]
+    assert warm_calls == timing.CUDA_WARMUP_CALLS, warm_calls
+    assert warm_s >= 0.9 * timing.CUDA_MIN_WARMUP_S, warm_s
+
+
 def test_illegal_address_is_a_verdict(task, tmp_path):
     cand = tmp_path / "oob.py"
     cand.write_text(cuda_kernel(launch="relu_kernel<<<blocks, 256, 0, s>>>(x, (float*)8, n);"))

@@ -13,6 +13,8 @@ Each file under tests/zoo/candidates/ declares, at module level:
           FIRES  a str: when a trigger that depends on the machine's timing cheats (a run
           where it did not is accepted, rightly: the test then asks that the audit saw no
           compute op, and runs it again, up to three times, until it fires)
+  CUDA    a dict of these fields that replace the file's own on the cuda target (a case of the
+          cpu zoo linked into tests/zoo_cuda/ whose trick shows there through another check)
 The metadata is read with ast, never by importing the candidate into the test process.
 """
 
@@ -44,15 +46,19 @@ ZOO = Path(__file__).parent / "zoo"
 # Generous device ceilings: no honest cpu kernel comes near this floor; a faked time does.
 GENEROUS_PEAKS = {"name": "test ceiling", "bandwidth_gbs": 1e4, "flops_tflops": 1e3}
 _FIELDS = ("TASK", "EXPECT", "ALSO", "POLICY", "CONFIG", "KIND", "NAIVE", "SLOW", "GAP",
-           "FIRES")
+           "FIRES", "CUDA")
 
 
-def read_meta(path: Path) -> dict:
+def read_meta(path: Path, target: str = "cpu") -> dict:
     meta = {"EXPECT": [], "ALSO": [], "POLICY": "strict", "CONFIG": {}}
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name) and node.targets[0].id in _FIELDS:
             meta[node.targets[0].id] = ast.literal_eval(node.value)
+    cuda = meta.pop("CUDA", {})
+    if target == "cuda":
+        assert set(cuda) <= set(_FIELDS) - {"CUDA"}, (path, cuda)
+        meta.update(cuda)
     meta["KIND"] = meta.get("KIND") or ("exploit" if meta["EXPECT"] else "honest")
     meta["path"] = path
     return meta
@@ -598,6 +604,63 @@ def test_off_grid_data_exposes_a_bf16_mean_and_the_offset_set_too():
             continue
         assert not bad.accepted and "precision" in bad.reasons, (dists, bad.reasons)
         assert shows in bad.checks["precision"]["detail"], bad.checks["precision"]["detail"]
+
+
+def test_a_bf16_mean_is_rejected_off_the_grid_however_long_the_reduction(tmp_path):
+    """On an H200 the red team's bf16-input MSE over 8 M elements passed the float64 bound
+    4 x u x sqrt(N) at 0.9 of it (6.2e-4): that bound grows with the reduction, the error of
+    rounded inputs does not. The same task at that size here, both MSEs accumulated in double
+    as a GPU's parallel reduction is about as accurate (the zoo's own fp32 OpenMP sums drift by
+    4e-3 over 4 M terms a thread, which the bound rightly rejects): the off-grid set's error
+    against the task data's (inputs rounded to bf16: ~1e-6 on the task's data, 6e-4 off the
+    grid) rejects the rounded one, and the honest one, which errs alike on both, passes."""
+    text = (ZOO / "tasks" / "level1" / "5_mse_loss.py").read_text()
+    assert "rows, cols = 128, 1024" in text
+    path = tmp_path / "5_mse_loss_8m.py"
+    path.write_text(text.replace("rows, cols = 128, 1024", "rows, cols = 2048, 4096"))
+    task = Task.from_file(path)
+    cands = {}
+    for name in ("exploit_bf16_inputs_mean_loss", "honest_mse_cpp"):
+        src = CASES[name]["path"].read_text()
+        assert "  float s = 0.f;" in src, name
+        cands[name] = tmp_path / f"{name}_double_sum.py"
+        cands[name].write_text(src.replace("  float s = 0.f;", "  double s = 0.0;"))
+    cfg = zoo_config({"POLICY": "strict", "CONFIG": {}})
+    prep = prepare(task, "cpu", cfg)
+    bad, good = (verify(task, cands[name], "cpu", cfg, record=record(task),
+                        peaks=GENEROUS_PEAKS, prepared=prep)
+                 for name in ("exploit_bf16_inputs_mean_loss", "honest_mse_cpp"))
+    assert good.accepted, good.reasons
+    assert not bad.accepted and "precision" in bad.reasons, bad.reasons
+    detail = bad.checks["precision"]["detail"]
+    assert "off bf16's grid" in detail and "task's own data" in detail, detail
+    assert "sqrt(16777216)" not in detail, detail  # the float64 bound alone passed it
+
+
+def test_rounded_inputs_compares_the_off_grid_error_with_the_task_datas():
+    from assay.verify.compare import OFF_GRID_RATIO, SetError, rounded_inputs
+
+    u = 2.0 ** -24
+
+    def sets(native: float, large: float, own: float = 6e-8, j: int = 0) -> list[SetError]:
+        return [SetError(j, "native", native, own, u, "input set 0 (native)"),
+                SetError(j, "native", native / 2, own, u, "input set 1 (native)"),
+                SetError(j, "large", large, own, u, "input set 2 (large)")]
+
+    assert rounded_inputs(sets(9e-8, 6e-4))  # a bf16 mean: random on the task's data only
+    assert not rounded_inputs(sets(5e-5, 6e-4))  # a long fp32 sum errs on both
+    assert not rounded_inputs(sets(9e-8, 0.9 * OFF_GRID_RATIO * 9e-8))
+    # the unit roundoff is the floor: exact outputs on the task's data prove nothing alone
+    assert not rounded_inputs(sets(0.0, 30 * u, own=0.0))
+    assert not rounded_inputs(sets(9e-8, 0.05))  # wrong, not imprecise: correctness says so
+    # the opt-in offset set loses bits to any bf16 kernel and to honest one-pass variances too
+    offset = [SetError(0, "offset", 6e-4, 6e-8, u, "input set 1 (offset)"),
+              SetError(0, "native", 9e-8, 6e-8, u, "input set 0 (native)")]
+    assert not rounded_inputs(offset)
+    # per output: the second one's rounding shows, named by its call
+    found = rounded_inputs(sets(5e-5, 6e-4) + sets(9e-8, 6e-4, j=1))
+    assert len(found) == 1 and found[0].startswith("input set 2 (large)"), found
+    assert not rounded_inputs([e for e in sets(9e-8, 6e-4) if e.distribution == "large"])
 
 
 def test_the_offset_set_rejects_an_honest_one_pass_variance():

@@ -22,7 +22,8 @@ from assay.verify import checks, policy
 from test_zoo import read_meta
 
 CUDA_ZOO = Path(__file__).parent / "zoo_cuda"
-CUDA_CASES = {p.stem: read_meta(p) for p in sorted((CUDA_ZOO / "candidates").glob("*.py"))}
+CUDA_CASES = {p.stem: read_meta(p, "cuda")
+              for p in sorted((CUDA_ZOO / "candidates").glob("*.py"))}
 _GLOBAL = re.compile(r"__global__\s+void\s+(\w+)")
 
 

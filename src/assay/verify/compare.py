@@ -68,6 +68,10 @@ class Comparison:
     precision_ok: bool = True
     precision_detail: str = ""
     precision_ratio: float = 0.0  # candidate's error / allowed error
+    # against float64, relative L2 (-1: no float64 reference): the candidate's error and the
+    # task-dtype reference's own (:func:`rounded_inputs` compares them across input sets)
+    err_rel: float = -1.0
+    own_rel: float = -1.0
 
 
 def _all_finite(t: torch.Tensor) -> bool:
@@ -257,6 +261,7 @@ def compare_tensor(val: torch.Tensor, ref: torch.Tensor, ref64: torch.Tensor | N
         first = first if first is not None else first_outlier
     rel = math.sqrt(sq_d) / (math.sqrt(sq_r) + 1e-30)
     prec_ok, prec_detail, ratio = True, "no float64 reference", 0.0
+    err_rel = own_rel = -1.0
     if use64:
         err = math.sqrt(sq_err)
         factor, ulps = precision_bounds(ref.dtype, cfg)
@@ -266,6 +271,7 @@ def compare_tensor(val: torch.Tensor, ref: torch.Tensor, ref64: torch.Tensor | N
         # a wrong result, correctness's business, not reported twice.
         prec_ok = err <= allowed or err > PRECISION_SCOPE * stats["norm64"]
         norm64 = max(stats["norm64"], 1e-300)
+        err_rel, own_rel = err / norm64, stats["err_norm"] / norm64
         prec_detail = (f"error vs float64 {err / norm64:.3g} (relative L2) where the "
                        f"{str(ref.dtype).removeprefix('torch.')} reference's own is "
                        f"{stats['err_norm'] / norm64:.3g}; allowed {allowed / norm64:.3g} = "
@@ -277,5 +283,63 @@ def compare_tensor(val: torch.Tensor, ref: torch.Tensor, ref64: torch.Tensor | N
         return Comparison(False, (
             f"{bad}/{n_fin} elements off (max |diff| {max_abs:.3g}, first at "
             f"index {first}: got {fmt(got)}, want {fmt(want)}; rtol {rtol:g}, atol {atol:g}*rms)"),
-            max_abs, rel, prec_ok, prec_detail, ratio)
-    return Comparison(True, "", max_abs, rel, prec_ok, prec_detail, ratio)
+            max_abs, rel, prec_ok, prec_detail, ratio, err_rel, own_rel)
+    return Comparison(True, "", max_abs, rel, prec_ok, prec_detail, ratio, err_rel, own_rel)
+
+
+# How much larger an output's error against float64 may be on data off bf16's grid than on the
+# task's own data before it says the inputs were rounded (:func:`rounded_inputs`).
+OFF_GRID_RATIO = 64.0
+
+
+@dataclass(frozen=True)
+class SetError:
+    """One compared call's output against float64: which output, the distribution its input set
+    was drawn from, the candidate's and the reference's own relative L2 error, the dtype's
+    unit roundoff, and where in the protocol the call was (for the verdict)."""
+
+    output: int
+    distribution: str
+    err: float
+    own: float
+    u: float
+    where: str
+
+
+def rounded_inputs(errors: list[SetError]) -> list[str]:
+    """Outputs whose error against float64 on data off bf16's grid (``off_grid`` distributions)
+    is over :data:`OFF_GRID_RATIO` times the most seen on the task's own data (plain scaled
+    distributions), the reference's own errors and the unit roundoff: the signature of inputs
+    rounded to bf16, fp16 or TF32 before an exact computation. On the task's data such
+    rounding errors are random and a long mean averages them away (a bf16-input MSE over 8 M
+    elements was 9e-8 off, as torch's own); off the grid every element shrinks the same way
+    and nothing averages (6e-4 off, under the float64 bound 4 x u x sqrt(N) = 6.9e-4 of a
+    reduction that long: an H200's red team accepted it). An fp32 kernel errs alike on both:
+    its rounding does not depend on where the inputs lie against bf16's grid. Errors over
+    PRECISION_SCOPE are correctness's business, as in :func:`compare_tensor`."""
+    from assay.tasks.instantiate import DISTRIBUTIONS
+
+    def kind(name: str) -> str:
+        d = DISTRIBUTIONS.get(name)
+        if d is None:
+            return ""
+        return "off" if d.off_grid else "task" if not d.offset else ""
+
+    found = []
+    for j in sorted({e.output for e in errors}):
+        mine = [e for e in errors if e.output == j and e.err >= 0]
+        off = [e for e in mine if kind(e.distribution) == "off" and e.err <= PRECISION_SCOPE]
+        task = [e for e in mine if kind(e.distribution) == "task"]
+        if not off or not task:
+            continue
+        worst = max(off, key=lambda e: e.err)
+        on_task = max(e.err for e in task)
+        base = max([on_task, worst.u] + [e.own for e in mine])
+        if worst.err > OFF_GRID_RATIO * base:
+            found.append(
+                f"{worst.where}: error vs float64 {worst.err:.3g} (relative L2) on data off "
+                f"bf16's grid, {worst.err / base:.0f}x the most on the task's own data "
+                f"({on_task:.3g}) and the reference's own ({max(e.own for e in mine):.3g}): "
+                f"inputs rounded to a narrower type (an fp32 kernel errs alike on both; "
+                f"allowed {OFF_GRID_RATIO:g}x)")
+    return found
