@@ -27,8 +27,8 @@ cannot average out, from inside it, luck that is fixed for the worker's life.
 
 So the test has two tiers. Gross: a protocol fault (the lease's thread count: 0.97x, then
 0.41x) spreads every attempt's five verifications far past any machine's luck; the test fails
-when every attempt spread over GROSS. Fine (the issue's line): up to eight attempts (none
-started after ATTEMPTS_S); it holds on the first whose five verifications held within 5%, or,
+when every attempt spread over GROSS. Fine (the issue's line): up to eight attempts under
+ASSAY_STRICT_TIMING=1, three otherwise (none started after ATTEMPTS_S); it holds on the first whose five verifications held within 5%, or,
 beside a control that held within 5%, within twice the spread that control measured where that
 is wider (five draws of the same process luck: the verifications' five may fairly spread as far
 again; at most 10%). Where nothing held and no control held, it is skipped with the numbers,
@@ -51,6 +51,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 ATTEMPTS = 8
+LOOSE_ATTEMPTS = 3  # without ASSAY_STRICT_TIMING=1, where only a gross fault fails
 # No attempt starts after this many seconds (one takes 40-80 s here): the test stays within
 # its timeout on a machine that never holds still.
 ATTEMPTS_S = 720
@@ -152,7 +153,11 @@ def test_five_verifications_of_one_cpu_kernel_agree_within_5_percent_or_the_mach
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # the lease sets them, not the caller
         env.pop(var, None)
-    proc = subprocess.run([sys.executable, "-c", STEPS, str(ATTEMPTS), str(ATTEMPTS_S)],
+    strict = os.environ.get("ASSAY_STRICT_TIMING") == "1"
+    # Outside the strict measurement a miss only skips: fewer attempts decide as much (a gross
+    # fault spreads every one of them), in minutes of CI's time rather than up to twelve.
+    attempts_n = ATTEMPTS if strict else LOOSE_ATTEMPTS
+    proc = subprocess.run([sys.executable, "-c", STEPS, str(attempts_n), str(ATTEMPTS_S)],
                           env=env, capture_output=True, text=True, timeout=1150)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
@@ -180,7 +185,7 @@ def test_five_verifications_of_one_cpu_kernel_agree_within_5_percent_or_the_mach
     why = (f"no attempt of {len(attempts)} held: "
            + "; ".join(f"{said(a)}, over {bound(a['control_ms']):.1%}" for a in steady)
            + "\n" + "\n".join(said(a) for a in attempts))
-    if os.environ.get("ASSAY_STRICT_TIMING") == "1":
+    if strict:
         pytest.fail(why)
     pytest.skip(why + "\n(ASSAY_STRICT_TIMING=1 makes this a failure: benchmarks/cpu_campaign.sh)")
 

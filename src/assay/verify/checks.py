@@ -67,7 +67,10 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           "(allocator memory is poisoned with NaN before each call, so unwritten outputs show)"),
     Check("precision", "compute in a lower precision than the task's dtype (bf16/fp16 inside an "
           "fp32 task, approximate math): the error is measured against float64 and must stay "
-          "within what the dtype's own rounding explains"),
+          "within what the dtype's own rounding explains; an output whose error on the off-grid "
+          "sets is over 32x the most on the task's own data was computed from rounded inputs, "
+          "however long the reduction (the float64 bound grows with it, the error of rounded "
+          "inputs does not). Every call with a float64 reference counts, timed ones too"),
     Check("stale_results", "results cached across calls (keyed on pointers, ids, a call "
           "counter): fresh inputs in the same buffers must give fresh outputs"),
     Check("inputs_unchanged", "a candidate that modifies its inputs"),

@@ -525,8 +525,10 @@ class _OutputFindings:
     precision: list[str] = field(default_factory=list)   # over the float64 error bound
     # the correctness sets' closest call to that bound (ratio, its detail): said on a pass too
     nearest_bound: tuple[float, str] = (0.0, "")
-    # every compared call's error against float64, per output and input distribution
+    # every compared call's error against float64, per output and input distribution, and the
+    # largest off-grid ratio (compare.rounded_inputs): said on a pass too
     set_errors: list[SetError] = field(default_factory=list)
+    off_grid: str = ""
     max_abs: float = 0.0  # over the correctness sets
     rel: float = 0.0
 
@@ -615,7 +617,8 @@ def _compare_outputs(prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -> _Output
                 problems.append(f"{tag}: {c.detail}")
     # Every call counts, the timed ones with float64 references too: a kernel that rounds its
     # inputs only when timed meets data off the grid there (the swapped sets).
-    found.precision += rounded_inputs(found.set_errors)
+    rounded, found.off_grid = rounded_inputs(found.set_errors)
+    found.precision += rounded
     return found
 
 
@@ -668,7 +671,8 @@ def _check_outputs(v: Verdict, found: _OutputFindings,
     checks.record(v, "precision", not found.precision, "; ".join(found.precision[:3]) or
             "candidate within the allowed error against float64" + (
                 f" (closest, {found.nearest_bound[0]:.2f} of the bound: "
-                f"{found.nearest_bound[1]})" if found.nearest_bound[1] else ""))
+                f"{found.nearest_bound[1]})" if found.nearest_bound[1] else "")
+            + (f"; {found.off_grid}" if found.off_grid else ""))
     checks.record(v, "stale_results", not problems["stale"],
                   _lighter("stale_results", red, "; ".join(problems["stale"][:3])))
     checks.record(v, "inputs_unchanged", not changed,
