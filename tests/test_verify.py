@@ -134,6 +134,13 @@ def test_cli_exit_codes(task, tmp_path):
                 "roofline_ms", "kernels_launched", "library_time_frac"):
         assert key in verdict
     assert verdict["baseline_eager_ms"] > 0 and verdict["speedup_eager"] > 0
+    # where the seconds go: the worker's stages, and what its verified calls' outputs cost
+    times = verdict["times"]
+    steps = [times[f"worker.record.{k}_s"] for k in
+             ("snapshot", "settle", "landing", "inputs_check", "handover")]
+    assert all(x >= 0 for x in steps) and steps[1] > 0, times  # settle sleeps settle_s a call
+    assert sum(steps) + times["worker.correctness_inputs_s"] <= \
+        times["worker.correctness_s"] + times["worker.timing_s"] + times["worker.after_s"], times
     r = subprocess.run(base + ["--candidate", str(bad)], capture_output=True, text=True)
     assert r.returncode == 1 and "correctness" in r.stdout
     r = subprocess.run(base + ["--candidate", str(tmp_path / "missing.py")],

@@ -781,7 +781,11 @@ def hand_over(job_dir: Path, seq: int, slot: str, timeout_s: float = 3600.0) -> 
 
 class Recorder:
     """Takes each verified call's outputs: type check, snapshot, settle, landing copy (and,
-    with one landing buffer for every call, the handshake: :func:`hand_over`)."""
+    with one landing buffer for every call, the handshake: :func:`hand_over`). ``spent``: the
+    seconds each step took over every call (the call's own device work ends in ``settle``'s
+    first sync), reported as ``record.<step>_s`` where a verification's seconds go."""
+
+    STEPS = ("snapshot", "settle", "landing", "inputs_check", "handover")
 
     def __init__(self, device: torch.device, landing: dict[str, list[torch.Tensor]],
                  settle_s: float, handshake_dir: Path | None = None):
@@ -791,9 +795,18 @@ class Recorder:
         self.calls: dict[str, dict[str, Any]] = {}
         self.handshake_dir = handshake_dir
         self.seq = 0
+        self.spent = dict.fromkeys(self.STEPS, 0.0)
+        self._t = 0.0
+
+    def _step(self, name: str) -> None:
+        """Close the step ``name`` (it ran since the last one closed)."""
+        now = _CLOCK()
+        self.spent[name] += now - self._t
+        self._t = now
 
     def record(self, slot: str, set_id: int, out: Any, inputs: list,
                pristine: list | None) -> None:
+        self._t = _CLOCK()
         outs = as_outputs(out)
         metas, snaps = [], []
         for o in outs:  # snapshot first, the moment forward has returned
@@ -803,11 +816,13 @@ class Recorder:
                 continue
             snaps.append(_CLONE(o))
             metas.append({"plain": True})
+        self._step("snapshot")
         # Work that is still running (a thread, a side stream) would change the outputs now.
         timing.sync(self.device)
         if self.settle_s > 0:
             _SLEEP(self.settle_s)
         timing.sync(self.device)
+        self._step("settle")
         dest = self.landing.get(slot, [])
         for j, (o, snap, meta) in enumerate(zip(outs, snaps, metas)):
             if snap is None:
@@ -819,15 +834,18 @@ class Recorder:
                     and dest[j].dtype == o.dtype:
                 copy_staged(dest[j], snap)
                 meta["written"] = True
+        self._step("landing")
         changed = []
         if pristine is not None:
             changed = [bool(isinstance(x, torch.Tensor) and not bits_equal(x, p))
                        for x, p in zip(inputs, pristine)]
         timing.sync(self.device)
+        self._step("inputs_check")
         self.calls[slot] = {"set": set_id, "outputs": metas, "inputs_changed": changed}
         if self.handshake_dir is not None:
             hand_over(self.handshake_dir, self.seq, slot)
             self.seq += 1
+        self._step("handover")
 
 
 def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
@@ -942,9 +960,13 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     result["stage"] = "correctness"
     t = clock()
     held: dict[int, list] = {}
+    inputs_s = 0.0  # the correctness sets' private copies (from a host arena on the host path)
     for slot, phase, s in slots:
         if phase == "check":
+            t_in = clock()
             held[s] = clone_inputs(sets[s], device)
+            timing.sync(device)
+            inputs_s += clock() - t_in
             verified(slot, phase, s, held[s], sets[s])
     a, b = check[-1], check[0]  # as plan_slots: set b's data at the last checked call's pointers
     bufs_a = held[a]
@@ -957,6 +979,7 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     verified("stale_new_ptr", "stale", a, fresh, sets[a])
     del held, bufs_a, fresh
     times["correctness_s"] = clock() - t
+    times["correctness_inputs_s"] = inputs_s
     checkpoint("correctness")
 
     result["stage"] = "timing"
@@ -1017,6 +1040,7 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
                 dst.copy_(src)
         verified(slot, phase, s, bufs[bi], None, poisoned=False)
     times["after_s"] = clock() - t
+    times.update({f"record.{k}_s": v for k, v in rec.spent.items()})
     result["calls"] = rec.calls
 
     result["stage"] = "audit"
