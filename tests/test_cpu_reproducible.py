@@ -25,17 +25,18 @@ others 0.83-0.95x), and in interleaved runs a worker's timing moved 5-26% from p
 process while the machine had slow episodes: a verification is one worker, and the verifier
 cannot average out, from inside it, luck that is fixed for the worker's life.
 
-So the test has two tiers. Gross: a protocol fault (the lease's thread count: 0.97x, then
-0.41x) spreads every attempt's five verifications far past any machine's luck; the test fails
-when every attempt spread over GROSS. Fine (the issue's line): up to eight attempts under
-ASSAY_STRICT_TIMING=1, three otherwise (none started after ATTEMPTS_S); it holds on the first whose five verifications held within 5%, or,
-beside a control that held within 5%, within twice the spread that control measured where that
-is wider (five draws of the same process luck: the verifications' five may fairly spread as far
-again; at most 10%). Where nothing held and no control held, it is skipped with the numbers,
-never passed. Where steady attempts did not hold, it fails under ASSAY_STRICT_TIMING=1 (set by
-benchmarks/cpu_campaign.sh, which measures it on a machine given to it alone, its result under
-docs/evidence/) and is skipped with the numbers otherwise: on CI's shared VM the 5% line is
-not decidable, and a gate that fails there by luck lands nothing."""
+So the test has two tiers. Gross: a protocol fault (the lease's thread count: 0.97x, then 0.41x)
+spreads every attempt's five verifications far past any machine's luck; the test fails when
+every attempt spread over GROSS. Fine (the issue's line): up to eight attempts under
+ASSAY_STRICT_TIMING=1, three otherwise (none started after ATTEMPTS_S); it holds on the first
+whose five verifications held within 5%, or, beside a control that held within 5%, within twice
+the spread that control measured where that is wider (five draws of the same process luck: the
+verifications' five may fairly spread as far again; at most 10%). Where nothing held and no
+control held, it is skipped with the numbers, never passed. Where steady attempts did not hold,
+it fails under ASSAY_STRICT_TIMING=1 (set by benchmarks/cpu_campaign.sh, which measures it on a
+machine given to it alone, its result under docs/evidence/) and is skipped with the numbers
+otherwise: on CI's shared VM the 5% line is not decidable, and a gate that fails there by luck
+lands nothing."""
 
 from __future__ import annotations
 
@@ -167,16 +168,18 @@ def test_five_verifications_of_one_cpu_kernel_agree_within_5_percent_or_the_mach
     for a in attempts:
         assert all(r["accepted"] for r in a["runs"]), a["runs"]
 
+    def speedups(a: dict) -> list[float]:
+        return [r["speedup"] for r in a["runs"]]
+
     def said(a: dict) -> str:
-        speedups = [r["speedup"] for r in a["runs"]]
-        return (f"speedups {[round(x, 3) for x in speedups]} spread {spread(speedups):.1%} "
+        return (f"speedups {[round(x, 3) for x in speedups(a)]} spread {spread(speedups(a)):.1%} "
                 f"from their median (the reference between them: "
                 f"{[round(c, 3) for c in a['control_ms']]} ms, {spread(a['control_ms']):.1%})")
 
-    assert not all(spread([r["speedup"] for r in a["runs"]]) > GROSS for a in attempts), \
+    assert not all(spread(speedups(a)) > GROSS for a in attempts), \
         f"every attempt spread over {GROSS:.0%}: a protocol fault\n" + \
         "\n".join(said(a) for a in attempts)
-    if any(holds([r["speedup"] for r in a["runs"]], a["control_ms"]) for a in attempts):
+    if any(holds(speedups(a), a["control_ms"]) for a in attempts):
         return
     steady = [a for a in attempts if spread(a["control_ms"]) <= 0.05]
     if not steady:

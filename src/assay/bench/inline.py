@@ -40,6 +40,7 @@ deleted the only copy it loaded; a candidate may also read the module's ``__file
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -242,6 +243,7 @@ _TORCH_DTYPES = {"kUInt8": "kByte", "kInt8": "kChar", "kInt16": "kShort", "kInt3
                  "kF64": "kDouble"}
 
 
+@functools.cache  # (each file's preamble and the slim headers look the same ops up)
 def _op_header(op: str) -> Path | None:
     """ATen's per-operator header for ``op`` (``ATen/ops/<op>.h``) where torch ships one."""
     from torch.utils.cpp_extension import include_paths

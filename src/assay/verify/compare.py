@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from assay.tasks.instantiate import DISTRIBUTIONS
 from assay.verify.memory import COMPARE_CHUNK
 from assay.verify.settings import VerifyConfig
 from assay.verify.worker import moved
@@ -296,9 +297,10 @@ OFF_GRID_RATIO = 32.0
 
 @dataclass(frozen=True)
 class SetError:
-    """One compared call's output against float64: which output, the distribution its input set
-    was drawn from, the candidate's and the reference's own relative L2 error, the dtype's
-    unit roundoff, and where in the protocol the call was (for the verdict)."""
+    """One compared call's output against float64 (calls compared without a float64 reference
+    have none): which output, the distribution its input set was drawn from, the candidate's
+    and the reference's own relative L2 error, the dtype's unit roundoff, and where in the
+    protocol the call was (for the verdict)."""
 
     output: int
     distribution: str
@@ -322,7 +324,6 @@ def rounded_inputs(errors: list[SetError]) -> tuple[list[str], str]:
 
     Returns (one line per such output, the largest ratio seen as a phrase for a passed check's
     detail, "" when no output had both kinds of data)."""
-    from assay.tasks.instantiate import DISTRIBUTIONS
 
     def kind(name: str) -> str:
         d = DISTRIBUTIONS.get(name)
@@ -332,7 +333,7 @@ def rounded_inputs(errors: list[SetError]) -> tuple[list[str], str]:
 
     found, most = [], (-1.0, "")
     for j in sorted({e.output for e in errors}):
-        mine = [e for e in errors if e.output == j and e.err >= 0]
+        mine = [e for e in errors if e.output == j]
         off = [e for e in mine if kind(e.distribution) == "off" and e.err <= PRECISION_SCOPE]
         task = [e for e in mine if kind(e.distribution) == "task"]
         if not off or not task:
