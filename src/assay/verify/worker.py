@@ -965,7 +965,7 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
         if phase == "check":
             t_in = clock()
             held[s] = clone_inputs(sets[s], device)
-            timing.sync(device)
+            timing.sync(device)  # the copy's own time, not left to the call's first sync
             inputs_s += clock() - t_in
             verified(slot, phase, s, held[s], sets[s])
     a, b = check[-1], check[0]  # as plan_slots: set b's data at the last checked call's pointers
