@@ -14,8 +14,8 @@
 #   gputests    pytest -m gpu $FILES (default tests/test_gpu.py: the cuda zoo, Triton cases
 #               included; the synthesizer's families: FILES="tests/test_offline*.py"), K: -k,
 #               XDIST: pytest-xdist workers (default: one per GPU where there are several);
-#               ZOO_TRANSFER=host: the zoo with the worker's data in shared host memory (the
-#               default is verify.transfer's, cuda_ipc)
+#               ZOO_TRANSFER=host: the zoo with the worker's data in shared host memory,
+#               cuda_ipc: copied through device memory (the default is verify.transfer's, draw)
 #   audit       benchmarks/audit_overhead.py --device cuda (issue #19's last line)
 #   triton      benchmarks/triton_evidence.sh (issue #20); PARTS: which of its parts (default all)
 #   streams     benchmarks/probe_streams.py on PROBE (KernelBench task files; default L2_19 and
@@ -27,8 +27,8 @@
 #               against a sequential `assay verify` loop); PROBLEMS: level-1 task numbers,
 #               SAMPLES per task (3), SEQUENTIAL candidates in the loop (2)
 #   verify1     `assay verify` of one generated load_inline candidate of KB's level-1 PROBLEM (21:
-#               Sigmoid, 6.4 GB tensors) once per word of TRANSFERS (default: host cuda_ipc;
-#               SECONDS each; "cuda_ipc cuda_ipc": cold, then warm), the verdicts with their
+#               Sigmoid, 6.4 GB tensors) once per word of TRANSFERS (default: draw draw;
+#               SECONDS each: cold, then warm), the verdicts with their
 #               `times` in $S/verify1/<n>-<transfer>.json (issue #16's single-verification line)
 #   synthkb     the offline synthesizer on KernelBench (issue #17), resumable; LEVELS=1,
 #               VARIANTS / MUTATIONS (synth_suite's defaults), TASKS: id globs, SAMPLE: tasks
@@ -76,7 +76,7 @@ for phase in "$@"; do
         cat $SELFCHECK_SEED > "$S/selfcheck/selfcheck.jsonl"
       fi
       selfcheck_args=(--source .kb --levels 1 2 3 --jobs "${JOBS:-3}" --device cuda
-        --transfer cuda_ipc --resume --retry ${RETRY:-error} --budget-s "$secs" ${ONLY:+--only $ONLY})
+        --transfer ${TRANSFER:-draw} --resume --retry ${RETRY:-error} --budget-s "$secs" ${ONLY:+--only $ONLY})
       if [ "$gpus" -le 1 ]; then
         run_for $((secs + 40)) "$S/selfcheck.log" python3 benchmarks/kb_selfcheck.py \
           "${selfcheck_args[@]}" --out "$S/selfcheck"
@@ -139,7 +139,7 @@ for phase in "$@"; do
       cand=$(ls "$S"/verify1/level_1_problem_${PROBLEM:-21}_sample_0_kernel.py)
       task=$(ls .kb/level1/${PROBLEM:-21}_*.py)
       i=0  # (a transfer named twice: the second run finds the build and baselines cached)
-      for tr in ${TRANSFERS:-host cuda_ipc}; do
+      for tr in ${TRANSFERS:-draw draw}; do
         i=$((i + 1))
         run_for "$secs" "$S/verify1.log" python3 -m assay.cli verify --task "$task" \
           --candidate "$cand" --device cuda --transfer "$tr" --json "$S/verify1/$i-$tr.json"

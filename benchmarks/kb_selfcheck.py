@@ -53,10 +53,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=2, help="tasks in flight at once")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--size", default="large", choices=["large", "small"])
-    p.add_argument("--transfer", default="host", choices=["host", "cuda_ipc"],
-                   help="how inputs and outputs reach the worker: host (shared-memory files, "
-                        "the verifier's default) or cuda_ipc (device memory: no host copies; "
-                        "a task whose plan is lighter with it uses host)")
+    p.add_argument("--transfer", default="draw", choices=["draw", "host", "cuda_ipc"],
+                   help="how inputs and outputs reach the worker: draw (the verifier's default: "
+                        "the worker draws each set from its seed), host (shared-memory files) "
+                        "or cuda_ipc (device memory); the memory plan may take another where "
+                        "it keeps more of the protocol")
     p.add_argument("--limit", type=int, default=None, help="first N tasks per level (a trial)")
     p.add_argument("--only", nargs="+", default=None, metavar="GLOB",
                    help="task ids to run, as globs (e.g. L1_23_* L3_*): a rerun of a few")

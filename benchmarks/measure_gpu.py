@@ -1376,7 +1376,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--kb-candidates", type=int, default=3,
                    help="how many of the same candidates the KernelBench-style loop builds")
     g.add_argument("--throughput-task", default=str(REPO / "data/tasks/level1/1_ReLU.py"))
-    g.add_argument("--transfer", default="host", choices=["host", "cuda_ipc"])
+    g.add_argument("--transfer", default="draw", choices=["draw", "host", "cuda_ipc"])
     g = ap.add_argument_group("suite")
     g.add_argument("--suite-include", action="append", help="task id glob (repeatable)")
     g.add_argument("--suite-limit", type=int, default=0)

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task", default=str(REPO / "data/tasks/level1/10_Softmax.py"))
     ap.add_argument("--device", default="auto")
     ap.add_argument("--size", default=None, help="large | small (default: large on cuda)")
-    ap.add_argument("--transfer", default="host", choices=["host", "cuda_ipc"])
+    ap.add_argument("--transfer", default="draw", choices=["draw", "host", "cuda_ipc"])
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--budget-s", type=float, default=0.5, help="timing budget (config default)")
     ap.add_argument("--json", default=None)

@@ -1,10 +1,14 @@
-"""Baselines cached per (task, device, torch version, timing config)."""
+"""Baselines cached per (task, device, torch version, timing config), and task records
+per (task, device, torch version)."""
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 
-from assay.bench.baseline_cache import baseline_key, cached_baseline
+from assay.bench.baseline_cache import baseline_key, cached_baseline, cached_record, record_key
 from assay.bench.timing import TimingConfig
 from assay.tasks.model import Task
 from helpers import REPO
@@ -48,3 +52,130 @@ def test_key_covers_content_size_device_torch_and_timing(tmp_path):
               baseline_key(small, "H100", "2.11", cfg, True, "max-autotune")]
     assert base == baseline_key(small, "H100", "2.11", cfg, True)
     assert len({base, *others}) == 1 + len(others)
+
+
+# --------------------------------------------------------------------------------------------
+# Task records (cost + degeneracy), cached beside the baselines.
+
+def _record_file(task):
+    from assay.bench.baseline_cache import cache_root
+
+    [path] = cache_root().glob(f"{task.id}-record-*.json")
+    return path
+
+
+def test_second_call_reuses_the_record_and_refresh_recomputes():
+    task, computed = Task.from_file(RELU, size="small"), []
+
+    def compute():
+        computed.append(1)
+        return {"flops": 2.0, "inputs": [{"shape": (4, 8), "dtype": "float32"}],
+                "degeneracy": {"degenerate": False, "relative_spread": float("nan"),
+                               "weight_sensitivity": None, "why": ""}}
+
+    first, hit1 = cached_record(task, "cpu", compute)
+    second, hit2 = cached_record(task, "cpu", compute)
+    assert (hit1, hit2, len(computed)) == (False, True, 1)
+    # a fresh record is returned as the cache holds it (the tuple a list), so the two are equal
+    assert first["inputs"] == second["inputs"] == [{"shape": [4, 8], "dtype": "float32"}]
+    assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
+    assert math.isnan(second["degeneracy"]["relative_spread"])
+    assert "cache_key" not in second  # the key stays in the file, out of the record
+    _, hit3 = cached_record(task, "cpu", compute, refresh=True)
+    assert not hit3 and len(computed) == 2
+    cached_record(Task.from_file(RELU, size="large"), "cpu", compute)  # another size
+    assert len(computed) == 3
+
+
+def test_a_cached_record_equals_the_fresh_one():
+    from assay.tasks.analyze import cost, degeneracy
+
+    task = Task.from_file(RELU, size="small")
+    fresh = {**cost(task), "degeneracy": degeneracy(task, "cpu")}
+    stored, hit1 = cached_record(task, "cpu", lambda: fresh)
+    cached, hit2 = cached_record(task, "cpu", lambda: pytest.fail("computed again"))
+    assert (hit1, hit2) == (False, True)
+    assert json.dumps(cached, sort_keys=True) == json.dumps(stored, sort_keys=True) == \
+        json.dumps(fresh, sort_keys=True)
+
+
+def test_record_key_covers_content_size_device_and_torch(tmp_path):
+    small, large = Task.from_file(RELU, size="small"), Task.from_file(RELU, size="large")
+    edited = tmp_path / "1_ReLU.py"
+    edited.write_text(RELU.read_text() + "\n# edited\n")
+    base = record_key(small, "H100", "2.11")
+    others = [record_key(large, "H100", "2.11"),
+              record_key(Task.from_file(edited, size="small"), "H100", "2.11"),
+              record_key(small, "H200", "2.11"),
+              record_key(small, "H100", "2.13")]
+    assert base == record_key(small, "H100", "2.11")
+    assert len({base, *others}) == 1 + len(others)
+    # not a baseline's key: the two never share a file
+    assert base != baseline_key(small, "H100", "2.11", TimingConfig(), True)
+
+
+@pytest.mark.parametrize("damage", ["{\"record\": {\"flops\": 1.0", "", "[]",
+                                    "{\"cache_key\": \"x\"}", "{\"record\": null}"])
+def test_a_damaged_record_file_is_computed_again(damage):
+    task, computed = Task.from_file(RELU, size="small"), []
+
+    def compute():
+        computed.append(1)
+        return {"flops": 2.0, "degeneracy": {"degenerate": False}}
+
+    cached_record(task, "cpu", compute)
+    _record_file(task).write_text(damage)
+    again, hit = cached_record(task, "cpu", compute)
+    assert (hit, len(computed), again["flops"]) == (False, 2, 2.0)
+    assert json.loads(_record_file(task).read_text())["record"] == again  # repaired
+    assert cached_record(task, "cpu", compute) == (again, True) and len(computed) == 2
+
+
+def test_a_damaged_baseline_file_is_timed_again():
+    from assay.bench.baseline_cache import cache_root
+
+    task, cfg, timed = Task.from_file(RELU, size="small"), TimingConfig(), []
+
+    def time_it():
+        timed.append(1)
+        return {"eager_ms": 1.5}
+
+    cached_baseline(task, "cpu", cfg, True, time_it)
+    [path] = [p for p in cache_root().glob(f"{task.id}-*.json") if "-record-" not in p.name]
+    path.write_text('{"eager_ms": 1.')
+    again, hit = cached_baseline(task, "cpu", cfg, True, time_it)
+    assert (hit, len(timed), again["eager_ms"]) == (False, 2, 1.5)
+    assert cached_baseline(task, "cpu", cfg, True, time_it)[1] and len(timed) == 2
+
+
+def test_cli_verify_caches_the_record_and_retime_baseline_recomputes_it(tmp_path, monkeypatch):
+    from assay import cli
+    from assay.bench import device as device_mod
+    from assay.records import Verdict
+    from assay.tasks import analyze
+    from assay.verify import harness
+
+    analyzed, seen = [], []
+    real_cost = analyze.cost
+    monkeypatch.setattr(analyze, "cost", lambda task: analyzed.append(1) or real_cost(task))
+    monkeypatch.setattr(device_mod, "peaks", lambda device: {"name": "test",
+                                                             "bandwidth_gbs": 10.0,
+                                                             "flops_tflops": 1.0})
+
+    def fake_verify(task, cand, device, cfg, baseline, record, peaks, times=None, plan=None):
+        seen.append((record, dict(times)))
+        v = Verdict(candidate=cand.stem, task=task.id, device=device, policy=cfg.policy)
+        v.check("compiles", True)
+        return v.finish()
+
+    monkeypatch.setattr(harness, "verify", fake_verify)
+    cand = tmp_path / "c.py"
+    cand.write_text("import torch\nclass ModelNew(torch.nn.Module):\n    pass\n")
+    argv = ["verify", "--task", str(RELU), "--candidate", str(cand), "--device", "cpu",
+            "--size", "small", "--no-baseline"]
+    for extra in ([], [], ["--retime-baseline"]):
+        assert cli.main(argv + extra) == 0
+    assert [times["record_cached"] for _, times in seen] == ["no", "yes", "no"]
+    assert len(analyzed) == 2
+    fresh, cached, _ = (json.dumps(r, sort_keys=True) for r, _ in seen)
+    assert cached == fresh and '"degeneracy"' in cached and '"flops"' in cached

@@ -69,6 +69,7 @@ def test_batch_verify_writes_a_line_per_candidate_and_resumes(tmp_path, capsys):
     assert second["accepted"]
     # the second candidate of a task reused the task's baseline and preparation
     assert second["times"]["prepare_s"] == 0.0 and second["times"]["baseline_cached"] is False
+    assert second["times"]["record_cached"] is False  # analyzed once for the task, then cached
     assert second["baseline_eager_ms"] == exploit["baseline_eager_ms"]
     assert "2/3 candidates accepted" in capsys.readouterr().out
 
@@ -80,6 +81,7 @@ def test_batch_verify_writes_a_line_per_candidate_and_resumes(tmp_path, capsys):
     main(argv)
     added = jsonl.read_text()[len(before):].splitlines()
     assert len(added) == 1 and json.loads(added[0])["times"]["baseline_cached"] is True
+    assert json.loads(added[0])["times"]["record_cached"] is True
 
 
 def test_batch_bad_usage_exits_2(tmp_path):

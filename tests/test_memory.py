@@ -319,29 +319,36 @@ def test_kernelbench_tasks_on_h100_and_h200_numbers(stem, box, fits, steps):
 
 @pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")
 @pytest.mark.parametrize("stem, box, transfer", [
-    # small tensors: the default's arenas in device memory fit as well as the host's (a tie
-    # keeps the config's cuda_ipc)
-    ("42_Max_Pooling_2D", (139, 120), "cuda_ipc"),
-    # 6 GiB per input and output: the arenas on the GPU would cost a check the host keeps
-    ("24_LogSoftmax", (79, 120), "host"),
+    # small tensors: every transfer fits the whole protocol (a tie keeps the config's draw)
+    ("42_Max_Pooling_2D", (139, 120), "draw"),
+    # 6 GiB per input and output on an 80 GB card: no set held by either side (draw) keeps
+    # every set where copies through the GPU or the host would lose checks
+    ("24_LogSoftmax", (79, 120), "draw"),
+    # 7 GiB norms on an H200: drawn, the sets the worker draws at once cost a check the
+    # host arena (harness sets on the host) keeps
+    ("38_L1Norm_", (139, 120), "host"),
 ])
 def test_plan_transfers_takes_the_lighter_path(stem, box, transfer):
     from assay.verify.memory import plan_transfers
 
     s = task_shapes(Task.from_file(KERNELBENCH / "level1" / f"{stem}.py").module())
     cfg = VerifyConfig()
-    assert cfg.transfer == "cuda_ipc"
+    assert cfg.transfer == "draw"
     p = plan_transfers(s, cfg, "cuda:0", box[0] * GiB, box[1] * GiB)
-    both = [plan(s, Protocol.of(VerifyConfig(transfer=t)), "cuda", box[0] * GiB, box[1] * GiB)
-            for t in ("cuda_ipc", "host")]
-    assert p.fits and p.protocol.transfer == transfer, [(b.fits, b.reductions) for b in both]
-    assert len(p.reductions) == min(len(b.reductions) for b in both if b.fits)
-    # the cpu target: one memory, the same need whichever transfer the config names, so no
-    # second plan is weighed (the worker uses host there: Prepared.transfer)
+    every = [plan(s, Protocol.of(VerifyConfig(transfer=t)), "cuda", box[0] * GiB, box[1] * GiB)
+             for t in ("draw", "cuda_ipc", "host")]
+    assert p.fits and p.protocol.transfer == transfer, [(b.fits, b.reductions) for b in every]
+    assert len(p.reductions) == min(len(b.reductions) for b in every if b.fits)
+    # a transfer excluded (a task whose sets draw differently twice) is never taken
+    assert plan_transfers(s, cfg, "cuda:0", box[0] * GiB, box[1] * GiB,
+                          exclude=("draw",)).protocol.transfer != "draw"
+    # the cpu target: one memory; drawn sets are held by neither side, so the plan needs
+    # less of it than the shared-memory arena of every set
     on_cpu = plan_transfers(s, cfg, "cpu", None, 400 * GiB)
-    assert on_cpu.protocol.transfer == "cuda_ipc"
-    assert on_cpu.host_need_b == plan(s, Protocol.of(VerifyConfig(transfer="host")), "cpu",
-                                      None, 400 * GiB).host_need_b
+    assert on_cpu.protocol.transfer == "draw"
+    drawn, host = (plan(s, Protocol.of(VerifyConfig(transfer=t)), "cpu", None, 400 * GiB,
+                        adapt=False) for t in ("draw", "host"))
+    assert drawn.host_need_b < host.host_need_b
 
 
 def test_a_few_rounding_outliers_pass_in_a_large_output_and_never_many_or_in_a_small_one():

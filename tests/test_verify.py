@@ -201,14 +201,14 @@ def test_an_import_error_names_the_users_file_and_line(task, tmp_path):
 @pytest.mark.parametrize("policy", ["strict", "permissive"])
 def test_cli_transfer_reaches_the_verify_config(policy):
     """`assay verify --transfer cuda_ipc` sets verify.transfer under either policy; without the
-    option the config's own value (cuda_ipc) holds."""
+    option the config's own value (draw) holds."""
     import argparse
 
     from assay.app import compose
     from assay.cli import _verify_overrides
     from assay.verify.config import from_cfg
 
-    for transfer, expected in (("host", "host"), (None, "cuda_ipc")):
+    for transfer, expected in (("host", "host"), (None, "draw")):
         args = argparse.Namespace(policy=policy, transfer=transfer)
         cfg = from_cfg(compose(_verify_overrides(args)).verify)
         assert (cfg.transfer, cfg.policy) == (expected, policy)

@@ -79,13 +79,18 @@ def _verify(args: argparse.Namespace) -> int:
     baseline = record = peaks = None
     if not refused and (plan is None or plan.fits):
         from assay.bench.baseline import time_reference
-        from assay.bench.baseline_cache import cached_baseline
+        from assay.bench.baseline_cache import cached_baseline, cached_record
         from assay.bench.device import peaks as device_peaks
         from assay.bench.timing import TimingConfig
         from assay.tasks.analyze import cost, degeneracy
 
         t = time.perf_counter()
-        record = {**cost(task), "degeneracy": degeneracy(task, device)}
+        # Cached per (task, device, torch version) beside the baselines: seconds on a GB-sized
+        # task, the same for every candidate of it (assay.bench.baseline_cache).
+        record, hit = cached_record(
+            task, device, lambda: {**cost(task), "degeneracy": degeneracy(task, device)},
+            refresh=args.retime_baseline)
+        times["record_cached"] = "yes" if hit else "no"
         peaks = device_peaks(device)
         times["record_s"] = time.perf_counter() - t
         if child is not None:
@@ -328,17 +333,19 @@ def parser() -> argparse.ArgumentParser:
                    help="strict: custom kernels only, any library or ATen compute op "
                         "rejects; permissive: library calls allowed and reported")
     v.add_argument("--transfer", choices=[t.value for t in Transfer], default=None,
-                   help="how the sandboxed worker's inputs and outputs travel on cuda (default: "
-                        "the config's verify.transfer, cuda_ipc: device memory, far less "
-                        "copying for KernelBench's largest tasks; host: shared host memory, "
-                        "what cpu always uses)")
+                   help="how the sandboxed worker gets its inputs and returns its outputs "
+                        "(default: the config's verify.transfer, draw: the worker draws each "
+                        "input set from its seed, no copies, outputs through device memory on "
+                        "cuda; cuda_ipc: every set copied through device memory; host: shared "
+                        "host memory); the memory plan may choose another to keep the protocol")
     v.add_argument("--size", default="auto", choices=["auto", "large", "medium", "small"],
                    help="task size (auto: the task's own on cuda, its medium variant on cpu "
                         "where it has one, else its small one)")
     v.add_argument("--no-baseline", action="store_true", help="skip eager/compile timing")
     v.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     v.add_argument("--retime-baseline", action="store_true",
-                   help="time the baselines again instead of reusing the cached ones "
+                   help="time the baselines and analyze the task (FLOPs, bytes, degeneracy) "
+                        "again instead of reusing the cached ones "
                         "(~/.cache/assay/baselines, or $ASSAY_BASELINE_CACHE)")
     v.add_argument("--jsonl", help="with folders: one JSON line per candidate; a rerun skips "
                                    "candidates already in it")

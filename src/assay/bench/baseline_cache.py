@@ -1,12 +1,16 @@
 """Baselines cached per (task, device, torch version), so verifying a second candidate of a task
-does not time eager and torch.compile again.
+does not time eager and torch.compile again; and task records (``cost`` and ``degeneracy``,
+seconds on a GB-sized task) cached per (task, device, torch version) beside them.
 
-The key covers everything a baseline depends on: the task file's content hash and size, the
-device's name, the torch version, the timing protocol and the compile switches. A cached
-baseline is a JSON file ``<root>/<task id>-<key>.json`` under ``ASSAY_BASELINE_CACHE`` (default
+A baseline's key covers everything it depends on: the task file's content hash and size, the
+device's name, the torch version, the timing protocol and the compile switches; a record's, the
+task's content hash and size, the device's name, the torch version and ``RECORD_METHOD``. A
+cached baseline is a JSON file ``<root>/<task id>-<key>.json``, a cached record
+``<root>/<task id>-record-<key>.json``, under ``ASSAY_BASELINE_CACHE`` (default
 ``~/.cache/assay/baselines``, beside the kernel cache but not inside it: the sandbox never
-mounts it writable, so no candidate can plant a baseline). Delete the folder to re-time
-everything; ``refresh=True`` re-times one.
+mounts it writable, so no candidate can plant a baseline or a record). A file that does not
+parse is computed again. Delete the folder to re-time and re-analyze everything;
+``refresh=True`` redoes one.
 """
 
 from __future__ import annotations
@@ -49,6 +53,36 @@ def baseline_key(task: Task, device_name: str, torch_version: str, cfg: TimingCo
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def _cached_json(path: Path, compute: Callable[[], dict[str, Any]], refresh: bool,
+                 valid: Callable[[Any], bool] = lambda data: isinstance(data, dict),
+                 ) -> tuple[dict[str, Any], bool]:
+    """The JSON object in ``path``, else ``compute()`` written there (atomically, under a lock
+    beside it: two processes asking for one key compute it once); and whether it came from the
+    file. A file that does not parse, or holds what ``valid`` refuses, is computed again."""
+
+    def read() -> dict[str, Any] | None:
+        if refresh or not path.exists():
+            return None
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            return None  # a damaged file: computed again below
+        return data if valid(data) else None
+
+    data = read()
+    if data is not None:
+        return data, True
+    with FileLock(str(path.with_suffix(".lock"))):
+        data = read()
+        if data is not None:
+            return data, True
+        data = compute()
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
+    return data, False
+
+
 def cached_baseline(task: Task, device: str, cfg: TimingConfig, compile_: bool,
                     time_it: Callable[[], dict[str, Any]], compile_mode: str = "default",
                     refresh: bool = False) -> tuple[dict[str, Any], bool]:
@@ -61,25 +95,40 @@ def cached_baseline(task: Task, device: str, cfg: TimingConfig, compile_: bool,
     threads = os.environ.get("OMP_NUM_THREADS", "default") if device == "cpu" else ""
     key = baseline_key(task, device_name(device), torch.__version__, cfg, compile_, compile_mode,
                        threads)
-    root = cache_root()
-    path = root / f"{task.id}-{key}.json"
-    if path.exists() and not refresh:
-        try:
-            return json.loads(path.read_text()), True
-        except ValueError:
-            pass  # a damaged file: timed again below
-    with FileLock(str(root / f"{task.id}-{key}.lock")):
-        if path.exists() and not refresh:
-            try:
-                return json.loads(path.read_text()), True
-            except ValueError:
-                pass
-        data = time_it()
-        data = {**data, "cache_key": key}
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-        os.replace(tmp, path)
-    return data, False
+    return _cached_json(cache_root() / f"{task.id}-{key}.json",
+                        lambda: {**time_it(), "cache_key": key}, refresh)
+
+
+# The task record's method version: records computed by an older ``cost``/``degeneracy`` (or an
+# older way of building the reference and its inputs) are not reused. Raise it when they change
+# what they return.
+RECORD_METHOD = 1
+
+
+def record_key(task: Task, device_name: str, torch_version: str) -> str:
+    """A pure function of what a task's record depends on (on cpu the device's name carries the
+    thread count)."""
+    parts = {"task": task.source_hash, "size": task.size, "device": device_name,
+             "torch": torch_version, "method": RECORD_METHOD}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def cached_record(task: Task, device: str, compute: Callable[[], dict[str, Any]],
+                  refresh: bool = False) -> tuple[dict[str, Any], bool]:
+    """The task's record (``{**cost(task), "degeneracy": degeneracy(task, device)}``, what
+    ``compute()`` returns) from the cache, else computed and stored; and whether it came from
+    the cache. Returned as JSON holds it either way (a tuple as a list, what JSON has no type
+    for as its ``str``), so a fresh record equals a cached one."""
+    import torch
+
+    from assay.bench.device import device_name
+
+    key = record_key(task, device_name(device), torch.__version__)
+    data, hit = _cached_json(
+        cache_root() / f"{task.id}-record-{key}.json",
+        lambda: {"cache_key": key, "record": json.loads(json.dumps(compute(), default=str))},
+        refresh, valid=lambda d: isinstance(d, dict) and isinstance(d.get("record"), dict))
+    return data["record"], hit
 
 
 def _serve(conn) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+import secrets
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -178,6 +179,78 @@ def off_grid(x: torch.Tensor) -> torch.Tensor:
     for i in range(0, src.numel(), _OFF_GRID_CHUNK):
         dst[i:i + _OFF_GRID_CHUNK] = move(src[i:i + _OFF_GRID_CHUNK])
     return out
+
+
+_DIGEST_CHUNK = 1 << 26  # words a step: three int64 temporaries of 512 MB at most
+_DIGEST_MOD = 65521      # position weights 1..65521 (a prime): a moved word changes the sum
+
+
+def digest(x: Any) -> tuple[int, int] | None:
+    """Two exact sums of a tensor's bits as 32-bit words (bytes where its size is not a whole
+    number of words): plain and weighted by position. Integer sums wrap the same way in any
+    order, so the digest of the same bits is the same on any device and any reduction order;
+    changing, moving or swapping words changes it. None for a non-tensor."""
+    if not isinstance(x, torch.Tensor):
+        return None
+    flat = x.detach().contiguous().reshape(-1)
+    raw = flat.view(torch.uint8) if flat.numel() else flat.new_empty(0, dtype=torch.uint8)
+    words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
+    plain = torch.zeros((), dtype=torch.int64, device=x.device)
+    weighted = torch.zeros((), dtype=torch.int64, device=x.device)
+    for i in range(0, words.numel(), _DIGEST_CHUNK):
+        w = words[i:i + _DIGEST_CHUNK].to(torch.int64)
+        plain += w.sum()
+        pos = torch.arange(i, i + w.numel(), device=x.device, dtype=torch.int64)
+        weighted += (w * (pos.remainder_(_DIGEST_MOD).add_(1))).sum()
+        del w, pos
+    return int(plain), int(weighted)
+
+
+def draws_alike(module: Any, device: str | torch.device) -> bool:
+    """Whether the task's inputs drawn twice under one seed are the same bits (what the
+    transfer ``draw`` relies on: a ``get_inputs`` reading the clock or an unseeded generator
+    does not), one set at a time."""
+    seed = secrets.randbits(31)
+    first = [digest(x) for x in make_inputs(module, seed, device)]
+    return first == [digest(x) for x in make_inputs(module, seed, device)]
+
+
+class InputsDiffer(RuntimeError):
+    """A set drawn again from its seed is not the set the harness drew (a ``get_inputs`` that
+    is not deterministic under its seed, or one changed since)."""
+
+
+class DrawnSets(Sequence):
+    """Input sets drawn from their seeds whenever asked for, never kept: ``sets[s]`` is a fresh
+    list of set ``s``'s inputs on ``device`` (the transfer ``draw``: the harness and the worker
+    each draw what they need where they need it, and no set is copied between them or held
+    whole). With ``digests`` (the harness's :func:`digest` of each input when it first drew
+    the set) every draw is checked against them: :class:`InputsDiffer` if one differs."""
+
+    def __init__(self, module: Any, seeds: list[int], distributions: list[str],
+                 device: str | torch.device, digests: list[list] | None = None):
+        self.module, self.seeds, self.distributions = module, list(seeds), list(distributions)
+        self.device, self.digests = device, digests
+        # Bound now: whoever later patches this module's functions does not change the draws.
+        self._make, self._digest = make_inputs, digest
+
+    def __len__(self) -> int:
+        return len(self.seeds)
+
+    def __getitem__(self, s: int) -> list:
+        if not 0 <= s < len(self.seeds):
+            raise IndexError(s)  # (also where iteration ends)
+        xs = self._make(self.module, self.seeds[s], self.device, self.distributions[s])
+        if self.digests is not None:
+            got = [self._digest(x) for x in xs]
+            want = [tuple(d) if d is not None else None for d in self.digests[s]]
+            if got != want:
+                bad = [j for j, (a, b) in enumerate(zip(got, want)) if a != b] or ["count"]
+                raise InputsDiffer(f"input set {s} drawn again from its seed differs from the "
+                                   f"harness's at input(s) {bad} (get_inputs() not "
+                                   f"deterministic under its seed on this device, or changed "
+                                   f"since the harness drew it)")
+        return xs
 
 
 def as_outputs(value: Any) -> list[torch.Tensor]:

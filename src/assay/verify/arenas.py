@@ -2,9 +2,11 @@
 
 Inputs live in an arena the harness fills once per prepared task (a shared-memory file the
 worker maps copy-on-write, :class:`FileArena`; or, with ``transfer: cuda_ipc``, device memory
-from a private CUDA memory pool shared by IPC, :class:`DeviceArena`); outputs come back through
-a landing arena. A :class:`Layout` places tensors in an arena; the descriptors it returns are
-what the worker reads (plain JSON-able dicts)."""
+from a private CUDA memory pool shared by IPC, :class:`DeviceArena`; with ``transfer: draw``
+the arena holds the parameters alone, device memory on cuda, and the worker draws the input
+sets from their seeds); outputs come back through a landing arena. A :class:`Layout` places
+tensors in an arena; the descriptors it returns are what the worker reads (plain JSON-able
+dicts)."""
 
 from __future__ import annotations
 
@@ -171,12 +173,13 @@ def _tensor_desc(t: torch.Tensor, layout: Layout) -> dict[str, Any]:
     return {"tensor": layout.add(t.shape, t.dtype, stride)}
 
 
-def describe_inputs(prep: Prepared, layout: Layout) -> dict[str, Any]:
-    """Place every input set, the reference's state dict and its init inputs in ``layout``; the
-    descriptors (non-tensor values inline) go in the worker's job."""
+def describe_inputs(prep: Prepared, layout: Layout, sets: bool = True) -> dict[str, Any]:
+    """Place every input set (unless ``sets`` is False: the worker draws them), the reference's
+    state dict and its init inputs in ``layout``; the descriptors (non-tensor values inline) go
+    in the worker's job."""
     item = (lambda x: _tensor_desc(x, layout) if isinstance(x, torch.Tensor)  # noqa: E731
             else {"value": x})
-    return {"sets": [[item(x) for x in s] for s in prep.sets],
+    return {"sets": [[item(x) for x in s] for s in prep.sets] if sets else [],
             "state_dict": {k: _tensor_desc(v, layout) for k, v in prep.state_dict.items()},
             "init_inputs": [item(x) for x in prep.init_inputs]}
 

@@ -12,13 +12,14 @@ candidates are paired with tasks by name, in any of these layouts:
 - with one task, every ``.py`` file in the folder is its candidate.
 
 Candidates of one task are verified one after another against one preparation (the secret
-inputs and the references are computed once per task), with the baselines from the cache
-(``assay.bench.baseline_cache``). Every candidate's kernels build on the CPU cores (a pool of
-sandboxed ``assay.bench.prebuild`` processes, ``build_workers`` at a time: candidate code is
-hostile, builds included) while the device verifies others. One JSON line per candidate, as
-soon as it is decided; a rerun with the same JSONL skips candidates already in it (the same
-folder and file name, the same content, the same task content; absolute paths do not matter,
-so a folder carried to another machine resumes).
+inputs and the references are computed once per task), with the baselines and the task's
+record (FLOPs, bytes, degeneracy) from the cache (``assay.bench.baseline_cache``). Every
+candidate's kernels build on the CPU cores (a pool of sandboxed ``assay.bench.prebuild``
+processes, ``build_workers`` at a time: candidate code is hostile, builds included) while the
+device verifies others. One JSON line per candidate, as soon as it is decided; a rerun with
+the same JSONL skips candidates already in it (the same folder and file name, the same content,
+the same task content; absolute paths do not matter, so a folder carried to another machine
+resumes).
 """
 
 from __future__ import annotations
@@ -176,12 +177,13 @@ class _TaskContext:
     def __init__(self, path: Path, device: str, cfg, error: str = ""):
         self.path, self.device, self.cfg, self.error = path, device, cfg, error
         self.task = self.record = self.baseline = self.prepared = self.peaks = self.plan = None
-        self.baseline_cached = False
+        self.baseline_cached = self.record_cached = False
         self.setup_s = 0.0
 
     @classmethod
     def open(cls, path: Path, size: str, device: str, cfg, baselines: bool, compile_: bool,
              say) -> "_TaskContext":
+        from assay.bench.baseline_cache import cached_record
         from assay.bench.device import peaks
         from assay.tasks.analyze import cost, degeneracy
         from assay.verify.harness import prepare
@@ -197,7 +199,9 @@ class _TaskContext:
                 # each candidate's verdict says too_large with the numbers; nothing is timed
                 say(f"task {path.name}: too large: {ctx.plan.too_large_detail()}")
                 return ctx
-            ctx.record = {**cost(ctx.task), "degeneracy": degeneracy(ctx.task, device)}
+            ctx.record, ctx.record_cached = cached_record(
+                ctx.task, device,
+                lambda: {**cost(ctx.task), "degeneracy": degeneracy(ctx.task, device)})
             ctx.peaks = peaks(device)
             if baselines:
                 ctx.baseline, ctx.baseline_cached = _baseline(ctx.task, device, cfg, compile_)
@@ -229,7 +233,8 @@ class _TaskContext:
             row.update(accepted=False, status="task_error", error=self.error)
             return row
         times: dict[str, Any] = {"task_setup_s": round(self.setup_s, 2),
-                                 "baseline_cached": self.baseline_cached}
+                                 "baseline_cached": self.baseline_cached,
+                                 "record_cached": self.record_cached}
         try:
             v = verify(self.task, pair.candidate, self.device, self.cfg, self.baseline,
                        self.record, self.peaks, self.prepared, times=times, plan=self.plan)

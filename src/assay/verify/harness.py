@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -178,17 +179,29 @@ class WorkerRun:
             landing_descs = {name: [out_layout.add(shape, dtype)
                                     for shape, dtype, _ in prep.out_meta]
                              for name, _, _ in slots}
-        if self.transfer == "cuda_ipc":
+        drawn = self.transfer == "draw"
+        on_device = prep.device.startswith("cuda") and self.transfer in ("cuda_ipc", "draw")
+        if drawn:  # the worker draws every set from its seed, checked against these digests
+            job["draw"] = {"task": {**dataclasses.asdict(prep.task), "path": str(prep.task.path)},
+                           "seeds": prep.seeds, "distributions": prep.distributions,
+                           "digests": prep.digests}
+        if on_device or drawn:  # (draw on cpu: the parameters' own small file arena)
             in_layout = Layout("in")
-            descs = describe_inputs(prep, in_layout)
-            a_in = DeviceArena(in_layout.size, prep.device)
+            descs = describe_inputs(prep, in_layout, sets=not drawn)
+
+            def arena(nbytes: int, prefix: str) -> Any:
+                return DeviceArena(nbytes, prep.device) if on_device else \
+                    FileArena(nbytes, prefix, self.scratch)
+
+            a_in = arena(in_layout.size, "params-")
             self._arenas.append(a_in)
             fill_inputs(a_in.buf, prep, descs)
-            a_out = DeviceArena(out_layout.size, prep.device)
+            a_out = arena(out_layout.size, "landing-")
             self._arenas.append(a_out)
             a_out.buf.fill_(0xFF)  # NaN-looking until written
-            torch.cuda.synchronize()
-            arenas = {"in": a_in.spec(), "out": a_out.spec()}
+            if on_device:
+                torch.cuda.synchronize()
+            arenas = {"in": a_in.spec(writable=False), "out": a_out.spec(True)}
         else:
             t_in = time.perf_counter()
             inputs = prep.host_inputs()
@@ -222,7 +235,7 @@ class WorkerRun:
                 times["landing_compare_s"] = judge.seconds
         t_done = time.perf_counter()
         times["worker_s"] = t_done - t
-        self.tampered_inputs = self.transfer != "cuda_ipc" and prep.inputs_tampered()
+        self.tampered_inputs = self.transfer == "host" and prep.inputs_tampered()
 
         result_file = self.scratch / "result.json"
         if result_file.exists():
@@ -378,8 +391,11 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
             r = w.result
             if attempt != "host" and r is not None and r.get("stage") == "start" \
                     and "error" in r:
+                # the worker could not open the device arena or drew other sets than these
+                # (instantiate.InputsDiffer): not the candidate's fault, nor the next one's
                 times["transfer_fallback"] = str(r.get("error"))[:300]
-                continue  # the worker could not open the device arena: not the candidate's fault
+                prep.transfer = "host"
+                continue
             times["transfer"] = attempt
             t = time.perf_counter()
             with turns_shared(turns):

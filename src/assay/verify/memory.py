@@ -343,24 +343,38 @@ def sets_stay_on_host(device_type: str, transfer: str) -> bool:
     return device_type == "cuda" and transfer == "host"
 
 
+def sets_resident(device_type: str, transfer: str) -> bool:
+    """Whether the worker holds every input set on its device for the whole run: not with
+    ``transfer: draw`` (each set drawn from its seed when a call needs it,
+    ``instantiate.DrawnSets``) nor where they stay on the host (:func:`sets_stay_on_host`); a
+    call then has one more copy of its inputs (the pristine one its inputs are checked
+    against, or the device copy the perturbed timing buffers are made from)."""
+    return transfer != "draw" and not sets_stay_on_host(device_type, transfer)
+
+
 def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
              device_free_b: int | None, host_free_b: int | None) -> Plan:
     """Bytes of one verification with the harness's sets and references on ``placement``.
 
-    Harness: parameters; per set its inputs, outputs and float64 outputs (made one set at a
-    time, so preparation's transient is one set's forward in both precisions); the host input
-    arena (host transfer) and the landing arena for every verified call. Worker (runs while
-    the harness holds all that): every input set materialized (on cuda with a host arena the
-    sets stay on the host: a set's copy for the pristine check instead), the correctness clones, the
-    timing buffers, a forward, the NaN poisoning of the allocator (an output's size, twice
-    over), the cache-flush buffer. Comparison: the wide temporaries of one chunk.
+    Harness: parameters; per set its inputs (none with ``transfer: draw``), outputs and
+    float64 outputs (made one set at a time, so preparation's transient is one set's forward
+    in both precisions); the input arena (every set, or the parameters alone where drawn) and
+    the landing arena for every verified call. Worker (runs while the harness holds all that):
+    every input set materialized (drawn, or on cuda with a host arena: a set's copy for the
+    pristine check instead, :func:`sets_resident`), the correctness clones, the timing
+    buffers, a forward, the NaN poisoning of the allocator (an output's size, twice over), the
+    cache-flush buffer. Comparison: the wide temporaries of one chunk.
     """
     s = shapes
     cuda = device == "cuda"
     recompute = placement == "recompute"
+    # draw: no side keeps an input set; each draws one when it needs it (the harness's
+    # recompute draws the set it compares)
+    drawn = proto.transfer == "draw"
+    kept_sets = 0 if drawn else proto.sets * s.inputs_b
     fwd = s.forward_peak_b
     fwd64 = s.params64_b + s.inputs64_b + s.forward64_peak_b
-    refs = proto.sets * (s.inputs_b + s.outputs_b) + proto.wide_sets * s.outputs64_b
+    refs = kept_sets + proto.sets * s.outputs_b + proto.wide_sets * s.outputs64_b
     chunk_b = min(s.outputs_numel, COMPARE_CHUNK) * 16  # complex128 at most
     # device placement: the landing output is copied to the device whole, then compared;
     # recompute: a set's references made again (both precisions, from a copy of its inputs)
@@ -369,25 +383,24 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     compare = COMPARE_TEMPS * chunk_b + (s.outputs_b if placement != "host" else 0)
     if recompute:
         compare += s.inputs_b + 2 * s.outputs_b + s.outputs64_b + max(fwd, fwd64)
-        refs = proto.sets * s.inputs_b  # the input sets alone are kept
+        refs = kept_sets  # the input sets alone are kept (none where drawn)
     prepare = s.inputs_b + fwd + fwd64 + 2 * chunk_b  # one set, both precisions, its stats
 
-    # cuda with a host input arena: the worker's sets stay in it (sets_stay_on_host);
-    # a call's pristine inputs are compared on the device (one set's copy) and the perturbed
-    # timing buffers are made from device copies of their sets
-    on_host = sets_stay_on_host(device, proto.transfer)
-    worker_sets = 0 if on_host else proto.sets * s.inputs_b
-    worker_call = s.params_b + (proto.check_sets + 1 + on_host) * s.inputs_b + fwd + s.outputs_b
-    worker_timing = (s.params_b + proto.timing_sets * (1 + on_host) * s.inputs_b + 2 * fwd
+    # sets not resident in the worker (drawn, or kept in a host arena): a call's pristine
+    # inputs are one more set on the device, and so are the perturbed timing buffers' sources
+    apart = not sets_resident(device, proto.transfer)
+    worker_sets = 0 if apart else proto.sets * s.inputs_b
+    worker_call = s.params_b + (proto.check_sets + 1 + apart) * s.inputs_b + fwd + s.outputs_b
+    worker_timing = (s.params_b + proto.timing_sets * (1 + apart) * s.inputs_b + 2 * fwd
                      + FLUSH_B[device])
     # and one more of its largest tensors: the caching allocator splits the poisoning's freed
     # blocks between outputs and snapshots, and a later request of another size finds them
     # taken (an H200 worker ran out of memory at its plan's 78 GiB, asking for 6 more)
     worker = worker_sets + max(worker_call, worker_timing) + max(s.inputs_b, s.outputs_b)
     landing = (1 if proto.one_landing else proto.slots) * s.outputs_b
-    in_arena = proto.sets * s.inputs_b + s.params_b
+    in_arena = kept_sets + s.params_b
 
-    parts = {"input sets (harness)": proto.sets * s.inputs_b,
+    parts = {"input sets (harness)": kept_sets,
              "references": 0 if recompute else proto.sets * s.outputs_b,
              "float64 references": 0 if recompute else proto.wide_sets * s.outputs64_b,
              "worker": worker, "landing arena": landing, "input arena": in_arena,
@@ -396,14 +409,14 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     held_dev = s.params_b + (refs if placement != "host" else 0) + \
         (s.params64_b if recompute else 0)
     if cuda:
-        ipc = in_arena + landing if proto.transfer == "cuda_ipc" else 0
+        ipc = in_arena + landing if proto.transfer != "host" else 0  # (draw: device arenas)
         # one landing buffer: each call is compared while the worker holds its memory
         during = compare if proto.one_landing else 0
         device_need = max(held_dev + prepare,
                           held_dev + ipc + worker + CUDA_CONTEXT_B + during,
                           held_dev + compare) + CUDA_CONTEXT_B
         host_need = (2 * PROCESS_B + s.params_b + (refs if placement == "host" else 0)
-                     + (0 if proto.transfer == "cuda_ipc" else in_arena + landing))
+                     + (0 if proto.transfer != "host" else in_arena + landing))
         return Plan(placement, device, device_need, host_need, device_free_b, host_free_b,
                     parts, proto)
     # cpu: one memory holds the harness, both arenas and the worker's private copies.
@@ -477,20 +490,25 @@ def free_memory(device: str) -> tuple[int | None, int | None]:
 
 
 def plan_transfers(shapes: TaskShapes, cfg, device: str, device_free_b: int | None,
-                   host_free_b: int | None) -> Plan:
-    """:func:`plan` for the config's transfer and, on cuda with ``transfer: cuda_ipc`` (the
-    arenas in device memory), for ``host`` too: the one that fits with fewer reductions, the
-    config's on a tie. Its ``protocol.transfer`` says which the worker is to use (a task
-    whose sets fill the GPU keeps its arenas on the host rather than lose a check)."""
+                   host_free_b: int | None, exclude: tuple[str, ...] = ()) -> Plan:
+    """:func:`plan` for the config's transfer and the others that apply (on cuda: draw,
+    cuda_ipc, host; on cpu: draw, host): the one that fits with the fewest reductions, the
+    config's first on a tie, then in that order. Its ``protocol.transfer`` says which the
+    worker is to use (a task whose sets fill the GPU keeps its arenas on the host rather than
+    lose a check). ``exclude``: transfers not to take (draw, for a task whose sets do not draw
+    the same twice)."""
     kind = device.split(":")[0]
-    protos = [Protocol.of(cfg)]
-    if kind == "cuda" and protos[0].transfer != "host":
-        protos.append(replace(protos[0], transfer="host"))
-    plans = [plan(shapes, p, kind, device_free_b, host_free_b) for p in protos]
+    full = Protocol.of(cfg)
+    order = ("draw", "cuda_ipc", "host") if kind == "cuda" else ("draw", "host")
+    names = [full.transfer] + [t for t in order if t != full.transfer]
+    names = [t for t in names if t not in exclude and (kind == "cuda" or t != "cuda_ipc")] \
+        or ["host"]
+    plans = [plan(shapes, replace(full, transfer=t), kind, device_free_b, host_free_b)
+             for t in names]
     return min(plans, key=lambda p: (not p.fits, len(p.reductions)))  # ties: the first
 
 
-def plan_task(task, device: str, cfg) -> Plan | None:
+def plan_task(task, device: str, cfg, exclude: tuple[str, ...] = ()) -> Plan | None:
     """The plan of verifying ``task`` on ``device`` now (its free memory), or None when the
     task's shapes cannot be found without running it (verification then goes ahead unplanned);
     :func:`plan_transfers` chooses the transfer."""
@@ -498,4 +516,4 @@ def plan_task(task, device: str, cfg) -> Plan | None:
     if shapes is None:
         return None
     dev_free, host_free = free_memory(device)
-    return plan_transfers(shapes, cfg, device, dev_free, host_free)
+    return plan_transfers(shapes, cfg, device, dev_free, host_free, exclude)

@@ -11,13 +11,13 @@ import math
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from assay.tasks.instantiate import (as_outputs, init_inputs, make_inputs, reference_model,
-                                     set_fp32_numerics)
+from assay.tasks.instantiate import (DrawnSets, as_outputs, digest, draws_alike, init_inputs,
+                                     make_inputs, reference_model, set_fp32_numerics)
 from assay.tasks.model import Task
 from assay.verify import policy as policy_mod
 from assay.verify.arenas import FileArena, Layout, describe_inputs, fill_inputs
@@ -150,7 +150,7 @@ class Prepared:
     init_inputs: list
     init_seed: int
     state_dict: dict
-    sets: list[list]                 # every input set, on ``placement``
+    sets: Sequence[list]             # every input set, on ``placement`` (drawn: DrawnSets)
     distributions: list[str]         # the distribution each set was drawn from
     check_sets: list[int]            # correctness sets (cfg.input_distributions)
     timing_sets: list[int]
@@ -170,7 +170,9 @@ class Prepared:
     # "recompute": the sets on the device, the references made again when compared
     reductions: dict[str, str] = field(default_factory=dict)  # the memory plan's lighter protocol
     one_landing: bool = False        # one landing buffer for every verified call (handshake)
-    transfer: str = "host"           # the worker's arenas: host, or cuda_ipc (the plan's choice)
+    transfer: str = "host"           # draw, host or cuda_ipc (the plan's choice; the worker's)
+    seeds: list[int] = field(default_factory=list)     # each set's (secret) seed
+    digests: list[list] = field(default_factory=list)  # each drawn set's input digests
     # (shape, dtype, strides as the forward returned them) of each output, the same every set
     out_meta: list[tuple] = field(default_factory=list)
     _inputs: dict[str, Any] | None = field(default=None, repr=False)
@@ -290,15 +292,31 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
         raise TooLarge(plan)
     proto = plan.protocol if plan is not None and plan.protocol is not None \
         else Protocol.of(cfg)
+    module = task.module()
+    if proto.transfer == "draw" and not draws_alike(module, device):
+        # sets that do not draw the same twice must be kept and copied: planned again so
+        plan = plan_task(task, device, cfg, exclude=("draw",))
+        if plan is not None and not plan.fits:
+            raise TooLarge(plan)
+        proto = plan.protocol if plan is not None and plan.protocol is not None \
+            else replace(Protocol.of(cfg), transfer="host")
     keep = "cpu" if plan is not None and plan.placement == "host" else device
     recompute = plan is not None and plan.placement == "recompute"
-    module = task.module()
+    # draw: no set is kept; each is drawn again from its seed where it is needed (here by
+    # recompute and the arenas of a fallback, in the worker by every call)
+    drawn = proto.transfer == "draw"
     init_seed = secrets.randbits(31)
     model = reference_model(module, init_seed, device)
     sd = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    seeds: list[int] = []
+    digests: list[list] = []
 
     def draw(distribution: str) -> list:  # (sampled on the device where it can be)
-        return make_inputs(module, secrets.randbits(31), device, distribution)
+        seeds.append(secrets.randbits(31))
+        xs = make_inputs(module, seeds[-1], device, distribution)
+        # before any forward: a reference that writes its inputs changes no digest
+        digests.append([digest(x) for x in xs] if drawn else [])
+        return xs
 
     check_dists = check_distributions(cfg.input_distributions, proto.check_sets)
     n = len(check_dists)
@@ -367,10 +385,13 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
         if i == 0:
             out_meta = [(tuple(o.shape), o.dtype, st) for o, st in zip(r, ref_strides)]
             out_bytes = sum(o.numel() * o.element_size() for o in r)
-        sets.append(_to(xs, keep))
+        if not drawn:
+            sets.append(_to(xs, keep))
         refs.append(None if recompute else _to(r, keep))
         refs64.append(None if recompute else _to(r64, keep))
         del xs, r, r64
+    if drawn:
+        sets = DrawnSets(module, seeds, dists, device, digests)
     if recompute:  # nothing of the references kept: made again, a set at a time, when compared
         rec = Recomputed(run_ref, run_ref64, sets,
                          {i for i in range(len(dists)) if proto.wide_all or i < n})
@@ -383,7 +404,8 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
                     max(out_bytes, 1 << 20), placement="recompute" if recompute else keep,
                     reductions=dict(plan.reductions) if plan is not None else {},
                     one_landing=proto.one_landing, out_meta=out_meta,
-                    transfer=proto.transfer if device.startswith("cuda") else "host")
+                    transfer=proto.transfer if device.startswith("cuda") or drawn else "host",
+                    seeds=seeds, digests=digests)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     prep.prepare_s = time.perf_counter() - t0

@@ -21,6 +21,7 @@ class OnDegenerate(StrEnum):
 
 
 class Transfer(StrEnum):
+    draw = "draw"  # each side draws the input sets from their seeds; outputs as cuda_ipc/host
     host = "host"  # shared memory file
     cuda_ipc = "cuda_ipc"  # device memory, cuda only
 
@@ -88,9 +89,12 @@ class VerifyConfig:
     perturb_timed_inputs: bool = True
     # How long outputs must stay unchanged after forward returns (work left on a thread shows).
     settle_s: float = 0.02
-    # How tensors reach the worker and come back: cuda_ipc (device memory shared with CUDA IPC
-    # from a private memory pool; on cuda only: cpu always uses host) or host (a shared memory
-    # file). On cuda the memory plan takes host instead where that keeps more of the protocol
-    # (assay.verify.memory.plan_transfers).
-    transfer: Transfer = Transfer.cuda_ipc
+    # How tensors reach the worker and come back: draw (the worker draws each input set from
+    # its seed where it needs it, checked against the harness's digest of it; parameters and
+    # outputs through device memory on cuda, a shared memory file on cpu), cuda_ipc (every set
+    # copied through device memory shared with CUDA IPC; cuda only: cpu uses host) or host (a
+    # shared memory file). The memory plan takes another where that keeps more of the
+    # protocol (assay.verify.memory.plan_transfers); a set that draws differently in the
+    # worker falls back to host.
+    transfer: Transfer = Transfer.draw
     limits: SandboxLimits = field(default_factory=SandboxLimits)

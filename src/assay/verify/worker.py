@@ -6,7 +6,10 @@ arguments, the protocol's parameters and *descriptors* of tensors that live in a
 
 - ``in``: the inputs of every input set and the (randomized) state dict. On the host path a
   shared-memory file mapped copy-on-write (the candidate cannot change what the next candidate
-  gets); on the ``cuda_ipc`` path device memory from a private pool, shared by CUDA IPC.
+  gets); on the ``cuda_ipc`` path device memory from a private pool, shared by CUDA IPC. With
+  ``transfer: draw`` it holds the state dict alone: the job carries the task's source and each
+  set's seed, and this process draws a set whenever a call needs it (:func:`drawn_sets`),
+  checked against the harness's digest of it, so no set is copied or held whole.
 - ``out``: landing buffers, one per verified call and output, shaped like the reference's
   outputs. The worker copies each verified output there (a snapshot taken the moment forward
   returns); the harness compares them on the device after this process has exited.
@@ -450,6 +453,22 @@ def host_view(arenas: dict[str, torch.Tensor], item: Any) -> Any:
     return materialize(arenas, item, torch.device("cpu"))
 
 
+def drawn_sets(draw: dict[str, Any], device: torch.device) -> instantiate.DrawnSets:
+    """The transfer ``draw``: the task's module (its source, from the job) and every set's
+    seed and distribution; each set is drawn here once and checked against the harness's
+    digests before the candidate loads (a mismatch: the harness falls back to copying the
+    sets), and again, checked, whenever a call needs it."""
+    from assay.tasks.model import Task
+
+    spec = dict(draw["task"])
+    module = Task(**{**spec, "path": Path(spec["path"])}).module()
+    sets = instantiate.DrawnSets(module, draw["seeds"], draw["distributions"], device,
+                                 draw["digests"])
+    for s in range(len(sets)):
+        sets[s]  # noqa: B018 - drawn and checked, then freed
+    return sets
+
+
 def load_candidate(path: Path):
     spec = importlib.util.spec_from_file_location("assay_candidate", path)
     mod = importlib.util.module_from_spec(spec)
@@ -877,10 +896,14 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
 
     t = clock()
     arenas = {name: open_arena(spec) for name, spec in job["arenas"].items()}
-    on_host = sets_stay_on_host(device.type, "host" if job["arenas"]["in"]["kind"] == "file"
-                                else "cuda_ipc")
-    sets = [[host_view(arenas, x) if on_host else materialize(arenas, x, device) for x in s]
-            for s in job["sets"]]
+    drawn = "draw" in job
+    on_host = not drawn and sets_stay_on_host(
+        device.type, "host" if job["arenas"]["in"]["kind"] == "file" else "cuda_ipc")
+    if drawn:
+        sets = drawn_sets(job["draw"], device)
+    else:
+        sets = [[host_view(arenas, x) if on_host else materialize(arenas, x, device)
+                 for x in s] for s in job["sets"]]
     state_dict = {k: materialize(arenas, v, torch.device("cpu"))
                   for k, v in job["state_dict"].items()}
     init_args = [materialize(arenas, x, torch.device("cpu")) for x in job["init_inputs"]]
@@ -957,6 +980,10 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
         rec.record(slot, set_id, out, xs, pristine)
         del out
 
+    def own_copy(s: int) -> list:
+        """Set ``s`` in fresh buffers of this process's (a draw is one already)."""
+        return sets[s] if drawn else clone_inputs(sets[s], device)
+
     result["stage"] = "correctness"
     t = clock()
     held: dict[int, list] = {}
@@ -964,27 +991,27 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     for slot, phase, s in slots:
         if phase == "check":
             t_in = clock()
-            held[s] = clone_inputs(sets[s], device)
+            held[s] = own_copy(s)
             timing.sync(device)  # the copy's own time, not left to the call's first sync
             inputs_s += clock() - t_in
             verified(slot, phase, s, held[s], sets[s])
     a, b = check[-1], check[0]  # as plan_slots: set b's data at the last checked call's pointers
-    bufs_a = held[a]
-    for dst, src in zip(bufs_a, sets[b]):  # new data, same pointers
+    bufs_a, set_b = held[a], sets[b]  # (one draw of set b: its data and the pristine copy)
+    for dst, src in zip(bufs_a, set_b):  # new data, same pointers
         if isinstance(dst, torch.Tensor):
             dst.copy_(src)
-    verified("stale_new_data", "stale", b, bufs_a, sets[b])
-    verified("stale_repeat", "stale", b, bufs_a, sets[b])  # the same call again
-    fresh = clone_inputs(sets[a], device)  # earlier data at new pointers (old buffers alive)
+    verified("stale_new_data", "stale", b, bufs_a, set_b)
+    verified("stale_repeat", "stale", b, bufs_a, set_b)  # the same call again
+    fresh = own_copy(a)  # earlier data at new pointers (old buffers alive)
     verified("stale_new_ptr", "stale", a, fresh, sets[a])
-    del held, bufs_a, fresh
+    del held, bufs_a, set_b, fresh
     times["correctness_s"] = clock() - t
     times["correctness_inputs_s"] = inputs_s
     checkpoint("correctness")
 
     result["stage"] = "timing"
     t = clock()
-    bufs = [clone_inputs(sets[s], device) for s in timing_ids]
+    bufs = [own_copy(s) for s in timing_ids]
     timed_slots = [(slot, s) for slot, phase, s in slots if phase == "timed"]
     rng = random.Random(job["swap_seed"])
     swap_at = sorted(rng.sample(range(tcfg.min_runs), k=min(len(timed_slots), tcfg.min_runs)))
@@ -993,7 +1020,7 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     perturb = bool(job.get("perturb", True))
     # the perturbed calls' data is made on the device from each timing buffer's own set
     perturb_src = [clone_inputs(sets[s], device) if on_host else sets[s]
-                   for s in timing_ids] if perturb else []
+                   for s in timing_ids] if perturb else []  # (drawn: a fresh set each)
     pending: dict[int, tuple[str, int]] = {}
     next_phase = ["warmup"]  # time_calls calls before_call before each timed call only
 

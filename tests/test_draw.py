@@ -1,0 +1,139 @@
+"""The transfer ``draw``: the harness and the worker each draw the input sets from their seeds
+(no set copied between them or held whole), checked bit for bit by digests; a task whose sets
+do not draw the same twice, or a worker that draws other sets, falls back to copying them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from assay.tasks.instantiate import DrawnSets, InputsDiffer, digest, draws_alike, make_inputs
+from assay.tasks.model import Task
+from assay.verify.harness import verify
+from assay.verify.reference import prepare
+from assay.verify.settings import Transfer, VerifyConfig
+
+TASK = """
+import torch
+from torch import nn
+class Model(nn.Module):
+    def forward(self, x, y):
+        return torch.relu(x) * y
+def get_inputs():
+    return [torch.randn(16, 999), torch.rand(16, 999)]
+def get_init_inputs():
+    return []
+"""
+# a get_inputs that reads an unseeded generator: two draws under one seed differ
+UNSEEDED = TASK.replace("torch.rand(16, 999)]",
+                        "torch.rand(16, 999, generator=torch.Generator().manual_seed("
+                        "__import__('secrets').randbits(31)))]")
+
+HONEST = """
+import torch
+from torch import nn
+class ModelNew(nn.Module):
+    def forward(self, x, y):
+        return torch.relu(x) * y
+"""
+# Changes the task's get_inputs in its own process (the worker draws with it) to zeros, where a
+# constant answers every call; the draws no longer match the harness's digests.
+REPLACES_THE_DRAW = """
+import sys, torch
+from torch import nn
+for name, mod in list(sys.modules.items()):
+    if name.startswith("assay_task_"):
+        mod.get_inputs = lambda: [torch.zeros(16, 999), torch.zeros(16, 999)]
+class ModelNew(nn.Module):
+    def forward(self, x, y):
+        return torch.zeros_like(x)
+"""
+# (the candidates run the reference's own ops: permissive, and no reference_fallback check)
+CFG = VerifyConfig(policy="permissive", reject_reference_ops=False, budget_s=0.1, min_runs=10,
+                   max_runs=20)
+
+
+def _task(tmp_path, text: str = TASK) -> Task:
+    path = tmp_path / "level1" / "1_ReluMul.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return Task.from_file(path)
+
+
+def test_digest_is_the_bits_and_their_places():
+    x = torch.randn(1001)
+    swapped, flipped = x.clone(), x.clone()
+    swapped[[3, 4]] = swapped[[4, 3]]
+    flipped.view(torch.int32)[7] ^= 1
+    assert digest(x) == digest(x.clone()) and digest(x) != digest(swapped) != digest(flipped)
+    assert digest(x) != digest(flipped)
+    grid = torch.randn(30, 40)
+    assert digest(grid.t()) == digest(grid.t().contiguous())  # the values, whatever the strides
+    assert digest(torch.ones(3, dtype=torch.bool)) != digest(torch.zeros(3, dtype=torch.bool))
+    assert digest(torch.empty(0)) == (0, 0) and digest(3) is None
+
+
+def test_drawn_sets_are_the_seeds_draws_checked(tmp_path):
+    module = _task(tmp_path).module()
+    want = make_inputs(module, 11, "cpu", "large")
+    sets = DrawnSets(module, [11], ["large"], "cpu", [[digest(x) for x in want]])
+    got = sets[0]
+    assert len(sets) == 1 and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert got[0] is not sets[0][0]  # a fresh set every time
+    other = DrawnSets(module, [12], ["large"], "cpu", [[digest(x) for x in want]])
+    with pytest.raises(InputsDiffer, match="input set 0 drawn again"):
+        other[0]
+    assert draws_alike(module, "cpu")
+    assert not draws_alike(_task(tmp_path, UNSEEDED).module(), "cpu")
+
+
+def test_an_honest_kernel_is_verified_on_drawn_sets(tmp_path):
+    task = _task(tmp_path)
+    cand = tmp_path / "honest.py"
+    cand.write_text(HONEST)
+    times: dict = {}
+    v = verify(task, cand, "cpu", CFG, times=times)
+    assert v.accepted, v.reasons
+    assert times["transfer"] == "draw" and "transfer_fallback" not in times, times
+    prep = prepare(task, "cpu", CFG)
+    assert isinstance(prep.sets, DrawnSets) and len(prep.seeds) == len(prep.distributions)
+
+
+def test_a_task_whose_sets_draw_differently_keeps_and_copies_them(tmp_path):
+    task = _task(tmp_path, UNSEEDED)
+    prep = prepare(task, "cpu", CFG)
+    assert prep.transfer == "host" and isinstance(prep.sets, list)
+    cand = tmp_path / "honest.py"
+    cand.write_text(HONEST)
+    times: dict = {}
+    v = verify(task, cand, "cpu", CFG, prepared=prep, times=times)
+    assert v.accepted, v.reasons
+    assert times["transfer"] == "host", times
+
+
+def test_a_worker_that_draws_other_sets_falls_back_to_copies(tmp_path):
+    """The worker checks every set it draws against the harness's digests before the candidate
+    loads: a mismatch (here the job's digests changed) is not the candidate's fault; the run
+    is repeated with the sets copied, and the preparation keeps that for its next candidates."""
+    task = _task(tmp_path)
+    prep = prepare(task, "cpu", CFG)
+    prep.digests = [[(0, 0) for _ in d] for d in prep.digests]  # the job's, not the harness's
+    cand = tmp_path / "honest.py"
+    cand.write_text(HONEST)
+    times: dict = {}
+    v = verify(task, cand, "cpu", CFG, prepared=prep, times=times)
+    assert v.accepted, v.reasons
+    assert times["transfer"] == "host" and "differs" in times["transfer_fallback"], times
+    assert prep.transfer == "host"
+
+
+def test_a_candidate_that_replaces_the_draw_is_rejected(tmp_path):
+    task = _task(tmp_path)
+    cand = tmp_path / "replaces_the_draw.py"
+    cand.write_text(REPLACES_THE_DRAW)
+    v = verify(task, cand, "cpu", dataclasses.replace(CFG, transfer=Transfer.draw))
+    assert not v.accepted
+    assert "drawn again from its seed differs" in v.error or "correctness" in v.reasons, \
+        (v.reasons, v.error)
