@@ -113,8 +113,11 @@ def test_cuda_candidate(name, task, tmp_path):
     code, expected = CASES[name]
     cand = tmp_path / f"{name}.py"
     cand.write_text(code)
-    v = verify(task, cand, "cuda", VerifyConfig(budget_s=0.3))
+    times: dict = {}
+    v = verify(task, cand, "cuda", VerifyConfig(budget_s=0.3), times=times)
     print(name, v.accepted, v.reasons, v.runtime_ms, v.kernels_launched[:4])
+    # the default transfer: the worker drew every set on the GPU as the harness had
+    assert times["transfer"] == "draw" and "transfer_fallback" not in times, times
     assert v.accepted == (not expected), (v.reasons, {k: c["detail"][:300]
                                                       for k, c in v.checks.items()})
     assert all(r in v.reasons for r in expected) or not expected, v.reasons

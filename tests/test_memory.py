@@ -3,6 +3,7 @@ bytes of each placement against fake free-memory numbers, and KernelBench's larg
 
 from __future__ import annotations
 
+import os
 import resource
 from pathlib import Path
 
@@ -436,3 +437,25 @@ def test_a_workers_own_copy_is_fresh_and_a_strided_input_keeps_its_strides_on_th
     s = host_view(arenas, strided)
     assert s.stride() == (1, 7) and torch.equal(s, t.t())
     assert host_view(arenas, {"value": 3}) == 3
+
+
+def test_what_a_killed_harness_left_is_swept_before_the_next_scratch(tmp_path, monkeypatch):
+    """A verification killed at its time limit leaves its scratch folder (the landing arena:
+    gigabytes at KernelBench's sizes) behind; choosing where the next one goes removes every
+    such folder whose harness is gone, and nothing of a live one."""
+    import subprocess
+    import tempfile
+
+    from assay.verify.arenas import shm_dir
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = tmp_path / f"assay-verify-{gone.pid}-abc"
+    live = tmp_path / f"assay-verify-{os.getppid()}-abc"
+    other = tmp_path / "unrelated-123-4-5"
+    for d in (dead, live, other):
+        d.mkdir()
+        (d / "landing-arena").write_bytes(b"x" * 10)
+    shm_dir(1)
+    assert not dead.exists() and live.exists() and other.exists()

@@ -65,7 +65,9 @@ def test_a_bad_value_in_a_config_file_fails_too(tmp_path, monkeypatch):
 
     shutil.copytree(config_dir(), tmp_path / "config")
     strict = tmp_path / "config" / "verify" / "strict.yaml"
-    strict.write_text(strict.read_text().replace("transfer: cuda_ipc", "transfer: pcie"))
+    text = strict.read_text()
+    assert "\ntransfer: draw" in text
+    strict.write_text(text.replace("\ntransfer: draw", "\ntransfer: pcie"))
     monkeypatch.setenv(assay_env.CONFIG_DIR.name, str(tmp_path / "config"))
     with pytest.raises(ConfigError) as e:
         compose([])

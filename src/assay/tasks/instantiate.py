@@ -140,7 +140,9 @@ def make_inputs(module: Any, seed: int, device: str | torch.device,
         raise TypeError(f"get_inputs() returned {type(values).__name__}, expected a list")
     scale, offset, moved = DISTRIBUTIONS[distribution]
     out = []
-    for v in values:
+    values = list(values)
+    for i, v in enumerate(values):
+        values[i] = None  # each step's input freed as its result is made: two copies at most
         if isinstance(v, torch.Tensor):
             if v.is_floating_point() and scale != 1.0:
                 v = v * scale

@@ -75,8 +75,12 @@ def _sweep_stale(directory: str) -> None:
 
 
 def shm_dir(nbytes: int) -> str:
-    """/dev/shm when it has room (memory speed, no disk writeback), else the temp folder."""
+    """/dev/shm when it has room (memory speed, no disk writeback), else the temp folder; what
+    killed harnesses left in either is removed first (an H200 self-check whose task was killed
+    at its time limit left a 60 GB landing arena that filled the disk)."""
     shm = "/dev/shm"
+    for where in (shm, tempfile.gettempdir()):
+        _sweep_stale(where)
     try:
         st = os.statvfs(shm)
         if os.access(shm, os.W_OK) and st.f_bavail * st.f_frsize > 2 * nbytes + (256 << 20):

@@ -390,9 +390,14 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     # inputs are one more set on the device, and so are the perturbed timing buffers' sources
     apart = not sets_resident(device, proto.transfer)
     worker_sets = 0 if apart else proto.sets * s.inputs_b
-    worker_call = s.params_b + (proto.check_sets + 1 + apart) * s.inputs_b + fwd + s.outputs_b
-    worker_timing = (s.params_b + proto.timing_sets * (1 + apart) * s.inputs_b + 2 * fwd
-                     + FLUSH_B[device])
+    # a draw holds the set and one temporary (a distribution's scaled copy); a swapped timed
+    # call's set is drawn beside the timing buffers and their sources (an H200 worker ran out
+    # of memory at 67 GiB of L1_21's draw where the count without these said 48)
+    drawing = s.inputs_b if drawn else 0
+    worker_call = (s.params_b + (proto.check_sets + 1 + apart) * s.inputs_b + drawing + fwd
+                   + s.outputs_b)
+    worker_timing = (s.params_b + proto.timing_sets * (1 + apart) * s.inputs_b + 2 * drawing
+                     + 2 * fwd + FLUSH_B[device])
     # and one more of its largest tensors: the caching allocator splits the poisoning's freed
     # blocks between outputs and snapshots, and a later request of another size finds them
     # taken (an H200 worker ran out of memory at its plan's 78 GiB, asking for 6 more)

@@ -996,7 +996,9 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
             inputs_s += clock() - t_in
             verified(slot, phase, s, held[s], sets[s])
     a, b = check[-1], check[0]  # as plan_slots: set b's data at the last checked call's pointers
-    bufs_a, set_b = held[a], sets[b]  # (one draw of set b: its data and the pristine copy)
+    bufs_a = held.pop(a)
+    held.clear()  # the other sets' buffers: not needed again (the staleness calls use set a's)
+    set_b = sets[b]  # (one draw of set b: its data and the pristine copy)
     for dst, src in zip(bufs_a, set_b):  # new data, same pointers
         if isinstance(dst, torch.Tensor):
             dst.copy_(src)
