@@ -137,3 +137,22 @@ def test_a_candidate_that_replaces_the_draw_is_rejected(tmp_path):
     assert not v.accepted
     assert "drawn again from its seed differs" in v.error or "correctness" in v.reasons, \
         (v.reasons, v.error)
+
+
+def test_bits_equal_goes_a_chunk_at_a_time_and_sees_every_chunk(monkeypatch):
+    """The worker's pristine-input and settled-output checks compare bits a chunk at a time
+    (whole, torch.equal on cuda made a byte-sized temporary per byte compared); a difference in
+    any chunk, the last partial one included, still shows, and NaN payloads count."""
+    from assay.verify import worker
+
+    monkeypatch.setattr(worker, "_EQUAL_CHUNK", 64)
+    x = torch.randn(1000)  # 4000 bytes: 62 whole chunks and a partial one
+    assert worker.bits_equal(x, x.clone())
+    for at in (0, 500, 999):
+        y = x.clone()
+        y.view(torch.int32)[at] ^= 1
+        assert not worker.bits_equal(x, y), at
+    nan_a = torch.full((5,), float("nan"))
+    nan_b = nan_a.clone()
+    nan_b.view(torch.int32)[4] ^= 1  # another NaN payload
+    assert not worker.bits_equal(nan_a, nan_b) and worker.bits_equal(nan_a, nan_a.clone())

@@ -185,6 +185,10 @@ class WorkerRun:
             job["draw"] = {"task": {**dataclasses.asdict(prep.task), "path": str(prep.task.path)},
                            "seeds": prep.seeds, "distributions": prep.distributions,
                            "digests": prep.digests}
+        # what preparing left in this process's cache first: the arenas come from a private
+        # pool that cannot reuse it (an H200 self-check's 88 GB landing arena did not fit
+        # beside 41 GB its harness had cached)
+        prep.release_transients()
         if on_device or drawn:  # (draw on cpu: the parameters' own small file arena)
             in_layout = Layout("in")
             descs = describe_inputs(prep, in_layout, sets=not drawn)
