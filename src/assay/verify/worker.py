@@ -1062,7 +1062,7 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
 
     result["timing"] = timing.time_calls(timed, device, tcfg, before_call, after_call).to_dict()
     times["timing_s"] = clock() - t
-    del perturb_src  # (the after-timing calls get each buffer's exact data: drawn or copied)
+    perturb_src.clear()  # (the after-timing calls get each buffer's exact data: drawn or copied)
     checkpoint("timing")
     # After timing, every buffer gets its exact data back and is checked once more; the last
     # timed call's buffer first, so a cache keyed on the last input pointer replays that
