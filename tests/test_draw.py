@@ -156,3 +156,24 @@ def test_bits_equal_goes_a_chunk_at_a_time_and_sees_every_chunk(monkeypatch):
     nan_b = nan_a.clone()
     nan_b.view(torch.int32)[4] ^= 1  # another NaN payload
     assert not worker.bits_equal(nan_a, nan_b) and worker.bits_equal(nan_a, nan_a.clone())
+
+
+def test_an_arena_without_room_is_too_large_not_a_crash(tmp_path, monkeypatch):
+    """A landing arena its file system cannot hold was a SIGBUS in the worker (an honest
+    candidate's crash: KernelBench's L1_87 on an H200, 72 GB of landing beside the input
+    arena); every file arena now takes its pages when made, and no room is ``too_large``."""
+    import errno
+    import os as _os
+
+    from assay.verify import arenas
+
+    def no_room(fd, offset, length):
+        raise OSError(errno.ENOSPC, _os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(arenas.os, "posix_fallocate", no_room)
+    task = _task(tmp_path)
+    cand = tmp_path / "honest.py"
+    cand.write_text(HONEST)
+    v = verify(task, cand, "cpu", CFG)
+    assert not v.accepted and v.reasons == ["too_large"], v.reasons
+    assert "no room for a" in v.checks["too_large"]["detail"]

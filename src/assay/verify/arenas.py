@@ -11,6 +11,7 @@ dicts)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import shutil
@@ -90,6 +91,10 @@ def shm_dir(nbytes: int) -> str:
     return tempfile.gettempdir()
 
 
+class NoRoom(OSError):
+    """A file arena that its file system has no room for (the verdict: ``too_large``)."""
+
+
 class FileArena:
     """A shared-memory file mapped into this process; the worker maps it too.
 
@@ -113,9 +118,16 @@ class FileArena:
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL,
                           0o644 if own else 0o600)
         os.ftruncate(self.fd, self.nbytes)
-        if own:  # an input arena, filled right away: its pages now, not a fault at a time
-            with contextlib.suppress(OSError):
-                os.posix_fallocate(self.fd, 0, self.nbytes)
+        try:  # every page now: a file system without room says so here, not with a SIGBUS
+            os.posix_fallocate(self.fd, 0, self.nbytes)  # in whichever process touches it
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                FileArena._cleanup(self.fd, str(self.dir) if own else "")
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
+                raise NoRoom(f"no room for a {self.nbytes / (1 << 30):.1f} GiB {prefix}arena "
+                             f"in {self.dir} (the host path's shared memory, else the temp "
+                             f"folder)") from None
         self.buf = torch.from_file(str(self.path), shared=True, size=self.nbytes,
                                    dtype=torch.uint8)
         self._finalizer = weakref.finalize(self, FileArena._cleanup, self.fd,

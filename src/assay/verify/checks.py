@@ -35,10 +35,12 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           "inputs (`verify.on_degenerate: reject`)",
           when="the task is degenerate (its degeneracy record or the harness's own test says so)"),
     Check("too_large", "not the candidate: the task at this size does not fit in this "
-          "machine's memory, even with the lightest protocol (input sets, references in the task's dtype and float64, the "
-          "worker's buffers and arenas, planned from the shapes before anything is allocated); "
-          "the detail names the bytes needed and free",
-          when="the memory plan finds no placement that fits, even with the lightest protocol"),
+          "machine's memory, even with the lightest protocol (input sets, references in the "
+          "task's dtype and float64, the worker's buffers and arenas, planned from the shapes "
+          "before anything is allocated), or its file arenas find no room in shared memory "
+          "or the temp folder; the detail names the bytes needed and free",
+          when="the memory plan finds no placement that fits, even with the lightest protocol; "
+               "a file arena's pages cannot be reserved"),
     Check("memory_plan", "never rejects: the memory plan could not hold the configured "
           "protocol and verified with a lighter one, a step at a time (float64 references for "
           "the correctness sets only, one landing buffer reused by every call, fewer timing "

@@ -42,7 +42,7 @@ from assay.verify import policy as policy_mod
 from assay.verify import provenance
 from assay.verify.memory import Plan, TooLarge
 from assay.verify.preflight import preflight
-from assay.verify.arenas import (ALIGN, DeviceArena, FileArena, Layout, arena_view,
+from assay.verify.arenas import (ALIGN, DeviceArena, FileArena, Layout, NoRoom, arena_view,
                                  describe_inputs, fill_inputs, shm_dir, tensor_nbytes)
 from assay.verify.compare import SetError, compare_tensor, rounded_inputs, unit_roundoff
 from assay.verify.reference import Prepared, prepare, resolve_device
@@ -387,6 +387,10 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
             try:
                 with turns_alone(turns):
                     w.run()
+            except NoRoom as e:  # the host path's arenas: no file system has room for them
+                checks.record(v, "too_large", False, str(e))
+                v.error = f"task {task.id} is too large for this machine: {e}"
+                break
             except Exception as e:  # noqa: BLE001 - arena setup failed: fall back to host
                 if attempt == "host":
                     raise
