@@ -459,3 +459,23 @@ def test_what_a_killed_harness_left_is_swept_before_the_next_scratch(tmp_path, m
         (d / "landing-arena").write_bytes(b"x" * 10)
     shm_dir(1)
     assert not dead.exists() and live.exists() and other.exists()
+
+
+@pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")
+def test_file_arenas_are_planned_against_the_room_they_go_to():
+    """Available memory is not room for file arenas: KernelBench's L1_87 (8 GB outputs) took
+    the host path on an H200, whose 72 GB landing arena found no room in /dev/shm and filled
+    the 64 GB disk (a SIGBUS in the worker). With the file systems' room given, the plan keeps
+    the host path's arenas within it, takes another path, or says too_large with both numbers."""
+    from assay.verify.memory import plan_transfers
+
+    s = task_shapes(Task.from_file(KERNELBENCH / "level1" / "87_conv_pointwise_2D.py").module())
+    cfg = VerifyConfig(transfer="host")
+    roomy = plan_transfers(s, cfg, "cuda:0", 139 * GiB, 110 * GiB, arena_free_b=400 * GiB)
+    assert roomy.fits and roomy.protocol.transfer == "host" and roomy.arena_need_b > 60 * GiB
+    tight = plan_transfers(s, cfg, "cuda:0", 139 * GiB, 110 * GiB, arena_free_b=60 * GiB)
+    assert tight.fits and tight.arena_need_b <= 0.9 * 60 * GiB, (tight.protocol, tight.reductions)
+    # on the cpu target every arena is a file: no room for the lightest is too_large
+    none = plan(s, Protocol.of(cfg), "cpu", None, 400 * GiB, arena_free_b=1 * GiB)
+    assert not none.fits and "of file arenas where shared memory or the temp folder has 1.0 " \
+        "GiB" in none.too_large_detail()

@@ -293,13 +293,18 @@ class Plan:
     parts: dict[str, int] = field(default_factory=dict)  # named buffers, for the report
     protocol: Protocol | None = None     # the protocol these bytes are for
     reductions: dict[str, str] = field(default_factory=dict)  # lighter than the config's
+    # file arenas (shared memory, else the temp folder: :func:`arena_room`) and their room
+    arena_need_b: int = 0
+    arena_free_b: int | None = None
 
     @property
     def fits(self) -> bool:
-        """Each need within the free memory less the allocator's headroom."""
+        """Each need within the free memory less the allocator's headroom, and the file arenas
+        within the room of the file system they go to."""
         ok_dev = self.device_free_b is None or self.device_need_b <= _usable(self.device_free_b)
         ok_host = self.host_free_b is None or self.host_need_b <= _usable(self.host_free_b)
-        return ok_dev and ok_host
+        ok_files = self.arena_free_b is None or self.arena_need_b <= _usable(self.arena_free_b)
+        return ok_dev and ok_host and ok_files
 
     def too_large_detail(self) -> str:
         short = []
@@ -310,6 +315,9 @@ class Plan:
         if self.host_free_b is not None and self.host_need_b > _usable(self.host_free_b):
             short.append(f"{gib(self.host_need_b)} of host memory where {gib(self.host_free_b)} "
                          f"is available")
+        if self.arena_free_b is not None and self.arena_need_b > _usable(self.arena_free_b):
+            short.append(f"{gib(self.arena_need_b)} of file arenas where shared memory or the "
+                         f"temp folder has {gib(self.arena_free_b)}")
         big = sorted(self.parts.items(), key=lambda kv: -kv[1])[:4]
         lightest = (f"; even with the lightest protocol: {'; '.join(self.reductions.values())}"
                     if self.reductions else "")
@@ -353,7 +361,8 @@ def sets_resident(device_type: str, transfer: str) -> bool:
 
 
 def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
-             device_free_b: int | None, host_free_b: int | None) -> Plan:
+             device_free_b: int | None, host_free_b: int | None,
+             arena_free_b: int | None = None) -> Plan:
     """Bytes of one verification with the harness's sets and references on ``placement``.
 
     Harness: parameters; per set its inputs (none with ``transfer: draw``), outputs and
@@ -420,26 +429,28 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
         device_need = max(held_dev + prepare,
                           held_dev + ipc + worker + CUDA_CONTEXT_B + during,
                           held_dev + compare) + CUDA_CONTEXT_B
-        host_need = (2 * PROCESS_B + s.params_b + (refs if placement == "host" else 0)
-                     + (0 if proto.transfer != "host" else in_arena + landing))
+        files = 0 if proto.transfer != "host" else in_arena + landing
+        host_need = 2 * PROCESS_B + s.params_b + (refs if placement == "host" else 0) + files
         return Plan(placement, device, device_need, host_need, device_free_b, host_free_b,
-                    parts, proto)
+                    parts, proto, arena_need_b=files, arena_free_b=arena_free_b)
     # cpu: one memory holds the harness, both arenas and the worker's private copies.
     during = compare if proto.one_landing else 0
     host_need = (2 * PROCESS_B + s.params_b + refs + in_arena + landing
                  + max(prepare, worker + during, compare))
-    return Plan("host", device, host_need, host_need, None, host_free_b, parts, proto)
+    return Plan("host", device, host_need, host_need, None, host_free_b, parts, proto,
+                arena_need_b=in_arena + landing, arena_free_b=arena_free_b)
 
 
 def _shortfall(p: Plan) -> int:
     """Bytes over the usable free memory, both sides together (0: it fits)."""
     return sum(max(0, need - _usable(free)) for need, free in
-               ((p.device_need_b, p.device_free_b), (p.host_need_b, p.host_free_b))
+               ((p.device_need_b, p.device_free_b), (p.host_need_b, p.host_free_b),
+                (p.arena_need_b, p.arena_free_b))
                if free is not None)
 
 
 def plan(shapes: TaskShapes, proto: Protocol, device: str, device_free_b: int | None,
-         host_free_b: int | None, adapt: bool = True) -> Plan:
+         host_free_b: int | None, adapt: bool = True, arena_free_b: int | None = None) -> Plan:
     """The plan that fits with the fewest reductions, the placements in this order on a tie:
     the references on the device, (cuda) recomputed at comparison, on the host. For each
     placement the config's protocol first, then (``adapt``) the steps of
@@ -451,7 +462,7 @@ def plan(shapes: TaskShapes, proto: Protocol, device: str, device_free_b: int | 
 
     def ladder(where: str) -> Plan:
         def one(p: Protocol) -> Plan:
-            x = plan_for(shapes, p, device, where, device_free_b, host_free_b)
+            x = plan_for(shapes, p, device, where, device_free_b, host_free_b, arena_free_b)
             x.reductions = p.reductions(proto)
             return x
 
@@ -494,8 +505,34 @@ def free_memory(device: str) -> tuple[int | None, int | None]:
     return dev, host
 
 
+def arena_room() -> int | None:
+    """Bytes free where file arenas go (``arenas.shm_dir``: shared memory, else the temp
+    folder), the larger of the two, divided like :func:`free_memory`'s host bytes; None where
+    neither can be read. Available memory is not that room: KernelBench's 72 GB landing arena
+    found no room in an H200 machine's /dev/shm and filled its 64 GB disk."""
+    import os
+    import tempfile
+
+    from assay.env import HOST_SHARE
+
+    room = []
+    for where in ("/dev/shm", tempfile.gettempdir()):
+        try:
+            st = os.statvfs(where)
+        except OSError:
+            continue
+        if os.access(where, os.W_OK):
+            room.append(st.f_bavail * st.f_frsize)
+    try:
+        share = max(1, int(HOST_SHARE.get()))
+    except (TypeError, ValueError):
+        share = 1
+    return max(room) // share if room else None
+
+
 def plan_transfers(shapes: TaskShapes, cfg, device: str, device_free_b: int | None,
-                   host_free_b: int | None, exclude: tuple[str, ...] = ()) -> Plan:
+                   host_free_b: int | None, exclude: tuple[str, ...] = (),
+                   arena_free_b: int | None = None) -> Plan:
     """:func:`plan` for the config's transfer and the others that apply (on cuda: draw,
     cuda_ipc, host; on cpu: draw, host): the one that fits with the fewest reductions, the
     config's first on a tie, then in that order. Its ``protocol.transfer`` says which the
@@ -508,8 +545,8 @@ def plan_transfers(shapes: TaskShapes, cfg, device: str, device_free_b: int | No
     names = [full.transfer] + [t for t in order if t != full.transfer]
     names = [t for t in names if t not in exclude and (kind == "cuda" or t != "cuda_ipc")] \
         or ["host"]
-    plans = [plan(shapes, replace(full, transfer=t), kind, device_free_b, host_free_b)
-             for t in names]
+    plans = [plan(shapes, replace(full, transfer=t), kind, device_free_b, host_free_b,
+                  arena_free_b=arena_free_b) for t in names]
     return min(plans, key=lambda p: (not p.fits, len(p.reductions)))  # ties: the first
 
 
@@ -521,4 +558,4 @@ def plan_task(task, device: str, cfg, exclude: tuple[str, ...] = ()) -> Plan | N
     if shapes is None:
         return None
     dev_free, host_free = free_memory(device)
-    return plan_transfers(shapes, cfg, device, dev_free, host_free, exclude)
+    return plan_transfers(shapes, cfg, device, dev_free, host_free, exclude, arena_room())

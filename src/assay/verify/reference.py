@@ -287,6 +287,12 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
     t0 = time.perf_counter()
     set_fp32_numerics(cfg.allow_tf32)  # the reference in true fp32 unless the config says tf32
     device = resolve_device(device)
+    if device.startswith("cuda") and torch.cuda.is_available():
+        # What an earlier task left cached goes back first: kept references made inside its
+        # larger segments would pin them (a self-check's harness held ~74 GiB for L1_46 right
+        # after L1_45's 16 GB sets, where its plan counted ~35)
+        gc.collect()
+        torch.cuda.empty_cache()
     plan = plan or plan_task(task, device, cfg)
     if plan is not None and not plan.fits:
         raise TooLarge(plan)

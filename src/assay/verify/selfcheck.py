@@ -148,12 +148,14 @@ def _memory_plan(task: Task, device: str, cfg: VerifyConfig, share: int):
     if shapes is None:
         return None, True
     dev_free, host_free = memory.free_memory(device)
-    plan = memory.plan_transfers(shapes, cfg, device, dev_free, host_free)
+    room = memory.arena_room()
+    plan = memory.plan_transfers(shapes, cfg, device, dev_free, host_free, arena_free_b=room)
     if not plan.fits or share <= 1:
         return plan, True
     part = memory.plan_transfers(shapes, cfg, device,
                                  None if dev_free is None else dev_free // share,
-                                 None if host_free is None else host_free // share)
+                                 None if host_free is None else host_free // share,
+                                 arena_free_b=None if room is None else room // share)
     if part.fits and part.reductions == plan.reductions:
         return part, True
     return plan, False
