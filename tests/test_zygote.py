@@ -135,7 +135,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.gpu
 def test_a_cuda_worker_forked_from_the_zygote_is_accepted(tmp_path):
-    """Opt-in (ASSAY_SANDBOX_ZYGOTE=1), not yet run on a GPU: the zygote never
+    """The default on cuda (here forced, ASSAY_SANDBOX_ZYGOTE=1): the zygote never
     initializes CUDA, its forked worker does, and an honest kernel is accepted twice, the
     second time with torch already imported."""
     zoo = REPO / "tests" / "zoo_cuda"
@@ -143,3 +143,14 @@ def test_a_cuda_worker_forked_from_the_zygote_is_accepted(tmp_path):
                     device="cuda", task=zoo / "tasks" / "level1" / "1_gelu.py")
     assert all(v["accepted"] for v in runs), runs
     assert runs[1]["zygotes"] == 1 and runs[1]["import_s"] < 0.5, runs
+
+
+def test_the_zygote_is_the_default_on_cuda_and_opt_in_on_cpu(monkeypatch):
+    from assay.verify.sandbox.zygote import wanted
+
+    monkeypatch.delenv("ASSAY_SANDBOX_ZYGOTE", raising=False)
+    assert wanted("cuda") and wanted("cuda:1") and not wanted("cpu") and not wanted()
+    monkeypatch.setenv("ASSAY_SANDBOX_ZYGOTE", "0")
+    assert not wanted("cuda") and not wanted("cpu")
+    monkeypatch.setenv("ASSAY_SANDBOX_ZYGOTE", "1")
+    assert wanted("cuda") and wanted("cpu")

@@ -351,7 +351,7 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
         v.error = why
         v.verify_s = time.perf_counter() - t0
         return v.finish()
-    prestart_worker()  # (opt-in) its interpreter imports torch while references are prepared
+    prestart_worker(device)  # (cuda; opt-in on cpu) its torch import overlaps the preparation
 
     degenerate = bool(record and record.get("degeneracy", {}).get("degenerate"))
     if degenerate:

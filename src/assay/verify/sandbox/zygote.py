@@ -47,17 +47,22 @@ _MAX_MSG = 1 << 20
 _FDS = 3  # log, report pipe, status socket
 
 
-def wanted() -> bool:
-    """``ASSAY_SANDBOX_ZYGOTE=1`` forks every worker from the zygote; unset or anything else,
-    each worker execs a fresh interpreter. Opt-in because on the 2-core CPU machine the cpu
-    target's timings of forked workers spread wider (five verifications of one ReLU kernel 9.4%
-    and 16.2% from their median beside a control within 3.5%, where exec'd workers were within
-    6%: a forked worker's heap starts from the zygote's history, which sets whether a 16 MB
-    output is faulted in anew on each call; see bench.timing.steady_host_allocator), and on
-    cuda it has not run on a GPU yet (its workers initialize CUDA after the fork, as torch
-    requires: the zygote never touches CUDA)."""
-    return os.environ.get("ASSAY_SANDBOX_ZYGOTE", "").strip().lower() in ("1", "true", "yes",
-                                                                          "on")
+def wanted(device: str = "cpu") -> bool:
+    """Whether workers on ``device`` fork from the zygote: ``ASSAY_SANDBOX_ZYGOTE=1`` always,
+    ``=0`` never; unset, on cuda only. The import it saves is 4-5 s of a GPU verification
+    (an H200's L1_21: the worker's import 0.1 s forked, 4.4 s exec'd), and device timings do not
+    see the host heap. On cpu it is opt-in: on the 2-core CPU machine forked workers' timings
+    spread wider (five verifications of one ReLU kernel 9.4% and 16.2% from their median beside
+    a control within 3.5%, where exec'd workers were within 6%: a forked worker's heap starts
+    from the zygote's history, which sets whether a 16 MB output is faulted in anew on each
+    call; see bench.timing.steady_host_allocator). The zygote never touches CUDA: its workers
+    initialize it after the fork, as torch requires."""
+    value = os.environ.get("ASSAY_SANDBOX_ZYGOTE", "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    return device.startswith("cuda")
 
 
 def runs(cmd: list[str]) -> bool:
@@ -107,11 +112,11 @@ class Zygote:
         return self.proc.pid
 
     @classmethod
-    def get(cls, env: dict[str, str]) -> "Zygote | None":
+    def get(cls, env: dict[str, str], device: str = "cpu") -> "Zygote | None":
         """The running zygote for ``env``, started now if there is none (it imports torch
-        while the caller goes on); None where it is not asked for (:func:`wanted`) or could not
-        start (the caller execs the worker instead)."""
-        if not wanted():
+        while the caller goes on); None where it is not wanted for ``device`` (:func:`wanted`)
+        or could not start (the caller execs the worker instead)."""
+        if not wanted(device):
             return None
         key = tuple(env.get(k) for k in AT_IMPORT)
         with cls._lock:
