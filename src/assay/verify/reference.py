@@ -111,7 +111,9 @@ class Recomputed:
         if self._last is None or self._last[0] != s:
             self._last = None  # freed before the next set's are made
             t = time.perf_counter()
-            xs = [x.clone() if isinstance(x, torch.Tensor) else x for x in self._sets[s]]
+            xs = self._sets[s]
+            if not isinstance(self._sets, DrawnSets):  # (a draw is a fresh copy already)
+                xs = [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
             r = self._run(xs)  # on copies: a forward that writes its inputs changes no set
             r64 = self._run64(xs, r) if s in self._wide else [None] * len(r)
             self._last = (s, r, r64)
