@@ -88,10 +88,10 @@ def test_second_call_reuses_the_record_and_refresh_recomputes():
 
 
 def test_a_cached_record_equals_the_fresh_one():
-    from assay.tasks.analyze import cost, degeneracy
+    from assay.tasks.analyze import task_record
 
     task = Task.from_file(RELU, size="small")
-    fresh = {**cost(task), "degeneracy": degeneracy(task, "cpu")}
+    fresh = task_record(task, "cpu")
     stored, hit1 = cached_record(task, "cpu", lambda: fresh)
     cached, hit2 = cached_record(task, "cpu", lambda: pytest.fail("computed again"))
     assert (hit1, hit2) == (False, True)

@@ -82,14 +82,11 @@ def _verify(args: argparse.Namespace) -> int:
         from assay.bench.baseline_cache import cached_baseline, cached_record
         from assay.bench.device import peaks as device_peaks
         from assay.bench.timing import TimingConfig
-        from assay.tasks.analyze import cost, degeneracy
 
         t = time.perf_counter()
         # Cached per (task, device, torch version) beside the baselines: seconds on a GB-sized
         # task, the same for every candidate of it (assay.bench.baseline_cache).
-        record, hit = cached_record(
-            task, device, lambda: {**cost(task), "degeneracy": degeneracy(task, device)},
-            refresh=args.retime_baseline)
+        record, hit = cached_record(task, device, refresh=args.retime_baseline)
         times["record_cached"] = "yes" if hit else "no"
         peaks = device_peaks(device)
         times["record_s"] = time.perf_counter() - t

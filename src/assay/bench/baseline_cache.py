@@ -113,15 +113,19 @@ def record_key(task: Task, device_name: str, torch_version: str) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def cached_record(task: Task, device: str, compute: Callable[[], dict[str, Any]],
+def cached_record(task: Task, device: str,
+                  compute: Callable[[], dict[str, Any]] | None = None,
                   refresh: bool = False) -> tuple[dict[str, Any], bool]:
-    """The task's record (``{**cost(task), "degeneracy": degeneracy(task, device)}``, what
-    ``compute()`` returns) from the cache, else computed and stored; and whether it came from
-    the cache. Returned as JSON holds it either way (a tuple as a list, what JSON has no type
-    for as its ``str``), so a fresh record equals a cached one."""
+    """The task's record (``compute()``, by default ``analyze.task_record(task, device)``) from
+    the cache, else computed and stored; and whether it came from the cache. Returned as JSON
+    holds it either way (a tuple as a list, what JSON has no type for as its ``str``), so a
+    fresh record equals a cached one."""
     import torch
 
     from assay.bench.device import device_name
+    from assay.tasks.analyze import task_record
+
+    compute = compute or (lambda: task_record(task, device))
 
     key = record_key(task, device_name(device), torch.__version__)
     data, hit = _cached_json(

@@ -119,6 +119,13 @@ def _spread_and_finite(outs: list[torch.Tensor]) -> tuple[float, float, int, boo
     return var ** 0.5, rms, n, finite
 
 
+def task_record(task: Task, device: str = "cpu") -> dict[str, Any]:
+    """What a verification is given of its task: :func:`cost` and, under ``degeneracy``,
+    :func:`degeneracy` on ``device`` (cached per task and device by
+    ``assay.bench.baseline_cache.cached_record``)."""
+    return {**cost(task), "degeneracy": degeneracy(task, device)}
+
+
 def degeneracy(task: Task, device: str = "cpu") -> dict[str, Any]:
     """Output spread, sensitivity to the inputs, and to the initial weights."""
     module = task.module()

@@ -185,7 +185,6 @@ class _TaskContext:
              say) -> "_TaskContext":
         from assay.bench.baseline_cache import cached_record
         from assay.bench.device import peaks
-        from assay.tasks.analyze import cost, degeneracy
         from assay.verify.harness import prepare
         from assay.verify.memory import TooLarge, plan_task
 
@@ -199,9 +198,7 @@ class _TaskContext:
                 # each candidate's verdict says too_large with the numbers; nothing is timed
                 say(f"task {path.name}: too large: {ctx.plan.too_large_detail()}")
                 return ctx
-            ctx.record, ctx.record_cached = cached_record(
-                ctx.task, device,
-                lambda: {**cost(ctx.task), "degeneracy": degeneracy(ctx.task, device)})
+            ctx.record, ctx.record_cached = cached_record(ctx.task, device)
             ctx.peaks = peaks(device)
             if baselines:
                 ctx.baseline, ctx.baseline_cached = _baseline(ctx.task, device, cfg, compile_)
