@@ -75,20 +75,37 @@ def _sweep_stale(directory: str) -> None:
             pass
 
 
+def _room(where: str) -> int | None:
+    """Bytes free in a folder this process may write, else None."""
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize if os.access(where, os.W_OK) else None
+
+
+def arena_folders() -> tuple[str, str]:
+    """Where file arenas go: shared memory (memory speed, no disk writeback), else the temp
+    folder (``TMPDIR``)."""
+    return "/dev/shm", tempfile.gettempdir()
+
+
+def folder_room() -> int | None:
+    """The most bytes free in one of :func:`arena_folders` (None where neither can be read):
+    what the memory plan holds file arenas to."""
+    room = [r for r in map(_room, arena_folders()) if r is not None]
+    return max(room) if room else None
+
+
 def shm_dir(nbytes: int) -> str:
-    """/dev/shm when it has room (memory speed, no disk writeback), else the temp folder; what
+    """Shared memory when it has room for ``nbytes`` twice over, else the temp folder; what
     killed harnesses left in either is removed first (an H200 self-check whose task was killed
     at its time limit left a 60 GB landing arena that filled the disk)."""
-    shm = "/dev/shm"
-    for where in (shm, tempfile.gettempdir()):
+    shm, tmp = arena_folders()
+    for where in (shm, tmp):
         _sweep_stale(where)
-    try:
-        st = os.statvfs(shm)
-        if os.access(shm, os.W_OK) and st.f_bavail * st.f_frsize > 2 * nbytes + (256 << 20):
-            return shm
-    except OSError:
-        pass
-    return tempfile.gettempdir()
+    room = _room(shm)
+    return shm if room is not None and room > 2 * nbytes + (256 << 20) else tmp
 
 
 class NoRoom(OSError):
@@ -109,7 +126,6 @@ class FileArena:
         own = directory is None
         if own:
             where = shm_dir(self.nbytes)
-            _sweep_stale(where)
             self.dir = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=where))
             os.chmod(self.dir, 0o755)
         else:
@@ -125,9 +141,11 @@ class FileArena:
                 FileArena._cleanup(self.fd, str(self.dir) if own else "")
                 with contextlib.suppress(OSError):
                     self.path.unlink()
-                raise NoRoom(f"no room for a {self.nbytes / (1 << 30):.1f} GiB {prefix}arena "
-                             f"in {self.dir} (the host path's shared memory, else the temp "
-                             f"folder)") from None
+                free = _room(str(self.dir))
+                raise NoRoom(f"no room for a {self.nbytes / (1 << 30):.1f} GiB {prefix}arena in "
+                             f"{self.dir} ({(free or 0) / (1 << 30):.1f} GiB free there; file "
+                             f"arenas go to {' or '.join(arena_folders())}: free space there "
+                             f"or set TMPDIR to a larger folder)") from None
         self.buf = torch.from_file(str(self.path), shared=True, size=self.nbytes,
                                    dtype=torch.uint8)
         self._finalizer = weakref.finalize(self, FileArena._cleanup, self.fd,

@@ -486,14 +486,11 @@ def free_memory(device: str) -> tuple[int | None, int | None]:
     """(free device bytes, available host bytes) right now; None where unknown. The host's
     bytes are divided by ``ASSAY_HOST_SHARE`` (``assay.env.HOST_SHARE``) where that many runs
     share the host, one per GPU (benchmarks/gpu_phases.sh's self-check shards)."""
-    from assay.env import HOST_SHARE
-
     host = None
     try:
         import psutil
 
-        share = max(1, int(HOST_SHARE.get()))
-        host = int(psutil.virtual_memory().available) // share
+        host = int(psutil.virtual_memory().available) // _host_share()
     except Exception:  # noqa: BLE001 - no psutil: the host side is not planned
         pass
     dev = None
@@ -505,29 +502,25 @@ def free_memory(device: str) -> tuple[int | None, int | None]:
     return dev, host
 
 
-def arena_room() -> int | None:
-    """Bytes free where file arenas go (``arenas.shm_dir``: shared memory, else the temp
-    folder), the larger of the two, divided like :func:`free_memory`'s host bytes; None where
-    neither can be read. Available memory is not that room: KernelBench's 72 GB landing arena
-    found no room in an H200 machine's /dev/shm and filled its 64 GB disk."""
-    import os
-    import tempfile
-
+def _host_share() -> int:
+    """How many runs share this host (``ASSAY_HOST_SHARE``, one per GPU), at least one."""
     from assay.env import HOST_SHARE
 
-    room = []
-    for where in ("/dev/shm", tempfile.gettempdir()):
-        try:
-            st = os.statvfs(where)
-        except OSError:
-            continue
-        if os.access(where, os.W_OK):
-            room.append(st.f_bavail * st.f_frsize)
     try:
-        share = max(1, int(HOST_SHARE.get()))
+        return max(1, int(HOST_SHARE.get()))
     except (TypeError, ValueError):
-        share = 1
-    return max(room) // share if room else None
+        return 1
+
+
+def arena_room() -> int | None:
+    """Bytes free where file arenas go (``arenas.folder_room``), divided like
+    :func:`free_memory`'s host bytes; None where unknown. Available memory is not that room:
+    KernelBench's 72 GB landing arena found no room in an H200 machine's /dev/shm and filled
+    its 64 GB disk."""
+    from assay.verify.arenas import folder_room
+
+    room = folder_room()
+    return None if room is None else room // _host_share()
 
 
 def plan_transfers(shapes: TaskShapes, cfg, device: str, device_free_b: int | None,
