@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import json
 import logging
 import os
@@ -182,8 +181,7 @@ class WorkerRun:
         drawn = self.transfer == "draw"
         on_device = prep.device.startswith("cuda") and self.transfer in ("cuda_ipc", "draw")
         if drawn:  # the worker draws every set from its seed, checked against these digests
-            job["draw"] = {"task": {**dataclasses.asdict(prep.task), "path": str(prep.task.path)},
-                           "seeds": prep.seeds, "distributions": prep.distributions,
+            job["draw"] = {"task": prep.task, "seeds": prep.seeds, "distributions": prep.distributions,
                            "digests": prep.digests}
         # what preparing left in this process's cache first: the arenas come from a private
         # pool that cannot reuse it (an H200 self-check's 88 GB landing arena did not fit

@@ -535,9 +535,8 @@ def plan_transfers(shapes: TaskShapes, cfg, device: str, device_free_b: int | No
     kind = device.split(":")[0]
     full = Protocol.of(cfg)
     order = ("draw", "cuda_ipc", "host") if kind == "cuda" else ("draw", "host")
-    names = [full.transfer] + [t for t in order if t != full.transfer]
-    names = [t for t in names if t not in exclude and (kind == "cuda" or t != "cuda_ipc")] \
-        or ["host"]
+    names = [t for t in dict.fromkeys((full.transfer, *order))
+             if t in order and t not in exclude] or ["host"]
     plans = [plan(shapes, replace(full, transfer=t), kind, device_free_b, host_free_b,
                   arena_free_b=arena_free_b) for t in names]
     return min(plans, key=lambda p: (not p.fits, len(p.reductions)))  # ties: the first

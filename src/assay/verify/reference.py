@@ -295,19 +295,22 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
         # after L1_45's 16 GB sets, where its plan counted ~35)
         gc.collect()
         torch.cuda.empty_cache()
+
+    def protocol_of(p: Plan | None) -> Protocol:
+        """The plan's protocol (the config's where the shapes could not be found)."""
+        if p is not None and not p.fits:
+            raise TooLarge(p)
+        return p.protocol if p is not None and p.protocol is not None else Protocol.of(cfg)
+
     plan = plan or plan_task(task, device, cfg)
-    if plan is not None and not plan.fits:
-        raise TooLarge(plan)
-    proto = plan.protocol if plan is not None and plan.protocol is not None \
-        else Protocol.of(cfg)
+    proto = protocol_of(plan)
     module = task.module()
     if proto.transfer == "draw" and not draws_alike(module, device):
         # sets that do not draw the same twice must be kept and copied: planned again so
         plan = plan_task(task, device, cfg, exclude=("draw",))
-        if plan is not None and not plan.fits:
-            raise TooLarge(plan)
-        proto = plan.protocol if plan is not None and plan.protocol is not None \
-            else replace(Protocol.of(cfg), transfer="host")
+        proto = protocol_of(plan)
+        if proto.transfer == "draw":  # (unplanned: the config's transfer)
+            proto = replace(proto, transfer="host")
     keep = "cpu" if plan is not None and plan.placement == "host" else device
     recompute = plan is not None and plan.placement == "recompute"
     # draw: no set is kept; each is drawn again from its seed where it is needed (here by

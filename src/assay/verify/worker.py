@@ -461,15 +461,11 @@ def host_view(arenas: dict[str, torch.Tensor], item: Any) -> Any:
 
 
 def drawn_sets(draw: dict[str, Any], device: torch.device) -> instantiate.DrawnSets:
-    """The transfer ``draw``: the task's module (its source, from the job) and every set's
-    seed and distribution; each set is drawn here once and checked against the harness's
-    digests before the candidate loads (a mismatch: the harness falls back to copying the
-    sets), and again, checked, whenever a call needs it."""
-    from assay.tasks.model import Task
-
-    spec = dict(draw["task"])
-    module = Task(**{**spec, "path": Path(spec["path"])}).module()
-    sets = instantiate.DrawnSets(module, draw["seeds"], draw["distributions"], device,
+    """The transfer ``draw``: the task (its source, from the job) and every set's seed and
+    distribution; each set is drawn here once and checked against the harness's digests
+    before the candidate loads (a mismatch: the harness falls back to copying the sets), and
+    again, checked, whenever a call needs it."""
+    sets = instantiate.DrawnSets(draw["task"].module(), draw["seeds"], draw["distributions"], device,
                                  draw["digests"])
     for s in range(len(sets)):
         sets[s]  # noqa: B018 - drawn and checked, then freed
