@@ -191,8 +191,8 @@ def digest(x: Any) -> tuple[int, int] | None:
     (plain), and the row sums and the column sums each weighted by their place. Integer sums
     wrap the same way in any order, so the digest of the same bits is the same on any device
     and any reduction order; changing a word changes the first, moving one to another row or
-    column the second. Two reductions over the data, no copy of it (a 64 MB set in ~40 ms on
-    one CPU core). None for a non-tensor."""
+    column the second. Two reductions over the data, no copy of it (a 64 MB set in 60 ms on
+    one core of the CPU machine, where int64 copies of it took 590). None for a non-tensor."""
     if not isinstance(x, torch.Tensor):
         return None
     raw = x.detach().contiguous().reshape(-1).view(torch.uint8) if x.numel() else \
