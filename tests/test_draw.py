@@ -133,9 +133,56 @@ def test_a_candidate_that_replaces_the_draw_is_rejected(tmp_path):
     task = _task(tmp_path)
     cand = tmp_path / "replaces_the_draw.py"
     cand.write_text(REPLACES_THE_DRAW)
-    v = verify(task, cand, "cpu", dataclasses.replace(CFG, transfer=Transfer.draw))
+    times: dict = {}
+    v = verify(task, cand, "cpu", dataclasses.replace(CFG, transfer=Transfer.draw), times=times)
     assert v.reasons == ["runs"], (v.reasons, v.error)
     assert "drawn again from its seed differs" in v.checks["runs"]["detail"]
+    # a failed worker's report keeps where it failed and its seconds so far
+    assert times["worker.failed_in"] == "correctness" and "worker.load_s" in times, times
+
+
+def test_the_offset_draw_makes_no_float64_copy_of_an_input(monkeypatch):
+    """The offset distribution's RMS is accumulated in float64 a chunk at a time: whole,
+    vector_norm(dtype=float64) copied the input at twice its size (a 16 GiB input drew at three
+    times its size on an H200, and the worker's timing ran out of memory)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from assay.tasks import instantiate
+
+    monkeypatch.setattr(instantiate, "_OFF_GRID_CHUNK", 1 << 12)
+    x = torch.rand(40_000) * 3
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as p:
+        rms = instantiate._rms(x)
+    assert rms == pytest.approx(float(torch.linalg.vector_norm(x, dtype=torch.float64))
+                                / x.numel() ** 0.5, rel=1e-12)
+    biggest = max(e.cpu_memory_usage for e in p.events())
+    assert 0 < biggest <= (1 << 12) * 8, biggest  # one chunk in float64, never the input
+    assert instantiate._rms(x.view(200, 200).t()) == pytest.approx(rms, rel=1e-12)
+
+
+VIEW_OUT = """
+import torch
+from torch import nn
+class Model(nn.Module):
+    def forward(self, x):
+        return (x * 2.0)[:, 0]
+def get_inputs():
+    return [torch.rand(64, 512)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_kept_references_own_storage_of_their_size(tmp_path):
+    """A reference output that views a larger buffer is kept as a copy of its own size (the
+    float64 mean of KernelBench's L1_96 viewed its 8 GiB elementwise loss: eight of them kept
+    64 GiB in the harness while its worker ran out of memory)."""
+    prep = prepare(_task(tmp_path, VIEW_OUT), "cpu", CFG)
+    kept = [t for refs in (prep.refs, prep.refs64) for ts in refs if ts for t in ts
+            if t is not None]
+    assert kept and any(t.dtype == torch.float64 for t in kept)
+    for t in kept:
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size(), (t.dtype, t.shape)
 
 
 def test_bits_equal_goes_a_chunk_at_a_time_and_sees_every_chunk(monkeypatch):

@@ -479,3 +479,23 @@ def test_file_arenas_are_planned_against_the_room_they_go_to():
     none = plan(s, Protocol.of(cfg), "cpu", None, 400 * GiB, arena_free_b=1 * GiB)
     assert not none.fits and "of file arenas where shared memory or the temp folder has 1.0 " \
         "GiB" in none.too_large_detail()
+
+
+def test_arena_room_is_what_shm_dir_would_give(monkeypatch):
+    """shm_dir puts an arena in shared memory only with room twice over, so the plan counts
+    half of it: planned whole, an H200 self-check's 80 GiB landing arena (100 GiB of /dev/shm
+    in the plan) went to a 64 GiB temp folder, and KernelBench's L1_87 was called too large."""
+    from assay.verify import arenas
+
+    shm, tmp = arenas.arena_folders()
+    for rooms, want in [({shm: 100 * GiB, tmp: 64 * GiB}, 64 * GiB),
+                        ({shm: 200 * GiB, tmp: 64 * GiB}, 100 * GiB),
+                        ({shm: None, tmp: 64 * GiB}, 64 * GiB),
+                        ({shm: 100 * GiB, tmp: None}, 50 * GiB),
+                        ({shm: None, tmp: None}, None)]:
+        monkeypatch.setattr(arenas, "_room", rooms.get)
+        assert arenas.folder_room() == want, rooms
+        if want is not None and rooms[shm] is not None:
+            # an arena of the room's size: shared memory exactly where the room is shm's
+            where = arenas.shm_dir(int(want * 0.9))
+            assert (where == shm) == (rooms[shm] // 2 > (rooms[tmp] or 0)), (rooms, where)

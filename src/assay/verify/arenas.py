@@ -91,9 +91,13 @@ def arena_folders() -> tuple[str, str]:
 
 
 def folder_room() -> int | None:
-    """The most bytes free in one of :func:`arena_folders` (None where neither can be read):
-    what the memory plan holds file arenas to."""
-    room = [r for r in map(_room, arena_folders()) if r is not None]
+    """The largest file arena :func:`shm_dir` finds a place for (None where neither folder can
+    be read): what the memory plan holds file arenas to. Shared memory counts for half its
+    free bytes, as :func:`shm_dir` takes it only with room twice over (the plan counted all of
+    it, and an H200 self-check's 80 GiB landing arena, planned into /dev/shm, went to a temp
+    folder with 64 GiB free: KernelBench's L1_87 called too large)."""
+    shm, tmp = (_room(f) for f in arena_folders())
+    room = [r for r in (None if shm is None else shm // 2, tmp) if r is not None]
     return max(room) if room else None
 
 

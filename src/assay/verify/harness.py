@@ -137,7 +137,7 @@ class WorkerRun:
         one = sum(tensor_nbytes(shape, dtype) + ALIGN for shape, dtype, _ in prep.out_meta)
         landing = one if prep.one_landing else one * len(prep.sets)
         self.scratch = Path(tempfile.mkdtemp(prefix=f"assay-verify-{os.getpid()}-",
-                                             dir=shm_dir(2 * landing)))
+                                             dir=shm_dir(landing)))
         self.candidate = candidate
         # The @triton.jit kernels its file defines, read here before the worker runs (the copy
         # in the scratch folder is the candidate's to rewrite): the audit counts them as its
@@ -218,6 +218,10 @@ class WorkerRun:
         times["job_s"] = time.perf_counter() - t
 
         prep.release_transients()  # after the arenas are filled: their copies' cache too
+        if prep.device.startswith("cuda"):  # what the worker starts with (a report's diagnostics)
+            free, _total = torch.cuda.mem_get_info()
+            times["device_free_gib"] = round(free / 2**30, 2)
+            times["harness_reserved_gib"] = round(torch.cuda.memory_reserved() / 2**30, 2)
         t = time.perf_counter()
         judge = None
         if prep.one_landing:
@@ -254,6 +258,8 @@ class WorkerRun:
                 times["exit_s"] = t_done - float(r["t_end"])
             if isinstance(r.get("times"), dict):
                 times.update({f"worker.{k}": v for k, v in r["times"].items()})
+            if "error" in r:
+                times["worker.failed_in"] = str(r.get("stage"))
         if isinstance(a_out, FileArena) and not a_out.intact_size():
             self.result = {"stage": "report", "error": "the landing arena was truncated"}
             return

@@ -5,9 +5,11 @@ longest reduction, and whether the task is degenerate (:func:`prepare`, :class:`
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import math
+import os
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -264,6 +266,36 @@ def _degenerate(refs: list[list[torch.Tensor]], refs64: list, stats: list, dists
             f"so an input-ignoring constant would pass")
 
 
+def compact(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in a storage of its own size (a copy where it is a view of a larger one): a kept
+    reference that views a buffer keeps all of it (smooth_l1_loss's float64 mean is a 0-dim
+    view of its 8 GiB elementwise loss: KernelBench's L1_96 harness kept eight of them, 64 GiB,
+    while its worker ran)."""
+    if t.numel() and t.untyped_storage().nbytes() > t.numel() * t.element_size():
+        return t.clone()
+    return t
+
+
+def unsplit_large_blocks() -> None:
+    """Let this process's CUDA caching allocator split no cached block of 256 MB or more.
+    Otherwise a reference kept for the whole verification is carved out of a freed input set's
+    segment, and that whole segment stays reserved: an H200 harness of KernelBench's L1_46 kept
+    24 GiB of references in 60 GiB of segments while its worker ran, and the worker ran out of
+    memory. Large requests then get segments of their own size (freed by ``empty_cache`` when
+    their tensors go). Left alone where ``PYTORCH_CUDA_ALLOC_CONF`` sets the split size or
+    expandable segments (the user's choice)."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "max_split_size_mb" in conf or "expandable_segments" in conf:
+        return
+    setting = "max_split_size_mb:256"
+    set_conf = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    with contextlib.suppress(Exception):  # an allocator without the option: splits as before
+        if set_conf is not None:
+            set_conf(setting)
+        else:
+            torch.cuda.memory._set_allocator_settings(setting)
+
+
 def _to(values: list, device: str) -> list:
     # (references kept on the host: KernelBench's 6 GiB outputs go through the pinned stage)
     return [moved(v, device) if isinstance(v, torch.Tensor) else v for v in values]
@@ -295,6 +327,7 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
         # after L1_45's 16 GB sets, where its plan counted ~35)
         gc.collect()
         torch.cuda.empty_cache()
+        unsplit_large_blocks()
 
     def protocol_of(p: Plan | None) -> Protocol:
         """The plan's protocol (the config's where the shapes could not be found)."""
@@ -364,8 +397,8 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
             return [None] * len(want)
         if len(outs) != len(want):
             return [None] * len(want)
-        return [o.detach().to(wide_dtype(w.dtype)) if is_inexact(w) and o.shape == w.shape else None
-                for o, w in zip(outs, want)]
+        return [compact(o.detach().to(wide_dtype(w.dtype)))
+                if is_inexact(w) and o.shape == w.shape else None for o, w in zip(outs, want)]
 
     # One set at a time: its inputs, outputs and float64 outputs are made on the device, their
     # statistics taken there, and then they go where the plan keeps them.

@@ -434,6 +434,15 @@ def aliases(o: torch.Tensor, inputs: list) -> bool:
     return False
 
 
+def memory_peak(device: torch.device, times: dict[str, Any], phase: str) -> None:
+    """On cuda, ``times[<phase>_peak_gib]``: the most device memory this process's tensors held
+    since the last phase ended (the memory plan's worker term is checked against these:
+    tests/test_gpu.py). A report's diagnostics only: no verdict reads them."""
+    if device.type == "cuda":
+        times[f"{phase}_peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def poison_allocator(device: torch.device, nbytes: int) -> None:
     """Fill memory the allocator will hand out next with NaN, then free it.
 
@@ -445,6 +454,16 @@ def poison_allocator(device: torch.device, nbytes: int) -> None:
         junk = torch.full((n,), float("nan"), dtype=torch.float32, device=device)
         del junk
     timing.sync(device)
+
+
+def refill(bufs: list, values: list) -> None:
+    """``values`` copied into the tensors of ``bufs``: new data at the same pointers. A function
+    of its own because a loop's variables outlive the loop: two of them kept a 16 GiB input set
+    each through the whole timing phase (an H200 worker of KernelBench's L1_45 ran out of
+    memory holding two sets more than its memory plan counts)."""
+    for dst, src in zip(bufs, values):
+        if isinstance(dst, torch.Tensor):
+            dst.copy_(src)
 
 
 def clone_inputs(inputs: list, device: torch.device) -> list:
@@ -915,6 +934,7 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     arenas.pop("in", None)  # inputs are this process's own copies (or private views) now
     timing.sync(device)
     times["materialize_s"] = clock() - t
+    memory_peak(device, times, "materialize")
     result["privileges"] = drop_privileges()
     result["network"] = os.environ.get("ASSAY_SANDBOX_NETWORK", "isolated")
 
@@ -922,6 +942,7 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     tampered: list[str] = []
 
     def checkpoint(phase: str) -> None:
+        memory_peak(device, times, phase)
         now = global_settings()
         for k in before:
             if now.get(k) != before[k] and not any(c.startswith(f"{k}:") for c in settings_changes):
@@ -1002,9 +1023,7 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     bufs_a = held.pop(a)
     held.clear()  # the other sets' buffers: not needed again (the staleness calls use set a's)
     set_b = sets[b]  # (one draw of set b: its data and the pristine copy)
-    for dst, src in zip(bufs_a, set_b):  # new data, same pointers
-        if isinstance(dst, torch.Tensor):
-            dst.copy_(src)
+    refill(bufs_a, set_b)  # new data, same pointers
     verified("stale_new_data", "stale", b, bufs_a, set_b)
     verified("stale_repeat", "stale", b, bufs_a, set_b)  # the same call again
     fresh = own_copy(a)  # earlier data at new pointers (old buffers alive)
@@ -1034,9 +1053,7 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
         next_phase[0] = "timed_verified" if call in swap_slot else "timed"
         if call in swap_slot:
             slot, s = swap_slot[call]
-            for dst, src in zip(bufs[bi], sets[s]):  # same pointers, an independent set
-                if isinstance(dst, torch.Tensor):
-                    dst.copy_(src)
+            refill(bufs[bi], sets[s])  # same pointers, an independent set
             pending[call] = (slot, s)
         elif perturb:
             factor = fresh_rng.uniform(*PERTURB_RANGE)
@@ -1068,9 +1085,7 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
                    key=lambda x: timing_ids.index(x[2]) != last_buf[0])
     for slot, phase, s in after:
         bi = timing_ids.index(s)
-        for dst, src in zip(bufs[bi], sets[s]):
-            if isinstance(dst, torch.Tensor):
-                dst.copy_(src)
+        refill(bufs[bi], sets[s])
         verified(slot, phase, s, bufs[bi], None, poisoned=False)
     times["after_s"] = clock() - t
     times.update({f"record.{k}_s": v for k, v in rec.spent.items()})
@@ -1130,7 +1145,8 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # noqa: BLE001 - report every failure of candidate code
         from assay.bench.build import BuildError
 
-        result = {"stage": result.get("stage", "unknown"), "error_type": type(e).__name__,
+        result = {"stage": result.get("stage", "unknown"), "times": result.get("times", {}),
+                  "error_type": type(e).__name__,
                   "error": f"{type(e).__name__}: {e}"[:2000],
                   "traceback": traceback.format_exc()[-4000:],
                   "build_log": getattr(e, "log", "")[-8000:] if isinstance(e, BuildError) else ""}
