@@ -162,7 +162,8 @@ def test_cli_verify_caches_the_record_and_retime_baseline_recomputes_it(tmp_path
                                                              "bandwidth_gbs": 10.0,
                                                              "flops_tflops": 1.0})
 
-    def fake_verify(task, cand, device, cfg, baseline, record, peaks, times=None, plan=None):
+    def fake_verify(task, cand, device, cfg, baseline, record, peaks, times=None, plan=None,
+                    prepared=None):
         seen.append((record, dict(times)))
         v = Verdict(candidate=cand.stem, task=task.id, device=device, policy=cfg.policy)
         v.check("compiles", True)
@@ -179,3 +180,50 @@ def test_cli_verify_caches_the_record_and_retime_baseline_recomputes_it(tmp_path
     assert len(analyzed) == 2
     fresh, cached, _ = (json.dumps(r, sort_keys=True) for r, _ in seen)
     assert cached == fresh and '"degeneracy"' in cached and '"flops"' in cached
+
+
+def _stamped(flag: str = "", hold=None):
+    """A trusted job: when it started (also said by creating ``flag``), and when it got the
+    lease (what time_reference times under)."""
+    import time
+    from pathlib import Path
+
+    started = time.monotonic()
+    if flag:
+        Path(flag).touch()
+    with hold():
+        return started, time.monotonic()
+
+
+def test_a_baseline_submitted_early_times_only_once_the_lease_is_given_back(tmp_path):
+    """`assay verify` on cpu sends the baseline's job to its process before it plans and
+    prepares, holding the lease: the job starts (compiles) beside it and times only after."""
+    import time
+
+    from assay.bench.baseline_cache import TrustedChild
+
+    flag = tmp_path / "started"
+    child = TrustedChild()
+    child.lease.acquire()
+    child.submit(_stamped, str(flag), held=True)
+    deadline = time.monotonic() + 120
+    while not flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the job has started; it must not time while the lease is held
+    given_back = time.monotonic()
+    child.lease.release()
+    started, timed = child.result()
+    assert started < given_back <= timed
+
+
+def test_closing_a_child_stops_a_job_whose_result_is_not_wanted():
+    import time
+
+    from assay.bench.baseline_cache import TrustedChild
+
+    child = TrustedChild()
+    child.lease.acquire()  # (the job could never time: it waits for the lease)
+    child.submit(_stamped, held=True)
+    t = time.monotonic()
+    child.close()
+    assert time.monotonic() - t < 10 and not child.proc.is_alive()

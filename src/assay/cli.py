@@ -18,6 +18,7 @@ argparse keeps `assay verify` light: it runs on the GPU machine with torch and s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import subprocess
@@ -69,46 +70,73 @@ def _verify(args: argparse.Namespace) -> int:
     from assay.verify.harness import verify
     from assay.verify.memory import plan_task
 
+    from assay.bench.baseline import time_reference
+    from assay.bench.baseline_cache import baseline_is_cached, cached_baseline, cached_record
+    from assay.bench.timing import TimingConfig
+
     t = time.perf_counter()
     cfg = from_cfg(compose(_verify_overrides(args)).verify)
+    tcfg, compile_ = TimingConfig.of(cfg), not args.no_compile
     times["config_s"] = time.perf_counter() - t
-    # A task too large for this machine's memory is decided before any baseline too.
-    t = time.perf_counter()
-    plan = None if refused else plan_task(task, device, cfg)
-    times["plan_s"] = time.perf_counter() - t
-    baseline = record = peaks = None
-    if not refused and (plan is None or plan.fits):
-        from assay.bench.baseline import time_reference
-        from assay.bench.baseline_cache import cached_baseline, cached_record
-        from assay.bench.device import peaks as device_peaks
-        from assay.bench.timing import TimingConfig
-
+    # On cpu the baseline's process compiles the reference while this one plans and prepares,
+    # and times it only once this one is done (it waits for the lease, held until then). Not on
+    # cuda: the compile's input sets would take device memory the plan counts as free.
+    early = child is not None and device == "cpu" and (
+        args.retime_baseline or not baseline_is_cached(task, device, tcfg, compile_))
+    prep = None
+    if early:
+        child.lease.acquire()
+        child.submit(time_reference, task, device, tcfg, compile_, held=True)
+    try:
+        # A task too large for this machine's memory is decided before any baseline too.
         t = time.perf_counter()
-        # Cached per (task, device, torch version) beside the baselines: seconds on a GB-sized
-        # task, the same for every candidate of it (assay.bench.baseline_cache).
-        record, hit = cached_record(task, device, refresh=args.retime_baseline)
-        times["record_cached"] = "yes" if hit else "no"
-        peaks = device_peaks(device)
-        times["record_s"] = time.perf_counter() - t
-        if child is not None:
+        plan = None if refused else plan_task(task, device, cfg)
+        times["plan_s"] = time.perf_counter() - t
+        baseline = record = peaks = None
+        fits = not refused and (plan is None or plan.fits)
+        if fits:
+            from assay.bench.device import peaks as device_peaks
+
             t = time.perf_counter()
-            tcfg = TimingConfig.of(cfg)
-            try:
-                # Cached per (task, device, torch version, timing config): a second candidate
-                # of the task reuses it (assay.bench.baseline_cache).
-                baseline, hit = cached_baseline(
-                    task, device, tcfg, not args.no_compile,
-                    lambda: child.run(time_reference, task, device, tcfg, not args.no_compile),
-                    refresh=args.retime_baseline)
-                times["baseline_cached"] = "yes" if hit else "no"
-            except RuntimeError as e:  # judged all the same, without a speedup
-                print(f"warning: baseline timing failed: {e}", file=sys.stderr)
-                times["baseline_error"] = str(e)[:300]
-            times["baseline_s"] = time.perf_counter() - t
+            # Cached per (task, device, torch version) beside the baselines: seconds on a
+            # GB-sized task, the same for every candidate of it (assay.bench.baseline_cache).
+            record, hit = cached_record(task, device, refresh=args.retime_baseline)
+            times["record_cached"] = "yes" if hit else "no"
+            peaks = device_peaks(device)
+            times["record_s"] = time.perf_counter() - t
+        if fits and early:
+            from assay.verify.memory import TooLarge
+            from assay.verify.reference import prepare
+
+            t = time.perf_counter()
+            with contextlib.suppress(TooLarge):  # (verify prepares again and says too_large)
+                prep = prepare(task, device, cfg, plan)
+            times["prepare_s"] = time.perf_counter() - t
+    finally:
+        if early:
+            child.lease.release()
+    if fits and child is not None:
+        t = time.perf_counter()
+        try:
+            # Cached per (task, device, torch version, timing config): a second candidate
+            # of the task reuses it (assay.bench.baseline_cache).
+            baseline, hit = cached_baseline(
+                task, device, tcfg, compile_,
+                child.result if child.submitted else
+                lambda: child.run(time_reference, task, device, tcfg, compile_),
+                refresh=args.retime_baseline)
+            times["baseline_cached"] = "yes" if hit else "no"
+        except RuntimeError as e:  # judged all the same, without a speedup
+            print(f"warning: baseline timing failed: {e}", file=sys.stderr)
+            times["baseline_error"] = str(e)[:300]
+        times["baseline_s"] = time.perf_counter() - t
     if child is not None:
         child.close()
+    prepare_s = times.get("prepare_s")
     verdict = verify(task, cand, device, cfg, baseline, record, peaks, times=times,
-                     plan=plan)
+                     plan=plan, prepared=prep)
+    if prep is not None:  # (verify counts 0 for a preparation it was given)
+        times["prepare_s"] = prepare_s
     out = {**verdict.to_dict(), "times": times}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2, default=str) + "\n")

@@ -83,11 +83,8 @@ def _cached_json(path: Path, compute: Callable[[], dict[str, Any]], refresh: boo
     return data, False
 
 
-def cached_baseline(task: Task, device: str, cfg: TimingConfig, compile_: bool,
-                    time_it: Callable[[], dict[str, Any]], compile_mode: str = "default",
-                    refresh: bool = False) -> tuple[dict[str, Any], bool]:
-    """The baseline from the cache, else ``time_it()`` (stored for next time); and whether it
-    came from the cache. A lock per key: two verifications of one task time it once."""
+def _baseline_path(task: Task, device: str, cfg: TimingConfig, compile_: bool,
+                   compile_mode: str) -> tuple[Path, str]:
     import torch
 
     from assay.bench.device import device_name
@@ -95,8 +92,26 @@ def cached_baseline(task: Task, device: str, cfg: TimingConfig, compile_: bool,
     threads = os.environ.get("OMP_NUM_THREADS", "default") if device == "cpu" else ""
     key = baseline_key(task, device_name(device), torch.__version__, cfg, compile_, compile_mode,
                        threads)
-    return _cached_json(cache_root() / f"{task.id}-{key}.json",
-                        lambda: {**time_it(), "cache_key": key}, refresh)
+    return cache_root() / f"{task.id}-{key}.json", key
+
+
+def cached_baseline(task: Task, device: str, cfg: TimingConfig, compile_: bool,
+                    time_it: Callable[[], dict[str, Any]], compile_mode: str = "default",
+                    refresh: bool = False) -> tuple[dict[str, Any], bool]:
+    """The baseline from the cache, else ``time_it()`` (stored for next time); and whether it
+    came from the cache. A lock per key: two verifications of one task time it once."""
+    path, key = _baseline_path(task, device, cfg, compile_, compile_mode)
+    return _cached_json(path, lambda: {**time_it(), "cache_key": key}, refresh)
+
+
+def baseline_is_cached(task: Task, device: str, cfg: TimingConfig, compile_: bool,
+                       compile_mode: str = "default") -> bool:
+    """Whether :func:`cached_baseline` would find this baseline (a file that parses)."""
+    path, _key = _baseline_path(task, device, cfg, compile_, compile_mode)
+    try:
+        return isinstance(json.loads(path.read_text()), dict)
+    except (OSError, ValueError):
+        return False
 
 
 # The task record's method version: records computed by an older ``cost``/``degeneracy`` (or an
@@ -135,15 +150,22 @@ def cached_record(task: Task, device: str,
     return data["record"], hit
 
 
-def _serve(conn) -> None:
+def _serve(conn, lease) -> None:
     import torch  # noqa: F401 - imported while the parent loads and plans, not after
+
+    import importlib
+
+    for name in ("torch._dynamo", "torch._inductor.compile_fx"):  # torch.compile's (1.2 s on cpu)
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
 
     job = conn.recv()
     if job is None:
         return
-    fn, args = job
+    fn, args, held = job
     try:
-        conn.send(("ok", fn(*args)))
+        kwargs = {"hold": lambda: lease} if held else {}
+        conn.send(("ok", fn(*args, **kwargs)))
     except BaseException as e:  # noqa: BLE001
         conn.send(("error", f"{type(e).__name__}: {e}"))
 
@@ -152,18 +174,30 @@ class TrustedChild:
     """A spawned process that imports torch at once and runs one trusted function (the
     reference's timing) when asked: baselines are timed in a process that never loads a
     candidate, and its imports overlap the parent's loading and planning. Started early, used
-    once, closed when not needed."""
+    once, closed when not needed.
+
+    ``lease``: a lock the parent holds while it works beside the child; a function submitted
+    with ``held=True`` gets ``hold=`` the lease and enters it around its timings alone
+    (``baseline.time_reference``): its compile runs beside the parent's work, its timing never
+    does."""
 
     def __init__(self):
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")
+        self.lease = ctx.Lock()
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True)
+        self.proc = ctx.Process(target=_serve, args=(child, self.lease), daemon=True)
         self.proc.start()
+        self.submitted = False
 
-    def run(self, fn, *args):
-        self.conn.send((fn, args))
+    def submit(self, fn, *args, held: bool = False) -> None:
+        """Start ``fn(*args)`` there (``held``: with ``hold=`` the lease); :meth:`result`
+        waits for it."""
+        self.conn.send((fn, args, held))
+        self.submitted = True
+
+    def result(self):
         try:
             status, value = self.conn.recv()
         except EOFError:
@@ -173,10 +207,17 @@ class TrustedChild:
             raise RuntimeError(f"baseline timing failed: {value}")
         return value
 
+    def run(self, fn, *args):
+        self.submit(fn, *args)
+        return self.result()
+
     def close(self) -> None:
         if self.proc.is_alive():
-            with contextlib.suppress(OSError, BrokenPipeError):
-                self.conn.send(None)
+            if self.submitted:  # a job whose result is not wanted (the parent stopped early)
+                self.proc.terminate()
+            else:
+                with contextlib.suppress(OSError, BrokenPipeError):
+                    self.conn.send(None)
             self.proc.join()
 
 
