@@ -66,13 +66,12 @@ def _verify(args: argparse.Namespace) -> int:
     times["load_task_s"] = time.perf_counter() - t
 
     from assay.app import compose
-    from assay.verify.config import from_cfg
-    from assay.verify.harness import verify
-    from assay.verify.memory import plan_task
-
     from assay.bench.baseline import time_reference
     from assay.bench.baseline_cache import baseline_is_cached, cached_baseline, cached_record
     from assay.bench.timing import TimingConfig
+    from assay.verify.config import from_cfg
+    from assay.verify.harness import verify
+    from assay.verify.memory import plan_task
 
     t = time.perf_counter()
     cfg = from_cfg(compose(_verify_overrides(args)).verify)

@@ -219,9 +219,10 @@ class WorkerRun:
 
         prep.release_transients()  # after the arenas are filled: their copies' cache too
         if prep.device.startswith("cuda"):  # what the worker starts with (a report's diagnostics)
-            free, _total = torch.cuda.mem_get_info()
+            free, _total = torch.cuda.mem_get_info(prep.device)
             times["device_free_gib"] = round(free / 2**30, 2)
-            times["harness_reserved_gib"] = round(torch.cuda.memory_reserved() / 2**30, 2)
+            times["harness_reserved_gib"] = round(torch.cuda.memory_reserved(prep.device) / 2**30,
+                                                  2)
         t = time.perf_counter()
         judge = None
         if prep.one_landing:
