@@ -227,3 +227,30 @@ def test_closing_a_child_stops_a_job_whose_result_is_not_wanted():
     t = time.monotonic()
     child.close()
     assert time.monotonic() - t < 10 and not child.proc.is_alive()
+
+
+def test_warm_children_are_started_one_task_ahead_on_a_gpu_only():
+    """Batch verification times each task's baseline in a trusted process of its own; on a GPU
+    the next one is started when the last one's timings are done, so its imports run while
+    the task's candidates verify. On cpu none is started ahead (it would share timed cores)."""
+    import os
+
+    from assay.bench.baseline_cache import WarmChildren
+
+    ahead = WarmChildren(ahead=True)
+    first = ahead.take()
+    ahead.refill()
+    spare = ahead._spare
+    assert spare is not None and spare.proc.is_alive() and spare is not first
+    pids = {first.run(os.getpid), ahead.take().run(os.getpid)}
+    assert len(pids) == 2 and os.getpid() not in pids and ahead._spare is None
+    ahead.refill()
+    last = ahead._spare
+    ahead.close()  # the spare nobody took is ended with the batch
+    assert ahead._spare is None and not last.proc.is_alive()
+
+    on_cpu = WarmChildren(ahead=False)
+    child = on_cpu.take()
+    on_cpu.refill()
+    assert on_cpu._spare is None
+    child.close()

@@ -221,6 +221,26 @@ class TrustedChild:
             self.proc.join()
 
 
-def in_child(fn, *args):
-    """``fn(*args)`` in a fresh trusted process (see TrustedChild)."""
-    return TrustedChild().run(fn, *args)
+class WarmChildren:
+    """Trusted processes started one task ahead (batch verification on a GPU): :meth:`take`
+    hands over the one started earlier, whose imports (torch, torch.compile's: seconds) ran
+    while the task before's candidates were verified, and :meth:`refill` starts the next once
+    the taken one's timings are done. Without ``ahead`` (the cpu target, where an importing
+    process would share the cores being timed) each is started when it is taken."""
+
+    def __init__(self, ahead: bool):
+        self.ahead = ahead
+        self._spare: TrustedChild | None = None
+
+    def take(self) -> TrustedChild:
+        child, self._spare = self._spare or TrustedChild(), None
+        return child
+
+    def refill(self) -> None:
+        if self.ahead and self._spare is None:
+            self._spare = TrustedChild()
+
+    def close(self) -> None:
+        if self._spare is not None:
+            self._spare.close()
+            self._spare = None

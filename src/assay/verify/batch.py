@@ -31,11 +31,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from assay.tasks.model import Task, TaskError, level_of, one_line
 from assay.verify.rows import append_row, latest, read_rows
 from assay.verify.selfcheck import task_files
+
+if TYPE_CHECKING:
+    from assay.bench.baseline_cache import WarmChildren
 
 KB_RUNS = re.compile(r"^level_(?P<level>\d+)_problem_(?P<problem>\d+)_sample_(?P<sample>\d+)"
                      r"_kernel\.py$")
@@ -109,6 +112,7 @@ def run_batch(pairs: list[Pair], device: str, cfg, size: str = "auto", jsonl: Pa
               progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Verify every pair; returns the rows of this run's pairs (from the JSONL when resumed).
     ``budget_s``: start no candidate once the time left is under 1.5x the slowest so far."""
+    from assay.bench.baseline_cache import WarmChildren
     from assay.verify.compile_service import CompileService, pin_cuda_arch
     from assay.verify.harness import resolve_device
 
@@ -139,6 +143,8 @@ def run_batch(pairs: list[Pair], device: str, cfg, size: str = "auto", jsonl: Pa
                 f"({build_workers} at a time) before any timing (cpu target)")
     t0 = time.perf_counter()
     n, slowest = 0, 0.0
+    # each task's baseline in a trusted process of its own, on a GPU started one task ahead
+    children = WarmChildren(ahead=device.startswith("cuda"))
 
     def out_of_time() -> bool:
         return budget_s is not None and \
@@ -149,7 +155,8 @@ def run_batch(pairs: list[Pair], device: str, cfg, size: str = "auto", jsonl: Pa
             if out_of_time():
                 break
             group = [p for p in todo if p.task == task_path]
-            ctx = _TaskContext.open(task_path, size, device, cfg, baselines, compile_, say)
+            ctx = _TaskContext.open(task_path, size, device, cfg, baselines, compile_, say,
+                                    children)
             try:
                 for p in group:
                     if out_of_time():
@@ -166,6 +173,7 @@ def run_batch(pairs: list[Pair], device: str, cfg, size: str = "auto", jsonl: Pa
             finally:
                 ctx.close()
     finally:
+        children.close()
         if builds:
             builds.close()
     return [done[keys[p]] for p in pairs if keys[p] in done]
@@ -182,7 +190,7 @@ class _TaskContext:
 
     @classmethod
     def open(cls, path: Path, size: str, device: str, cfg, baselines: bool, compile_: bool,
-             say) -> "_TaskContext":
+             say, children: WarmChildren) -> "_TaskContext":
         from assay.bench.baseline_cache import cached_record
         from assay.bench.device import peaks
         from assay.verify.harness import prepare
@@ -201,7 +209,8 @@ class _TaskContext:
             ctx.record, ctx.record_cached = cached_record(ctx.task, device)
             ctx.peaks = peaks(device)
             if baselines:
-                ctx.baseline, ctx.baseline_cached = _baseline(ctx.task, device, cfg, compile_)
+                ctx.baseline, ctx.baseline_cached = _baseline(ctx.task, device, cfg, compile_,
+                                                              children)
             if not ctx.record["degeneracy"]["degenerate"]:
                 try:
                     ctx.prepared = prepare(ctx.task, device, cfg, ctx.plan)
@@ -254,14 +263,21 @@ class _TaskContext:
         _release(self.device)
 
 
-def _baseline(task: Task, device: str, cfg, compile_: bool) -> tuple[dict, bool]:
+def _baseline(task: Task, device: str, cfg, compile_: bool,
+              children: WarmChildren) -> tuple[dict, bool]:
     from assay.bench.baseline import time_reference
-    from assay.bench.baseline_cache import cached_baseline, in_child
+    from assay.bench.baseline_cache import cached_baseline
     from assay.bench.timing import TimingConfig
 
     tcfg = TimingConfig.of(cfg)
-    return cached_baseline(task, device, tcfg, compile_,
-                           lambda: in_child(time_reference, task, device, tcfg, compile_))
+
+    def time_it() -> dict:
+        try:
+            return children.take().run(time_reference, task, device, tcfg, compile_)
+        finally:
+            children.refill()  # the next task's process imports while these candidates verify
+
+    return cached_baseline(task, device, tcfg, compile_, time_it)
 
 
 def _line(row: dict[str, Any], i: int, n: int, elapsed: float) -> str:
