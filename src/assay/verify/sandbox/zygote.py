@@ -57,7 +57,9 @@ def wanted(device: str = "cpu") -> bool:
     from the zygote's history, which sets whether a 16 MB output is faulted in anew on each
     call; see bench.timing.steady_host_allocator). The zygote never touches CUDA: its workers
     initialize it after the fork, as torch requires."""
-    value = os.environ.get("ASSAY_SANDBOX_ZYGOTE", "").strip().lower()
+    from assay.env import SANDBOX_ZYGOTE
+
+    value = SANDBOX_ZYGOTE.get().strip().lower()
     if value in ("1", "true", "yes", "on"):
         return True
     if value in ("0", "false", "no", "off"):
