@@ -488,14 +488,17 @@ def test_arena_room_is_what_shm_dir_would_give(monkeypatch):
     from assay.verify import arenas
 
     shm, tmp = arenas.arena_folders()
+    margin = 256 << 20
     for rooms, want in [({shm: 100 * GiB, tmp: 64 * GiB}, 64 * GiB),
-                        ({shm: 200 * GiB, tmp: 64 * GiB}, 100 * GiB),
+                        ({shm: 200 * GiB, tmp: 64 * GiB}, 100 * GiB - margin // 2),
                         ({shm: None, tmp: 64 * GiB}, 64 * GiB),
-                        ({shm: 100 * GiB, tmp: None}, 50 * GiB),
+                        ({shm: 100 * GiB, tmp: None}, 50 * GiB - margin // 2),
                         ({shm: None, tmp: None}, None)]:
         monkeypatch.setattr(arenas, "_room", rooms.get)
         assert arenas.folder_room() == want, rooms
         if want is not None and rooms[shm] is not None:
-            # an arena of the room's size: shared memory exactly where the room is shm's
-            where = arenas.shm_dir(int(want * 0.9))
-            assert (where == shm) == (rooms[shm] // 2 > (rooms[tmp] or 0)), (rooms, where)
+            # an arena of the planned room's size goes to shared memory exactly where that room
+            # is shared memory's, and one byte more never does
+            in_shm = rooms[shm] // 2 > (rooms[tmp] or 0)
+            assert (arenas.shm_dir(want) == shm) == in_shm, rooms
+            assert arenas.shm_dir(want + 1) == tmp, rooms

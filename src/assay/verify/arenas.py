@@ -90,26 +90,32 @@ def arena_folders() -> tuple[str, str]:
     return "/dev/shm", tempfile.gettempdir()
 
 
+def _shm_takes(room: int | None) -> int | None:
+    """The largest arena shared memory with ``room`` free bytes is given: half of them (less a
+    margin), so arenas never fill the memory they live in."""
+    return None if room is None else (room - (256 << 20)) // 2
+
+
 def folder_room() -> int | None:
     """The largest file arena :func:`shm_dir` finds a place for (None where neither folder can
-    be read): what the memory plan holds file arenas to. Shared memory counts for half its
-    free bytes, as :func:`shm_dir` takes it only with room twice over (the plan counted all of
-    it, and an H200 self-check's 80 GiB landing arena, planned into /dev/shm, went to a temp
-    folder with 64 GiB free: KernelBench's L1_87 called too large)."""
+    be read): what the memory plan holds file arenas to. Shared memory counts as
+    :func:`_shm_takes` says (the plan counted all of it, and an H200 self-check's 80 GiB
+    landing arena, planned into /dev/shm, went to a temp folder with 64 GiB free: KernelBench's
+    L1_87 called too large)."""
     shm, tmp = (_room(f) for f in arena_folders())
-    room = [r for r in (None if shm is None else shm // 2, tmp) if r is not None]
+    room = [r for r in (_shm_takes(shm), tmp) if r is not None]
     return max(room) if room else None
 
 
 def shm_dir(nbytes: int) -> str:
-    """Shared memory when it has room for ``nbytes`` twice over, else the temp folder; what
+    """Shared memory where it takes ``nbytes`` (:func:`_shm_takes`), else the temp folder; what
     killed harnesses left in either is removed first (an H200 self-check whose task was killed
     at its time limit left a 60 GB landing arena that filled the disk)."""
     shm, tmp = arena_folders()
     for where in (shm, tmp):
         _sweep_stale(where)
-    room = _room(shm)
-    return shm if room is not None and room > 2 * nbytes + (256 << 20) else tmp
+    takes = _shm_takes(_room(shm))
+    return shm if takes is not None and nbytes <= takes else tmp
 
 
 class NoRoom(OSError):
