@@ -53,21 +53,28 @@ def baseline_key(task: Task, device_name: str, torch_version: str, cfg: TimingCo
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def _is_object(data: Any) -> bool:
+    return isinstance(data, dict)
+
+
+def _read_json(path: Path, valid: Callable[[Any], bool] = _is_object) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None where there is none, it does not parse (a damaged
+    file) or ``valid`` refuses it."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if valid(data) else None
+
+
 def _cached_json(path: Path, compute: Callable[[], dict[str, Any]], refresh: bool,
-                 valid: Callable[[Any], bool] = lambda data: isinstance(data, dict),
-                 ) -> tuple[dict[str, Any], bool]:
+                 valid: Callable[[Any], bool] = _is_object) -> tuple[dict[str, Any], bool]:
     """The JSON object in ``path``, else ``compute()`` written there (atomically, under a lock
     beside it: two processes asking for one key compute it once); and whether it came from the
     file. A file that does not parse, or holds what ``valid`` refuses, is computed again."""
 
     def read() -> dict[str, Any] | None:
-        if refresh or not path.exists():
-            return None
-        try:
-            data = json.loads(path.read_text())
-        except ValueError:
-            return None  # a damaged file: computed again below
-        return data if valid(data) else None
+        return None if refresh else _read_json(path, valid)
 
     data = read()
     if data is not None:
@@ -108,10 +115,7 @@ def baseline_is_cached(task: Task, device: str, cfg: TimingConfig, compile_: boo
                        compile_mode: str = "default") -> bool:
     """Whether :func:`cached_baseline` would find this baseline (a file that parses)."""
     path, _key = _baseline_path(task, device, cfg, compile_, compile_mode)
-    try:
-        return isinstance(json.loads(path.read_text()), dict)
-    except (OSError, ValueError):
-        return False
+    return _read_json(path) is not None
 
 
 # The task record's method version: records computed by an older ``cost``/``degeneracy`` (or an
