@@ -131,11 +131,8 @@ def _verify(args: argparse.Namespace) -> int:
         times["baseline_s"] = time.perf_counter() - t
     if child is not None:
         child.close()
-    prepare_s = times.get("prepare_s")
     verdict = verify(task, cand, device, cfg, baseline, record, peaks, times=times,
                      plan=plan, prepared=prep)
-    if prep is not None:  # (verify counts 0 for a preparation it was given)
-        times["prepare_s"] = prepare_s
     out = {**verdict.to_dict(), "times": times}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2, default=str) + "\n")

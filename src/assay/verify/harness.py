@@ -181,8 +181,8 @@ class WorkerRun:
         drawn = self.transfer == "draw"
         on_device = prep.device.startswith("cuda") and self.transfer in ("cuda_ipc", "draw")
         if drawn:  # the worker draws every set from its seed, checked against these digests
-            job["draw"] = {"task": prep.task, "seeds": prep.seeds, "distributions": prep.distributions,
-                           "digests": prep.digests}
+            job["draw"] = {"task": prep.task, "seeds": prep.seeds,
+                           "distributions": prep.distributions, "digests": prep.digests}
         # what preparing left in this process's cache first: the arenas come from a private
         # pool that cannot reuse it (an H200 self-check's 88 GB landing arena did not fit
         # beside 41 GB its harness had cached)
@@ -375,7 +375,10 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
         v.error = f"task {task.id} is too large for this machine: {e}"
         v.verify_s = time.perf_counter() - t0
         return v.finish()
-    times["prepare_s"] = time.perf_counter() - t if prepared is None else 0.0
+    if prepared is None:
+        times["prepare_s"] = time.perf_counter() - t
+    else:  # prepared by the caller: its seconds where it measured them (assay verify on cpu)
+        times.setdefault("prepare_s", 0.0)
     if prep.reductions:  # lighter than the config's protocol, to fit memory: said, never silent
         checks.record(v, "memory_plan", True,
                       "lighter protocol to fit memory: " + "; ".join(prep.reductions.values()))
