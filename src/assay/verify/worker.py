@@ -436,8 +436,9 @@ def aliases(o: torch.Tensor, inputs: list) -> bool:
 
 def memory_peak(device: torch.device, times: dict[str, Any], phase: str) -> None:
     """On cuda, ``times[<phase>_peak_gib]``: the most device memory this process's tensors held
-    since the last phase ended (the memory plan's worker term is checked against these:
-    tests/test_gpu.py). A report's diagnostics only: no verdict reads them."""
+    since the last phase ended, what the memory plan's worker term is compared with
+    (docs/evidence/2026-11-29-h200-selfcheck-250.md). A report's diagnostics only: no verdict
+    reads them (the candidate, in this process, could reset them)."""
     if device.type == "cuda":
         times[f"{phase}_peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
         torch.cuda.reset_peak_memory_stats(device)
@@ -484,8 +485,8 @@ def drawn_sets(draw: dict[str, Any], device: torch.device) -> instantiate.DrawnS
     distribution; each set is drawn here once and checked against the harness's digests
     before the candidate loads (a mismatch: the harness falls back to copying the sets), and
     again, checked, whenever a call needs it."""
-    sets = instantiate.DrawnSets(draw["task"].module(), draw["seeds"], draw["distributions"], device,
-                                 draw["digests"])
+    sets = instantiate.DrawnSets(draw["task"].module(), draw["seeds"], draw["distributions"],
+                                 device, draw["digests"])
     for s in range(len(sets)):
         sets[s]  # noqa: B018 - drawn and checked, then freed
     return sets
