@@ -34,6 +34,8 @@
 #               VARIANTS / MUTATIONS (synth_suite's defaults), TASKS: id globs, SAMPLE: tasks
 #               per level (seeded), LIMIT: undecided tasks taken per call; KERNELS=triton: the
 #               Triton forms, into $S/synthkb-triton
+#   dag         the campaign's Snakemake DAG with tasks=kernelbench on .kb (issue #16) up to
+#               profile, resumable (results in $S/dag); LEVELS (1), CAMPAIGN (kb), CORES (12), TASKS: ids (all)
 #   joins       benchmarks/probe_joins.py: the stream waits the audit sees of a joined side
 #               stream (issue #19)
 # Needs: the wheels in .whl/ (`python3 benchmarks/device_wheels.py`, with --pipeline for the
@@ -144,12 +146,22 @@ for phase in "$@"; do
         run_for "$secs" "$S/verify1.log" python3 -m assay.cli verify --task "$task" \
           --candidate "$cand" --device cuda --transfer "$tr" --json "$S/verify1/$i-$tr.json"
       done ;;
+    dag)  # the campaign's DAG on KernelBench (issue #16) up to profile, resumable: LEVELS
+      # (default 1), CAMPAIGN (kb); its results/ in $S/dag (archive and report run on the
+      # build machine from the returned state: polars and MLflow stay off the GPU machine)
+      targets=(--until profile)  # TASKS: only these tasks' stages (their profile.json)
+      [ -n "${TASKS:-}" ] && targets=()
+      for t in ${TASKS:-}; do targets+=("$S/dag/${CAMPAIGN:-kb}/offline/$t/profile.json"); done
+      run_for "$secs" "$S/dag.log" python3 -m snakemake "${targets[@]}" \
+        --cores "${CORES:-12}" --resources gpu="$gpus" --config "overrides=[campaign=${CAMPAIGN:-kb},\
+tasks=kernelbench,tasks.source=$PWD/.kb,tasks.levels=[${LEVELS:-1}],target=cuda,\
+results_dir=$S/dag]" ;;
     joins)
       run_for "$secs" "$S/joins.log" python3 benchmarks/probe_joins.py --out "$S/joins.md" ;;
     streams)
       run_for "$secs" "$S/streams.md" python3 benchmarks/probe_streams.py \
         ${PROBE:-.kb/level2/19_ConvTranspose2d_GELU_GroupNorm.py .kb/level2/34_ConvTranspose3d_LayerNorm_GELU_Scaling.py} ;;
-    *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, inline, batch, verify1, streams, synthkb, joins)" ;;
+    *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, inline, batch, verify1, streams, synthkb, dag, joins)" ;;
   esac
 done
 [ -n "${LANE:-}" ] || { tar czf "$OUT/state.tgz" -C "$S" . && ls -la "$OUT"; }

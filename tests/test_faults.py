@@ -189,14 +189,49 @@ def test_a_step_on_a_full_disk_fails_with_a_clear_message(tiny_disk):
 
 # --- GPU lease --------------------------------------------------------------------------------
 
+# A GPU step: a place on a GPU, then (its first use of the device) the device alone.
 LEASE = """
     import sys, time
     from assay import gpu
     dev = gpu.acquire(timeout_s=float(sys.argv[1]) if len(sys.argv) > 1 else 30, poll_s=0.1)
+    gpu.hold_device(timeout_s=float(sys.argv[1]) if len(sys.argv) > 1 else 30, poll_s=0.1)
     import os
     print("lease", dev, os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
     time.sleep(600)
 """
+
+# A GPU step that prints when it was placed and when it had the device, and holds it HOLD s.
+TURN = """
+    import os, time
+    from assay import gpu
+    dev = gpu.acquire(timeout_s=30, poll_s=0.05)
+    print("placed", dev, time.time(), flush=True)
+    gpu.hold_device(timeout_s=30, poll_s=0.05)
+    print("device", dev, time.time(), flush=True)
+    time.sleep(float(os.environ["HOLD"]))
+"""
+
+
+def test_jobs_placed_on_one_gpu_get_ready_together_and_use_it_in_turn(tmp_path):
+    """Three GPU jobs on two GPUs: each GPU's first place goes before any second one, and the
+    job placed second on a GPU starts (is placed) at once but uses the device only after the
+    first job on it has ended."""
+    env = {"CUDA_VISIBLE_DEVICES": "0,1", "ASSAY_GPU_LOCK_DIR": str(tmp_path / "locks")}
+    a = python(TURN, {**env, "HOLD": "5"})
+    a_dev = wait_for_line(a, "device").split()
+    b = python(TURN, {**env, "HOLD": "5"})
+    b_dev = wait_for_line(b, "device").split()
+    c = python(TURN, {**env, "HOLD": "0"})
+    try:
+        c_placed, c_dev = wait_for_line(c, "placed").split(), wait_for_line(c, "device").split()
+        assert a_dev[1] == "0" and b_dev[1] == "1" and c_placed[1] == "0", (a_dev, b_dev, c_placed)
+        assert float(c_placed[2]) < float(a_dev[2]) + 4.5  # ready while A had the GPU
+        assert float(c_dev[2]) >= float(a_dev[2]) + 4.9  # the device only once A had ended
+        assert float(b_dev[2]) < float(a_dev[2]) + 4.5  # the other GPU: no wait
+    finally:
+        for p in (a, b, c):
+            p.kill()
+            p.wait()
 
 
 def test_gpu_lease_is_released_by_sigkill(tmp_path):
@@ -221,6 +256,31 @@ def test_gpu_lease_is_released_by_sigkill(tmp_path):
         for p in (first, second):
             p.kill()
             p.wait()
+
+
+def test_a_late_gpu_step_takes_the_device_where_it_says_so(tmp_path):
+    """``app.step(gpu=True)`` takes the device at the start; ``gpu="late"`` only at
+    ``app.on_device`` (and the cpu target never)."""
+    proc = python("""
+        from assay import app, gpu
+        cfg = app.compose(["target=cuda"])
+        app.claim_at_start(cfg, "late", False)
+        late = (gpu._held != [], gpu._device_held != [])
+        app.on_device(cfg)
+        app.on_device(cfg)  # (taken once)
+        print("late", late, len(gpu._device_held), flush=True)
+    """, {"CUDA_VISIBLE_DEVICES": "0", "ASSAY_GPU_LOCK_DIR": str(tmp_path)})
+    out, err = proc.communicate(timeout=120)
+    assert "late (True, False) 1" in out, err[-2000:]
+    proc = python("""
+        from assay import app, gpu
+        app.claim_at_start(app.compose(["target=cuda"]), True, False)
+        held = len(gpu._device_held)
+        app.on_device(app.compose(["target=cpu"]))
+        print("start", held, len(gpu._device_held), flush=True)
+    """, {"CUDA_VISIBLE_DEVICES": "0", "ASSAY_GPU_LOCK_DIR": str(tmp_path)})
+    out, err = proc.communicate(timeout=120)
+    assert "start 1 1" in out, err[-2000:]
 
 
 def test_a_second_acquire_in_the_same_process_keeps_its_lease(tmp_path):

@@ -181,6 +181,16 @@ def test_killed_campaign_resumes_without_losing_or_redoing_work(ci_campaign):
     assert facts["leaderboard_rows"] == 3 and facts["roofline_points"] > 0
     assert facts["charts"] >= 4 and facts["svgs"] == facts["charts"] and facts["lineages"] >= 1
 
+    # Every profiled kernel's torch-profiler table is its verdict's audit (every timed call),
+    # not a run of its own.
+    for path in c.glob("*/*/profile.json"):
+        prof = json.loads(path.read_text())
+        if prof["candidate"]:
+            verdict = next(path.parent.glob(f"gen_*/verdicts/{prof['candidate']}.json"))
+            rows = json.loads(verdict.read_text())["kernel_profile"]
+            assert rows and prof["torch_profile"].startswith("(the verifier's audit"), prof
+            assert rows[0]["name"][:60] in prof["torch_profile"], (rows[0], prof)
+
     # clang-tidy's findings on every profiled kernel, in the archive's Clang_Tidy column (CI
     # installs Debian's clang-tidy and libomp-dev in .ci/run). Checked last: skipping here
     # skips nothing else.

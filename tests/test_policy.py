@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from assay.verify.policy import audit, compute_ops, reference_fallback
+from assay.verify.policy import audit, compute_ops, profile_rows, reference_fallback
 from assay.verify.settings import Policy
 
 
 def op(name: str, cpu_us: float = 10.0) -> dict:
-    return {"name": name, "kind": "op", "cpu_us": cpu_us, "device_us": 0.0}
+    return {"name": name, "kind": "op", "cpu_us": cpu_us, "device_us": 0.0, "count": 3}
 
 
 def kernel(name: str, device_us: float) -> dict:
-    return {"name": name, "kind": "kernel", "cpu_us": 0.0, "device_us": device_us}
+    return {"name": name, "kind": "kernel", "cpu_us": 0.0, "device_us": device_us, "count": 3}
 
 
 MOVEMENT = [op("aten::empty_like"), op("aten::contiguous"), op("aten::view")]
@@ -155,3 +155,14 @@ def test_interpreted_triton_launches_are_listed_and_part_of_a_calls_signature():
     calls = [{"phase": "timed", "rows": [launch]}, {"phase": "timed", "rows": MOVEMENT}]
     ok, detail = audit_consistency({"expected": 2, "found": 2, "calls": calls}, "cpu")
     assert not ok and "triton::gelu_kernel" in detail
+
+
+def test_profile_rows_are_the_busiest_on_the_devices_clock_with_short_names():
+    rows = [kernel("small", 1.0), kernel("big_" + "x" * 300, 50.0), op("aten::empty", 40.0)]
+    cuda = profile_rows(rows, "cuda:0", limit=2)
+    assert [r["name"][:4] for r in cuda] == ["big_", "smal"] and len(cuda[0]["name"]) == 200
+    assert cuda[0] == {"name": cuda[0]["name"], "kind": "kernel", "count": 3,
+                       "device_us": 50.0, "cpu_us": 0.0}
+    assert [r["name"] for r in profile_rows(rows, "cpu")][0] == "aten::empty"
+    with pytest.raises(KeyError):  # a row without its count is a malformed report
+        profile_rows([{"name": "k", "device_us": 1.0, "cpu_us": 0.0}], "cuda")

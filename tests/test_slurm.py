@@ -108,15 +108,15 @@ def sbatch_options(resources: dict) -> str:
 def test_profiles_parse():
     slurm, default, three, none = parsed(
         ("slurm", {}), ("default", {}),
-        # local-multigpu: one GPU job per GPU this machine shows.
+        # local-multigpu: two GPU jobs per GPU this machine shows (one uses it, one gets ready).
         ("local-multigpu", {"CUDA_VISIBLE_DEVICES": "0,1,2"}),
         ("local-multigpu", {"CUDA_VISIBLE_DEVICES": ""}))
     assert slurm["executor"] == "slurm" and slurm["jobs"] >= 1 and slurm["latency_wait"] >= 30
     assert slurm["nolock"] and slurm["keep_going"]
     assert slurm["resources"] == {}  # SLURM, not Snakemake, decides how many GPUs are in use
-    assert default["executor"] is None and default["nolock"] and default["resources"]["gpu"] == 1
-    assert three["resources"]["gpu"] == 3 and three["nolock"]
-    assert none["resources"]["gpu"] == 1
+    assert default["executor"] is None and default["nolock"] and default["resources"]["gpu"] == 2
+    assert three["resources"]["gpu"] == 6 and three["nolock"]
+    assert none["resources"]["gpu"] == 2
 
 
 def test_slurm_profile_maps_gpu_rules_to_gpus(tmp_path):

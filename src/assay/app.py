@@ -12,6 +12,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+import os
 import random
 import re
 import sys
@@ -34,11 +35,14 @@ schemas.register()
 _in_step = False
 
 
-def step(fn: Callable[[DictConfig], Any], gpu: bool = False,
+def step(fn: Callable[[DictConfig], Any], gpu: bool | str = False,
          timing: bool = False) -> Callable[[], Any]:
     """Make ``fn(cfg)`` a Hydra app on the project's config; bad input exits 2 with one line.
 
-    ``gpu``: the step runs on the device, so on the cuda target it first takes a GPU lease.
+    ``gpu``: the step runs on the device, so on the cuda target it first takes a place on a GPU
+    (:func:`assay.gpu.acquire`) and the device itself (:func:`assay.gpu.hold_device`);
+    ``gpu="late"``: it takes the device only where it calls :func:`on_device`, before its first
+    use of it, so its start-up and CPU work run while another job uses the GPU.
     ``timing``: the step times code. On the cpu target it computes on ``target.cpu_threads``
     threads from its start and holds the CPU lease around its timed part, which it marks with
     :func:`cpu_timing`: its start-up, preparation and teardown run beside another step's
@@ -89,9 +93,10 @@ def step(fn: Callable[[DictConfig], Any], gpu: bool = False,
     return main
 
 
-def claim_at_start(cfg: DictConfig, gpu: bool, timing: bool) -> None:
-    """At a step's start: the GPU lease for a device step on the cuda target; the thread count
-    for a timing step on the cpu target (its CPU lease comes with :func:`cpu_timing`)."""
+def claim_at_start(cfg: DictConfig, gpu: bool | str, timing: bool) -> None:
+    """At a step's start: the GPU lease for a device step on the cuda target (the device too,
+    unless ``gpu="late"``); the thread count for a timing step on the cpu target (its CPU lease
+    comes with :func:`cpu_timing`)."""
     from assay import gpu as lease
 
     try:
@@ -106,6 +111,25 @@ def claim_at_start(cfg: DictConfig, gpu: bool, timing: bool) -> None:
         dev = lease.acquire()
         if dev is not None:
             log.info("GPU lease: device %s (CUDA_VISIBLE_DEVICES=%s)", dev, dev)
+            if gpu != "late":
+                on_device(cfg)
+
+
+def on_device(cfg: DictConfig) -> None:
+    """Before a GPU step's first use of the device (targets cuda and triton): take the leased
+    GPU alone until the step ends, waiting for the job using it. Nothing on the cpu target,
+    without a lease, or when taken already."""
+    from assay import gpu as lease
+
+    try:
+        if target(cfg) == "cpu":
+            return
+    except UserError:
+        return
+    waited = lease.hold_device()
+    if waited is not None:
+        log.info("GPU %s taken%s", os.environ.get("ASSAY_GPU"),
+                 f" after {waited:.1f} s" if waited >= 0.1 else "")
 
 
 @contextlib.contextmanager

@@ -1,12 +1,16 @@
-"""GPU lease: one flock per device, so each GPU job of a campaign sees exactly one GPU; and the
-CPU lease: one flock for the whole machine, so two timing steps on the cpu target never share it.
+"""GPU lease: which device each GPU job of a campaign uses, and when it may use it; and the CPU
+lease: one flock for the whole machine, so two timing steps on the cpu target never share it.
 
-Snakemake's ``--resources gpu=N`` bounds how many GPU jobs run at once; the lease decides which
-device each one gets. The lock is an ``flock`` on a file per device: the kernel drops it when the
-process dies, SIGKILL included, so a killed job never leaves a GPU taken. The lease sets
-``CUDA_VISIBLE_DEVICES`` before CUDA is initialized in this process.
-Under SLURM (``SLURM_JOB_ID`` set) the scheduler has already given the job its own devices, so
-the lease takes the first visible one without a lock.
+Snakemake's ``--resources gpu=N`` bounds how many GPU jobs run at once. :func:`acquire` gives
+each one a place on a device (an flock per place: every GPU's first place before any second
+one, so N jobs on N GPUs get one each) and sets ``CUDA_VISIBLE_DEVICES`` before CUDA is
+initialized in this process. :func:`hold_device` then takes that device alone, from the job's
+first use of it until the process ends: jobs placed on one GPU start up, read their inputs
+and build kernels side by side, and use the device one at a time (its memory plans count on
+that). With ``gpu`` at twice the GPUs, the next job is ready when the device comes free.
+The kernel drops every lock when its process dies, SIGKILL included, so a killed job never
+leaves a GPU taken. Under SLURM (``SLURM_JOB_ID`` set) the scheduler has already given the job
+its own devices, so the lease takes the first visible one without a lock.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 _held: list[int] = []  # file descriptors kept open for the life of the process
+_device_held: list[int] = []
 _cpu_held: list[int] = []
 
 
@@ -43,8 +48,37 @@ def visible_gpus() -> list[str]:
     return [str(i) for i, ln in enumerate(out.stdout.splitlines()) if ln.startswith("GPU ")]
 
 
+# Places per GPU :func:`acquire` tries: more jobs than GPUs x this wait for a place.
+PLACES_PER_GPU = 16
+
+
+def _try_flock(path: Path) -> int | None:
+    """An exclusive flock on ``path`` (its descriptor, kept open), or None when another
+    process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _wait_flock(path: Path, what: str, timeout_s: float, poll_s: float) -> tuple[int, float]:
+    """:func:`_try_flock` until it is taken: (its descriptor, the seconds waited)."""
+    start = time.monotonic()
+    while (fd := _try_flock(path)) is None:
+        if time.monotonic() - start > timeout_s:
+            raise TimeoutError(f"{what} ({path}) did not come free in {timeout_s:.0f} s")
+        time.sleep(poll_s)
+    return fd, time.monotonic() - start
+
+
 def acquire(timeout_s: float = 24 * 3600, poll_s: float = 1.0) -> str | None:
-    """Take a free GPU and make it the only visible one; None when there is no GPU."""
+    """Take a place on a GPU (the one with the fewest jobs placed) and make that GPU the only
+    visible one; None when there is no GPU. The device itself is taken by :func:`hold_device`."""
     if _held and os.environ.get("ASSAY_GPU"):
         return os.environ["ASSAY_GPU"]  # this process holds a lease already (an flock taken
         # twice by one process on two descriptors would wait for itself)
@@ -58,22 +92,31 @@ def acquire(timeout_s: float = 24 * 3600, poll_s: float = 1.0) -> str | None:
         return gpus[0]
     deadline = time.monotonic() + timeout_s
     while True:
-        for dev in gpus:
-            fd = os.open(lock_dir() / f"gpu-{dev}.lock", os.O_RDWR | os.O_CREAT, 0o666)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-            _held.append(fd)
-            os.environ["CUDA_VISIBLE_DEVICES"] = dev
-            os.environ["ASSAY_GPU"] = dev
-            return dev
+        for place in range(PLACES_PER_GPU):
+            for dev in gpus:
+                fd = _try_flock(lock_dir() / f"gpu-{dev}.place{place}.lock")
+                if fd is None:
+                    continue
+                _held.append(fd)
+                os.environ["CUDA_VISIBLE_DEVICES"] = dev
+                os.environ["ASSAY_GPU"] = dev
+                return dev
         if time.monotonic() > deadline:
             raise TimeoutError(f"no GPU of {gpus} came free in {timeout_s:.0f} s")
         time.sleep(poll_s)
+
+
+def hold_device(timeout_s: float = 24 * 3600, poll_s: float = 0.2) -> float | None:
+    """Take the leased GPU alone until this process ends (waiting for the job on it to end);
+    returns the seconds waited, or None where there is nothing to take (no lease, SLURM's own
+    devices, or taken already). Called before a step's first use of the device: allocations,
+    a CUDA context, a child process that computes on it."""
+    dev = os.environ.get("ASSAY_GPU")
+    if not _held or dev is None or _device_held or os.environ.get("SLURM_JOB_ID"):
+        return None
+    fd, waited = _wait_flock(lock_dir() / f"gpu-{dev}.lock", f"GPU {dev}", timeout_s, poll_s)
+    _device_held.append(fd)
+    return waited
 
 
 def acquire_cpu(timeout_s: float = 24 * 3600, poll_s: float = 0.05) -> float:
@@ -93,22 +136,9 @@ def acquire_cpu(timeout_s: float = 24 * 3600, poll_s: float = 0.05) -> float:
     """
     if _cpu_held or os.environ.get("SLURM_JOB_ID"):
         return 0.0
-    fd = os.open(lock_dir() / "cpu.lock", os.O_RDWR | os.O_CREAT, 0o666)
-    start = time.monotonic()
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() - start > timeout_s:
-                os.close(fd)
-                raise TimeoutError(f"the CPU lease ({lock_dir() / 'cpu.lock'}) did not come free "
-                                   f"in {timeout_s:.0f} s") from None
-            time.sleep(poll_s)
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    fd, waited = _wait_flock(lock_dir() / "cpu.lock", "the CPU lease", timeout_s, poll_s)
     _cpu_held.append(fd)
-    return time.monotonic() - start
+    return waited
 
 
 def cpu_held() -> bool:

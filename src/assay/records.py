@@ -65,6 +65,9 @@ class Verdict:
     roofline_ms: float | None = None
     kernels_launched: list[str] = field(default_factory=list)
     library_time_frac: float | None = None
+    # the audit's rows over every timed call (name, kind, count, device_us, cpu_us), busiest
+    # first: the profile step's torch-profiler table, read from here instead of a new run
+    kernel_profile: list[dict[str, Any]] = field(default_factory=list)
     # bookkeeping (not part of the decision)
     candidate: str = ""
     task: str = ""

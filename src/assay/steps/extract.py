@@ -24,6 +24,7 @@ def extract(cfg: DictConfig) -> dict:
     name = cfg.target.name
     tgt = app.target(cfg) if name != "auto" else "auto"  # auto is resolved in the child
     ref = app.find_task(cfg, cfg.task)
+    app.on_device(cfg)  # the analysis runs the task at its size on the device
     record = analyze_file(ref.path, ref.level, str(cfg.tasks.size), tgt,
                           timeout_s=cfg.tasks.extract_timeout_s,
                           max_bytes=cfg.tasks.max_task_bytes)
@@ -36,7 +37,7 @@ def extract(cfg: DictConfig) -> dict:
     return record
 
 
-main = app.step(extract, gpu=True)
+main = app.step(extract, gpu="late")
 
 if __name__ == "__main__":
     main()

@@ -70,6 +70,12 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
     # On the cpu target the CPU lease covers the references (float64, memory-bound) and the
     # verifications; the imports above and the teardown run beside another step's timing.
     try:
+        # On a GPU: the device is taken once the first candidate has built (or failed to), so
+        # the start-up and that build (4-15 s at KernelBench's sizes) run while another job
+        # uses it; the later builds overlap the verifications.
+        if builds and todo:
+            builds.wait(paths[todo[0]])
+        app.on_device(cfg)
         with app.cpu_timing(cfg):
             prepared = None
             if not record.get("degeneracy", {}).get("degenerate"):
@@ -92,7 +98,6 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
 
 def verify_generation(cfg: DictConfig) -> dict:
     c = app.campaign(cfg)
-    tgt = app.target(cfg)
     llm, task_id, gen = cfg.llm.name, cfg.task, int(cfg.gen)
     ids = read_json(c.proposals(llm, task_id, gen))["candidates"]
     # A verdict counts only when written after the proposals and the baseline it was judged
@@ -113,7 +118,7 @@ def verify_generation(cfg: DictConfig) -> dict:
     return summary
 
 
-main = app.step(verify_generation, gpu=True, timing=True)
+main = app.step(verify_generation, gpu="late", timing=True)
 
 if __name__ == "__main__":
     main()

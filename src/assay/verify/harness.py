@@ -821,6 +821,7 @@ def _check_kernels(v: Verdict, rows: list, prep: Prepared, cfg: VerifyConfig,
     (``reference_fallback``)."""
     audit = policy_mod.audit(rows, prep.device, cfg.policy, cfg.max_library_time_frac, own)
     v.kernels_launched = audit.kernels
+    v.kernel_profile = policy_mod.profile_rows(rows, prep.device)
     v.library_time_frac = audit.library_time_frac
     checks.record(v, "kernel_audit", audit.ok, audit.detail)
     if cfg.reject_reference_ops:

@@ -136,6 +136,19 @@ def audit(rows: list[dict[str, Any]], device: str, policy: str,
     return Audit(False, f"unknown policy {policy!r} (strict or permissive)", names, lib_frac)
 
 
+def profile_rows(rows: list[dict[str, Any]], device: str,
+                 limit: int = 30) -> list[dict[str, Any]]:
+    """The audit's rows as a profile for people (the verdict's ``kernel_profile``, the profile
+    step's torch-profiler table): the ``limit`` busiest on the device's clock (device time on
+    cuda, host time on cpu), names cut at 200 characters. Read from the worker's report like
+    the audit itself: a table to read, never part of a decision."""
+    key = "device_us" if device.startswith("cuda") else "cpu_us"
+    out = [{"name": str(r["name"])[:200], "kind": str(r.get("kind", "")),
+            "count": int(r["count"]), "device_us": float(r["device_us"]),
+            "cpu_us": float(r["cpu_us"])} for r in rows]
+    return sorted(out, key=lambda r: -r[key])[:limit]
+
+
 def compute_ops(rows: list[dict[str, Any]]) -> set[str]:
     """ATen ops in a profile that compute something (not allocation, views or copies)."""
     return {r["name"] for r in rows
