@@ -7,7 +7,7 @@
 #   selfcheck   KernelBench's reference self-check (issue #16), --resume; the first time, seeded
 #               from SELFCHECK_SEED (JSONL files, later rows win: e.g. the evidence folders');
 #               RETRY: the row statuses to redo (default: error; also rejected, too_large,
-#               degenerate), ONLY: task-id globs, JOBS: tasks in flight per GPU (3); on a
+#               degenerate, accepted), ONLY: task-id globs, JOBS: tasks in flight per GPU (3); on a
 #               machine of several GPUs, one shard of the tasks per GPU (--shard k/N)
 #   redteam     the red-team generator on cuda (issue #19), resumes from its results.jsonl;
 #               RT_ONLY: variants whose id holds one of these (commas), WORKERS (5 per GPU)
@@ -35,7 +35,8 @@
 #               per level (seeded), LIMIT: undecided tasks taken per call; KERNELS=triton: the
 #               Triton forms, into $S/synthkb-triton
 #   dag         the campaign's Snakemake DAG with tasks=kernelbench on .kb (issue #16) up to
-#               profile, resumable (results in $S/dag); LEVELS (1), CAMPAIGN (kb), CORES (12), TASKS: ids (all)
+#               profile, resumable (results in $S/dag), two GPU jobs per GPU (one uses it, one
+#               gets ready); LEVELS (1), CAMPAIGN (kb), CORES (12), TASKS: ids (all)
 #   joins       benchmarks/probe_joins.py: the stream waits the audit sees of a joined side
 #               stream (issue #19)
 # Needs: the wheels in .whl/ (`python3 benchmarks/device_wheels.py`, with --pipeline for the
@@ -153,7 +154,7 @@ for phase in "$@"; do
       [ -n "${TASKS:-}" ] && targets=()
       for t in ${TASKS:-}; do targets+=("$S/dag/${CAMPAIGN:-kb}/offline/$t/profile.json"); done
       run_for "$secs" "$S/dag.log" python3 -m snakemake "${targets[@]}" \
-        --cores "${CORES:-12}" --resources gpu="$gpus" --config "overrides=[campaign=${CAMPAIGN:-kb},\
+        --cores "${CORES:-12}" --resources gpu=$((2 * gpus)) --config "overrides=[campaign=${CAMPAIGN:-kb},\
 tasks=kernelbench,tasks.source=$PWD/.kb,tasks.levels=[${LEVELS:-1}],target=cuda,\
 results_dir=$S/dag]" ;;
     joins)

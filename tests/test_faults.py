@@ -260,7 +260,7 @@ def test_gpu_lease_is_released_by_sigkill(tmp_path):
 
 def test_a_late_gpu_step_takes_the_device_where_it_says_so(tmp_path):
     """``app.step(gpu=True)`` takes the device at the start; ``gpu="late"`` only at
-    ``app.on_device`` (and the cpu target never)."""
+    ``app.on_device`` (and the cpu target never); ``app.off_device`` gives it back early."""
     proc = python("""
         from assay import app, gpu
         cfg = app.compose(["target=cuda"])
@@ -268,10 +268,15 @@ def test_a_late_gpu_step_takes_the_device_where_it_says_so(tmp_path):
         late = (gpu._held != [], gpu._device_held != [])
         app.on_device(cfg)
         app.on_device(cfg)  # (taken once)
-        print("late", late, len(gpu._device_held), flush=True)
+        held = len(gpu._device_held)
+        from assay.layout import try_flock
+        lock = gpu.lock_dir() / "gpu-0.lock"
+        busy = try_flock(lock) is None  # (another descriptor: as another process would)
+        app.off_device()  # given back before the process ends
+        print("late", late, held, busy, try_flock(lock) is not None, flush=True)
     """, {"CUDA_VISIBLE_DEVICES": "0", "ASSAY_GPU_LOCK_DIR": str(tmp_path)})
     out, err = proc.communicate(timeout=120)
-    assert "late (True, False) 1" in out, err[-2000:]
+    assert "late (True, False) 1 True True" in out, err[-2000:]
     proc = python("""
         from assay import app, gpu
         app.claim_at_start(app.compose(["target=cuda"]), True, False)

@@ -104,6 +104,12 @@ def test_selfcheck_accepts_honest_lists_degenerate_and_rejects_what_no_kernel_ca
           "--retry", "error"])
     added = jsonl.read_text()[len(before):].splitlines()
     assert [json.loads(line)["path"] for line in added] == [str(broken)]
+    # --retry accepted with one task: that task's numbers again (e.g. memory peaks after a fix)
+    before = jsonl.read_text()
+    main(["selfcheck", "--tasks", str(paths[0]), "--device", "cpu", "--jsonl", str(jsonl),
+          "--retry", "accepted"])
+    added = jsonl.read_text()[len(before):].splitlines()
+    assert [json.loads(line)["path"] for line in added] == [str(paths[0])]
 
 
 def test_a_torn_last_line_is_ignored_and_the_next_row_starts_a_line(tmp_path):

@@ -132,3 +132,31 @@ def test_gpu_steps_import_no_heavy_pipeline_library():
             "         if m in sys.modules]\n"
             "assert not heavy, heavy\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300, cwd=REPO)
+
+
+def _step_gpu(path: Path) -> object:
+    """The ``gpu=`` a step module passes to ``app.step`` (False when none)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "step":
+            for kw in node.keywords:
+                if kw.arg == "gpu":
+                    return ast.literal_eval(kw.value)
+    return False
+
+
+def test_gpu_rules_run_steps_that_take_the_device_before_using_it():
+    """The rules holding Snakemake's ``gpu`` resource run steps that take a GPU lease; a step
+    that takes the device late (``gpu="late"``: its start-up runs beside another job's device
+    work) says where, with ``app.on_device``, before its first use of the device."""
+    smk = "\n".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
+    gpu_rules = {m.group(1) for m in re.finditer(r"^rule (\w+):(.*?)(?=^rule |\Z)", smk,
+                                                   flags=re.M | re.S)
+                 if re.search(r"^\s+gpu=GPU", m.group(2), flags=re.M)}
+    assert gpu_rules == {"extract", "device", "baseline", "verify", "profile"}, gpu_rules
+    for rule in sorted(gpu_rules):
+        path = PKG / "steps" / f"{rule}.py"
+        gpu = _step_gpu(path)
+        assert gpu in (True, "late"), f"{path.name}: app.step(gpu=...) is {gpu!r}"
+        if gpu == "late":
+            assert "app.on_device(cfg)" in path.read_text(), \
+                f"{path.name} takes the device late but never calls app.on_device"

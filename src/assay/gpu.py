@@ -25,6 +25,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from assay.layout import try_flock
+
 _held: list[int] = []  # file descriptors kept open for the life of the process
 _device_held: list[int] = []
 _cpu_held: list[int] = []
@@ -52,24 +54,22 @@ def visible_gpus() -> list[str]:
 PLACES_PER_GPU = 16
 
 
-def _try_flock(path: Path) -> int | None:
-    """An exclusive flock on ``path`` (its descriptor, kept open), or None when another
-    process holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
+def release_device() -> None:
+    """Give the GPU taken by :func:`hold_device` back before this process ends (its place on
+    the GPU stays); a no-op when not held. The caller has freed its device memory: only its
+    CUDA context is left, which a plan made meanwhile sees as taken (it errs on the safe side)."""
+    while _device_held:
+        fd = _device_held.pop()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
 
 def _wait_flock(path: Path, what: str, timeout_s: float, poll_s: float) -> tuple[int, float]:
-    """:func:`_try_flock` until it is taken: (its descriptor, the seconds waited)."""
+    """:func:`assay.layout.try_flock` until it is taken: (its descriptor, the seconds waited)."""
     start = time.monotonic()
-    while (fd := _try_flock(path)) is None:
+    while (fd := try_flock(path, 0o666)) is None:
         if time.monotonic() - start > timeout_s:
             raise TimeoutError(f"{what} ({path}) did not come free in {timeout_s:.0f} s")
         time.sleep(poll_s)
@@ -94,7 +94,7 @@ def acquire(timeout_s: float = 24 * 3600, poll_s: float = 1.0) -> str | None:
     while True:
         for place in range(PLACES_PER_GPU):
             for dev in gpus:
-                fd = _try_flock(lock_dir() / f"gpu-{dev}.place{place}.lock")
+                fd = try_flock(lock_dir() / f"gpu-{dev}.place{place}.lock", 0o666)
                 if fd is None:
                     continue
                 _held.append(fd)

@@ -101,20 +101,30 @@ def write_json(path: Path, data: Any) -> None:
 _held_locks: list[int] = []
 
 
-def hold_lock(path: Path) -> bool:
-    """Take an exclusive ``flock`` on ``path`` for the rest of this process; False if taken.
-
-    The kernel drops it when the process dies, SIGKILL included, so unlike Snakemake's own
-    lock files it never needs an unlock after a killed run.
-    """
+def try_flock(path: Path, mode: int = 0o644) -> int | None:
+    """An exclusive ``flock`` on ``path``, its descriptor kept open (the file says which process
+    holds it), or None when another process holds it. The kernel drops it when the process
+    dies, SIGKILL included, so unlike Snakemake's own lock files it never needs an unlock after
+    a killed run."""
     import fcntl
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, mode)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def hold_lock(path: Path) -> bool:
+    """Take an exclusive ``flock`` on ``path`` for the rest of this process (:func:`try_flock`);
+    False if taken."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = try_flock(path)
+    if fd is None:
         return False
     _held_locks.append(fd)
     return True

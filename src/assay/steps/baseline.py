@@ -40,6 +40,7 @@ def baseline(cfg: DictConfig) -> dict:
     out["target"] = tgt
     out["kernels"] = app.kernel_target(cfg, tgt)  # triton on target=triton, else the device's
     write_json(c.baseline(cfg.task), out)
+    app.off_device()
     log.info("%s: eager %.4g ms, compile %s ms", task.id, out["eager_ms"], out["compile_ms"])
     for name in ("eager", "compile"):
         ms, iqr = out.get(f"{name}_ms"), out.get(f"{name}_iqr_ms")

@@ -288,8 +288,9 @@ def _pool_init(env: dict[str, str]) -> None:
 
 
 # Statuses a rerun may redo (``retry``): an error, a rejection (after a verifier fix), a task too
-# large for the GPU it met (on a larger one), a degenerate one (after the criterion changed).
-RETRYABLE = ("error", "rejected", "too_large", "degenerate")
+# large for the GPU it met (on a larger one), a degenerate one (after the criterion changed), an
+# accepted one (its numbers again: the worker's memory peaks after a change, with --only).
+RETRYABLE = ("error", "rejected", "too_large", "degenerate", "accepted")
 # Seconds of a time budget kept for what comes after the last task (summaries, shutdown),
 # and the least time left in which a task is started.
 BUDGET_RESERVE_S = 10.0
