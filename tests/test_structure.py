@@ -149,9 +149,8 @@ def test_gpu_rules_run_steps_that_take_the_device_before_using_it():
     that takes the device late (``gpu="late"``: its start-up runs beside another job's device
     work) says where, with ``app.on_device``, before its first use of the device."""
     smk = "\n".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
-    gpu_rules = {m.group(1) for m in re.finditer(r"^rule (\w+):(.*?)(?=^rule |\Z)", smk,
-                                                   flags=re.M | re.S)
-                 if re.search(r"^\s+gpu=GPU", m.group(2), flags=re.M)}
+    rules = re.finditer(r"^rule (\w+):(.*?)(?=^rule |\Z)", smk, flags=re.M | re.S)
+    gpu_rules = {m.group(1) for m in rules if re.search(r"^\s+gpu=GPU", m.group(2), flags=re.M)}
     assert gpu_rules == {"extract", "device", "baseline", "verify", "profile"}, gpu_rules
     for rule in sorted(gpu_rules):
         path = PKG / "steps" / f"{rule}.py"

@@ -7,6 +7,7 @@ None with the reason logged when the tool is not available here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from assay.verify.harness import _private_memory, worker_job
+from assay.verify.memory import check_distributions
 from assay.verify.reference import Prepared
 from assay.verify.sandbox import Outcome, run_sandboxed
 from assay.verify.settings import VerifyConfig
@@ -44,6 +46,16 @@ def torch_profile_table(kernels: list[dict[str, Any]], device: str) -> str:
         lines.append(f"{r['name'][:60]:60s} {r['count']:6d} {r[key]:12.1f} "
                      f"{r[key] / total:7.1%}")
     return "\n".join(lines)
+
+
+def light(cfg: VerifyConfig) -> VerifyConfig:
+    """The verifier's settings for a profile run: the lightest protocol the worker runs (two
+    correctness sets, as its staleness calls need, one timing buffer, no swapped sets), so
+    the step prepares three input sets and their references, not eight. At KernelBench's sizes
+    the full protocol made L1_41's profile step 88 s on an H200 (preparation 6 s, the
+    torch-profiler run 40, ncu 37)."""
+    return dataclasses.replace(cfg, input_distributions=check_distributions(
+        cfg.input_distributions, 2), timing_sets=1, swap_sets=0)
 
 
 def _job_dir(prep: Prepared, candidate: Path, cfg: VerifyConfig, audit: bool) -> Path:

@@ -51,14 +51,15 @@ def profile(cfg: DictConfig) -> dict:
         log.info("%s/%s: no accepted kernel to profile", llm, task_id)
         write_json(c.profile(llm, task_id), out)
         return out
-    from assay.profile.tools import clang_tidy, ncu_profile, torch_profile, torch_profile_table
+    from assay.profile.tools import (clang_tidy, light, ncu_profile, torch_profile,
+                                     torch_profile_table)
     from assay.verify.config import from_cfg
     from assay.verify.harness import prepare
 
     best = members[0]
     path = c.candidate(llm, task_id, best.generation, best.id)
     p = cfg.profile
-    vcfg = from_cfg(cfg.verify)
+    vcfg = light(from_cfg(cfg.verify))  # (a profile, not a verdict: three input sets)
     device = "cuda" if tgt == "cuda" else "cpu"
     out["candidate"] = best.id
     # The verifier profiled every timed call of this candidate already (its audit): the table

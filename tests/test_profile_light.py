@@ -1,0 +1,30 @@
+"""The profile step's runs use the lightest protocol the worker runs (profile.tools.light): a
+profile is not a verdict, and at KernelBench's sizes the full protocol's eight input sets and
+their references were most of the step's time."""
+
+from __future__ import annotations
+
+from assay.profile.tools import light, torch_profile
+from assay.verify.reference import prepare
+from test_zoo import CASES, zoo_config, zoo_task
+
+CASE = CASES["honest_gelu_cpp"]
+
+
+def test_light_keeps_two_correctness_sets_one_timing_buffer_and_no_swapped_set():
+    full = zoo_config(CASE)
+    cfg = light(full)
+    assert len(full.input_distributions) == 3 and (full.timing_sets, full.swap_sets) == (3, 2)
+    assert len(cfg.input_distributions) == 2 and (cfg.timing_sets, cfg.swap_sets) == (1, 0)
+    assert cfg.policy == full.policy and cfg.min_runs == full.min_runs  # the rest as verified
+    assert light(cfg) == cfg
+
+
+def test_a_profile_run_on_the_light_protocol_profiles_the_candidate():
+    task = zoo_task(CASE["TASK"])
+    cfg = light(zoo_config(CASE))
+    prep = prepare(task, "cpu", cfg)
+    assert len({*prep.check_sets, *prep.timing_sets, *prep.swap_sets}) == 3
+    text = torch_profile(prep, CASE["path"], cfg)
+    assert text and not text.startswith("profile run failed"), text
+    assert text.splitlines()[0].split()[:2] == ["name", "calls"], text
