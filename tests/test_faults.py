@@ -264,9 +264,12 @@ def test_a_late_gpu_step_takes_the_device_where_it_says_so(tmp_path):
     proc = python("""
         from assay import app, gpu
         cfg = app.compose(["target=cuda"])
+        assert gpu.device_lock() is None  # no place on a GPU yet
         app.claim_at_start(cfg, "late", False)
         late = (gpu._held != [], gpu._device_held != [])
+        assert gpu.device_lock().name == "gpu-0.lock"  # what a child would take for it
         app.on_device(cfg)
+        assert gpu.device_lock() is None  # taken
         app.on_device(cfg)  # (taken once)
         held = len(gpu._device_held)
         from assay.layout import try_flock
@@ -286,6 +289,34 @@ def test_a_late_gpu_step_takes_the_device_where_it_says_so(tmp_path):
     """, {"CUDA_VISIBLE_DEVICES": "0", "ASSAY_GPU_LOCK_DIR": str(tmp_path)})
     out, err = proc.communicate(timeout=120)
     assert "start 1 1" in out, err[-2000:]
+
+
+def test_extract_takes_the_gpu_in_its_child_and_its_wait_is_not_task_time(tmp_path):
+    """The task record's child takes the device lock it is given (assay.gpu.device_lock) only
+    before its first use of the device, and the time it waits there does not count against
+    the task's time limit: held by another job for 15 s, a 12 s limit is still met."""
+    import threading
+
+    from assay.layout import try_flock
+    from assay.tasks.record import analyze_file
+
+    lock = tmp_path / "gpu-0.lock"
+    fd = try_flock(lock)
+    got: dict = {}
+
+    def extract():
+        t0 = time.monotonic()
+        got["record"] = analyze_file(REPO / "data/tasks/level1/1_ReLU.py", 1, "small", "cpu",
+                                     timeout_s=12, device_lock=lock)
+        got["s"] = time.monotonic() - t0
+
+    thread = threading.Thread(target=extract)
+    thread.start()
+    time.sleep(15)
+    assert thread.is_alive(), got  # waiting for the device, not timed out
+    os.close(fd)  # the other job ends
+    thread.join(60)
+    assert got["record"]["error"] is None and got["s"] >= 15, got
 
 
 def test_a_second_acquire_in_the_same_process_keeps_its_lease(tmp_path):

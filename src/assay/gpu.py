@@ -106,15 +106,34 @@ def acquire(timeout_s: float = 24 * 3600, poll_s: float = 1.0) -> str | None:
         time.sleep(poll_s)
 
 
+def device_lock() -> Path | None:
+    """The lock :func:`hold_device` would take in this process (None where it takes none), for a
+    child process that does this job's device work to take instead (:func:`hold_device_lock`):
+    what it does before, its imports and loads, then runs beside another job's device work."""
+    dev = os.environ.get("ASSAY_GPU")
+    if not _held or dev is None or _device_held or os.environ.get("SLURM_JOB_ID"):
+        return None
+    return lock_dir() / f"gpu-{dev}.lock"
+
+
+def hold_device_lock(path: str | Path, timeout_s: float = 24 * 3600,
+                     poll_s: float = 0.2) -> float:
+    """In a child given :func:`device_lock`'s path: take it until this process ends; returns the
+    seconds waited."""
+    fd, waited = _wait_flock(Path(path), "the GPU", timeout_s, poll_s)
+    _device_held.append(fd)
+    return waited
+
+
 def hold_device(timeout_s: float = 24 * 3600, poll_s: float = 0.2) -> float | None:
     """Take the leased GPU alone until this process ends (waiting for the job on it to end);
     returns the seconds waited, or None where there is nothing to take (no lease, SLURM's own
     devices, or taken already). Called before a step's first use of the device: allocations,
     a CUDA context, a child process that computes on it."""
-    dev = os.environ.get("ASSAY_GPU")
-    if not _held or dev is None or _device_held or os.environ.get("SLURM_JOB_ID"):
+    path = device_lock()
+    if path is None:
         return None
-    fd, waited = _wait_flock(lock_dir() / f"gpu-{dev}.lock", f"GPU {dev}", timeout_s, poll_s)
+    fd, waited = _wait_flock(path, f"GPU {os.environ['ASSAY_GPU']}", timeout_s, poll_s)
     _device_held.append(fd)
     return waited
 

@@ -1,8 +1,9 @@
 """Profiles of one kernel: the torch-profiler kernel list, Nsight Compute, clang-tidy.
 
 Each runs the candidate in its own sandboxed worker (never in this process, never outside the
-verifier's sandbox: the profiler itself runs inside it) or reads only its source. Each returns text for the archive's NCU_Profile / Torch_Profile / Clang_Tidy columns, or
-None with the reason logged when the tool is not available here.
+verifier's sandbox: the profiler itself runs inside it) or reads only its source. Each returns
+text for the archive's NCU_Profile / Torch_Profile / Clang_Tidy columns, or None with the reason
+logged when the tool is not available here.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import logging
 from omegaconf import DictConfig
 
 from assay import app
+from assay import gpu as lease
 from assay.layout import write_json
 from assay.tasks.record import analyze_file
 
@@ -24,10 +25,12 @@ def extract(cfg: DictConfig) -> dict:
     name = cfg.target.name
     tgt = app.target(cfg) if name != "auto" else "auto"  # auto is resolved in the child
     ref = app.find_task(cfg, cfg.task)
-    app.on_device(cfg)  # the analysis runs the task at its size on the device
+    # The analysis runs the task at its size on the device: its child takes the GPU before its
+    # first use of it, once torch is imported and the file executed (seconds a task, beside
+    # another job's device work).
     record = analyze_file(ref.path, ref.level, str(cfg.tasks.size), tgt,
                           timeout_s=cfg.tasks.extract_timeout_s,
-                          max_bytes=cfg.tasks.max_task_bytes)
+                          max_bytes=cfg.tasks.max_task_bytes, device_lock=lease.device_lock())
     record = {"id": ref.id, "level": ref.level, "path": str(ref.path), **record}
     if record["error"]:
         log.error("%s", record["error"])

@@ -28,10 +28,14 @@ from assay.tasks.model import TaskError, one_line
 
 
 def analyze_file(path: str | Path, level: int, size: str, target: str, *, timeout_s: float,
-                 max_bytes: int | None = None) -> dict[str, Any]:
+                 max_bytes: int | None = None,
+                 device_lock: str | Path | None = None) -> dict[str, Any]:
     """The task's record fields, computed in a child process; ``error`` is None or one line
     naming the file and the problem. ``timeout_s`` and ``max_bytes`` are the config's
-    ``tasks.extract_timeout_s`` and ``tasks.max_task_bytes`` (None: see ``max_task_bytes``)."""
+    ``tasks.extract_timeout_s`` and ``tasks.max_task_bytes`` (None: see ``max_task_bytes``).
+    ``device_lock`` (``assay.gpu.device_lock``): the child takes the GPU there before its first
+    use of it, after its imports and the file's execution; the time it waits for it is not
+    counted against ``timeout_s``."""
     from assay.layout import stop_cleanly_on_signals
 
     stop_cleanly_on_signals()  # a SIGTERM to the step kills the child too
@@ -40,16 +44,14 @@ def analyze_file(path: str | Path, level: int, size: str, target: str, *, timeou
         out, stage = Path(tmp) / "record.json", Path(tmp) / "stage"
         spec = {"path": str(path), "level": level, "size": size, "target": target,
                 "out": str(out), "stage": str(stage), "parent": os.getpid(),
-                "max_bytes": max_bytes}
+                "max_bytes": max_bytes, "device_lock": device_lock and str(device_lock)}
         cmd = [sys.executable, "-m", "assay.tasks.record", "--analyze", json.dumps(spec)]
         t0 = time.monotonic()
         with open(Path(tmp) / "log", "wb") as logf:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
                                     stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                code = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                code = None
+                code = _wait(proc, stage, timeout_s)
             except BaseException:
                 _kill(proc)
                 raise
@@ -74,6 +76,28 @@ def analyze_file(path: str | Path, level: int, size: str, target: str, *, timeou
         took = time.monotonic() - t0
         return _error(f"{path}: the task {what} while {where} after {took:.0f} s"
                       + (f": {tail}" if tail else ""))
+
+
+WAITING = "waiting for the GPU"
+
+
+def _wait(proc: subprocess.Popen, stage: Path, timeout_s: float,
+          poll_s: float = 0.25) -> int | None:
+    """The child's exit status, or None after ``timeout_s`` of its time not spent waiting for
+    the GPU (its stage file says when it waits: another job's device work is not the task's)."""
+    limit = time.monotonic() + timeout_s
+    while True:
+        try:
+            return proc.wait(timeout=max(0.0, min(poll_s, limit - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            if stage.read_text().strip() == WAITING:
+                limit += poll_s
+        except OSError:
+            pass
+        if time.monotonic() >= limit:
+            return None
 
 
 def _error(line: str) -> dict[str, Any]:
@@ -222,6 +246,11 @@ def analyze(spec: dict) -> dict[str, Any]:
     cap, why = max_task_bytes(target, spec.get("max_bytes"))
     _size_on_meta(task, module, init, cap, why)
 
+    if spec.get("device_lock"):  # the first use of the device is next
+        from assay.gpu import hold_device_lock
+
+        _stage(spec, WAITING)
+        hold_device_lock(spec["device_lock"])
     _stage(spec, "constructing Model(*get_init_inputs())")
     if not issubclass(module.Model, torch.nn.Module):
         raise TaskError(f"{path}: Model is not a torch.nn.Module subclass")
