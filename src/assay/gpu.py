@@ -54,18 +54,6 @@ def visible_gpus() -> list[str]:
 PLACES_PER_GPU = 16
 
 
-def release_device() -> None:
-    """Give the GPU taken by :func:`hold_device` back before this process ends (its place on
-    the GPU stays); a no-op when not held. The caller has freed its device memory: only its
-    CUDA context is left, which a plan made meanwhile sees as taken (it errs on the safe side)."""
-    while _device_held:
-        fd = _device_held.pop()
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
-
-
 def _wait_flock(path: Path, what: str, timeout_s: float, poll_s: float) -> tuple[int, float]:
     """:func:`assay.layout.try_flock` until it is taken: (its descriptor, the seconds waited)."""
     start = time.monotonic()
@@ -138,6 +126,23 @@ def hold_device(timeout_s: float = 24 * 3600, poll_s: float = 0.2) -> float | No
     return waited
 
 
+def release_device() -> None:
+    """Give the GPU taken by :func:`hold_device` back before this process ends (its place on
+    the GPU stays); a no-op when not held. The caller has freed its device memory: only its
+    CUDA context is left, which a plan made meanwhile sees as taken (it errs on the safe side)."""
+    _unlock_all(_device_held)
+
+
+def _unlock_all(fds: list[int]) -> None:
+    """Drop the flocks held on ``fds`` (emptied)."""
+    while fds:
+        fd = fds.pop()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
 def acquire_cpu(timeout_s: float = 24 * 3600, poll_s: float = 0.05) -> float:
     """Take the machine's CPU-timing lease (an flock, dropped by :func:`release_cpu` or when the
     process dies), waiting for the step that holds it; returns the seconds waited. A step holds
@@ -167,12 +172,7 @@ def cpu_held() -> bool:
 
 def release_cpu() -> None:
     """Give the CPU lease back (a no-op when this process does not hold it)."""
-    while _cpu_held:
-        fd = _cpu_held.pop()
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+    _unlock_all(_cpu_held)
 
 
 def hold_cpu_threads(threads: int) -> int:
