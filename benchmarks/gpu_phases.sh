@@ -151,12 +151,12 @@ for phase in "$@"; do
       # (default 1), CAMPAIGN (kb); its results/ in $S/dag (archive and report run on the
       # build machine from the returned state: polars and MLflow stay off the GPU machine)
       targets=(--until profile)  # TASKS: only these tasks' stages (their profile.json)
-      [ -n "${TASKS:-}" ] && targets=()
-      for t in ${TASKS:-}; do targets+=("$S/dag/${CAMPAIGN:-kb}/offline/$t/profile.json"); done
+      tasks=${TASKS:-}; [ -n "${tasks//[[:space:]]/}" ] && targets=()
+      for t in $tasks; do targets+=("$S/dag/${CAMPAIGN:-kb}/offline/$t/profile.json"); done
       run_for "$secs" "$S/dag.log" python3 -m snakemake "${targets[@]}" \
-        --cores "${CORES:-12}" --resources gpu=$((2 * gpus)) --config "overrides=[campaign=${CAMPAIGN:-kb},\
-tasks=kernelbench,tasks.source=$PWD/.kb,tasks.levels=[${LEVELS:-1}],target=cuda,\
-results_dir=$S/dag]" ;;
+        --cores "${CORES:-12}" --resources gpu=$((2 * (gpus > 0 ? gpus : 1))) \
+        --config "overrides=[campaign=${CAMPAIGN:-kb},tasks=kernelbench,tasks.source=$PWD/.kb,\
+tasks.levels=[${LEVELS:-1}],target=cuda,results_dir=$S/dag]" ;;
     joins)
       run_for "$secs" "$S/joins.log" python3 benchmarks/probe_joins.py --out "$S/joins.md" ;;
     streams)

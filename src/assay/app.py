@@ -156,12 +156,16 @@ def off_device() -> None:
     from assay import gpu as lease
 
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        import gc
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            import gc
 
-        gc.collect()
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+            gc.collect()
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    except RuntimeError as e:  # the step's work is written: it keeps the GPU to its end instead
+        log.warning("the GPU stays taken until this step ends: %s", e)
+        return
     lease.release_device()
 
 

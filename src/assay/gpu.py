@@ -65,8 +65,9 @@ def _wait_flock(path: Path, what: str, timeout_s: float, poll_s: float) -> tuple
 
 
 def acquire(timeout_s: float = 24 * 3600, poll_s: float = 1.0) -> str | None:
-    """Take a place on a GPU (the one with the fewest jobs placed) and make that GPU the only
-    visible one; None when there is no GPU. The device itself is taken by :func:`hold_device`."""
+    """Take a place on a GPU (the first free place, every GPU's first place before any second
+    one) and make that GPU the only visible one; None when there is no GPU. The device itself
+    is taken by :func:`hold_device`."""
     if _held and os.environ.get("ASSAY_GPU"):
         return os.environ["ASSAY_GPU"]  # this process holds a lease already (an flock taken
         # twice by one process on two descriptors would wait for itself)
@@ -124,6 +125,16 @@ def hold_device(timeout_s: float = 24 * 3600, poll_s: float = 0.2) -> float | No
     fd, waited = _wait_flock(path, f"GPU {os.environ['ASSAY_GPU']}", timeout_s, poll_s)
     _device_held.append(fd)
     return waited
+
+
+def lock_busy(path: str | Path) -> bool:
+    """Whether another process holds the flock on ``path`` now (taken and dropped at once when
+    free: a process waiting for it gets it at its next try)."""
+    fd = try_flock(Path(path), 0o666)
+    if fd is None:
+        return True
+    _unlock_all([fd])
+    return False
 
 
 def release_device() -> None:

@@ -114,8 +114,12 @@ def try_flock(path: Path, mode: int = 0o644) -> int | None:
     except BlockingIOError:
         os.close(fd)
         return None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError:
+        os.close(fd)  # (the lock with it)
+        raise
     return fd
 
 

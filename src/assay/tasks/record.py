@@ -51,7 +51,7 @@ def analyze_file(path: str | Path, level: int, size: str, target: str, *, timeou
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
                                     stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                code = _wait(proc, stage, timeout_s)
+                code = _wait(proc, stage, timeout_s, device_lock)
             except BaseException:
                 _kill(proc)
                 raise
@@ -82,20 +82,26 @@ WAITING = "waiting for the GPU"
 
 
 def _wait(proc: subprocess.Popen, stage: Path, timeout_s: float,
-          poll_s: float = 0.25) -> int | None:
+          device_lock: str | Path | None = None, poll_s: float = 0.25) -> int | None:
     """The child's exit status, or None after ``timeout_s`` of its time not spent waiting for
-    the GPU (its stage file says when it waits: another job's device work is not the task's)."""
+    the GPU: another job's device work is not the task's. It waits when its stage file says
+    so and another process holds ``device_lock`` (a task that only writes the words into its
+    stage file gets no time)."""
+    from assay.gpu import lock_busy
+
     limit = time.monotonic() + timeout_s
     while True:
+        t = time.monotonic()
         try:
-            return proc.wait(timeout=max(0.0, min(poll_s, limit - time.monotonic())))
+            return proc.wait(timeout=max(0.0, min(poll_s, limit - t)))
         except subprocess.TimeoutExpired:
             pass
         try:
-            if stage.read_text().strip() == WAITING:
-                limit += poll_s
+            waiting = device_lock is not None and stage.read_text().strip() == WAITING
         except OSError:
-            pass
+            waiting = False
+        if waiting and lock_busy(device_lock):
+            limit += time.monotonic() - t
         if time.monotonic() >= limit:
             return None
 

@@ -137,11 +137,12 @@ def audit(rows: list[dict[str, Any]], device: str, policy: str,
 
 
 def profile_rows(rows: list[dict[str, Any]], device: str,
-                 limit: int = 30) -> list[dict[str, Any]]:
+                 limit: int = 200) -> list[dict[str, Any]]:
     """The audit's rows as a profile for people (the verdict's ``kernel_profile``, the profile
-    step's torch-profiler table): the ``limit`` busiest on the device's clock (device time on
-    cuda, host time on cpu), names cut at 200 characters. Read from the worker's report like
-    the audit itself: a table to read, never part of a decision."""
+    step's torch-profiler table, whose shares are of these rows' total): the ``limit`` busiest
+    on the device's clock (device time on cuda, host time on cpu), names cut at 200
+    characters. Read from the worker's report like the audit itself: a table to read, never
+    part of a decision."""
     key = "device_us" if device.startswith("cuda") else "cpu_us"
     out = [{"name": str(r["name"])[:200], "kind": str(r.get("kind", "")),
             "count": int(r["count"]), "device_us": float(r["device_us"]),
