@@ -338,6 +338,27 @@ def test_the_time_a_task_waits_for_the_gpu_is_not_task_time(tmp_path, busy):
             os.close(fd)
 
 
+@pytest.mark.parametrize("answer,arch", [("9.0", "sm_90"), ("12.0", "sm_120"), ("", None)])
+def test_the_build_arch_is_asked_of_the_driver(tmp_path, monkeypatch, answer, arch):
+    """A GPU step pins the kernels' arch before it takes the device: from nvidia-smi (a
+    stand-in here), without starting CUDA in the step's process; no answer, no GPU here: none."""
+    import torch
+
+    from assay.verify.compile_service import pin_cuda_arch
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho "$*" > {tmp_path}/args\nprintf "{answer}\\n"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.setenv("ASSAY_CUDA_ARCH", "")
+    pin_cuda_arch()
+    assert (os.environ["ASSAY_CUDA_ARCH"] or None) == arch
+    assert (tmp_path / "args").read_text().split() == [
+        "--query-gpu=compute_cap", "--format=csv,noheader", "-i", "3"]
+    assert not torch.cuda.is_initialized()
+
+
 def test_a_second_acquire_in_the_same_process_keeps_its_lease(tmp_path):
     proc = python("""
         from assay import gpu

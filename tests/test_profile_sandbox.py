@@ -178,7 +178,7 @@ ALLOWED = {
     ("assay/bench/baseline_cache.py", "__init__"): "TrustedChild: times the task's reference "
                                                     "(trusted) in a process that never loads a "
                                                     "candidate",
-    ("assay/gpu.py", "visible_gpus"): "nvidia-smi -L",
+    ("assay/gpu.py", "_nvidia_smi"): "nvidia-smi: the GPUs and their architecture",
 }
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,16 +39,32 @@ def lock_dir() -> Path:
     return d
 
 
+def _nvidia_smi(*args: str) -> str | None:
+    """nvidia-smi's output, None where it is missing, fails or hangs: the driver's answer,
+    without starting CUDA in this process."""
+    try:
+        out = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
 def visible_gpus() -> list[str]:
     """The GPUs this job may choose from: CUDA_VISIBLE_DEVICES if set, else nvidia-smi's list."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         return [d for d in env.split(",") if d.strip() != ""]
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except (FileNotFoundError, subprocess.TimeoutExpired):
-        return []
-    return [str(i) for i, ln in enumerate(out.stdout.splitlines()) if ln.startswith("GPU ")]
+    out = _nvidia_smi("-L") or ""
+    return [str(i) for i, ln in enumerate(out.splitlines()) if ln.startswith("GPU ")]
+
+
+def driver_arch() -> str | None:
+    """``sm_XY`` of the first visible GPU as the driver reports it (nvidia-smi, by the index or
+    UUID CUDA_VISIBLE_DEVICES names), or None where it does not say."""
+    dev = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
+    out = _nvidia_smi("--query-gpu=compute_cap", "--format=csv,noheader", "-i", dev)
+    m = re.fullmatch(r"(\d+)\.(\d+)", (out or "").strip())
+    return f"sm_{m.group(1)}{m.group(2)}" if m else None
 
 
 # Places per GPU :func:`acquire` tries: more jobs than GPUs x this wait for a place.

@@ -248,15 +248,15 @@ def analyze(spec: dict) -> dict[str, Any]:
         raise TaskError(f"{path}: get_init_inputs() raised {one_line(e)}") from None
     init = _check_values(path, "get_init_inputs()", init, need_tensor=False)
 
-    _stage(spec, "sizing the task on the meta device")
-    cap, why = max_task_bytes(target, spec.get("max_bytes"))
-    _size_on_meta(task, module, init, cap, why)
-
-    if spec.get("device_lock"):  # the first use of the device is next
+    if spec.get("device_lock"):  # the first use of the device is next (its memory's size)
         from assay.gpu import hold_device_lock
 
         _stage(spec, WAITING)
         hold_device_lock(spec["device_lock"])
+    _stage(spec, "sizing the task on the meta device")
+    cap, why = max_task_bytes(target, spec.get("max_bytes"))
+    _size_on_meta(task, module, init, cap, why)
+
     _stage(spec, "constructing Model(*get_init_inputs())")
     if not issubclass(module.Model, torch.nn.Module):
         raise TaskError(f"{path}: Model is not a torch.nn.Module subclass")

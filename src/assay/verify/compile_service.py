@@ -66,11 +66,20 @@ class CompileService:
 
 def pin_cuda_arch() -> None:
     """Builds without a GPU must target the verifying GPU: fix the arch in the environment
-    the builds and the workers inherit, so both compute the same cache key."""
+    the builds and the workers inherit, so both compute the same cache key. Asked of the
+    driver (nvidia-smi) where it answers, not of torch: a GPU step calls this before it takes
+    the device (assay.gpu.hold_device), while another job may be using it, and CUDA's runtime
+    is not to be started in this process before then."""
     if os.environ.get("ASSAY_CUDA_ARCH"):
         return
-    import torch
+    from assay.gpu import driver_arch
 
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        os.environ["ASSAY_CUDA_ARCH"] = f"sm_{major}{minor}"
+    arch = driver_arch()
+    if arch is None:
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            arch = f"sm_{major}{minor}"
+    if arch:
+        os.environ["ASSAY_CUDA_ARCH"] = arch
