@@ -1,27 +1,34 @@
-"""Our eager timings of KernelBench's tasks against KernelBench's published ones (issue 16: "our
-eager and torch.compile baselines within 10% of KernelBench's published H100 times for at least
-90% of the tasks; explain the rest"). No device: it reads what the GPU runs wrote.
+"""Our eager and torch.compile timings of KernelBench's tasks against KernelBench's published
+ones (issue 16: "our eager and torch.compile baselines within 10% of KernelBench's published
+H100 times for at least 90% of the tasks; explain the rest"). No device: it reads what the GPU
+runs wrote.
 
     python benchmarks/kb_baselines.py --timing KB/timing/H100_Modal \\
-        --rows selfcheck.jsonl [more.jsonl ...] [--gpu-of FILE=GPU ...] [--out DIR]
+        [--rows selfcheck.jsonl ...] [--gpu-of FILE=GPU ...] [--campaign results/kb ...] [--out DIR]
 
 ``--rows``: JSONL rows of ``benchmarks/kb_selfcheck.py`` (the reference verified as its own
 candidate: its ``runtime_ms`` is the verifier's eager timing of the task, flushed L2, fp32 without
 TF32; where a row has ``eager_default_ms``, eager under PyTorch's default numerics, cuDNN in TF32
 as KernelBench timed it, that is compared instead), later files' rows win per task; a row's GPU
-is its ``gpu`` field, else the one ``--gpu-of`` names for its file. ``--timing``: KernelBench's folder of published times
-(``baseline_time_torch.json``: level -> task file -> mean ms, the hardware named per entry).
+is its ``gpu`` field, else the one ``--gpu-of`` names for its file. ``--campaign``: a campaign
+folder of the DAG with ``tasks=kernelbench`` (``results/<campaign>``): its baseline step's
+``baselines/<task>.json`` give eager (``eager_default_ms`` where set, as above) and
+torch.compile, its ``device.json`` the GPU; a campaign's rows win over the self-check's.
+``--timing``: KernelBench's folder of published times (``baseline_time_torch.json`` and
+``baseline_time_torch_compile_inductor_default.json``: level -> task file -> mean ms, the
+hardware named per entry); a task is matched by its level and number.
 
-Prints, per GPU model, how many accepted tasks are within 10% of the published eager time, the
-median ratio, and the tasks outside grouped by what they compute (convolutions: KernelBench's
-eager ran cuDNN with PyTorch's default TF32 for convolutions, the verifier in true fp32), with
-``--out`` a Markdown table of every task.
+Prints, per timing (eager, torch.compile) and GPU model, how many tasks are within 10% of the
+published time, the median ratio, and the tasks outside grouped by what they compute
+(convolutions: KernelBench's eager ran cuDNN with PyTorch's default TF32 for convolutions, the
+verifier in true fp32), with ``--out`` a Markdown table of every task.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -65,33 +72,84 @@ CNNS = ("resnet", "resnext", "vgg", "densenet", "efficientnet", "mobilenet", "go
         "inception", "squeezenet", "shufflenet", "regnet", "alexnet", "lenet", "unet", "convnext")
 
 
-def compare(rows: dict[str, dict], published: dict[str, dict]) -> list[dict]:
+PUBLISHED = {"eager": "baseline_time_torch.json",
+             "torch.compile": "baseline_time_torch_compile_inductor_default.json"}
+
+
+def read_campaigns(folders: list[str]) -> dict[str, dict]:
+    """{task: {"eager": (ms, numerics), "torch.compile": (ms, numerics), "_gpu"}} from the
+    campaigns' baseline files (later folders win)."""
+    out: dict[str, dict] = {}
+    for folder in map(Path, folders):
+        device = folder / "device.json"
+        if not (folder / "baselines").is_dir():
+            sys.exit(f"error: {folder}: no baselines/ folder (a campaign's results folder?)")
+        try:
+            gpu = json.loads(device.read_text()).get("name") or "unknown GPU"
+        except (OSError, ValueError):
+            gpu = "unknown GPU"
+        for f in sorted((folder / "baselines").glob("*.json")):
+            try:
+                b = json.loads(f.read_text())
+            except ValueError as e:
+                sys.exit(f"error: {f}: not JSON ({e.msg})")
+            entry: dict = {"_gpu": gpu}
+            if b.get("eager_default_ms"):
+                entry["eager"] = (float(b["eager_default_ms"]), "default (cuDNN TF32)")
+            elif b.get("eager_ms"):
+                entry["eager"] = (float(b["eager_ms"]), "fp32")
+            if b.get("compile_ms"):
+                entry["torch.compile"] = (float(b["compile_ms"]), "default")
+            out[f.stem] = entry
+    return out
+
+
+def from_rows(rows: dict[str, dict]) -> dict[str, dict]:
+    """The self-check's accepted rows in :func:`read_campaigns`' form (eager only)."""
+    out = {}
+    for task, r in rows.items():
+        if r.get("accepted") and r.get("runtime_ms"):
+            default = r.get("eager_default_ms")
+            out[task] = {"_gpu": r["_gpu"], "eager": (float(default or r["runtime_ms"]),
+                                                      "default (cuDNN TF32)" if default
+                                                      else "fp32")}
+    return out
+
+
+def published_time(published: dict, task: str) -> dict | None:
+    """KernelBench's entry of the task ``L<level>_<number>_...`` (its file ``<number>_*.py``)."""
+    m = re.match(r"L(\d+)_(\d+)_", task)
+    if not m:
+        return None
+    for name, ref in (published.get(f"level{m.group(1)}") or {}).items():
+        if name.split("_", 1)[0] == m.group(2) and ref and ref.get("mean"):
+            return ref
+    return None
+
+
+def compare(ours: dict[str, dict], published: dict[str, dict],
+            which: str = "eager") -> list[dict]:
     out = []
-    for task, r in sorted(rows.items()):
-        if not r.get("accepted") or not r.get("runtime_ms"):
+    for task, r in sorted(ours.items()):
+        ref = published_time(published, task)
+        if which not in r or ref is None:
             continue
-        level = f"level{task[1]}"
-        ref = (published.get(level) or {}).get(Path(r.get("path", "")).name)
-        if not ref or not ref.get("mean"):
-            continue
-        # eager as PyTorch runs it by default where the row has it (cuDNN tasks), as published
-        default = r.get("eager_default_ms")
-        ours = float(default or r["runtime_ms"])
-        out.append({"task": task, "gpu": r["_gpu"], "ours_ms": ours,
-                    "numerics": "default (cuDNN TF32)" if default else "fp32",
+        ms, numerics = r[which]
+        out.append({"task": task, "gpu": r["_gpu"], "ours_ms": ms, "numerics": numerics,
                     "published_ms": float(ref["mean"]), "published_on": ref.get("hardware", ""),
-                    "ratio": ours / float(ref["mean"]), "kind": kind(task)})
+                    "ratio": ms / float(ref["mean"]), "kind": kind(task), "which": which})
     return out
 
 
 def summary(rows: list[dict]) -> list[str]:
     lines = []
-    for gpu in sorted({r["gpu"] for r in rows}):
-        mine = [r for r in rows if r["gpu"] == gpu]
+    for which, gpu in sorted({(r["which"], r["gpu"]) for r in rows}, key=lambda k: (
+            list(PUBLISHED).index(k[0]), k[1])):
+        mine = [r for r in rows if r["gpu"] == gpu and r["which"] == which]
         within = [r for r in mine if abs(r["ratio"] - 1) <= WITHIN]
         lines.append(f"{gpu}: {len(within)} of {len(mine)} tasks within {WITHIN:.0%} of the "
-                     f"published eager time ({len(within) / len(mine):.0%}); median ratio ours/"
-                     f"published {statistics.median(r['ratio'] for r in mine):.3f}")
+                     f"published {which} time ({len(within) / len(mine):.0%}); median ratio "
+                     f"ours/published {statistics.median(r['ratio'] for r in mine):.3f}")
         for k in sorted({r["kind"] for r in mine}):
             ks = [r for r in mine if r["kind"] == k]
             slow = sum(r["ratio"] > 1 + WITHIN for r in ks)
@@ -105,31 +163,42 @@ def summary(rows: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     a.add_argument("--timing", required=True, help="KernelBench's timing/H100_Modal folder")
-    a.add_argument("--rows", nargs="+", required=True, help="kb_selfcheck.py JSONL files")
+    a.add_argument("--rows", nargs="*", default=[], help="kb_selfcheck.py JSONL files")
     a.add_argument("--gpu-of", nargs="*", default=[], metavar="FILE=GPU",
                    help="the GPU of a file whose rows do not name one")
+    a.add_argument("--campaign", nargs="*", default=[], metavar="DIR",
+                   help="campaign folders (results/<campaign>) of tasks=kernelbench")
     a.add_argument("--out", help="a folder for baselines.md (every task)")
     args = a.parse_args(argv)
-    gpu_of = dict(x.split("=", 1) for x in args.gpu_of)
-    eager = Path(args.timing) / "baseline_time_torch.json"
+    if not args.rows and not args.campaign:
+        a.error("give --rows, --campaign or both")
+    eager = Path(args.timing) / PUBLISHED["eager"]
     if not eager.is_file():
         print(f"error: {eager}: not found (KernelBench's timing folder?)", file=sys.stderr)
         return 2
-    rows = compare(read_rows(args.rows, gpu_of), json.loads(eager.read_text()))
+    gpu_of = dict(x.split("=", 1) for x in args.gpu_of)
+    ours = from_rows(read_rows(args.rows, gpu_of)) if args.rows else {}
+    ours.update(read_campaigns(args.campaign))
+    rows = []
+    for which, name in PUBLISHED.items():
+        path = Path(args.timing) / name
+        if path.is_file():  # (torch.compile's may be missing from a copy)
+            rows += compare(ours, json.loads(path.read_text()), which)
     if not rows:
-        print("error: no accepted row matched a published time", file=sys.stderr)
+        print("error: no task matched a published time", file=sys.stderr)
         return 2
     text = summary(rows)
     print("\n".join(text))
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        table = ["| task | GPU | ours ms | our numerics | published ms (H100) | ratio | kind |",
-                 "| --- | --- | --- | --- | --- | --- | --- |"]
-        table += [f"| {r['task']} | {r['gpu']} | {r['ours_ms']:.4g} | {r['numerics']} | "
-                  f"{r['published_ms']:.4g} | {r['ratio']:.3f} | {r['kind']} |"
-                  for r in sorted(rows, key=lambda r: (r["gpu"], -abs(r["ratio"] - 1)))]
-        (out / "baselines.md").write_text("\n".join(["# Eager: ours against KernelBench's "
+        table = ["| task | timing | GPU | ours ms | our numerics | published ms (H100) | ratio "
+                 "| kind |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        table += [f"| {r['task']} | {r['which']} | {r['gpu']} | {r['ours_ms']:.4g} | "
+                  f"{r['numerics']} | {r['published_ms']:.4g} | {r['ratio']:.3f} | {r['kind']} |"
+                  for r in sorted(rows, key=lambda r: (r["which"], r["gpu"],
+                                                       -abs(r["ratio"] - 1)))]
+        (out / "baselines.md").write_text("\n".join(["# Baselines: ours against KernelBench's "
                                                      "published times", ""] + text + [""]
                                                     + table) + "\n")
     return 0

@@ -70,3 +70,33 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, published):
     with pytest.raises(SystemExit, match=r"rows\.jsonl:2: not a JSON row"):
         kb.main(["--timing", str(published), "--rows", str(bad)])
     assert kb.main(["--timing", str(tmp_path / "nowhere"), "--rows", str(bad)]) == 2
+
+
+def test_a_campaigns_eager_and_compile_baselines_matched_by_level_and_number(
+        tmp_path, published, capsys):
+    (published / "baseline_time_torch_compile_inductor_default.json").write_text(json.dumps(
+        {"level1": {"1_Square_matrix_multiplication_.py": {"mean": 2.0, "hardware": "H100"},
+                    "19_ReLU.py": {"mean": 2.0, "hardware": "H100"}}}))
+    camp = tmp_path / "results" / "kb"
+    (camp / "baselines").mkdir(parents=True)
+    (camp / "device.json").write_text(json.dumps({"name": "NVIDIA H200"}))
+    for task, b in {"L1_1_Square_matrix_multiplication": {"eager_ms": 2.05, "compile_ms": 2.5},
+                    "L1_19_ReLU": {"eager_ms": 9.0, "eager_default_ms": None, "compile_ms": 1.9},
+                    "L1_54_conv_standard_3D": {"eager_ms": 1.7, "eager_default_ms": 1.05,
+                                               "compile_ms": None}}.items():
+        (camp / "baselines" / f"{task}.json").write_text(json.dumps({"task": task, **b}))
+    rows = tmp_path / "selfcheck.jsonl"  # the campaign's L1_19 wins over this row
+    rows.write_text(json.dumps(_row("L1_19_ReLU", "level1/19_ReLU.py", 4.0, gpu="H200")) + "\n")
+    out = tmp_path / "out"
+    assert kb.main(["--timing", str(published), "--rows", str(rows), "--campaign", str(camp),
+                    "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    # eager: the matmul 2.05 / 2.0 (the file's trailing underscore matched by its number), the
+    # conv under default numerics 1.05 / 1.0, the ReLU 9.0 / 4.0
+    assert "NVIDIA H200: 2 of 3 tasks within 10% of the published eager time" in text, text
+    assert "NVIDIA H200: 1 of 2 tasks within 10% of the published torch.compile time" in text
+    table = (out / "baselines.md").read_text()
+    assert "| L1_19_ReLU | eager | NVIDIA H200 | 9 | fp32 | 4 | 2.250 |" in table, table
+    assert "| L1_54_conv_standard_3D | eager | NVIDIA H200 | 1.05 | default (cuDNN TF32) |" in table
+    with pytest.raises(SystemExit, match="no baselines/ folder"):
+        kb.main(["--timing", str(published), "--campaign", str(tmp_path)])
