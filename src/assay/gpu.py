@@ -113,9 +113,10 @@ def acquire(timeout_s: float = 24 * 3600, poll_s: float = 1.0) -> str | None:
 
 
 def device_lock() -> Path | None:
-    """The lock :func:`hold_device` would take in this process (None where it takes none), for a
-    child process that does this job's device work to take instead (:func:`hold_device_lock`):
-    what it does before, its imports and loads, then runs beside another job's device work."""
+    """The lock :func:`hold_device` would take in this process (None where it takes none).
+    Handed to a child process that does this job's device work, which takes it itself
+    (:func:`hold_device_lock`) once its imports are done, so they run beside another job's
+    device work."""
     dev = os.environ.get("ASSAY_GPU")
     if not _held or dev is None or _device_held or os.environ.get("SLURM_JOB_ID"):
         return None
@@ -126,7 +127,8 @@ def hold_device_lock(path: str | Path, timeout_s: float = 24 * 3600,
                      poll_s: float = 0.2) -> float:
     """In a child given :func:`device_lock`'s path: take it until this process ends; returns the
     seconds waited."""
-    fd, waited = _wait_flock(Path(path), "the GPU", timeout_s, poll_s)
+    fd, waited = _wait_flock(Path(path), f"GPU {os.environ.get('ASSAY_GPU', '')}".strip(),
+                             timeout_s, poll_s)
     _device_held.append(fd)
     return waited
 
@@ -137,11 +139,7 @@ def hold_device(timeout_s: float = 24 * 3600, poll_s: float = 0.2) -> float | No
     devices, or taken already). Called before a step's first use of the device: allocations,
     a CUDA context, a child process that computes on it."""
     path = device_lock()
-    if path is None:
-        return None
-    fd, waited = _wait_flock(path, f"GPU {os.environ['ASSAY_GPU']}", timeout_s, poll_s)
-    _device_held.append(fd)
-    return waited
+    return None if path is None else hold_device_lock(path, timeout_s, poll_s)
 
 
 def lock_busy(path: str | Path) -> bool:
@@ -150,7 +148,7 @@ def lock_busy(path: str | Path) -> bool:
     fd = try_flock(Path(path), 0o666)
     if fd is None:
         return True
-    _unlock_all([fd])
+    _unlock(fd)
     return False
 
 
@@ -161,14 +159,18 @@ def release_device() -> None:
     _unlock_all(_device_held)
 
 
+def _unlock(fd: int) -> None:
+    """Drop the flock held on ``fd`` and close it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def _unlock_all(fds: list[int]) -> None:
-    """Drop the flocks held on ``fds`` (emptied)."""
+    """:func:`_unlock` each of ``fds`` (emptied)."""
     while fds:
-        fd = fds.pop()
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+        _unlock(fds.pop())
 
 
 def acquire_cpu(timeout_s: float = 24 * 3600, poll_s: float = 0.05) -> float:
@@ -254,21 +256,14 @@ class DeviceTurns:
         fcntl.flock(fd, mode)
         return fd
 
-    @staticmethod
-    def _drop(fd: int) -> None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
-
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
-        self._drop(self._take(self.turn, fcntl.LOCK_SH))  # waits while a timed part waits
+        _unlock(self._take(self.turn, fcntl.LOCK_SH))  # waits while a timed part waits
         fd = self._take(self.work, fcntl.LOCK_SH)
         try:
             yield
         finally:
-            self._drop(fd)
+            _unlock(fd)
 
     @contextlib.contextmanager
     def alone(self) -> Iterator[None]:
@@ -278,9 +273,9 @@ class DeviceTurns:
             try:
                 yield
             finally:
-                self._drop(fd)
+                _unlock(fd)
         finally:
-            self._drop(turn)
+            _unlock(turn)
 
 
 def turns_shared(turns: DeviceTurns | None):
