@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from assay.verify.harness import _private_memory, worker_job
-from assay.verify.memory import check_distributions
+from assay.verify.memory import Protocol, check_distributions, lighter_protocols
 from assay.verify.reference import Prepared
 from assay.verify.sandbox import Outcome, run_sandboxed
 from assay.verify.settings import VerifyConfig
@@ -50,13 +50,15 @@ def torch_profile_table(kernels: list[dict[str, Any]], device: str) -> str:
 
 
 def light(cfg: VerifyConfig) -> VerifyConfig:
-    """The verifier's settings for a profile run: the lightest protocol the worker runs (two
-    correctness sets, as its staleness calls need, one timing buffer, no swapped sets), so
-    the step prepares three input sets and their references, not eight. At KernelBench's sizes
-    the full protocol made L1_41's profile step 88 s on an H200 (preparation 6 s, the
-    torch-profiler run 40, ncu 37)."""
+    """The verifier's settings for a profile run: the lightest protocol the worker runs
+    (``memory.lighter_protocols``' last: two correctness sets, as its staleness calls need,
+    one timing buffer, no swapped sets), so the step prepares three input sets and their
+    references, not eight. At KernelBench's sizes the full protocol made L1_41's profile step
+    88 s on an H200 (preparation 6 s, the torch-profiler run 40, ncu 37)."""
+    lightest = lighter_protocols(Protocol.of(cfg))[-1]
     return dataclasses.replace(cfg, input_distributions=check_distributions(
-        cfg.input_distributions, 2), timing_sets=1, swap_sets=0)
+        cfg.input_distributions, lightest.check_sets), timing_sets=lightest.timing_sets,
+        swap_sets=lightest.swap_sets)
 
 
 def _job_dir(prep: Prepared, candidate: Path, cfg: VerifyConfig, audit: bool) -> Path:
