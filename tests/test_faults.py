@@ -341,9 +341,8 @@ def test_the_time_a_task_waits_for_the_gpu_is_not_task_time(tmp_path, busy):
 @pytest.mark.parametrize("answer,arch", [("9.0", "sm_90"), ("12.0", "sm_120"), ("", None)])
 def test_the_build_arch_is_asked_of_the_driver(tmp_path, monkeypatch, answer, arch):
     """A GPU step pins the kernels' arch before it takes the device: from nvidia-smi (a
-    stand-in here), without starting CUDA in the step's process; no answer, no GPU here: none."""
-    import torch
-
+    stand-in here: sm_120 on a machine without a GPU can only come from it), not from torch,
+    which would start CUDA in the step's process; no answer, no GPU here: none."""
     from assay.verify.compile_service import pin_cuda_arch
 
     smi = tmp_path / "nvidia-smi"
@@ -356,7 +355,6 @@ def test_the_build_arch_is_asked_of_the_driver(tmp_path, monkeypatch, answer, ar
     assert (os.environ["ASSAY_CUDA_ARCH"] or None) == arch
     assert (tmp_path / "args").read_text().split() == [
         "--query-gpu=compute_cap", "--format=csv,noheader", "-i", "3"]
-    assert not torch.cuda.is_initialized()
 
 
 def test_a_second_acquire_in_the_same_process_keeps_its_lease(tmp_path):

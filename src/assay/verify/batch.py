@@ -272,9 +272,11 @@ def _baseline(task: Task, device: str, cfg, compile_: bool,
     tcfg = TimingConfig.of(cfg)
 
     def time_it() -> dict:
+        child = children.take()
         try:
-            return children.take().run(time_reference, task, device, tcfg, compile_)
+            return child.run(time_reference, task, device, tcfg, compile_)
         finally:
+            child.close()  # (its one job done: joined, not left to exit unwaited)
             children.refill()  # the next task's process imports while these candidates verify
 
     return cached_baseline(task, device, tcfg, compile_, time_it)
