@@ -67,6 +67,11 @@ def profile(cfg: DictConfig) -> dict:
     # before the verdict kept it) or for ncu (KernelBench's L1_41 on an H200: a 40 s run).
     rows = best.verdict.get("kernel_profile") if p.torch_profiler else None
     prep = None
+
+    def prepared():  # the device taken first: preparing makes the input sets on it
+        app.on_device(cfg)
+        return prepare(app.load_task(cfg, task_id, tgt), device, vcfg)
+
     if rows:
         log.info("%s/%s: torch profiler table of %s from its verdict", llm, task_id, best.id)
         out["torch_profile"] = ("(the verifier's audit, every timed call)\n"
@@ -75,16 +80,13 @@ def profile(cfg: DictConfig) -> dict:
         # On the cpu target the CPU lease covers the references and the profiled runs (their
         # per-op times); clang-tidy below runs beside another step's timing.
         with app.cpu_timing(cfg):
-            app.on_device(cfg)
-            prep = prepare(app.load_task(cfg, task_id, tgt), device, vcfg)
+            prep = prepared()
             log.info("%s/%s: torch profiler on %s", llm, task_id, best.id)
             out["torch_profile"] = torch_profile(prep, path, vcfg)
     if (why := tool_missing("ncu", p.ncu, tgt)) is None:
         log.info("%s/%s: ncu on %s", llm, task_id, best.id)
-        if prep is None:
-            app.on_device(cfg)
-            prep = prepare(app.load_task(cfg, task_id, tgt), device, vcfg)
-        out["ncu"] = ncu_profile(prep, path, vcfg, list(p.ncu_metrics), p.timeout_s)
+        out["ncu"] = ncu_profile(prep if prep is not None else prepared(), path, vcfg,
+                                 list(p.ncu_metrics), p.timeout_s)
     else:
         log.info("%s", why)  # NCU_Profile stays null
     if (why := tool_missing("clang-tidy", p.clang_tidy, tgt)) is None:
