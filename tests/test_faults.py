@@ -357,6 +357,27 @@ def test_the_build_arch_is_asked_of_the_driver(tmp_path, monkeypatch, answer, ar
         "--query-gpu=compute_cap", "--format=csv,noheader", "-i", "3"]
 
 
+def test_a_gpu_that_never_comes_free_names_who_holds_it(tmp_path):
+    from assay.layout import try_flock
+
+    lock = tmp_path / "gpu-0.lock"
+    fd = try_flock(lock)
+    try:
+        proc = python(f"""
+            from pathlib import Path
+            from assay import gpu
+            try:
+                gpu._wait_flock(Path({str(lock)!r}), "GPU 0", 0.3, 0.05)
+            except TimeoutError as e:
+                print("timeout:", e, flush=True)
+        """)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(fd)
+    assert f"GPU 0 ({lock}) did not come free in 0 s (held by pid {os.getpid()})" in out, \
+        out + err[-2000:]
+
+
 def test_a_second_acquire_in_the_same_process_keeps_its_lease(tmp_path):
     proc = python("""
         from assay import gpu

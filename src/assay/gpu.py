@@ -76,7 +76,12 @@ def _wait_flock(path: Path, what: str, timeout_s: float, poll_s: float) -> tuple
     start = time.monotonic()
     while (fd := try_flock(path, 0o666)) is None:
         if time.monotonic() - start > timeout_s:
-            raise TimeoutError(f"{what} ({path}) did not come free in {timeout_s:.0f} s")
+            try:  # the holder wrote its pid there (try_flock)
+                holder = f" (held by pid {int(Path(path).read_text().split()[0])})"
+            except (OSError, ValueError, IndexError):
+                holder = ""
+            raise TimeoutError(f"{what} ({path}) did not come free in {timeout_s:.0f} s"
+                               f"{holder}")
         time.sleep(poll_s)
     return fd, time.monotonic() - start
 
