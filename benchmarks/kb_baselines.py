@@ -12,8 +12,8 @@ TF32; where a row has ``eager_default_ms``, eager under PyTorch's default numeri
 as KernelBench timed it, that is compared instead), later files' rows win per task; a row's GPU
 is its ``gpu`` field, else the one ``--gpu-of`` names for its file. ``--campaign``: a campaign
 folder of the DAG with ``tasks=kernelbench`` (``results/<campaign>``): its baseline step's
-``baselines/<task>.json`` give eager (``eager_default_ms`` where set, as above) and
-torch.compile, its ``device.json`` the GPU; a campaign's rows win over the self-check's.
+``baselines/<task>.json`` give eager and torch.compile (``eager_default_ms`` and
+``compile_default_ms`` where set, as above), its ``device.json`` the GPU; a campaign's rows win over the self-check's.
 ``--timing``: KernelBench's folder of published times (``baseline_time_torch.json`` and
 ``baseline_time_torch_compile_inductor_default.json``: level -> task file -> mean ms, the
 hardware named per entry); a task is matched by its level and number.
@@ -98,8 +98,10 @@ def read_campaigns(folders: list[str]) -> dict[str, dict]:
                 entry["eager"] = (float(b["eager_default_ms"]), "default (cuDNN TF32)")
             elif b.get("eager_ms"):
                 entry["eager"] = (float(b["eager_ms"]), "fp32")
-            if b.get("compile_ms"):
-                entry["torch.compile"] = (float(b["compile_ms"]), "default")
+            if b.get("compile_default_ms"):
+                entry["torch.compile"] = (float(b["compile_default_ms"]), "default (cuDNN TF32)")
+            elif b.get("compile_ms"):
+                entry["torch.compile"] = (float(b["compile_ms"]), "fp32")
             out[f.stem] = entry
     return out
 

@@ -188,3 +188,37 @@ def test_eager_under_default_numerics_is_timed_only_where_they_differ(monkeypatc
     out = baseline.time_reference(task, "cpu", timing.TimingConfig(), compile_=False)
     assert out["eager_default_ms"] is None and len(calls) == 2  # eager, and eager again
     assert not torch.backends.cudnn.allow_tf32  # the verifier's numerics are back
+
+
+def test_torch_compile_under_default_numerics_times_the_compiled_call(monkeypatch):
+    """compile_default_ms: what ``run`` (torch.compile's wrapper) takes with cuDNN in TF32,
+    KernelBench's published numerics; the verifier's true fp32 is back afterwards, also when
+    the timing fails."""
+    from torch import nn
+
+    from assay.bench import baseline
+
+    seen = []
+
+    def fake_time_calls(fn, dev, cfg):
+        fn(0)
+        return timing.Timing(median_ms=2.0, iqr_ms=0.0, runs=10)
+
+    monkeypatch.setattr(baseline, "time_calls", fake_time_calls)
+    conv, sets = nn.Conv1d(2, 2, 3), [[torch.randn(1, 2, 8)]]
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # the verifier's numerics (set_fp32_numerics)
+    try:
+        run = lambda *a: seen.append(torch.backends.cudnn.allow_tf32)  # noqa: E731
+        assert baseline.time_default_numerics(conv, sets, torch.device("cuda"),
+                                              timing.TimingConfig(), run=run) == 2.0
+        assert seen == [True] and not torch.backends.cudnn.allow_tf32
+
+        def out_of_memory(*a):
+            raise RuntimeError("CUDA out of memory")
+
+        assert baseline.time_default_numerics(conv, sets, torch.device("cuda"),
+                                              timing.TimingConfig(), run=out_of_memory) is None
+        assert not torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32 = before

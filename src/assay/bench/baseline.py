@@ -43,20 +43,25 @@ def runs_cudnn(model: torch.nn.Module) -> bool:
 
 
 def time_default_numerics(model: torch.nn.Module, sets: list[list], dev: torch.device,
-                          cfg: TimingConfig) -> float | None:
-    """Eager's median time under PyTorch's default numerics, where those differ from the
-    verifier's: on cuda, a model with cuDNN modules (cuDNN in TF32, torch's default; the
-    verifier's eager and every candidate are held to true fp32). What a user's PyTorch takes by
-    default and what KernelBench's published eager times measured (its convolutions ran 1.68x
-    faster than the verifier's fp32 eager on an H200: docs/evidence/2026-11-28-cpu-kb-
-    baselines.md). None where the numerics are the same, or it could not be timed."""
+                          cfg: TimingConfig, run: Callable[..., Any] | None = None
+                          ) -> float | None:
+    """The median time of ``run`` (default: eager, the model itself; torch.compile's wrapper
+    of it for ``compile_default_ms``) under PyTorch's default numerics, where those differ from
+    the verifier's: on cuda, a model with cuDNN modules (cuDNN in TF32, torch's default; the
+    verifier's baselines and every candidate are held to true fp32). What a user's PyTorch takes
+    by default and what KernelBench's published times measured (its convolutions' eager ran
+    1.68x faster than the verifier's fp32 eager on an H200: docs/evidence/2026-11-28-cpu-kb-
+    baselines.md; its torch.compile ones 1.5-5x: 2026-11-29-h200-kb-dag-resumed.md). None
+    where the numerics are the same, or it could not be timed. (The flag is read by cuDNN at
+    each call: a compiled model is not recompiled for it.)"""
     if dev.type != "cuda" or not runs_cudnn(model):
         return None
+    fn = model if run is None else run
     before = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = True  # torch's own default
     try:
         with torch.no_grad():
-            t = time_calls(lambda i: model(*sets[i % len(sets)]), dev, cfg)
+            t = time_calls(lambda i: fn(*sets[i % len(sets)]), dev, cfg)
         return t.median_ms
     except RuntimeError:  # out of memory beside what runs (a RuntimeError too): not timed
         return None
@@ -107,6 +112,8 @@ def time_reference(task: Task, device: str, cfg: TimingConfig, compile_: bool = 
                     t, out["compile_timings"] = steady(
                         lambda: time_calls(lambda i: compiled(*sets[i % rotating]), dev, cfg))
                     out["compile_ms"], out["compile_iqr_ms"] = t.median_ms, t.iqr_ms
+                    out["compile_default_ms"] = time_default_numerics(model, sets, dev, cfg,
+                                                                      run=compiled)
                 except Exception as e:  # noqa: BLE001 - a recompile that fails mid-timing
                     out["compile_error"] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
     return out
