@@ -13,7 +13,8 @@ as KernelBench timed it, that is compared instead), later files' rows win per ta
 is its ``gpu`` field, else the one ``--gpu-of`` names for its file. ``--campaign``: a campaign
 folder of the DAG with ``tasks=kernelbench`` (``results/<campaign>``): its baseline step's
 ``baselines/<task>.json`` give eager and torch.compile (``eager_default_ms`` and
-``compile_default_ms`` where set, as above), its ``device.json`` the GPU; a campaign's rows win over the self-check's.
+``compile_default_ms`` where set, as above), its ``device.json`` the GPU; a campaign's rows
+win over the self-check's.
 ``--timing``: KernelBench's folder of published times (``baseline_time_torch.json`` and
 ``baseline_time_torch_compile_inductor_default.json``: level -> task file -> mean ms, the
 hardware named per entry); a task is matched by its level and number.

@@ -168,3 +168,54 @@ def test_off_grid_data_keeps_its_values_and_defeats_narrow_rounding(monkeypatch)
         assert off_grid(other) is other
     monkeypatch.setattr(instantiate, "_OFF_GRID_CHUNK", 1000)
     assert torch.equal(off_grid(x), y)
+
+
+LINEAR = """
+import torch
+from torch import nn
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 32)
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+def get_inputs():
+    return [torch.randn(16, 64)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_the_extract_checks_the_forward_once_and_says_where_its_seconds_went(
+        write_file, monkeypatch):
+    """The extract child's checked forward (the reference model and its outputs on the first
+    input set) is degeneracy's base run: the same numbers as a degeneracy that makes its own,
+    with two models built instead of three and three forwards instead of four (each one seconds
+    of a held GPU at KernelBench's sizes); the record says how long each stage took."""
+    from assay.tasks import analyze, instantiate, record
+
+    task = Task.from_file(write_file("level2/1_Linear.py", LINEAR))  # FLOPs counted on meta
+    built, forwards = [], []
+    real_reference_model = instantiate.reference_model
+
+    def counting_reference_model(module, seed, device):
+        built.append(seed)
+        model = real_reference_model(module, seed, device)
+        model.register_forward_hook(lambda *a: forwards.append(seed))
+        return model
+
+    monkeypatch.setattr(analyze, "reference_model", counting_reference_model)
+    monkeypatch.setattr(instantiate, "reference_model", counting_reference_model)
+    alone = analyze.degeneracy(task)
+    assert sorted(built) == [1, 4] and len(forwards) == 3  # base, other inputs, other weights
+    built.clear(), forwards.clear()
+
+    spec = {"path": str(task.path), "level": 2, "size": "large", "target": "cpu",
+            "stage": str(write_file("stage", "")), "max_bytes": None}
+    rec = record.analyze(spec)
+    assert sorted(built) == [1, 4] and len(forwards) == 3, (built, forwards)
+    assert rec["degeneracy"] == alone
+    stages = rec["analysis_s"]
+    assert list(stages)[:2] == ["reading the file", "executing the file"], stages
+    assert {"running forward", "analyzing degeneracy"} <= set(stages), stages
+    assert all(isinstance(s, float) and s >= 0 for s in stages.values())

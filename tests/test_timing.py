@@ -123,7 +123,6 @@ def test_a_steady_baseline_is_timed_once_and_retries_are_bounded():
     assert taken == 1 + RETRIES and best.iqr_ms == 0.6  # 0.6 / 2.0 is steadier than 0.5 / 1.0
 
 
-
 def test_the_baseline_compiles_before_its_hold_and_times_only_inside_it(monkeypatch):
     """The baseline step's CPU lease covers the timings alone: torch.compile's compile (seconds
     of C++ builds on the cpu target) runs before it, beside another step's timing."""
@@ -209,7 +208,9 @@ def test_torch_compile_under_default_numerics_times_the_compiled_call(monkeypatc
     before = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = False  # the verifier's numerics (set_fp32_numerics)
     try:
-        run = lambda *a: seen.append(torch.backends.cudnn.allow_tf32)  # noqa: E731
+        def run(*args):
+            seen.append(torch.backends.cudnn.allow_tf32)
+
         assert baseline.time_default_numerics(conv, sets, torch.device("cuda"),
                                               timing.TimingConfig(), run=run) == 2.0
         assert seen == [True] and not torch.backends.cudnn.allow_tf32

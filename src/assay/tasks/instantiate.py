@@ -137,7 +137,7 @@ def make_inputs(module: Any, seed: int, device: str | torch.device,
         with seeded(seed):
             values = module.get_inputs()
     if not isinstance(values, (list, tuple)):
-        raise TypeError(f"get_inputs() returned {type(values).__name__}, expected a list")
+        raise TypeError(f"get_inputs() returned a {type(values).__name__}, expected a list")
     scale, offset, moved = DISTRIBUTIONS[distribution]
     out = []
     values = list(values)

@@ -125,8 +125,17 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _stage(spec: dict, what: str) -> None:
+    """Say what the child does now (the parent names it in a timeout's line) and note when it
+    began (the record's ``analysis_s``: where an extract's seconds went)."""
+    spec.setdefault("_began", []).append((what, time.monotonic()))
     with open(spec["stage"], "w") as f:
         f.write(what)
+
+
+def _stage_seconds(spec: dict) -> dict[str, float]:
+    """Seconds per stage, in order, the last one until now."""
+    began = [*spec.get("_began", []), ("", time.monotonic())]
+    return {what: round(t1 - t0, 3) for (what, t0), (_, t1) in zip(began, began[1:])}
 
 
 def _ram_bytes() -> int:
@@ -237,7 +246,6 @@ def analyze(spec: dict) -> dict[str, Any]:
     import torch
 
     from assay.tasks.analyze import cost, degeneracy
-    from assay.tasks.instantiate import as_outputs, build_model, make_inputs, seeded
 
     module = task.module()
 
@@ -260,20 +268,45 @@ def analyze(spec: dict) -> dict[str, Any]:
     _stage(spec, "constructing Model(*get_init_inputs())")
     if not issubclass(module.Model, torch.nn.Module):
         raise TaskError(f"{path}: Model is not a torch.nn.Module subclass")
+    checked = [_checked_forward(spec, path, module, device)]  # (model, outputs)
+
+    record: dict[str, Any] = {"error": None, "number": task.number, "name": task.name,
+                              "size": task.size, "source_hash": task.source_hash,
+                              "source": task.source, "functional_source": None, "target": target}
+    _stage(spec, "measuring FLOPs and bytes")
+    record.update(cost(task))
+    _stage(spec, "analyzing degeneracy")
+    # the checked forward is degeneracy's base run: not built and run again
+    record["degeneracy"] = degeneracy(task, device=device, base=checked.pop())
+    record["analysis_s"] = _stage_seconds(spec)
+    return record
+
+
+def _checked_forward(spec: dict, path: Path, module, device: str) -> tuple:
+    """The reference model and its outputs on the first input set, as the verifier and
+    ``degeneracy``'s base run make them (``BASE_MODEL_SEED``, ``BASE_INPUT_SEED``), each step's
+    failure one line: the constructor, ``get_inputs()`` (its values drawn on the device, as
+    every later step draws them), the forward, its outputs' type and NaN."""
+    import torch
+
+    from assay.tasks.analyze import BASE_INPUT_SEED, BASE_MODEL_SEED
+    from assay.tasks.instantiate import as_outputs, make_inputs, reference_model
+
     try:
-        model = build_model(module.Model, module, 0, device)
+        model = reference_model(module, BASE_MODEL_SEED, device)
     except Exception as e:  # noqa: BLE001
         raise TaskError(f"{path}: Model(*get_init_inputs()) raised {one_line(e)}") from None
 
     _stage(spec, "calling get_inputs()")
     try:
-        with seeded(1):
-            raw = module.get_inputs()
+        inputs = make_inputs(module, BASE_INPUT_SEED, device)
+    except TypeError as e:
+        if str(e).startswith("get_inputs() returned"):  # make_inputs' own check: not a list
+            raise TaskError(f"{path}: {e}") from None
+        raise TaskError(f"{path}: get_inputs() raised {one_line(e)}") from None
     except Exception as e:  # noqa: BLE001
         raise TaskError(f"{path}: get_inputs() raised {one_line(e)}") from None
-    _check_values(path, "get_inputs()", raw, need_tensor=True)
-    del raw
-    inputs = make_inputs(module, 1, device)
+    _check_values(path, "get_inputs()", inputs, need_tensor=True)
 
     _stage(spec, "running forward")
     try:
@@ -281,6 +314,7 @@ def analyze(spec: dict) -> dict[str, Any]:
             value = model(*inputs)
     except Exception as e:  # noqa: BLE001
         raise TaskError(f"{path}: forward raised {one_line(e)}") from None
+    del inputs
     try:
         outs = as_outputs(value)
     except TypeError:
@@ -293,16 +327,7 @@ def analyze(spec: dict) -> dict[str, Any]:
                 raise TaskError(f"{path}: forward returns NaN in {nan} of {o.numel()} elements "
                                 f"of output {i} on random inputs; a reference with NaN cannot "
                                 f"check a kernel")
-    del model, inputs, value, outs
-
-    record: dict[str, Any] = {"error": None, "number": task.number, "name": task.name,
-                              "size": task.size, "source_hash": task.source_hash,
-                              "source": task.source, "functional_source": None, "target": target}
-    _stage(spec, "measuring FLOPs and bytes")
-    record.update(cost(task))
-    _stage(spec, "analyzing degeneracy")
-    record["degeneracy"] = degeneracy(task, device=device)
-    return record
+    return model, outs
 
 
 def _analyze_main(spec: dict) -> int:
