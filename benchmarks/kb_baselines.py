@@ -60,9 +60,10 @@ def kind(task: str) -> str:
     t = task.lower()
     if "conv" in t or any(k in t for k in CNNS):
         return "convolution"
-    if any(k in t for k in MODEL_BLOCKS):
-        return "model block (level 3)"
-    if any(k in t for k in ("matmul", "matrix", "gemm", "linear", "mlp", "bmm", "einsum")):
+    if task.startswith("L3_") and any(k in t for k in MODEL_BLOCKS):
+        return "model block (level 3)"  # (level 1's MinGPTNewGelu is an elementwise GELU)
+    if any(k in t for k in ("matmul", "matrix", "gemm", "linear", "mlp", "bmm", "einsum",
+                            "attention")):
         return "matrix product"
     return "memory-bound"
 

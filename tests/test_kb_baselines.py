@@ -106,3 +106,11 @@ def test_a_campaigns_eager_and_compile_baselines_matched_by_level_and_number(
     assert "| L1_19_ReLU | torch.compile | NVIDIA H200 | 1.9 | fp32 |" in table, table
     with pytest.raises(SystemExit, match="no baselines/ folder"):
         kb.main(["--timing", str(published), "--campaign", str(tmp_path)])
+
+
+def test_what_a_task_computes_is_read_from_its_level_and_name():
+    assert kb.kind("L3_44_MiniGPTBlock") == "model block (level 3)"
+    assert kb.kind("L1_88_MinGPTNewGelu") == "memory-bound"  # an elementwise GELU
+    assert kb.kind("L1_97_ScaledDotProductAttention") == "matrix product"
+    assert kb.kind("L3_1_MLP") == "matrix product"
+    assert kb.kind("L3_10_ResNet101") == kb.kind("L1_50_conv_standard_2D") == "convolution"
