@@ -36,7 +36,8 @@
 #               Triton forms, into $S/synthkb-triton
 #   dag         the campaign's Snakemake DAG with tasks=kernelbench on .kb (issue #16) up to
 #               profile, resumable (results in $S/dag), two GPU jobs per GPU (one uses it, one
-#               gets ready); LEVELS (1), CAMPAIGN (kb), CORES (12), TASKS: ids (all)
+#               gets ready); LEVELS (1), CAMPAIGN (kb), CORES (12), TASKS: ids (all), FORCE:
+#               files (under $S/dag) or rules made again with what depends on them
 #   joins       benchmarks/probe_joins.py: the stream waits the audit sees of a joined side
 #               stream (issue #19)
 # Needs: the wheels in .whl/ (`python3 benchmarks/device_wheels.py`, with --pipeline for the
@@ -153,7 +154,7 @@ for phase in "$@"; do
       targets=(--until profile)  # TASKS: only these tasks' stages (their profile.json)
       tasks=${TASKS:-}; [ -n "${tasks//[[:space:]]/}" ] && targets=()
       for t in $tasks; do targets+=("$S/dag/${CAMPAIGN:-kb}/offline/$t/profile.json"); done
-      run_for "$secs" "$S/dag.log" python3 -m snakemake "${targets[@]}" \
+      run_for "$secs" "$S/dag.log" python3 -m snakemake "${targets[@]}" ${FORCE:+--forcerun $FORCE} \
         --cores "${CORES:-12}" --resources gpu=$((2 * (gpus > 0 ? gpus : 1))) \
         --config "overrides=[campaign=${CAMPAIGN:-kb},tasks=kernelbench,tasks.source=$PWD/.kb,\
 tasks.levels=[${LEVELS:-1}],target=cuda,results_dir=$S/dag]" ;;
