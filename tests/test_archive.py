@@ -283,3 +283,43 @@ def test_eager_under_default_numerics_reaches_the_archive(tmp_path: Path) -> Non
     got = {(r["Level_ID"], r["Task_ID"], r["PyTorch_Native_Default_Runtime"])
            for r in frame.iter_rows(named=True)}
     assert {v for _, _, v in got} == {0.61, None}, got
+
+
+def test_every_task_that_ended_without_a_candidate_has_its_row(tmp_path: Path) -> None:
+    """Issue #16: every task ends with an archive row, accepted, rejected with its reasons, or
+    declined with its reason. A task whose file could not be run, whose translation came back
+    with no code, or whose budget ran out first gets one row per LLM, without code, its
+    reason in Verdict_Reasons and Error; one still waiting for verdicts, or not translated yet,
+    gets none; a task with verdicts has only theirs."""
+    from fake_results import add_declined, add_pending
+
+    campaign = Campaign(tmp_path / "results" / "c")
+    verified = write_task(campaign, 1, 1, "Verified")
+    add_candidate(campaign, "offline", verified, 0, accepted=True)
+    broken = write_task(campaign, 1, 2, "Broken", error="tasks/2_Broken.py: forward raised X")
+    write_json(campaign.proposals("offline", broken, 0), {
+        "generation": 0, "llm": "offline", "task": broken, "candidates": [], "declined": [],
+        "tokens": 0, "cost_usd": 0.0})
+    declined = write_task(campaign, 1, 3, "Declined")
+    add_declined(campaign, "offline", declined, 0, reason="cannot express torch.cumsum")
+    stopped = write_task(campaign, 2, 1, "Stopped")
+    write_json(campaign.proposals("offline", stopped, 0), {
+        "generation": 0, "llm": "offline", "task": stopped, "candidates": [], "declined": [],
+        "tokens": 0, "cost_usd": 0.0, "stopped": "budget", "budget": "10 of 10 USD"})
+    pending = write_task(campaign, 1, 4, "Pending")
+    add_pending(campaign, "offline", pending, 0)
+    write_task(campaign, 1, 5, "NotYet")  # a record and a baseline, no translation yet
+
+    frame = pl.concat([pl.read_parquet(p) for p in export(campaign)])
+    rows = {r["Op_Name"]: r for r in frame.iter_rows(named=True)}
+    assert sorted(rows) == ["Broken", "Declined", "Stopped", "Verified"], sorted(rows)
+    assert rows["Verified"]["Correct"] and rows["Verified"]["Kernel_Name"]
+    for name, reason, error in [("Broken", "task_error", "forward raised X"),
+                                ("Declined", "declined", "declined: cannot express torch.cumsum"),
+                                ("Stopped", "stopped", "10 of 10 USD")]:
+        r = rows[name]
+        assert r["Verdict_Reasons"] == [reason] and error in r["Error"], r
+        assert r["Kernel_Name"] is None and r["CUDA_Code"] is None and r["Correct"] is False
+        assert r["LLM"] == "offline" and r["Generation"] == 0
+        assert r["PyTorch_Native_Runtime"] == 1.0 and "class Model" in r["PyTorch_Code_Module"]
+    assert rows["Declined"]["Tokens"] == 320 and rows["Stopped"]["Level_ID"] == 2

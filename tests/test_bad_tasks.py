@@ -175,5 +175,11 @@ def test_campaign_over_bad_and_good_tasks_finishes_the_good_ones(tmp_path):
     import polars as pl
 
     frame = pl.read_parquet(c / "archive" / "level_1.parquet")
-    assert frame.height == len(verdicts)
+    # a row per verdict, and one per task that could not be run, its one line the row's Error
+    kernels = frame.filter(pl.col("Kernel_Name").is_not_null())
+    assert kernels.height == len(verdicts)
+    broken = frame.filter(pl.col("Kernel_Name").is_null())
+    assert broken.height == len(EXTRACT), broken
+    assert set(broken["Error"]) == {records[name]["error"] for name in EXTRACT}
+    assert broken["Verdict_Reasons"].to_list() == [["task_error"]] * len(EXTRACT)
     assert (c / "report.html").exists()

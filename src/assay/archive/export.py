@@ -2,7 +2,9 @@
 
 The columns follow the Sakana AI CUDA Engineer archive's schema (Op_Name ... Clang_Tidy),
 followed by Assay's own (Verdict_Reasons ... Cost_USD). One row per verified candidate,
-accepted or not; ``Correct`` is the verifier's decision.
+accepted or not; ``Correct`` is the verifier's decision. A task that ended with no candidate
+(its file could not be run, the proposer declined it, the budget ran out) has one row of its
+own per LLM, without code (:func:`task_rows`).
 
 The files load with polars and with Hugging Face ``datasets``
 (``load_dataset("parquet", data_files=...)``, or ``load_dataset("<archive folder>")`` through
@@ -86,7 +88,8 @@ _DESCRIPTIONS = {
     "Op_Name": "task name (the KernelBench file stem without its number)",
     "Level_ID": "KernelBench level",
     "Task_ID": "task number within its level",
-    "Kernel_Name": "candidate id (content hash of CUDA_Code)",
+    "Kernel_Name": "candidate id (content hash of CUDA_Code); null on a task's row without "
+                   "a candidate (its reason in Verdict_Reasons and Error)",
     "CUDA_Runtime": "candidate runtime in ms (null if it was not timed)",
     "PyTorch_Native_Runtime": "eager PyTorch runtime of the task in ms",
     "PyTorch_Compile_Runtime": "torch.compile runtime of the task in ms (null if unavailable)",
@@ -152,6 +155,65 @@ def archive_frame(df: pl.DataFrame) -> pl.DataFrame:
     return out
 
 
+def task_rows(campaign: Campaign, df: pl.DataFrame) -> pl.DataFrame:
+    """One row (archive schema) per (llm, task) that ended with no candidate to verify, so that
+    every task the campaign finished has its row: ``Verdict_Reasons`` ``["task_error"]`` (the
+    task's record has an error: its file could not be run), ``["declined"]`` (generation 0
+    came back with no code: the proposer's reasons) or ``["stopped"]`` (the LLM budget was
+    reached first); ``Error`` says which, ``Kernel_Name`` and ``CUDA_Code`` are null. A task
+    with candidates still waiting for their verdicts gets no row yet."""
+    seen = set(zip(df["llm"].to_list(), df["task"].to_list())) if not df.is_empty() else set()
+    rows: list[dict[str, Any]] = []
+    for llm in campaign.llms() if campaign.root.is_dir() else []:
+        for task in task_ids(campaign):
+            if (llm, task) in seen:
+                continue
+            why = _no_candidate(campaign, llm, task)
+            if why is None:
+                continue
+            info = task_info(campaign, task)
+            bpath = campaign.baseline(task)
+            base = json.loads(bpath.read_text()) if bpath.exists() else {}
+            reason, error, tokens, cost = why
+            rows.append({
+                "Op_Name": info["name"], "Level_ID": info["level"], "Task_ID": info["number"],
+                "PyTorch_Native_Runtime": base.get("eager_ms"),
+                "PyTorch_Compile_Runtime": base.get("compile_ms"),
+                "PyTorch_Code_Module": info.get("source"),
+                "PyTorch_Code_Functional": info.get("functional_source"),
+                "Correct": False, "Error": error, "Verdict_Reasons": [reason],
+                "Parent_IDs": [], "Generation": 0, "LLM": llm, "Tokens": tokens,
+                "Cost_USD": cost,
+                "PyTorch_Native_Default_Runtime": base.get("eager_default_ms")})
+    return pl.DataFrame(rows, schema=ARCHIVE_SCHEMA)
+
+
+def _no_candidate(campaign: Campaign, llm: str, task: str
+                  ) -> tuple[str, str, int | None, float | None] | None:
+    """(reason, error line, tokens, cost) where the (llm, task) ended with nothing to verify,
+    else None (candidates proposed, or generation 0 not written yet)."""
+    info = task_info(campaign, task)
+    path = campaign.proposals(llm, task, 0)
+    if not path.exists():
+        return ("task_error", str(info["error"]), None, None) if info.get("error") else None
+    try:
+        gen0 = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(gen0, dict) or gen0.get("candidates"):
+        return None
+    tokens, cost = gen0.get("tokens"), gen0.get("cost_usd")
+    if info.get("error"):
+        return "task_error", str(info["error"]), tokens, cost
+    if gen0.get("stopped"):
+        return "stopped", f"stopped before a translation: {gen0.get('budget') or 'budget'}", \
+            tokens, cost
+    reasons = [str(d.get("reason", "")) for d in gen0.get("declined") or []
+               if isinstance(d, dict)]
+    return "declined", "declined: " + ("; ".join(r for r in reasons if r) or "no code"), \
+        tokens, cost
+
+
 def _write_parquet_atomic(frame: pl.DataFrame, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -174,7 +236,7 @@ def export(campaign: Campaign, verify_settings: dict[str, Any] | None = None) ->
     to state in the card (else the campaign's ``config.yaml``, else the policy's defaults).
     Returns the parquet paths, sorted by level."""
     df = collect(campaign)
-    frame = archive_frame(df)
+    frame = pl.concat([archive_frame(df), task_rows(campaign, df)])
     levels = {task_info(campaign, t)["level"] for t in task_ids(campaign)}
     levels |= set(frame["Level_ID"].unique().to_list())
     out_dir = campaign.archive_dir()
