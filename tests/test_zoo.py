@@ -722,3 +722,47 @@ def test_the_cpu_target_never_takes_cuda_ipc_whatever_the_config_says():
                times=times)
     assert v.accepted, v.reasons
     assert times["transfer"] == "draw" and "transfer_fallback" not in times, times
+
+
+def test_a_degenerate_tasks_generation_is_judged_with_no_build_and_no_gpu(tmp_path, monkeypatch):
+    """The verify step on a task its record calls degenerate (on_degenerate=reject): every
+    verdict says so from the record, and no kernel is built, no worker started, no GPU taken
+    (on an H200, KernelBench's L1_49 waited 9 s for the GPU and built two kernels to be told
+    so). Run as on a GPU machine: target=cuda."""
+    from assay import app
+    from assay.layout import read_json, write_json
+    from assay.steps import verify as step
+    from assay.tasks.analyze import degeneracy
+    from assay.verify import compile_service, harness
+
+    cfg = app.compose(["tasks.source=data/tasks", "tasks.size=small",
+                       "tasks.include=[L2_10_Linear_LayerNorm_Mean_Degenerate]",
+                       "target=cuda", f"results_dir={tmp_path}", "campaign=deg"])
+    c = app.campaign(cfg)
+    task_id = "L2_10_Linear_LayerNorm_Mean_Degenerate"
+    task = app.load_task(cfg, task_id, "cpu")
+    rec = {**record(task), "degeneracy": degeneracy(task)}
+    assert rec["degeneracy"]["degenerate"]
+    write_json(c.task_record(task_id), rec)
+    write_json(c.baseline(task_id), {"eager_ms": 1.0, "compile_ms": None})
+    meta = CASES["exploit_constant_on_degenerate_task"]
+    todo = []
+    for i in range(2):
+        cid = f"c{i}"
+        path = c.candidate("offline", task_id, 0, cid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(Path(meta["path"]).read_text())
+        todo.append(cid)
+
+    def refused(*a, **k):
+        raise AssertionError("a degenerate task's generation took a build, a worker or the GPU")
+
+    monkeypatch.setattr(compile_service, "CompileService", refused)
+    monkeypatch.setattr(compile_service, "pin_cuda_arch", refused)
+    monkeypatch.setattr(app, "on_device", refused)
+    monkeypatch.setattr(harness, "prestart_worker", refused)
+    monkeypatch.setattr(harness, "prepare", refused)
+    step.judge(cfg.copy(), c, "offline", task_id, 0, todo)
+    for cid in todo:
+        v = read_json(c.verdict("offline", task_id, 0, cid))
+        assert v["reasons"] == ["task_not_degenerate"] and not v["accepted"], v

@@ -59,6 +59,16 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
     baseline = read_json(c.baseline(task_id))
     peaks = read_json(c.device()) if c.device().exists() else None
     paths = {cid: c.candidate(llm, task_id, gen, cid) for cid in todo}
+    degenerate = bool(record.get("degeneracy", {}).get("degenerate"))
+    if degenerate and vcfg.on_degenerate == "reject":
+        # every verdict is decided by the task's record: no build, no GPU (KernelBench's L1_49
+        # waited 9 s for the GPU and built two kernels to be told so)
+        for i, cid in enumerate(todo, 1):
+            v = verify(task, paths[cid], device, vcfg, baseline, record, peaks)
+            write_json(c.verdict(llm, task_id, gen, cid), v.to_dict())
+            log.info("%s/%s gen %d [%d/%d] %s %s", llm, task_id, gen, i, len(todo), cid,
+                     outcome(v))
+        return
     # On cuda, kernels build on the CPU cores while the GPU verifies. On the cpu target the
     # builds would share the cores being timed, so each worker builds its own, untimed.
     builds = None
@@ -78,7 +88,7 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
         app.on_device(cfg)
         with app.cpu_timing(cfg):
             prepared = None
-            if not record.get("degeneracy", {}).get("degenerate"):
+            if not degenerate:
                 try:
                     prepared = prepare(task, device, vcfg)
                 except TooLarge as e:  # each verdict says too_large, with the numbers

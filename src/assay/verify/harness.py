@@ -356,8 +356,6 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
         v.error = why
         v.verify_s = time.perf_counter() - t0
         return v.finish()
-    prestart_worker(device)  # (cuda; opt-in on cpu) its torch import overlaps the preparation
-
     degenerate = bool(record and record.get("degeneracy", {}).get("degenerate"))
     if degenerate:
         detail = record["degeneracy"].get("why", "output barely depends on the inputs")
@@ -365,6 +363,7 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
             v.error = f"task {task.id} is degenerate: {detail}"
             v.verify_s = time.perf_counter() - t0
             return v.finish()
+    prestart_worker(device)  # (cuda; opt-in on cpu) its torch import overlaps the preparation
 
     t = time.perf_counter()
     try:
