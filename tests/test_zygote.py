@@ -154,3 +154,17 @@ def test_the_zygote_is_the_default_on_cuda_and_opt_in_on_cpu(monkeypatch):
     assert not wanted("cuda") and not wanted("cpu")
     monkeypatch.setenv("ASSAY_SANDBOX_ZYGOTE", "1")
     assert wanted("cuda") and wanted("cpu")
+
+
+def test_a_zygote_whose_harness_is_gone_before_it_is_ready_ends_quietly():
+    """A step that ends before its prestarted zygote is ready (a degenerate task's verdicts,
+    decided from its record) closes the control socket: the zygote ends with status 0 and no
+    traceback in the step's log (a BrokenPipeError was printed there on an H200)."""
+    code = ("import socket, sys\n"
+            "from assay.verify.sandbox.zygote import serve\n"
+            "ours, theirs = socket.socketpair()\n"
+            "theirs.close()\n"
+            "sys.exit(serve(ours.detach()))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]

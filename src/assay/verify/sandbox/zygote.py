@@ -217,7 +217,10 @@ def serve(ctl_fd: int) -> int:
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_IGN)  # it ends when the harness's socket closes
     children: dict[int, socket.socket] = {}
-    ctl.send(json.dumps({"ready": True}).encode())
+    try:
+        ctl.send(json.dumps({"ready": True}).encode())
+    except (BrokenPipeError, ConnectionResetError):
+        return 0  # the harness ended before it needed a worker: nothing to serve, no traceback
     while True:
         ready = select.select([ctl, wake_r], [], [])[0]
         if wake_r in ready:
