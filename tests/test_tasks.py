@@ -195,12 +195,21 @@ def test_the_extract_checks_the_forward_once_and_says_where_its_seconds_went(
     from assay.tasks import analyze, instantiate, record
 
     task = Task.from_file(write_file("level2/1_Linear.py", LINEAR))  # FLOPs counted on meta
-    built, forwards = [], []
+    import gc
+    import weakref
+
+    built, forwards, alive_at_seed_4 = [], [], []
+    base_model: list = []
     real_reference_model = instantiate.reference_model
 
     def counting_reference_model(module, seed, device):
         built.append(seed)
+        if seed == 4:  # the base model is gone before the other weights' model is built
+            gc.collect()
+            alive_at_seed_4.append(base_model[-1]() is not None)
         model = real_reference_model(module, seed, device)
+        if seed == 1:
+            base_model.append(weakref.ref(model))
         model.register_forward_hook(lambda *a: forwards.append(seed))
         return model
 
@@ -215,6 +224,7 @@ def test_the_extract_checks_the_forward_once_and_says_where_its_seconds_went(
     rec = record.analyze(spec)
     assert sorted(built) == [1, 4] and len(forwards) == 3, (built, forwards)
     assert rec["degeneracy"] == alone
+    assert alive_at_seed_4 == [False, False], alive_at_seed_4  # alone, then the extract's
     stages = rec["analysis_s"]
     assert list(stages)[:2] == ["reading the file", "executing the file"], stages
     assert {"running forward", "analyzing degeneracy"} <= set(stages), stages

@@ -156,6 +156,7 @@ def degeneracy(task: Task, device: str = "cpu",
         first = run(BASE_MODEL_SEED, BASE_INPUT_SEED)
     else:
         first = [o.float() for o in base[1]]
+    base = None  # the caller's tuple let go: the base model lives in model_of_base alone
     # from the real model: some constructors call .item() (Swin's drop-path schedule), which a
     # meta build cannot
     has_params = any(True for _ in model_of_base.parameters())
@@ -163,7 +164,6 @@ def degeneracy(task: Task, device: str = "cpu",
     model_of_base = None  # each other run freed once compared; the base model before the next
     weight_sensitivity = _rel_change(first, run(BASE_MODEL_SEED + 3, BASE_INPUT_SEED)) \
         if has_params else None
-    base = None
     spread, rms, n, finite = _spread_and_finite(first)
     report = {
         "output_spread": spread,

@@ -65,11 +65,20 @@ def set_fp32_numerics(allow_tf32: bool) -> None:
     torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
 
 
-def init_inputs(module: Any) -> list:
-    values = module.get_init_inputs()
+class NotAList(TypeError):
+    """``get_inputs()`` or ``get_init_inputs()`` returned something other than a list or a
+    tuple (the task's fault, told apart from a TypeError its own code raises)."""
+
+
+def value_list(values: Any, what: str) -> list:
+    """``values`` as a list, or :class:`NotAList` naming ``what`` returned it."""
     if not isinstance(values, (list, tuple)):
-        raise TypeError(f"get_init_inputs() returned {type(values).__name__}, expected a list")
+        raise NotAList(f"{what} returned a {type(values).__name__}, expected a list")
     return list(values)
+
+
+def init_inputs(module: Any) -> list:
+    return value_list(module.get_init_inputs(), "get_init_inputs()")
 
 
 def build_model(cls: type, module: Any, seed: int, device: str | torch.device) -> nn.Module:
@@ -136,11 +145,9 @@ def make_inputs(module: Any, seed: int, device: str | torch.device,
     if values is None:
         with seeded(seed):
             values = module.get_inputs()
-    if not isinstance(values, (list, tuple)):
-        raise TypeError(f"get_inputs() returned a {type(values).__name__}, expected a list")
+    values = value_list(values, "get_inputs()")
     scale, offset, moved = DISTRIBUTIONS[distribution]
     out = []
-    values = list(values)
     for i, v in enumerate(values):
         values[i] = None  # each step's input freed as its result is made: two copies at most
         if isinstance(v, torch.Tensor):

@@ -290,7 +290,7 @@ def _checked_forward(spec: dict, path: Path, module, device: str) -> tuple:
     import torch
 
     from assay.tasks.analyze import BASE_INPUT_SEED, BASE_MODEL_SEED
-    from assay.tasks.instantiate import as_outputs, make_inputs, reference_model
+    from assay.tasks.instantiate import NotAList, as_outputs, make_inputs, reference_model
 
     try:
         model = reference_model(module, BASE_MODEL_SEED, device)
@@ -300,10 +300,8 @@ def _checked_forward(spec: dict, path: Path, module, device: str) -> tuple:
     _stage(spec, "calling get_inputs()")
     try:
         inputs = make_inputs(module, BASE_INPUT_SEED, device)
-    except TypeError as e:
-        if str(e).startswith("get_inputs() returned"):  # make_inputs' own check: not a list
-            raise TaskError(f"{path}: {e}") from None
-        raise TaskError(f"{path}: get_inputs() raised {one_line(e)}") from None
+    except NotAList as e:
+        raise TaskError(f"{path}: {e}") from None
     except Exception as e:  # noqa: BLE001
         raise TaskError(f"{path}: get_inputs() raised {one_line(e)}") from None
     _check_values(path, "get_inputs()", inputs, need_tensor=True)

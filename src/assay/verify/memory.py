@@ -134,13 +134,11 @@ def task_shapes(module: Any) -> TaskShapes:
     task raises when some op has no meta kernel; :func:`shapes_or_none` is the forgiving form."""
     import torch
 
-    from assay.tasks.instantiate import as_outputs, init_inputs
+    from assay.tasks.instantiate import as_outputs, init_inputs, value_list
 
     with torch.device("meta"), torch.no_grad():
         model = module.Model(*init_inputs(module))
-        values = module.get_inputs()
-        if not isinstance(values, (list, tuple)):
-            raise TypeError(f"get_inputs() returned {type(values).__name__}, expected a list")
+        values = value_list(module.get_inputs(), "get_inputs()")
         inputs = _tensors(values)
         tracker = _PeakTracker()
         with tracker.mode():
