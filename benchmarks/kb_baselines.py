@@ -96,28 +96,26 @@ def read_campaigns(folders: list[str]) -> dict[str, dict]:
             except ValueError as e:
                 sys.exit(f"error: {f}: not JSON ({e.msg})")
             entry: dict = {"_gpu": gpu}
-            if b.get("eager_default_ms"):
-                entry["eager"] = (float(b["eager_default_ms"]), "default (cuDNN TF32)")
-            elif b.get("eager_ms"):
-                entry["eager"] = (float(b["eager_ms"]), "fp32")
-            if b.get("compile_default_ms"):
-                entry["torch.compile"] = (float(b["compile_default_ms"]), "default (cuDNN TF32)")
-            elif b.get("compile_ms"):
-                entry["torch.compile"] = (float(b["compile_ms"]), "fp32")
+            for which, fp32, default in (("eager", "eager_ms", "eager_default_ms"),
+                                         ("torch.compile", "compile_ms", "compile_default_ms")):
+                if (t := timed(b, fp32, default)) is not None:
+                    entry[which] = t
             out[f.stem] = entry
     return out
 
 
+def timed(b: dict, fp32: str, default: str) -> tuple[float, str] | None:
+    """(ms, numerics) of a baseline: under PyTorch's default numerics where it was timed so
+    (cuDNN tasks, as KernelBench timed them), else the verifier's true fp32; None if neither."""
+    if b.get(default):
+        return float(b[default]), "default (cuDNN TF32)"
+    return (float(b[fp32]), "fp32") if b.get(fp32) else None
+
+
 def from_rows(rows: dict[str, dict]) -> dict[str, dict]:
     """The self-check's accepted rows in :func:`read_campaigns`' form (eager only)."""
-    out = {}
-    for task, r in rows.items():
-        if r.get("accepted") and r.get("runtime_ms"):
-            default = r.get("eager_default_ms")
-            out[task] = {"_gpu": r["_gpu"], "eager": (float(default or r["runtime_ms"]),
-                                                      "default (cuDNN TF32)" if default
-                                                      else "fp32")}
-    return out
+    return {task: {"_gpu": r["_gpu"], "eager": timed(r, "runtime_ms", "eager_default_ms")}
+            for task, r in rows.items() if r.get("accepted") and r.get("runtime_ms")}
 
 
 def published_time(published: dict, task: str) -> dict | None:

@@ -31,7 +31,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from assay.collect import collect, device_info, task_ids, task_info
-from assay.layout import Campaign, write_atomic
+from assay.layout import Campaign, read_json, write_atomic
 from assay.verify.checks import REGISTRY as VERIFIER_CHECKS
 
 ARCHIVE_SCHEMA: dict[str, pl.DataType] = {
@@ -168,12 +168,12 @@ def task_rows(campaign: Campaign, df: pl.DataFrame) -> pl.DataFrame:
         for task in task_ids(campaign):
             if (llm, task) in seen:
                 continue
-            why = _no_candidate(campaign, llm, task)
+            info = task_info(campaign, task)
+            why = _no_candidate(campaign, llm, task, info)
             if why is None:
                 continue
-            info = task_info(campaign, task)
             bpath = campaign.baseline(task)
-            base = json.loads(bpath.read_text()) if bpath.exists() else {}
+            base = read_json(bpath) if bpath.exists() else {}
             reason, error, tokens, cost = why
             rows.append({
                 "Op_Name": info["name"], "Level_ID": info["level"], "Task_ID": info["number"],
@@ -188,16 +188,15 @@ def task_rows(campaign: Campaign, df: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=ARCHIVE_SCHEMA)
 
 
-def _no_candidate(campaign: Campaign, llm: str, task: str
+def _no_candidate(campaign: Campaign, llm: str, task: str, info: dict[str, Any]
                   ) -> tuple[str, str, int | None, float | None] | None:
     """(reason, error line, tokens, cost) where the (llm, task) ended with nothing to verify,
-    else None (candidates proposed, or generation 0 not written yet)."""
-    info = task_info(campaign, task)
+    else None (candidates proposed, or generation 0 not written yet). ``info``: task_info's."""
     path = campaign.proposals(llm, task, 0)
     if not path.exists():
         return ("task_error", str(info["error"]), None, None) if info.get("error") else None
     try:
-        gen0 = json.loads(path.read_text())
+        gen0 = read_json(path)
     except (OSError, ValueError):
         return None
     if not isinstance(gen0, dict) or gen0.get("candidates"):

@@ -59,19 +59,27 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
     baseline = read_json(c.baseline(task_id))
     peaks = read_json(c.device()) if c.device().exists() else None
     paths = {cid: c.candidate(llm, task_id, gen, cid) for cid in todo}
+    builds = None
+
+    def decide(prepared=None) -> None:
+        """Each verdict, written as soon as it is decided."""
+        for i, cid in enumerate(todo, 1):
+            t0 = time.perf_counter()
+            built_s = builds.wait(paths[cid]).seconds if builds else 0.0
+            v = verify(task, paths[cid], device, vcfg, baseline, record, peaks, prepared)
+            write_json(c.verdict(llm, task_id, gen, cid), v.to_dict())
+            log.info("%s/%s gen %d [%d/%d] %s %s (build %.1f s, verify %.1f s)", llm,
+                     task_id, gen, i, len(todo), cid, outcome(v), built_s,
+                     time.perf_counter() - t0)
+
     degenerate = bool(record.get("degeneracy", {}).get("degenerate"))
     if degenerate and vcfg.on_degenerate == "reject":
         # every verdict is decided by the task's record: no build, no GPU (KernelBench's L1_49
         # waited 9 s for the GPU and built two kernels to be told so)
-        for i, cid in enumerate(todo, 1):
-            v = verify(task, paths[cid], device, vcfg, baseline, record, peaks)
-            write_json(c.verdict(llm, task_id, gen, cid), v.to_dict())
-            log.info("%s/%s gen %d [%d/%d] %s %s", llm, task_id, gen, i, len(todo), cid,
-                     outcome(v))
+        decide()
         return
     # On cuda, kernels build on the CPU cores while the GPU verifies. On the cpu target the
     # builds would share the cores being timed, so each worker builds its own, untimed.
-    builds = None
     if device == "cuda" and cfg.build.workers > 0:
         pin_cuda_arch()
         builds = CompileService(cfg.build.workers, cfg.build.timeout_s, vcfg.limits)
@@ -93,14 +101,7 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
                     prepared = prepare(task, device, vcfg)
                 except TooLarge as e:  # each verdict says too_large, with the numbers
                     log.warning("%s: too large for this machine: %s", task_id, e)
-            for i, cid in enumerate(todo, 1):
-                t0 = time.perf_counter()
-                built_s = builds.wait(paths[cid]).seconds if builds else 0.0
-                v = verify(task, paths[cid], device, vcfg, baseline, record, peaks, prepared)
-                write_json(c.verdict(llm, task_id, gen, cid), v.to_dict())
-                log.info("%s/%s gen %d [%d/%d] %s %s (build %.1f s, verify %.1f s)", llm,
-                         task_id, gen, i, len(todo), cid, outcome(v), built_s,
-                         time.perf_counter() - t0)
+            decide(prepared)
     finally:
         if builds:
             builds.close()
