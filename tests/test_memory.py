@@ -553,6 +553,31 @@ def test_where_the_float32_reference_overflows_the_float64_value_is_expected():
     unwritten[1, 10] = float("nan")  # where both references have a value
     assert not passes(unwritten)
 
+    # a zero past float64's own overflow (~650) and none before: both references have
+    # inf x 0 = NaN from there on, the exact product is 0 (a block scan whose partial products
+    # were still finite wrote it); with the float32 reference overflowed in this output no
+    # reference holds the exact value, so any value passes there, and nothing else changes
+    x[:, 300] = 1.0
+    x[:, 1500] = 0.0
+    past, acc = torch.empty_like(x), torch.ones(8)
+    for j in range(x.shape[1]):
+        acc = acc * x[:, j]
+        past[:, j] = acc
+    past64 = torch.cumprod(x.double(), 1)
+    assert past64[:, 1600].isnan().all() and past[:, 1600].isnan().all()
+    st = reference_stats(past, past64)
+    assert st["lost"] > 0
+    exact = past64.float()
+    exact[:, 1500:] = 0.0
+    assert compare_tensor(exact, past, past64, st, cfg, 2048).ok
+    assert compare_tensor(past.clone(), past, past64, st, cfg, 2048).ok
+    wrong = exact.clone()
+    wrong[0, 200] = 5.0  # float64 beyond float32's range there: inf expected
+    assert not compare_tensor(wrong, past, past64, st, cfg, 2048).ok
+    unwritten = exact.clone()
+    unwritten[2, 20] = float("nan")
+    assert not compare_tensor(unwritten, past, past64, st, cfg, 2048).ok
+
     masked = torch.randn(4096, generator=g, dtype=torch.float64)
     masked[::7] = float("-inf")  # a masked -inf: both references have it
     mref = masked.float()
@@ -561,3 +586,12 @@ def test_where_the_float32_reference_overflows_the_float64_value_is_expected():
     unmasked = mref.clone()
     unmasked[::7] = -1e30
     assert not compare_tensor(unmasked, mref, masked, mstats, cfg).ok
+    # a NaN both references share where the task-dtype one lost nothing to its range (a NaN
+    # the task defines) is still required
+    masked[1::7] = float("nan")
+    mref = masked.float()
+    mstats = reference_stats(mref, masked)
+    assert mstats["lost"] == 0 and compare_tensor(mref.clone(), mref, masked, mstats, cfg).ok
+    filled = mref.clone()
+    filled[1::7] = 0.0
+    assert not compare_tensor(filled, mref, masked, mstats, cfg).ok
