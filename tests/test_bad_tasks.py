@@ -40,7 +40,7 @@ EXTRACT = {
     "10_Init_Raises.py": "Model(*get_init_inputs()) raised ValueError: features must be",
     "11_Forward_Raises.py": "forward raised RuntimeError: mat1 and mat2 shapes",
     "12_Forward_Returns_Non_Tensor.py": "forward returned a dict, expected a tensor",
-    "13_Absurd_Size.py": "absurd size: inputs (1000000, 1000000) need 4 TB",
+    "13_Absurd_Size.py": "absurd size: inputs (1000000, 1000000) and outputs need 8 TB",
     "14_Nan_Output.py": "forward returns NaN",
     "15_Sleeps_At_Import.py": "timed out after",
     "16_Sys_Exit.py": "calls sys.exit(3)",

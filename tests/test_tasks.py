@@ -187,11 +187,14 @@ def get_init_inputs():
 
 
 def test_the_extract_checks_the_forward_once_and_says_where_its_seconds_went(
-        write_file, monkeypatch):
+        write_file, monkeypatch, tmp_path):
     """The extract child's checked forward (the reference model and its outputs on the first
     input set) is degeneracy's base run: the same numbers as a degeneracy that makes its own,
     with two models built instead of three and three forwards instead of four (each one seconds
-    of a held GPU at KernelBench's sizes); the record says how long each stage took."""
+    of a held GPU at KernelBench's sizes); the record says how long each stage took. Its work
+    on the meta device (sizes, FLOPs) comes before it waits for the GPU: on an H200 those stages
+    took 3-9 s of a held device per KernelBench task."""
+    from assay import gpu
     from assay.tasks import analyze, instantiate, record
 
     task = Task.from_file(write_file("level2/1_Linear.py", LINEAR))  # FLOPs counted on meta
@@ -220,12 +223,23 @@ def test_the_extract_checks_the_forward_once_and_says_where_its_seconds_went(
     built.clear(), forwards.clear()
 
     spec = {"path": str(task.path), "level": 2, "size": "large", "target": "cpu",
-            "stage": str(write_file("stage", "")), "max_bytes": None}
-    rec = record.analyze(spec)
+            "stage": str(write_file("stage", "")), "max_bytes": None,
+            "device_lock": str(tmp_path / "gpu.lock")}
+    held = len(gpu._device_held)
+    try:
+        rec = record.analyze(spec)
+    finally:  # the child holds the lock until it exits: this test is no child
+        while len(gpu._device_held) > held:
+            gpu._unlock(gpu._device_held.pop())
     assert sorted(built) == [1, 4] and len(forwards) == 3, (built, forwards)
     assert rec["degeneracy"] == alone
     assert alive_at_seed_4 == [False, False], alive_at_seed_4  # alone, then the extract's
     stages = rec["analysis_s"]
     assert list(stages)[:2] == ["reading the file", "executing the file"], stages
     assert {"running forward", "analyzing degeneracy"} <= set(stages), stages
+    order = list(stages)
+    assert order.index("sizing the task on the meta device") \
+        < order.index("measuring FLOPs and bytes on the meta device") \
+        < order.index(record.WAITING) < order.index("constructing Model(*get_init_inputs())")
+    assert rec["analyzed_on"] == "meta" and rec["flops"] > 0
     assert all(isinstance(s, float) and s >= 0 for s in stages.values())

@@ -36,8 +36,10 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def cost(task: Task) -> dict[str, Any]:
-    """FLOPs, minimum bytes and input signatures at the task's size."""
+def cost(task: Task, real: bool = True) -> dict[str, Any] | None:
+    """FLOPs, minimum bytes and input signatures at the task's size, measured on the meta
+    device (nothing allocated); where an op has no meta kernel, on the CPU for real, or None
+    when ``real`` is off (a caller that must size the task first)."""
     module = task.module()
     try:
         with torch.device("meta"):
@@ -49,6 +51,8 @@ def cost(task: Task) -> dict[str, Any]:
                 outs = as_outputs(model(*inputs))
         where = "meta"
     except Exception:  # noqa: BLE001 - some ops have no meta kernel: run for real
+        if not real:
+            return None
         model = reference_model(module, 0, "cpu")
         inputs = make_inputs(module, 0, "cpu")
         counter = FlopCounterMode(display=False)

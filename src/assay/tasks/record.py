@@ -195,9 +195,10 @@ def _nbytes(xs) -> int:
     return sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
 
 
-def _size_on_meta(task, module, init: list, cap: int, why: str) -> int | None:
-    """Bytes of inputs, weights and outputs, measured on the meta device (nothing allocated);
-    None when the task cannot run there (then the real run is bounded by the rlimit)."""
+def _size_on_meta(module, init: list) -> tuple[int, str] | None:
+    """Bytes of inputs, weights and outputs (outputs where the forward runs on meta), measured
+    on the meta device (nothing allocated), and what they are in words; None when the task
+    cannot be built there (then the real run is bounded by the rlimit)."""
     import torch
 
     from assay.tasks.instantiate import as_outputs, seeded
@@ -212,18 +213,21 @@ def _size_on_meta(task, module, init: list, cap: int, why: str) -> int | None:
         return None
     weights = _nbytes(list(model.parameters()) + list(model.buffers()))
     total = _nbytes(inputs) + weights
-    if total <= cap:
-        try:
-            with torch.device("meta"), torch.no_grad():
-                total += _nbytes(as_outputs(model(*inputs)))
-        except Exception:  # noqa: BLE001
-            pass
-    if total > cap:
-        shapes = ", ".join(f"{tuple(x.shape)}" for x in inputs if isinstance(x, torch.Tensor))
-        what = f"inputs {shapes}" + (f" and {_fmt(weights)} of weights" if weights else "")
-        raise TaskError(f"{task.path}: absurd size: {what} need {_fmt(total)} at size "
+    shapes = ", ".join(f"{tuple(x.shape)}" for x in inputs if isinstance(x, torch.Tensor))
+    what = [f"inputs {shapes}"] + ([f"{_fmt(weights)} of weights"] if weights else [])
+    try:
+        with torch.device("meta"), torch.no_grad():
+            total += _nbytes(as_outputs(model(*inputs)))
+        what.append("outputs")
+    except Exception:  # noqa: BLE001
+        pass
+    return total, ", ".join(what[:-1]) + " and " + what[-1] if len(what) > 1 else what[0]
+
+
+def _check_size(task, sized: tuple[int, str] | None, cap: int, why: str) -> None:
+    if sized is not None and sized[0] > cap:
+        raise TaskError(f"{task.path}: absurd size: {sized[1]} need {_fmt(sized[0])} at size "
                         f"{task.size}, more than {_fmt(cap)} ({why})")
-    return total
 
 
 def analyze(spec: dict) -> dict[str, Any]:
@@ -256,14 +260,20 @@ def analyze(spec: dict) -> dict[str, Any]:
         raise TaskError(f"{path}: get_init_inputs() raised {one_line(e)}") from None
     init = _check_values(path, "get_init_inputs()", init, need_tensor=False)
 
+    # What the meta device tells (sizes, FLOPs: CPU work, seconds at KernelBench's sizes on
+    # an H200) comes before the GPU is taken; running anything for real waits for the sizes'
+    # check against the device's memory.
+    _stage(spec, "sizing the task on the meta device")
+    sized = _size_on_meta(module, init)
+    _stage(spec, "measuring FLOPs and bytes on the meta device")
+    measured = cost(task, real=False)
     if spec.get("device_lock"):  # the first use of the device is next (its memory's size)
         from assay.gpu import hold_device_lock
 
         _stage(spec, WAITING)
         hold_device_lock(spec["device_lock"])
-    _stage(spec, "sizing the task on the meta device")
-    cap, why = max_task_bytes(target, spec.get("max_bytes"))
-    _size_on_meta(task, module, init, cap, why)
+    _stage(spec, "reading the device's memory")
+    _check_size(task, sized, *max_task_bytes(target, spec.get("max_bytes")))
 
     _stage(spec, "constructing Model(*get_init_inputs())")
     if not issubclass(module.Model, torch.nn.Module):
@@ -273,11 +283,13 @@ def analyze(spec: dict) -> dict[str, Any]:
     record: dict[str, Any] = {"error": None, "number": task.number, "name": task.name,
                               "size": task.size, "source_hash": task.source_hash,
                               "source": task.source, "functional_source": None, "target": target}
-    _stage(spec, "measuring FLOPs and bytes")
-    record.update(cost(task))
     _stage(spec, "analyzing degeneracy")
     # the checked forward is degeneracy's base run: not built and run again
     record["degeneracy"] = degeneracy(task, device=device, base=checked.pop())
+    if measured is None:  # an op without a meta kernel: counted on the CPU for real
+        _stage(spec, "measuring FLOPs and bytes on the CPU")
+        measured = cost(task)
+    record.update(measured)
     record["analysis_s"] = _stage_seconds(spec)
     return record
 
