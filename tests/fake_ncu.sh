@@ -7,7 +7,7 @@ log=/dev/null
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --log-file) log="$2"; shift 2 ;;
-    --metrics|--launch-count|--target-processes) shift 2 ;;
+    --metrics|--launch-count|--target-processes|--kernel-name|--kernel-name-base) shift 2 ;;
     --*) shift ;;
     *) break ;;
   esac

@@ -133,7 +133,8 @@ def test_escape_fails_while_ncu_profiled(lure, ncu, device):
     root = REPO / "tests" / ("zoo" if device == "cpu" else "zoo_cuda")
     task = zoo_task(CASE["TASK"], root)
     with sandboxed_worker(prepared(task, device), CASE["path"], zoo_config(CASE),
-                          ncu_command(ncu, ["gpu__time_duration.sum"]), 300,
+                          ncu_command(ncu, ["gpu__time_duration.sum"],
+                                      ["void assay_probe<4>(float const*, long)"]), 300,
                           audit=False) as (out, res, scr):
         log = (scr / "ncu.csv").read_text(errors="replace") if (scr / "ncu.csv").exists() else ""
         own = (scr / "escape.json").exists()
@@ -143,6 +144,34 @@ def test_escape_fails_while_ncu_profiled(lure, ncu, device):
         assert log.startswith("# fake ncu"), (out, log)
     assert lure["secret"] not in log and not any(f"{k}=" in log for k in KEYS), log
     assert_contained(escape_report(res["error"]), lure, out.isolation, f"ncu {ncu}")
+
+
+def test_ncu_profiles_the_candidates_kernels_only():
+    """With the verdict's kernel names, ncu profiles launches of those functions (two each),
+    not the first 20 launches of anything: at KernelBench's sizes those were mostly the
+    harness's fills and copies of gigabyte buffers, each replayed per counter pass. A name
+    with no function identifier leaves the filter off rather than profile nothing."""
+    from assay.profile.tools import kernel_function
+
+    assert kernel_function("void assay_scan_block<4>(float const*, float*, long)") \
+        == "assay_scan_block"
+    assert kernel_function("assay_total_finish0(float const*, double const*, int)") \
+        == "assay_total_finish0"
+    assert kernel_function("void at::native::elementwise_kernel<128, 4>(int)") \
+        == "elementwise_kernel"
+    assert kernel_function("triton_poi_fused_relu_0") == "triton_poi_fused_relu_0"
+    assert kernel_function("(anonymous namespace)::k(int)") is None
+    cmd = ncu_command("ncu", ["dram__bytes.sum"], [
+        "void assay_total_pass0<4>(float const*, float*, long)",
+        "assay_total_finish0(float const*, double const*, int)",
+        "void assay_total_pass0<2>(float const*, float*, long)"])
+    at = {a: cmd[i + 1] for i, a in enumerate(cmd[:-1]) if a.startswith("--")}
+    assert at["--kernel-name-base"] == "function"
+    assert at["--kernel-name"] == "regex:(assay_total_finish0|assay_total_pass0)"
+    assert at["--launch-count"] == "4" and at["--log-file"] == "ncu.csv"
+    for kernels in ([], ["(anonymous namespace)::k(int)", "void f(int)"]):
+        cmd = ncu_command("ncu", ["dram__bytes.sum"], kernels)
+        assert "--kernel-name" not in cmd and cmd[cmd.index("--launch-count") + 1] == "20"
 
 
 # --- no process is started around the sandbox ----------------------------------------------

@@ -114,23 +114,48 @@ def torch_profile(prep: Prepared, candidate: Path, cfg: VerifyConfig) -> str | N
         return torch_profile_table(result["kernels"], prep.device)
 
 
-def ncu_command(ncu: str, metrics: list[str]) -> list[str]:
-    """The Nsight Compute prefix: metrics of the first 20 kernel launches, as CSV into
-    ``ncu.csv`` in the scratch folder (the sandbox's working directory), so the worker's own
-    output cannot mix into it."""
-    return [ncu, "--metrics", ",".join(metrics), "--launch-count", "20", "--csv",
-            "--target-processes", "all", "--log-file", NCU_LOG]
+def kernel_function(name: str) -> str | None:
+    """A kernel's function name as ncu's ``--kernel-name-base function`` gives it: no return
+    type, namespace, template arguments or parameters (``void scan<4>(float const*, long)``:
+    ``scan``); None where the name has no such identifier."""
+    head = name.split("(", 1)[0].split("<", 1)[0]
+    idents = re.findall(r"[A-Za-z_]\w*", head)
+    return idents[-1] if idents else None
+
+
+def ncu_command(ncu: str, metrics: list[str], kernels: Sequence[str] = ()) -> list[str]:
+    """The Nsight Compute prefix: metrics as CSV into ``ncu.csv`` in the scratch folder (the
+    sandbox's working directory), so the worker's own output cannot mix into it. ``kernels``
+    (the verdict's ``kernels_launched``): only launches of those functions are profiled, two
+    per kernel; without them, the first 20 launches of any kernel. Each profiled launch is
+    replayed once per counter pass with the memory it writes saved and restored, and at
+    KernelBench's sizes most of the first 20 were the harness's own fills and copies of
+    gigabyte buffers: the ncu run held an H200 21-62 s per task, for one launch of each of
+    the candidate's kernels."""
+    names = [kernel_function(k) for k in kernels]
+    cmd = [ncu, "--metrics", ",".join(metrics)]
+    if names and all(names):
+        unique = sorted(set(names))
+        cmd += ["--kernel-name-base", "function",
+                # unanchored: whether ncu's function base keeps a namespace or template
+                # arguments, the identifier is in it
+                "--kernel-name", "regex:(" + "|".join(map(re.escape, unique)) + ")",
+                "--launch-count", str(min(20, 2 * len(unique)))]
+    else:
+        cmd += ["--launch-count", "20"]
+    return cmd + ["--csv", "--target-processes", "all", "--log-file", NCU_LOG]
 
 
 def ncu_profile(prep: Prepared, candidate: Path, cfg: VerifyConfig, metrics: list[str],
-                timeout_s: float) -> str | None:
-    """Nsight Compute metrics of the candidate's kernels, ncu and the worker both inside the
-    sandbox. What comes back was written inside the sandbox (the candidate could write the
-    same file): it is archived for people to read, never part of a verdict."""
+                timeout_s: float, kernels: Sequence[str] = ()) -> str | None:
+    """Nsight Compute metrics of the candidate's kernels (``kernels``: their names, from its
+    verdict), ncu and the worker both inside the sandbox. What comes back was written inside
+    the sandbox (the candidate could write the same file): it is archived for people to read,
+    never part of a verdict."""
     ncu = shutil.which("ncu")
     if ncu is None or not prep.device.startswith("cuda"):
         return None
-    with sandboxed_worker(prep, candidate, cfg, ncu_command(ncu, metrics), timeout_s,
+    with sandboxed_worker(prep, candidate, cfg, ncu_command(ncu, metrics, kernels), timeout_s,
                           audit=False) as (outcome, _, scratch):
         if outcome.status == "timeout":
             return f"ncu timed out after {timeout_s:.0f} s"

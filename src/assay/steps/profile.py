@@ -86,7 +86,8 @@ def profile(cfg: DictConfig) -> dict:
     if (why := tool_missing("ncu", p.ncu, tgt)) is None:
         log.info("%s/%s: ncu on %s", llm, task_id, best.id)
         out["ncu"] = ncu_profile(prep if prep is not None else prepared(), path, vcfg,
-                                 list(p.ncu_metrics), p.timeout_s)
+                                 list(p.ncu_metrics), p.timeout_s,
+                                 kernels=best.verdict.get("kernels_launched") or ())
     else:
         log.info("%s", why)  # NCU_Profile stays null
     if (why := tool_missing("clang-tidy", p.clang_tidy, tgt)) is None:
