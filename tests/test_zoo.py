@@ -766,3 +766,4 @@ def test_a_degenerate_tasks_generation_is_judged_with_no_build_and_no_gpu(tmp_pa
     for cid in todo:
         v = read_json(c.verdict("offline", task_id, 0, cid))
         assert v["reasons"] == ["task_not_degenerate"] and not v["accepted"], v
+        assert isinstance(v["times"]["verify_s"], float), v  # where its seconds went

@@ -10,9 +10,10 @@ results/<campaign>/
   <llm>/<task>/gen_<g>/candidates/<cid>.json  proposal metadata (parents, operator, tokens...)
   <llm>/<task>/gen_<g>/proposals.json  the generation's candidate ids (translate / evolve)
   <llm>/<task>/gen_<g>/stones.json     the stepping stones its prompts used (translate / evolve)
-  <llm>/<task>/gen_<g>/verdicts/<cid>.json    one verdict per candidate (verify); stale, and
-                                       judged again, when older than proposals.json or the
-                                       task's baseline
+  <llm>/<task>/gen_<g>/verdicts/<cid>.json    one verdict per candidate (verify), with the
+                                       seconds per phase under "times"; stale, and judged
+                                       again, when older than proposals.json or the task's
+                                       baseline
   <llm>/<task>/gen_<g>/verdicts.json   the generation's verdicts, summarized (verify)
   <llm>/<task>/profile.json            profile of the best accepted kernel (profile)
   <llm>/<task>/tracked.json            MLflow run ids of the task's child run (track)

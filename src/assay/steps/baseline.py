@@ -41,7 +41,9 @@ def baseline(cfg: DictConfig) -> dict:
     out["kernels"] = app.kernel_target(cfg, tgt)  # triton on target=triton, else the device's
     write_json(c.baseline(cfg.task), out)
     app.off_device()
-    log.info("%s: eager %.4g ms, compile %s ms", task.id, out["eager_ms"], out["compile_ms"])
+    log.info("%s: eager %s, compile %s", task.id,
+             *(f"{out[k]:.4g} ms" if isinstance(out.get(k), (int, float)) else "not timed"
+               for k in ("eager_ms", "compile_ms")))
     for name in ("eager", "compile"):
         ms, iqr = out.get(f"{name}_ms"), out.get(f"{name}_iqr_ms")
         if ms and iqr and iqr > NOISY_IQR * ms:  # still noisy after the retries of `steady`

@@ -66,8 +66,11 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
         for i, cid in enumerate(todo, 1):
             t0 = time.perf_counter()
             built_s = builds.wait(paths[cid]).seconds if builds else 0.0
-            v = verify(task, paths[cid], device, vcfg, baseline, record, peaks, prepared)
-            write_json(c.verdict(llm, task_id, gen, cid), v.to_dict())
+            times: dict = {}  # where the seconds went, kept in the verdict file (evidence)
+            v = verify(task, paths[cid], device, vcfg, baseline, record, peaks, prepared,
+                       times=times)
+            write_json(c.verdict(llm, task_id, gen, cid),
+                       {**v.to_dict(), "times": {**times, "verify_s": v.verify_s}})
             log.info("%s/%s gen %d [%d/%d] %s %s (build %.1f s, verify %.1f s)", llm,
                      task_id, gen, i, len(todo), cid, outcome(v), built_s,
                      time.perf_counter() - t0)
