@@ -158,7 +158,10 @@ for phase in "$@"; do
       run_for "$secs" "$S/dag.log" python3 -m snakemake "${targets[@]}" ${FORCE:+--forcerun $FORCE} \
         --cores "${CORES:-12}" --resources gpu=$((2 * (gpus > 0 ? gpus : 1))) \
         --config "overrides=[campaign=${CAMPAIGN:-kb},tasks=kernelbench,tasks.source=$PWD/.kb,\
-tasks.levels=[${LEVELS:-1}],target=cuda,results_dir=$S/dag]" ;;
+tasks.levels=[${LEVELS:-1}],target=cuda,results_dir=$S/dag]"
+      # this call's jobs per rule (the log's last invocation: this call started it)
+      n=$(grep -c "^Building DAG of jobs" "$S/dag.log")
+      python3 benchmarks/dag_times.py "$S/dag.log" --from-invocation "$n" ;;
     joins)
       run_for "$secs" "$S/joins.log" python3 benchmarks/probe_joins.py --out "$S/joins.md" ;;
     streams)
