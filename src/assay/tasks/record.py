@@ -221,7 +221,8 @@ def _size_on_meta(module, init: list) -> tuple[int, str] | None:
         what.append("outputs")
     except Exception:  # noqa: BLE001
         pass
-    return total, ", ".join(what[:-1]) + " and " + what[-1] if len(what) > 1 else what[0]
+    words = (", ".join(what[:-1]) + " and " + what[-1]) if len(what) > 1 else what[0]
+    return total, words
 
 
 def _check_size(task, sized: tuple[int, str] | None, cap: int, why: str) -> None:
