@@ -38,7 +38,8 @@
 #               profile, resumable (results in $S/dag), two GPU jobs per GPU (one uses it, one
 #               gets ready); LEVELS (1), CAMPAIGN (kb), CORES (12), TASKS: ids (all), FORCE:
 #               files (under $S/dag) or rules made again with what depends on them (a task's
-#               gen_0/proposals.json: all its stages, as `assay run --rerun` forces them)
+#               gen_0/proposals.json: all its stages, as `assay run --rerun` forces them);
+#               ends with the call's jobs per rule (benchmarks/dag_times.py)
 #   joins       benchmarks/probe_joins.py: the stream waits the audit sees of a joined side
 #               stream (issue #19)
 # Needs: the wheels in .whl/ (`python3 benchmarks/device_wheels.py`, with --pipeline for the
