@@ -767,3 +767,11 @@ def test_a_degenerate_tasks_generation_is_judged_with_no_build_and_no_gpu(tmp_pa
         v = read_json(c.verdict("offline", task_id, 0, cid))
         assert v["reasons"] == ["task_not_degenerate"] and not v["accepted"], v
         assert isinstance(v["times"]["verify_s"], float), v  # where its seconds went
+    # what a forged worker report puts in its times reaches the verdict file only as numbers
+    # and short words
+    kept = harness.reportable_times({"prepare_s": 1.5, "worker.median": [1] * 10**6,
+                                     "worker.note": "x" * 10**6, "transfer": "draw",
+                                     **{f"worker.k{i}": i for i in range(500)}})
+    assert kept["prepare_s"] == 1.5 and kept["transfer"] == "draw"
+    assert "worker.median" not in kept and len(kept["worker.note"]) == 300
+    assert len(kept) <= 100

@@ -70,7 +70,7 @@ def _verify(args: argparse.Namespace) -> int:
     from assay.bench.baseline_cache import baseline_is_cached, cached_baseline, cached_record
     from assay.bench.timing import TimingConfig
     from assay.verify.config import from_cfg
-    from assay.verify.harness import verify
+    from assay.verify.harness import reportable_times, verify
     from assay.verify.memory import plan_task
 
     t = time.perf_counter()
@@ -133,7 +133,7 @@ def _verify(args: argparse.Namespace) -> int:
         child.close()
     verdict = verify(task, cand, device, cfg, baseline, record, peaks, times=times,
                      plan=plan, prepared=prep)
-    out = {**verdict.to_dict(), "times": times}
+    out = {**verdict.to_dict(), "times": reportable_times(times)}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2, default=str) + "\n")
     summary = "ACCEPTED" if verdict.accepted else "REJECTED: " + ", ".join(verdict.reasons)

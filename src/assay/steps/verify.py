@@ -48,7 +48,7 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
     # task) costs a second, not the three of a torch import.
     from assay.verify.compile_service import CompileService, pin_cuda_arch
     from assay.verify.config import from_cfg
-    from assay.verify.harness import prepare, verify
+    from assay.verify.harness import prepare, reportable_times, verify
     from assay.verify.memory import TooLarge
 
     tgt = app.target(cfg)
@@ -70,7 +70,7 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
             v = verify(task, paths[cid], device, vcfg, baseline, record, peaks, prepared,
                        times=times)
             write_json(c.verdict(llm, task_id, gen, cid),
-                       {**v.to_dict(), "times": {**times, "verify_s": v.verify_s}})
+                       {**v.to_dict(), "times": {**reportable_times(times), "verify_s": v.verify_s}})
             log.info("%s/%s gen %d [%d/%d] %s %s (build %.1f s, verify %.1f s)", llm,
                      task_id, gen, i, len(todo), cid, outcome(v), built_s,
                      time.perf_counter() - t0)

@@ -226,7 +226,7 @@ class _TaskContext:
         return ctx
 
     def verify(self, pair: Pair, builds) -> dict[str, Any]:
-        from assay.verify.harness import verify
+        from assay.verify.harness import reportable_times, verify
 
         row: dict[str, Any] = {"task": self.task.id if self.task else pair.task.stem,
                                "task_path": str(pair.task), "candidate": str(pair.candidate),
@@ -252,7 +252,7 @@ class _TaskContext:
         row = {**verdict, **row, "candidate_id": verdict.get("candidate")}
         row["status"] = "accepted" if v.accepted else \
             "too_large" if "too_large" in v.reasons else "rejected"
-        row["times"] = {k: round(x, 3) if isinstance(x, float) else x for k, x in times.items()}
+        row["times"] = reportable_times(times, 3)
         row["seconds"] = round(time.perf_counter() - t0, 2)
         return row
 

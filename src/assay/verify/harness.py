@@ -328,6 +328,22 @@ def _compare_landed(prep: Prepared, s: int, values: list, cfg: VerifyConfig) -> 
 
 
 
+def reportable_times(times: dict[str, Any], digits: int | None = None) -> dict[str, Any]:
+    """``verify``'s seconds per phase as files and JSON lines keep them: numbers (floats to
+    ``digits`` decimals when given) and words cut to 300 characters, at most 100 entries. The
+    worker's part (``worker.*``) comes from its report, which the candidate's process writes:
+    nothing of any size or kind from there reaches a verdict file."""
+    kept: dict[str, Any] = {}
+    for k, x in list(times.items())[:100]:
+        if isinstance(x, float) and digits is not None:
+            x = round(x, digits)
+        if isinstance(x, (bool, int, float)):
+            kept[str(k)[:80]] = x
+        elif isinstance(x, str):
+            kept[str(k)[:80]] = x[:300]
+    return kept
+
+
 # --------------------------------------------------------------------------------------------
 # Verify and judge.
 

@@ -190,7 +190,7 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
            peaks: dict | None, share: int = 1) -> dict[str, Any]:
     from assay.gpu import DeviceTurns, turns_shared
     from assay.tasks.analyze import cost, degeneracy
-    from assay.verify.harness import resolve_device, verify
+    from assay.verify.harness import reportable_times, resolve_device, verify
 
     device = resolve_device(device)
     read_source(path)
@@ -239,7 +239,7 @@ def _check(path: Path, device: str, size: str, cfg: VerifyConfig, workdir: Path,
         "runtime_ms": v.runtime_ms, "roofline_ms": v.roofline_ms,
         "degeneracy": {k: _finite(x) for k, x in deg.items()},
         "harness_degenerate": harness_degenerate,
-        "times": {k: round(x, 3) if isinstance(x, float) else x for k, x in times.items()},
+        "times": reportable_times(times, 3),
     }
     if v.accepted and device.startswith("cuda"):
         # beside the verifier's fp32 eager (runtime_ms), eager as PyTorch runs it by default,
