@@ -327,7 +327,6 @@ def _compare_landed(prep: Prepared, s: int, values: list, cfg: VerifyConfig) -> 
             for j, (v, r) in enumerate(zip(values, prep.refs[s]))]
 
 
-
 def reportable_times(times: dict[str, Any], digits: int | None = None) -> dict[str, Any]:
     """``verify``'s seconds per phase as files and JSON lines keep them: numbers (floats to
     ``digits`` decimals when given) and words cut to 300 characters, at most 100 entries. The
