@@ -69,8 +69,8 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
             times: dict = {}  # where the seconds went, kept in the verdict file (evidence)
             v = verify(task, paths[cid], device, vcfg, baseline, record, peaks, prepared,
                        times=times)
-            kept = {**reportable_times(times), "verify_s": v.verify_s}
-            write_json(c.verdict(llm, task_id, gen, cid), {**v.to_dict(), "times": kept})
+            write_json(c.verdict(llm, task_id, gen, cid),
+                       {**v.to_dict(), "times": reportable_times(times)})
             log.info("%s/%s gen %d [%d/%d] %s %s (build %.1f s, verify %.1f s)", llm,
                      task_id, gen, i, len(todo), cid, outcome(v), built_s,
                      time.perf_counter() - t0)

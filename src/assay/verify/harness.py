@@ -365,19 +365,22 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
         v.baseline_eager_ms = baseline.get("eager_ms")
         v.baseline_compile_ms = baseline.get("compile_ms")
     v.roofline_ms = roofline_ms(record, peaks)
+
+    def done(error: str | None = None) -> Verdict:  # every way out: the verdict and its time
+        if error is not None:
+            v.error = error
+        v.verify_s = times["verify_s"] = time.perf_counter() - t0
+        return v.finish()
+
     why = preflight(Path(candidate))
     if why:  # no worker, no preparation: the file cannot be what a worker would load
         checks.record(v, "compiles", False, why)
-        v.error = why
-        v.verify_s = time.perf_counter() - t0
-        return v.finish()
+        return done(why)
     degenerate = bool(record and record.get("degeneracy", {}).get("degenerate"))
     if degenerate:
         detail = record["degeneracy"].get("why", "output barely depends on the inputs")
         if not checks.record(v, "task_not_degenerate", cfg.on_degenerate != "reject", detail):
-            v.error = f"task {task.id} is degenerate: {detail}"
-            v.verify_s = time.perf_counter() - t0
-            return v.finish()
+            return done(f"task {task.id} is degenerate: {detail}")
     prestart_worker(device)  # (cuda; opt-in on cpu) its torch import overlaps the preparation
 
     t = time.perf_counter()
@@ -386,9 +389,7 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
             prep = prepared or prepare(task, device, cfg, plan)
     except TooLarge as e:
         checks.record(v, "too_large", False, str(e))
-        v.error = f"task {task.id} is too large for this machine: {e}"
-        v.verify_s = time.perf_counter() - t0
-        return v.finish()
+        return done(f"task {task.id} is too large for this machine: {e}")
     if prepared is None:
         times["prepare_s"] = time.perf_counter() - t
     else:  # prepared by the caller: its seconds where it measured them (assay verify on cpu)
@@ -399,9 +400,7 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
     if prep.degenerate and not degenerate:
         if not checks.record(v, "task_not_degenerate", cfg.on_degenerate != "reject",
                              prep.degenerate):
-            v.error = f"task {task.id} is degenerate: {prep.degenerate}"
-            v.verify_s = time.perf_counter() - t0
-            return v.finish()
+            return done(f"task {task.id} is degenerate: {prep.degenerate}")
 
     transfer = prep.transfer  # the memory plan's (assay.verify.memory.plan_transfers)
     for attempt in (transfer, "host"):
@@ -433,8 +432,7 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
                        remeasure=lambda: _remeasured_roofline(device, record, peaks))
             times["compare_s"] = time.perf_counter() - t
         break
-    v.verify_s = times["verify_s"] = time.perf_counter() - t0
-    return v.finish()
+    return done()
 
 
 class _Malformed(Exception):
