@@ -226,6 +226,11 @@ def test_the_extract_checks_the_forward_once_and_says_where_its_seconds_went(
             "stage": str(write_file("stage", "")), "max_bytes": None,
             "device_lock": str(tmp_path / "gpu.lock")}
     held = len(gpu._device_held)
+
+    def second_meta_pass(*a):
+        raise AssertionError("sized on the meta device again: cost's pass says it all")
+
+    monkeypatch.setattr(record, "_size_on_meta", second_meta_pass)
     try:
         rec = record.analyze(spec)
     finally:  # the child holds the lock until it exits: this test is no child
@@ -238,8 +243,41 @@ def test_the_extract_checks_the_forward_once_and_says_where_its_seconds_went(
     assert list(stages)[:2] == ["reading the file", "executing the file"], stages
     assert {"running forward", "analyzing degeneracy"} <= set(stages), stages
     order = list(stages)
-    assert order.index("sizing the task on the meta device") \
-        < order.index("measuring FLOPs and bytes on the meta device") \
+    assert order.index("sizing the task and counting its FLOPs on the meta device") \
         < order.index(record.WAITING) < order.index("constructing Model(*get_init_inputs())")
     assert rec["analyzed_on"] == "meta" and rec["flops"] > 0
+    assert rec["weight_bytes"] == (64 * 32 + 32) * 4  # the Linear's weight and bias
     assert all(isinstance(s, float) and s >= 0 for s in stages.values())
+
+
+ITEM = """
+import torch
+from torch import nn
+class Model(nn.Module):
+    def forward(self, x):
+        return x * x.abs().max().item()  # .item(): no meta kernel
+def get_inputs():
+    return [torch.randn(16, 64)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_forward_without_a_meta_kernel_is_sized_from_its_inputs_and_counted_on_the_cpu(
+        write_file, tmp_path):
+    """Where the meta pass cannot run the forward, the inputs and weights are sized on the meta
+    device all the same (an absurd size is said before anything runs for real), and FLOPs are
+    counted on the CPU only after the size check."""
+    from assay.tasks import record
+
+    path = write_file("level1/1_Item.py", ITEM)
+    spec = {"path": str(path), "level": 1, "size": "large", "target": "cpu",
+            "stage": str(write_file("stage", "")), "max_bytes": None}
+    rec = record.analyze(spec)
+    order = list(rec["analysis_s"])
+    assert rec["analyzed_on"] == "cpu", rec
+    assert order.index("running forward") < order.index("measuring FLOPs and bytes on the CPU")
+    with pytest.raises(record.TaskError) as e:
+        record.analyze({**spec, "max_bytes": 1000})
+    line = str(e.value)
+    assert "absurd size: inputs (16, 64) need" in line and "outputs" not in line, line

@@ -68,6 +68,7 @@ def cost(task: Task, real: bool = True) -> dict[str, Any] | None:
         "floor_flops": float(counter.get_total_flops() - conv),
         "min_bytes": float(sum(map(_nbytes, tensors)) + sum(map(_nbytes, params))
                            + sum(map(_nbytes, outs))),
+        "weight_bytes": float(sum(map(_nbytes, params))),  # parameters and buffers
         "inputs": [{"shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch.")}
                    if isinstance(x, torch.Tensor) else {"value": repr(x)} for x in inputs],
         "outputs": [{"shape": list(o.shape), "dtype": str(o.dtype).removeprefix("torch.")}

@@ -195,10 +195,23 @@ def _nbytes(xs) -> int:
     return sum(x.numel() * x.element_size() for x in xs if isinstance(x, torch.Tensor))
 
 
+def _size_words(shapes: str, weights: int, outputs: bool) -> str:
+    what = [f"inputs {shapes}"] + ([f"{_fmt(weights)} of weights"] if weights else []) \
+        + (["outputs"] if outputs else [])
+    return (", ".join(what[:-1]) + " and " + what[-1]) if len(what) > 1 else what[0]
+
+
+def _sized(measured: dict[str, Any]) -> tuple[int, str]:
+    """Bytes of inputs, weights and outputs, and what they are in words, from ``cost``."""
+    shapes = ", ".join(str(tuple(x["shape"])) for x in measured["inputs"] if "shape" in x)
+    return int(measured["min_bytes"]), _size_words(shapes, int(measured["weight_bytes"]), True)
+
+
 def _size_on_meta(module, init: list) -> tuple[int, str] | None:
-    """Bytes of inputs, weights and outputs (outputs where the forward runs on meta), measured
-    on the meta device (nothing allocated), and what they are in words; None when the task
-    cannot be built there (then the real run is bounded by the rlimit)."""
+    """What :func:`_sized` says, where the forward has no meta kernel (``cost`` could not
+    count it there): inputs and weights measured on the meta device, outputs too where the
+    forward runs there; None when the task cannot be built there (then the real run is bounded
+    by the rlimit)."""
     import torch
 
     from assay.tasks.instantiate import as_outputs, seeded
@@ -212,17 +225,15 @@ def _size_on_meta(module, init: list) -> tuple[int, str] | None:
     if not isinstance(inputs, (list, tuple)) or not isinstance(model, torch.nn.Module):
         return None
     weights = _nbytes(list(model.parameters()) + list(model.buffers()))
-    total = _nbytes(inputs) + weights
-    shapes = ", ".join(f"{tuple(x.shape)}" for x in inputs if isinstance(x, torch.Tensor))
-    what = [f"inputs {shapes}"] + ([f"{_fmt(weights)} of weights"] if weights else [])
+    total, outputs = _nbytes(inputs) + weights, False
     try:
         with torch.device("meta"), torch.no_grad():
             total += _nbytes(as_outputs(model(*inputs)))
-        what.append("outputs")
+        outputs = True
     except Exception:  # noqa: BLE001
         pass
-    words = (", ".join(what[:-1]) + " and " + what[-1]) if len(what) > 1 else what[0]
-    return total, words
+    shapes = ", ".join(f"{tuple(x.shape)}" for x in inputs if isinstance(x, torch.Tensor))
+    return total, _size_words(shapes, weights, outputs)
 
 
 def _check_size(task, sized: tuple[int, str] | None, cap: int, why: str) -> None:
@@ -262,18 +273,17 @@ def analyze(spec: dict) -> dict[str, Any]:
     init = _check_values(path, "get_init_inputs()", init, need_tensor=False)
 
     # What the meta device tells (sizes, FLOPs: CPU work, seconds at KernelBench's sizes on
-    # an H200) comes before the GPU is taken; running anything for real waits for the sizes'
-    # check against the device's memory.
-    _stage(spec, "sizing the task on the meta device")
-    sized = _size_on_meta(module, init)
-    _stage(spec, "measuring FLOPs and bytes on the meta device")
+    # an H200) comes before the GPU is taken, in one pass; running anything for real waits for
+    # the sizes' check against the device's memory.
+    _stage(spec, "sizing the task and counting its FLOPs on the meta device")
     measured = cost(task, real=False)
+    sized = _sized(measured) if measured else _size_on_meta(module, init)
     if spec.get("device_lock"):  # the first use of the device is next (its memory's size)
         from assay.gpu import hold_device_lock
 
         _stage(spec, WAITING)
         hold_device_lock(spec["device_lock"])
-    _stage(spec, "reading the device's memory")
+    _stage(spec, "checking the sizes against the memory")
     _check_size(task, sized, *max_task_bytes(target, spec.get("max_bytes")))
 
     _stage(spec, "constructing Model(*get_init_inputs())")
