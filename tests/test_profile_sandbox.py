@@ -150,7 +150,8 @@ def test_ncu_profiles_the_candidates_kernels_only():
     """With the verdict's kernel names, ncu profiles launches of those functions (two each),
     not the first 20 launches of anything: at KernelBench's sizes those were mostly the
     harness's fills and copies of gigabyte buffers, each replayed per counter pass. A name
-    with no function identifier leaves the filter off rather than profile nothing."""
+    with no function identifier, or more names than 20 launches cover, leaves the filter off
+    (the unfiltered run)."""
     from assay.profile.tools import kernel_function
 
     assert kernel_function("void assay_scan_block<4>(float const*, float*, long)") \
@@ -169,7 +170,8 @@ def test_ncu_profiles_the_candidates_kernels_only():
     assert at["--kernel-name-base"] == "function"
     assert at["--kernel-name"] == "regex:(assay_total_finish0|assay_total_pass0)"
     assert at["--launch-count"] == "4" and at["--log-file"] == "ncu.csv"
-    for kernels in ([], ["(anonymous namespace)::k(int)", "void f(int)"]):
+    many = [f"void k{i}(int)" for i in range(11)]  # more than 20 launches' worth
+    for kernels in ([], ["(anonymous namespace)::k(int)", "void f(int)"], many):
         cmd = ncu_command("ncu", ["dram__bytes.sum"], kernels)
         assert "--kernel-name" not in cmd and cmd[cmd.index("--launch-count") + 1] == "20"
 

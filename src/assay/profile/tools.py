@@ -133,14 +133,16 @@ def ncu_command(ncu: str, metrics: list[str], kernels: Sequence[str] = ()) -> li
     gigabyte buffers: the ncu run held an H200 21-62 s per task, for one launch of each of
     the candidate's kernels."""
     names = [kernel_function(k) for k in kernels]
+    unique = sorted(set(names)) if all(names) else []
     cmd = [ncu, "--metrics", ",".join(metrics)]
-    if names and all(names):
-        unique = sorted(set(names))
+    # (the names come from the worker's report: more than ten of them, two launches each,
+    # would pass the 20 launches of the unfiltered run, and a forged list has no length limit)
+    if 0 < len(unique) <= 10:
         cmd += ["--kernel-name-base", "function",
                 # unanchored: whether ncu's function base keeps a namespace or template
                 # arguments, the identifier is in it
                 "--kernel-name", "regex:(" + "|".join(map(re.escape, unique)) + ")",
-                "--launch-count", str(min(20, 2 * len(unique)))]
+                "--launch-count", str(2 * len(unique))]
     else:
         cmd += ["--launch-count", "20"]
     return cmd + ["--csv", "--target-processes", "all", "--log-file", NCU_LOG]
