@@ -141,6 +141,12 @@ def test_killed_campaign_resumes_without_losing_or_redoing_work(ci_campaign):
     all_ids = [p.stem for p in c.glob("*/*/gen_*/verdicts/*.json")]
     assert len(all_ids) == len(set(all_ids)), "a candidate was verified twice"
     assert len(list(c.glob("offline/*/gen_2/verdicts.json"))) == 3
+    # Where each verdict's seconds went, the generation's one preparation of its references
+    # included (the step prepares once for all its candidates; it said 0.0 before).
+    for p in c.glob("*/*/gen_*/verdicts/*.json"):
+        times = json.loads(p.read_text())["times"]
+        assert times["prepare_s"] > 0 and times["prepare_shared_by"] >= 1, (p, times)
+        assert times["verify_s"] > times["worker_s"] > 0, (p, times)
 
     # The synthesizer earned kernels, the matmul's among them (its own tiled GEMM: the strict
     # policy leaves the library forms out).

@@ -115,21 +115,22 @@ def claim_at_start(cfg: DictConfig, gpu: bool | str, timing: bool) -> None:
                 on_device(cfg)
 
 
-def on_device(cfg: DictConfig) -> None:
+def on_device(cfg: DictConfig) -> float | None:
     """Before a GPU step's first use of the device (targets cuda and triton): take the leased
-    GPU alone until the step ends, waiting for the job using it. Nothing on the cpu target,
-    without a lease, or when taken already."""
+    GPU alone until the step ends, waiting for the job using it; returns the seconds waited.
+    Nothing (None) on the cpu target, without a lease, or when taken already."""
     from assay import gpu as lease
 
     try:
         if target(cfg) == "cpu":
-            return
+            return None
     except UserError:
-        return
+        return None
     waited = lease.hold_device()
     if waited is not None:
         log.info("GPU %s taken%s", os.environ.get("ASSAY_GPU"),
                  f" after {waited:.1f} s" if waited >= 0.1 else "")
+    return waited
 
 
 @contextlib.contextmanager

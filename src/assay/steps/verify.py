@@ -61,12 +61,14 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
     paths = {cid: c.candidate(llm, task_id, gen, cid) for cid in todo}
     builds = None
 
-    def decide(prepared=None) -> None:
-        """Each verdict, written as soon as it is decided."""
+    def decide(prepared=None, shared: dict | None = None) -> None:
+        """Each verdict, written as soon as it is decided; ``shared``: the seconds spent once
+        for the whole generation (the wait for the device, the shared preparation), kept in
+        every verdict's times."""
         for i, cid in enumerate(todo, 1):
             t0 = time.perf_counter()
             built_s = builds.wait(paths[cid]).seconds if builds else 0.0
-            times: dict = {}  # where the seconds went, kept in the verdict file (evidence)
+            times: dict = dict(shared or {})  # where the seconds went, kept in the verdict file
             v = verify(task, paths[cid], device, vcfg, baseline, record, peaks, prepared,
                        times=times)
             write_json(c.verdict(llm, task_id, gen, cid),
@@ -96,15 +98,20 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
         # uses it; the later builds overlap the verifications.
         if builds and todo:
             builds.wait(paths[todo[0]])
-        app.on_device(cfg)
+        shared = {}
+        if (waited := app.on_device(cfg)) is not None:
+            shared["device_wait_s"] = waited
         with app.cpu_timing(cfg):
             prepared = None
             if not degenerate:
+                t = time.perf_counter()
                 try:
                     prepared = prepare(task, device, vcfg)
                 except TooLarge as e:  # each verdict says too_large, with the numbers
                     log.warning("%s: too large for this machine: %s", task_id, e)
-            decide(prepared)
+                # once per generation, before its first candidate (the harness keeps it)
+                shared |= {"prepare_s": time.perf_counter() - t, "prepare_shared_by": len(todo)}
+            decide(prepared, shared)
     finally:
         if builds:
             builds.close()
