@@ -28,3 +28,28 @@ def test_a_profile_run_on_the_light_protocol_profiles_the_candidate():
     text = torch_profile(prep, CASE["path"], cfg)
     assert text and not text.startswith("profile run failed"), text
     assert text.splitlines()[0].split()[:2] == ["name", "calls"], text
+
+
+def test_a_profile_run_draws_its_sets_where_the_memory_plan_draws(tmp_path):
+    """The profile's worker draws each set from its seed as the verifier's does (transfer
+    draw), with only the parameters in a file arena in its scratch folder: the host input
+    arena of every set, copied to the host and back, was 5 s per GB of a set in the profile
+    step on an H200. On the host transfer it still takes the host arena."""
+    import dataclasses
+
+    from assay.verify.harness import worker_job
+    from assay.verify.settings import Transfer
+
+    task = zoo_task(CASE["TASK"])
+    cfg = light(zoo_config(CASE))
+    for transfer in (Transfer.draw, Transfer.host):
+        prep = prepare(task, "cpu", dataclasses.replace(cfg, transfer=transfer))
+        scratch = tmp_path / transfer.value
+        scratch.mkdir()
+        job = worker_job(prep, scratch / "candidate.py", cfg)
+        if transfer == Transfer.draw:
+            assert job["sets"] == [] and job["draw"]["seeds"] == prep.seeds, job.keys()
+            assert job["arenas"]["in"]["path"].startswith(str(scratch)), job["arenas"]
+        else:
+            assert "draw" not in job and len(job["sets"]) == len(prep.sets)
+            assert not job["arenas"]["in"]["path"].startswith(str(scratch)), job["arenas"]

@@ -176,6 +176,37 @@ def test_ncu_profiles_the_candidates_kernels_only():
         assert "--kernel-name" not in cmd and cmd[cmd.index("--launch-count") + 1] == "20"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("ncu") is None, reason="no ncu here")
+def test_real_ncu_records_the_named_kernels_and_nothing_else():
+    """On the GPU machine, the filter as the real ncu reads it: an honest CUDA kernel verified,
+    its verdict's kernel names given to ncu, and what ncu recorded is launches of those
+    functions only (none of the harness's fills and copies), no more than the launch count."""
+    import csv
+    import io
+
+    from assay.profile.tools import kernel_function
+    from test_zoo import read_meta
+
+    meta = read_meta(REPO / "tests" / "zoo_cuda" / "candidates" / "honest_gelu_cuda.py", "cuda")
+    task = zoo_task(meta["TASK"], REPO / "tests" / "zoo_cuda")
+    prep = prepared(task, "cuda")
+    v = verify(task, meta["path"], "cuda", zoo_config(meta), prepared=prep)
+    assert v.accepted and v.kernels_launched, (v.reasons, v.kernels_launched)
+    cmd = ncu_command(shutil.which("ncu"), ["gpu__time_duration.sum"], v.kernels_launched)
+    wanted = {kernel_function(k) for k in v.kernels_launched}
+    with sandboxed_worker(prep, meta["path"], zoo_config(meta), cmd, 300, audit=False) \
+            as (out, res, scr):
+        text = (scr / "ncu.csv").read_text(errors="replace") if (scr / "ncu.csv").exists() \
+            else ""
+    rows = list(csv.DictReader(io.StringIO(
+        "\n".join(ln for ln in text.splitlines() if ln.startswith('"')))))
+    launches = {(r["ID"], r["Kernel Name"]) for r in rows}
+    assert launches, (out, text[-3000:])
+    assert {kernel_function(name) for _, name in launches} <= wanted, launches
+    assert len(launches) <= int(cmd[cmd.index("--launch-count") + 1]), launches
+
+
 # --- no process is started around the sandbox ----------------------------------------------
 
 # Every way src/ starts a process or runs code in another one, each allowed use with why. A new

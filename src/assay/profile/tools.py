@@ -126,8 +126,10 @@ def kernel_function(name: str) -> str | None:
 def ncu_command(ncu: str, metrics: list[str], kernels: Sequence[str] = ()) -> list[str]:
     """The Nsight Compute prefix: metrics as CSV into ``ncu.csv`` in the scratch folder (the
     sandbox's working directory), so the worker's own output cannot mix into it. ``kernels``
-    (the verdict's ``kernels_launched``): only launches of those functions are profiled, two
-    per kernel; without them, the first 20 launches of any kernel. Each profiled launch is
+    (the verdict's ``kernels_launched``): only launches of those functions are profiled, twice
+    as many as there are functions (ncu's ``--launch-count`` counts every matched launch: two
+    of each where each launches as often; a kernel launched several times per call takes more
+    of them); without them, the first 20 launches of any kernel. Each profiled launch is
     replayed once per counter pass with the memory it writes saved and restored, and at
     KernelBench's sizes most of the first 20 were the harness's own fills and copies of
     gigabyte buffers: the ncu run held an H200 21-62 s per task, for one launch of each of

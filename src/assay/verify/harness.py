@@ -108,11 +108,29 @@ def _job_base(prep: Prepared, candidate: Path, cfg: VerifyConfig) -> dict[str, A
     }
 
 
+def _draw(prep: Prepared) -> dict[str, Any]:
+    """The job's ``draw``: the worker draws every set from its seed, checked against these
+    digests."""
+    return {"task": prep.task, "seeds": prep.seeds, "distributions": prep.distributions,
+            "digests": prep.digests}
+
+
 def worker_job(prep: Prepared, candidate: Path, cfg: VerifyConfig) -> dict[str, Any]:
     """A job without landing buffers (the worker runs the protocol, reports and profiles, and
-    writes ``result.pt`` as well as ``result.json``): for tools that only want the profile."""
-    inputs = prep.host_inputs()
+    writes ``result.pt`` as well as ``result.json``): for tools that only want the profile.
+    Where the memory plan draws (``prep.transfer``), the worker draws the sets too, with the
+    parameters in a small file arena beside ``candidate`` (in the scratch folder, removed with
+    it): the profile step's run at KernelBench's sizes took 5 s per GB of a set copied to the
+    host and back (an H200, 2026-12-02); otherwise the sets come from the host input arena."""
     job = _job_base(prep, candidate, cfg)
+    if prep.transfer == "draw":
+        layout = Layout("in")
+        descs = describe_inputs(prep, layout, sets=False)
+        params = FileArena(layout.size, "params-", Path(candidate).parent)
+        fill_inputs(params.buf, prep, descs)
+        job.update(arenas={"in": params.spec(writable=False)}, draw=_draw(prep), **descs)
+        return job
+    inputs = prep.host_inputs()
     job.update(arenas={"in": inputs["arena"].spec(writable=False)}, **inputs["descs"])
     return job
 
@@ -180,9 +198,8 @@ class WorkerRun:
                              for name, _, _ in slots}
         drawn = self.transfer == "draw"
         on_device = prep.device.startswith("cuda") and self.transfer in ("cuda_ipc", "draw")
-        if drawn:  # the worker draws every set from its seed, checked against these digests
-            job["draw"] = {"task": prep.task, "seeds": prep.seeds,
-                           "distributions": prep.distributions, "digests": prep.digests}
+        if drawn:
+            job["draw"] = _draw(prep)
         # what preparing left in this process's cache first: the arenas come from a private
         # pool that cannot reuse it (an H200 self-check's 88 GB landing arena did not fit
         # beside 41 GB its harness had cached)
