@@ -24,18 +24,6 @@ import torch  # noqa: E402
 
 from helpers import REPO  # noqa: F401 - `from conftest import REPO` in older tests
 
-# On a machine without a GPU, each xdist worker has leases of its own (ASSAY_GPU_LOCK_DIR, which
-# the campaigns it starts inherit): with the machine's one CPU lease, the DAG tests that start
-# together (LONGEST_FIRST) waited for each other's timed parts; the CI campaign waited 78 s of
-# its 160 beside the Triton campaign, 13 s alone. No test compares timings made on two workers,
-# and the timing tests (marked `alone`) run after, with the machine to themselves. A test of the
-# leases themselves sets its own folder.
-if (worker := os.environ.get("PYTEST_XDIST_WORKER")) and "ASSAY_GPU_LOCK_DIR" not in os.environ \
-        and not torch.cuda.is_available():
-    import tempfile
-
-    os.environ["ASSAY_GPU_LOCK_DIR"] = tempfile.mkdtemp(prefix=f"assay-locks-{worker}-")
-
 
 # The longest tests (minutes each on CI's two cores), longest first: pytest-xdist hands tests out
 # in collection order, so these start first and the two workers end together rather than one
