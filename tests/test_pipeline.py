@@ -191,7 +191,9 @@ def test_killed_campaign_resumes_without_losing_or_redoing_work(ci_campaign):
     # not a run of its own.
     for path in c.glob("*/*/profile.json"):
         prof = json.loads(path.read_text())
-        if prof["candidate"]:
+        if prof["candidate"]:  # where its seconds went, per stage that ran
+            assert all(k.endswith("_s") and v >= 0 for k, v in prof["times"].items()), prof
+            assert ("clang_tidy_s" in prof["times"]) == bool(shutil.which("clang-tidy")), prof
             verdict = next(path.parent.glob(f"gen_*/verdicts/{prof['candidate']}.json"))
             rows = json.loads(verdict.read_text())["kernel_profile"]
             assert rows and prof["torch_profile"].startswith("(the verifier's audit"), prof

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 
 from omegaconf import DictConfig
 
@@ -67,10 +68,20 @@ def profile(cfg: DictConfig) -> dict:
     # before the verdict kept it) or for ncu (KernelBench's L1_41 on an H200: a 40 s run).
     rows = best.verdict.get("kernel_profile") if p.torch_profiler else None
     prep = None
+    times: dict[str, float] = {}  # seconds per stage, kept in profile.json (evidence)
+
+    def timed(stage: str, fn, *args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            times[f"{stage}_s"] = round(time.perf_counter() - t, 3)
 
     def prepared():  # the device taken first: preparing makes the input sets on it
-        app.on_device(cfg)
-        return prepare(app.load_task(cfg, task_id, tgt), device, vcfg)
+        waited = app.on_device(cfg)
+        if waited is not None:
+            times["device_wait_s"] = round(waited, 3)
+        return timed("prepare", prepare, app.load_task(cfg, task_id, tgt), device, vcfg)
 
     if rows:
         log.info("%s/%s: torch profiler table of %s from its verdict", llm, task_id, best.id)
@@ -82,19 +93,22 @@ def profile(cfg: DictConfig) -> dict:
         with app.cpu_timing(cfg):
             prep = prepared()
             log.info("%s/%s: torch profiler on %s", llm, task_id, best.id)
-            out["torch_profile"] = torch_profile(prep, path, vcfg)
+            out["torch_profile"] = timed("torch_profile", torch_profile, prep, path, vcfg)
     if (why := tool_missing("ncu", p.ncu, tgt)) is None:
         log.info("%s/%s: ncu on %s", llm, task_id, best.id)
-        out["ncu"] = ncu_profile(prep if prep is not None else prepared(), path, vcfg,
-                                 list(p.ncu_metrics), p.timeout_s,
-                                 kernels=best.verdict.get("kernels_launched") or ())
+        prep = prep if prep is not None else prepared()
+        out["ncu"] = timed("ncu", ncu_profile, prep, path, vcfg, list(p.ncu_metrics),
+                           p.timeout_s, kernels=best.verdict.get("kernels_launched") or ())
     else:
         log.info("%s", why)  # NCU_Profile stays null
     if (why := tool_missing("clang-tidy", p.clang_tidy, tgt)) is None:
         log.info("%s/%s: clang-tidy on %s", llm, task_id, best.id)
-        out["clang_tidy"] = clang_tidy(path.read_text(), tgt, p.timeout_s)
+        out["clang_tidy"] = timed("clang_tidy", clang_tidy, path.read_text(), tgt, p.timeout_s)
     else:
         (log.info if p.clang_tidy == "off" else log.warning)("%s", why)  # Clang_Tidy: null
+    out["times"] = times
+    log.info("%s/%s: seconds per stage: %s", llm, task_id,
+             ", ".join(f"{k} {v:.1f}" for k, v in times.items()) or "none")
     write_json(c.profile(llm, task_id), out)
     return out
 
