@@ -115,6 +115,18 @@ def _draw(prep: Prepared) -> dict[str, Any]:
             "digests": prep.digests}
 
 
+def _filled_inputs(prep: Prepared, sets: bool,
+                   make: Callable[[int, str], Any]) -> tuple[Any, dict[str, Any]]:
+    """The input arena, made by ``make(nbytes, prefix)`` and filled with every set (none where
+    ``sets`` is False: the worker draws them), the state dict and the init inputs; and the
+    descriptors of what is where."""
+    layout = Layout("in")
+    descs = describe_inputs(prep, layout, sets=sets)
+    arena = make(layout.size, "params-")
+    fill_inputs(arena.buf, prep, descs)
+    return arena, descs
+
+
 def worker_job(prep: Prepared, candidate: Path, cfg: VerifyConfig) -> dict[str, Any]:
     """A job without landing buffers (the worker runs the protocol, reports and profiles, and
     writes ``result.pt`` as well as ``result.json``): for tools that only want the profile.
@@ -124,10 +136,8 @@ def worker_job(prep: Prepared, candidate: Path, cfg: VerifyConfig) -> dict[str, 
     host and back (an H200, 2026-12-02); otherwise the sets come from the host input arena."""
     job = _job_base(prep, candidate, cfg)
     if prep.transfer == "draw":
-        layout = Layout("in")
-        descs = describe_inputs(prep, layout, sets=False)
-        params = FileArena(layout.size, "params-", Path(candidate).parent)
-        fill_inputs(params.buf, prep, descs)
+        params, descs = _filled_inputs(
+            prep, False, lambda nbytes, prefix: FileArena(nbytes, prefix, Path(candidate).parent))
         job.update(arenas={"in": params.spec(writable=False)}, draw=_draw(prep), **descs)
         return job
     inputs = prep.host_inputs()
@@ -205,18 +215,14 @@ class WorkerRun:
         # beside 41 GB its harness had cached)
         prep.release_transients()
         if on_device or drawn:  # (draw on cpu: the parameters' own small file arena)
-            in_layout = Layout("in")
-            descs = describe_inputs(prep, in_layout, sets=not drawn)
-
-            def arena(nbytes: int, prefix: str) -> Any:
-                return DeviceArena(nbytes, prep.device) if on_device else \
+            def arena(nbytes: int, prefix: str) -> Any:  # closed with this run
+                a = DeviceArena(nbytes, prep.device) if on_device else \
                     FileArena(nbytes, prefix, self.scratch)
+                self._arenas.append(a)
+                return a
 
-            a_in = arena(in_layout.size, "params-")
-            self._arenas.append(a_in)
-            fill_inputs(a_in.buf, prep, descs)
+            a_in, descs = _filled_inputs(prep, not drawn, arena)
             a_out = arena(out_layout.size, "landing-")
-            self._arenas.append(a_out)
             a_out.buf.fill_(0xFF)  # NaN-looking until written
             if on_device:
                 torch.cuda.synchronize()
