@@ -116,6 +116,17 @@ def offline_builds(monkeypatch, tmp_path_factory):
 
 
 @pytest.fixture
+def forked_workers(monkeypatch):
+    """Workers forked from the zygote (torch imported once) rather than exec'd: the cpu
+    target's opt-in, the cuda target's default (assay.verify.sandbox.zygote). The zoo's main
+    verdicts go through the cpu default (exec); its lighter protocols, recomputed references
+    and the red team's CI sample through the zygote, so the cases meet both launch paths on
+    this machine, at a second less per verification (helpers.assert_forked checks a verdict's
+    worker was forked)."""
+    monkeypatch.setenv("ASSAY_SANDBOX_ZYGOTE", "1")
+
+
+@pytest.fixture
 def write_file(tmp_path):
     """write_file("name.py", source) -> Path; dedents the source."""
     def write(name: str, text: str) -> Path:

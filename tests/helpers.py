@@ -37,6 +37,13 @@ def snakemake(workdir: Path, *args: str, overrides: Sequence[str] = CI,
             "--config", overrides_arg(overrides)]
 
 
+def assert_forked(times: dict) -> None:
+    """A verdict's ``times`` say its worker was forked with torch imported (an exec'd worker
+    imports it: 1-1.5 s on the CPU machines)."""
+    if "import_s" in times:  # (absent where the worker never reported)
+        assert times["import_s"] < 0.5, times
+
+
 def env(**extra: str) -> dict[str, str]:
     """This process's environment with this interpreter's bin first (the rules call `python
     -m`, Snakemake's profiles `snakemake`), plus ``extra``."""

@@ -36,6 +36,23 @@ def test_permissive_on_cpu_reports_the_library_share_against_its_ceiling():
     assert not b.ok and "70%" in b.detail and "50%" in b.detail
 
 
+def test_the_cpu_library_share_is_the_median_of_the_timed_calls_shares():
+    """Host time summed over calls is swayed by one preempted call (0.96 read as 0.17 beside
+    another test worker: one 1 us aten::to that took 3 ms); each call's own share is not."""
+    calls = [[op("aten::clamp", 20.0), op("aten::to", 1.0)] for _ in range(99)]
+    calls.append([op("aten::clamp", 20.0), op("aten::to", 3000.0)])  # preempted once
+    merged = [op("aten::clamp", 2000.0), op("aten::to", 3099.0)]
+    assert audit(merged, "cpu", Policy.permissive).library_time_frac < 0.4  # the sum's share
+    a = audit(merged, "cpu", Policy.permissive, calls=calls)
+    assert a.ok and a.library_time_frac == pytest.approx(20.0 / 21.0)
+    b = audit(merged, "cpu", Policy.permissive, max_library_frac=0.5, calls=calls)
+    assert not b.ok and "95%" in b.detail  # the ceiling is held against the median
+    # calls whose rows took no time are left out; none at all: the merged rows' share
+    assert audit(merged, "cpu", Policy.permissive, calls=[[], *calls]).library_time_frac \
+        == pytest.approx(20.0 / 21.0)
+    assert audit(merged, "cpu", Policy.permissive, calls=[[]]).library_time_frac < 0.4
+
+
 def test_strict_on_cuda_allows_own_kernels_and_copies_only():
     own = [kernel("relu_kernel(float const*, float*, long)", 5.0),
            kernel("Memcpy DtoD (Device -> Device)", 1.0)]

@@ -41,6 +41,7 @@ from assay.verify.harness import prepare, verify
 from assay.verify.policy import compute_ops
 from assay.verify.reference import Prepared
 from assay.verify.settings import SandboxLimits, Transfer, VerifyConfig
+from helpers import assert_forked
 
 ZOO = Path(__file__).parent / "zoo"
 # Generous device ceilings: no honest cpu kernel comes near this floor; a faked time does.
@@ -207,22 +208,6 @@ def prepared_lightest(task: Task) -> Prepared:
         plan.reductions = light.reductions(full)
         _LIGHT[key] = prepare(task, "cpu", cfg, plan)
     return _LIGHT[key]
-
-
-@pytest.fixture
-def forked_workers(monkeypatch):
-    """Workers forked from the zygote (torch imported once) rather than exec'd: the cpu
-    target's opt-in, the cuda target's default (assay.verify.sandbox.zygote). The zoo's main
-    verdicts go through the cpu default (exec); its lighter protocols and recomputed
-    references through the zygote, so every case meets both launch paths on this machine,
-    at a second less per verification."""
-    monkeypatch.setenv("ASSAY_SANDBOX_ZYGOTE", "1")
-
-
-def assert_forked(times: dict) -> None:
-    """The worker was forked with torch imported (an exec'd worker imports it: ~1 s here)."""
-    if "import_s" in times:  # (absent where the worker never reported)
-        assert times["import_s"] < 0.5, times
 
 
 @pytest.mark.parametrize("name", LIGHT_CASES)

@@ -37,11 +37,13 @@ def prepared_for(v: Variant, cfg: VerifyConfig) -> Prepared:
     return _PREPARED[key]
 
 
-def run(v: Variant, path: Path, budget_s: float = 0.1) -> dict:
-    """One verification; the row the benchmark records and the test asserts on."""
+def run(v: Variant, path: Path, budget_s: float = 0.1, times: dict | None = None) -> dict:
+    """One verification; the row the benchmark records and the test asserts on (``times``:
+    filled with the verdict's seconds per phase)."""
     cfg = config(budget_s)
     t0 = time.perf_counter()
-    verdict = verify(task_of(v), path, v.target, cfg, prepared=prepared_for(v, cfg))
+    verdict = verify(task_of(v), path, v.target, cfg, prepared=prepared_for(v, cfg),
+                     times=times)
     failed = {k: c["detail"][:300] for k, c in verdict.checks.items() if not c["passed"]}
     outcome = judge(v, verdict.accepted, list(verdict.reasons))
     row = {**v.meta(), "accepted": verdict.accepted, "got": list(verdict.reasons),

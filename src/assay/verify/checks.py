@@ -102,7 +102,8 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
     Check("kernel_audit", "under `strict`, any ATen compute op or library kernel (cuBLAS, "
           "cuDNN, ATen's, torch.compile's Triton kernels, any call of torch.compile's code) in "
           "the timed calls, from Python, from C++ or from a thread of its own; under "
-          "`permissive`, library time above `max_library_time_frac`; on cuda, a "
+          "`permissive`, library time above `max_library_time_frac` (on cpu, the median of "
+          "the timed calls' shares: host time, which one preempted call would sway); on cuda, a "
           "call that runs no kernel of its own. The profiler runs over every call from before "
           "the candidate loads, so what is audited is what is timed", when="`verify.audit` is on"),
     Check("audit_provenance", "a kernel audit that credits the candidate with a kernel no "

@@ -547,7 +547,9 @@ def _judge_report(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig,
     if cfg.audit:  # the audit covered every timed call (assay.verify.worker.CallAudit)
         _check_audit_present(v, result, prep)
     if "kernels" in result:
-        _check_kernels(v, result["kernels"], prep, cfg, w.own_kernels)
+        calls = (result.get("audit") or {}).get("calls") or []
+        _check_kernels(v, result["kernels"], prep, cfg, w.own_kernels,
+                       [c["rows"] for c in calls])
         if prep.device.startswith("cuda") and cfg.policy == "strict":
             _check_provenance(v, result, w)
 
@@ -850,11 +852,12 @@ def _check_speed(v: Verdict, cfg: VerifyConfig,
 
 
 def _check_kernels(v: Verdict, rows: list, prep: Prepared, cfg: VerifyConfig,
-                   own: frozenset[str] = frozenset()) -> None:
+                   own: frozenset[str] = frozenset(), calls: list | None = None) -> None:
     """The profiled kernels against the policy (``kernel_audit``; ``own``: the candidate's
-    @triton.jit kernels) and, where the config asks, against the reference's own ops
-    (``reference_fallback``)."""
-    audit = policy_mod.audit(rows, prep.device, cfg.policy, cfg.max_library_time_frac, own)
+    @triton.jit kernels; ``calls``: each timed call's rows) and, where the config asks,
+    against the reference's own ops (``reference_fallback``)."""
+    audit = policy_mod.audit(rows, prep.device, cfg.policy, cfg.max_library_time_frac, own,
+                             calls)
     v.kernels_launched = audit.kernels
     v.kernel_profile = policy_mod.profile_rows(rows, prep.device)
     v.library_time_frac = audit.library_time_frac
