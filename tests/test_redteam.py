@@ -58,6 +58,7 @@ def test_redteam_variant(variant, written, forked_workers):
     times: dict = {}
     row = run(variant, written[variant.id], times=times)
     assert row["outcome"] == "ok", (row["outcome"], row["got"], row["failed"], row["error"])
+    assert "import_s" in times, times  # every variant's worker runs (none is a crash case)
     assert_forked(times)
 
 

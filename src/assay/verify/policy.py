@@ -102,7 +102,7 @@ def audit(rows: list[dict[str, Any]], device: str, policy: str,
     """``rows``: the timed calls' rows merged; ``calls``: each timed call's own rows, where the
     report has them (the cpu share is their median); ``own``: the candidate's @triton.jit
     kernel names (see :func:`is_library`)."""
-    ops = [r for r in rows if r["name"].startswith("aten::") or r["name"] == COMPILED_GRAPH]
+    ops = _ops(rows)
     compute_ops = sorted({r["name"] for r in ops if r["name"] not in ALLOWED_OPS})
     if device.startswith("cuda"):
         kernels = [r for r in rows if r["kind"] == "kernel" and r["device_us"] > 0]
@@ -143,10 +143,15 @@ def audit(rows: list[dict[str, Any]], device: str, policy: str,
     return Audit(False, f"unknown policy {policy!r} (strict or permissive)", names, lib_frac)
 
 
+def _ops(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of ATen ops and of calls of torch.compile's code (the audit's "ops")."""
+    return [r for r in rows if r["name"].startswith("aten::") or r["name"] == COMPILED_GRAPH]
+
+
 def _cpu_library_share(rows: list[dict[str, Any]]) -> float | None:
     """The share of host time in ATen compute ops among the ATen ops and interpreted Triton
     kernels of ``rows`` (None where they took no time)."""
-    ops = [r for r in rows if r["name"].startswith("aten::") or r["name"] == COMPILED_GRAPH]
+    ops = _ops(rows)
     total = sum(r["cpu_us"] for r in ops + [r for r in rows if r.get("kind") == "interpreted"])
     lib = sum(r["cpu_us"] for r in ops if r["name"] not in ALLOWED_OPS)
     return lib / total if total > 0 else None
