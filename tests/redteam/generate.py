@@ -143,6 +143,13 @@ full = _honest(self, *args)
 flat = args[0].view(-1)[:full.numel()]
 flat.copy_(full.reshape(-1))
 return flat.view(full.shape)"""},
+    # one element past the first input's end (an off-by-one store): the input's own storage
+    # ends there unless the verifier placed it between canary pads, so the store lands in a pad
+    "write_outside": {"reasons": {"writes_in_bounds"}, "body": """\
+x = args[0]
+past = x.new_empty(0).set_(x.untyped_storage(), x.storage_offset() + x.numel(), (1,), (1,))
+past.fill_(1.0)
+return _honest(self, *args)"""},
     "patch_timer": {"reasons": {"harness_integrity"}, "body": """\
 if not _state.get('patched'):
     real = time.perf_counter

@@ -76,6 +76,11 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
     Check("stale_results", "results cached across calls (keyed on pointers, ids, a call "
           "counter): fresh inputs in the same buffers must give fresh outputs"),
     Check("inputs_unchanged", "a candidate that modifies its inputs"),
+    Check("writes_in_bounds", "writes outside the tensors the candidate was given "
+          "(pygpubench's canaries): every input sits between 64 KiB pads of a secret NaN word, "
+          "checked after every verified call (a timed call's stray write shows at its buffer's "
+          "next one); what lies past an output the candidate allocates is the allocator's, "
+          "unguarded"),
     Check("no_output_aliasing", "an output that is an input's memory"),
     Check("timed_outputs", "outputs of timed calls are re-checked, including calls after the "
           "input buffers were overwritten in place (same pointers, new data)"),

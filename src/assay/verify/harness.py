@@ -591,6 +591,7 @@ class _OutputFindings:
     unsettled: list[str] = field(default_factory=list)   # changed after forward returned
     aliased: list[str] = field(default_factory=list)     # shares memory with an input
     changed: list[str] = field(default_factory=list)     # inputs modified in place
+    outside: list[str] = field(default_factory=list)     # canaries around an input changed
     precision: list[str] = field(default_factory=list)   # over the float64 error bound
     # the correctness sets' closest call to that bound (ratio, its detail): said on a pass too
     nearest_bound: tuple[float, str] = (0.0, "")
@@ -643,6 +644,8 @@ def _compare_outputs(prep: Prepared, w: WorkerRun, cfg: VerifyConfig) -> _Output
             problems.append(f"{where}: {len(outs)} outputs, reference has {len(refs)}")
         if phase in ("check", "stale") and any(call.get("inputs_changed") or []):
             found.changed.append(where)
+        if call.get("outside_writes"):  # every call: pads are never refilled
+            found.outside.append(f"{where}: {', '.join(map(str, call['outside_writes'][:3]))}")
         for j, (m, r) in enumerate(zip(outs, refs)):
             tag = f"{where} output {j}"
             if not m.get("plain"):
@@ -729,8 +732,9 @@ def _lighter(name: str, reductions: dict[str, str], detail: str) -> str:
 def _check_outputs(v: Verdict, found: _OutputFindings,
                    reductions: dict[str, str] | None = None) -> None:
     """The output checks: layout, lazy outputs, correctness, precision, stale results, inputs
-    unchanged, no aliasing, and the timed calls' outputs. ``reductions``: what the memory plan
-    left out of the protocol, named in the details of the checks that lost it."""
+    unchanged, writes in bounds, no aliasing, and the timed calls' outputs. ``reductions``:
+    what the memory plan left out of the protocol, named in the details of the checks that
+    lost it."""
     problems, changed, aliased = found.problems, found.changed, found.aliased
     red = reductions or {}
     checks.record(v, "output_layout", not found.layout, "; ".join(found.layout[:4]))
@@ -746,6 +750,9 @@ def _check_outputs(v: Verdict, found: _OutputFindings,
                   _lighter("stale_results", red, "; ".join(problems["stale"][:3])))
     checks.record(v, "inputs_unchanged", not changed,
             f"inputs modified in place: {', '.join(changed[:4])}" if changed else "")
+    checks.record(v, "writes_in_bounds", not found.outside,
+                  "canary pads around inputs changed (writes outside the tensors the candidate "
+                  f"was given): {'; '.join(found.outside[:3])}" if found.outside else "")
     checks.record(v, "no_output_aliasing", not aliased,
             f"output shares memory with an input: {', '.join(aliased[:3])}" if aliased else "")
     timed = problems["timed"] + problems["after"]

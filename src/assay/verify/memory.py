@@ -37,6 +37,11 @@ from typing import Any
 CUDA_CONTEXT_B = 768 << 20
 # Host memory of one process with torch imported (the harness and the worker: two of them).
 PROCESS_B = 512 << 20
+# Bytes of canary before and after every input tensor the worker gives the candidate
+# (worker.Canaries, pygpubench's canaries): a write up to this far outside an input lands in
+# them. 64 KiB keeps the data as aligned as its buffer (the caching allocator's 512 B, the
+# host allocator's 64 B).
+CANARY_PAD_B = 64 << 10
 # The caching allocator rounds and fragments; plans keep this share of free memory unused.
 HEADROOM = 0.10
 # The worker's L2 flush buffer on cuda (2 x the L2; H100/H200: 50 MB L2) and on cpu.
@@ -68,6 +73,7 @@ class TaskShapes:
     forward_peak_b: int      # live intermediates of one forward (outputs included)
     forward64_peak_b: int
     source: str = "meta"     # how the shapes were found: meta | cpu
+    input_tensors: int = 1   # tensors per input set (each between canary pads in the worker)
 
 
 def _hi_itemsize(dtype) -> int:
@@ -153,7 +159,8 @@ def task_shapes(module: Any) -> TaskShapes:
         params_b=sum(_bytes(p) for p in state),
         params64_b=sum(_bytes(p, hi=True) for p in state),
         forward_peak_b=max(tracker.peak[0], sum(_bytes(o) for o in outs)),
-        forward64_peak_b=max(tracker.peak[1], sum(_bytes(o, hi=True) for o in outs)))
+        forward64_peak_b=max(tracker.peak[1], sum(_bytes(o, hi=True) for o in outs)),
+        input_tensors=len(inputs))
 
 
 def shapes_or_none(module: Any) -> tuple[TaskShapes | None, str]:
@@ -409,6 +416,10 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     # blocks between outputs and snapshots, and a later request of another size finds them
     # taken (an H200 worker ran out of memory at its plan's 78 GiB, asking for 6 more)
     worker = worker_sets + max(worker_call, worker_timing) + max(s.inputs_b, s.outputs_b)
+    # every input the candidate gets sits between canary pads (worker.Canaries): the checked
+    # sets are held together, then the timing buffers
+    worker += (max(proto.check_sets + 1, proto.timing_sets) * s.input_tensors
+               * 2 * CANARY_PAD_B)
     landing = (1 if proto.one_landing else proto.slots) * s.outputs_b
     in_arena = kept_sets + s.params_b
 

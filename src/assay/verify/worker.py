@@ -31,7 +31,8 @@ The protocol (slot names from :func:`plan_slots`):
   while the worker waits (``settle_s``, after a device-wide sync): work left running on a
   thread or a side stream shows;
 - outputs must be plain ``torch.Tensor`` objects with real storage (no subclass computed on
-  access); inputs are compared bit for bit with pristine copies after each verified call.
+  access); inputs are compared bit for bit with pristine copies after each verified call, and
+  every input sits between canary pads (:class:`Canaries`) checked after every verified call.
 - audit: the profiler runs from before the candidate's module loads to the end, over every
   call alike (:class:`CallAudit`), so no call can tell whether it is audited; the kernel audit
   reads the timed calls, and each timed call's ops and kernels go to the consistency check.
@@ -60,6 +61,7 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 import types  # noqa: E402
+import weakref  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -71,7 +73,7 @@ from assay.bench import timing  # noqa: E402  (captures the original clocks at i
 from assay.bench.build import cache_dir  # noqa: E402
 from assay.tasks import instantiate  # noqa: E402
 from assay.tasks.instantiate import as_outputs, seeded, set_fp32_numerics  # noqa: E402
-from assay.verify.memory import sets_stay_on_host  # noqa: E402
+from assay.verify.memory import CANARY_PAD_B, sets_stay_on_host  # noqa: E402
 from assay.verify.policy import COMPILED_GRAPH  # noqa: E402
 from assay.verify.quiet import no_kineto_markers  # noqa: E402
 
@@ -364,6 +366,78 @@ def fresh(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
     """A copy of ``t`` of this process's own on ``device`` (:func:`moved`, or a clone)."""
     out = moved(t, device)
     return out.clone() if out is t else out
+
+
+class Canaries:
+    """Every input tensor the candidate gets sits between two pads of a canary word, checked
+    after every verified call: a write outside the input's own elements (scratch past its end,
+    an index off by a row) changes them, where ``inputs_unchanged``, which compares the
+    elements alone, sees nothing. The word is a quiet NaN with a payload drawn per worker, so a
+    kernel that reads past an input gets NaN (and fails ``correctness``) and none can write the
+    word back blindly. Pads are never refilled: a timed call's stray write shows at the next
+    verified call of its buffer (every timing buffer has one after timing).
+
+    The pads are the input's own allocation, so no layout or allocator decides where they are;
+    an output the candidate allocates itself has no pads (what lies past it is the allocator's
+    choice), so only writes near the inputs are seen (README, the exploit table)."""
+
+    def __init__(self, device: torch.device):
+        payload = int.from_bytes(os.urandom(4), "little") & 0x003FFFFF
+        self.word = 0x7FC00000 | payload  # a quiet NaN as float32; an int32 below 2**31
+        self.device = device
+        self._pattern: torch.Tensor | None = None  # the word's bytes, a pad and 8 more
+        self._guarded: dict[int, tuple[Any, int, int]] = {}  # id -> (weakref, span, total)
+
+    def pattern(self) -> torch.Tensor:
+        if self._pattern is None:
+            words = torch.full((CANARY_PAD_B // 4 + 2,), self.word, dtype=torch.int32,
+                               device=self.device)
+            self._pattern = words.view(torch.uint8)
+        return self._pattern
+
+    def place(self, src: Any) -> Any:
+        """A copy of ``src`` of this process's own on the device, with its strides, between
+        two pads (a non-tensor as it is; a tensor whose elements overlap, an expanded one, as
+        :func:`fresh` copies it)."""
+        if not isinstance(src, torch.Tensor):
+            return src
+        if src.layout != torch.strided or any(st <= 0 < n - 1 for n, st
+                                              in zip(src.shape, src.stride())):
+            return fresh(src, self.device)
+        item = src.element_size()
+        span = item * (1 + sum((n - 1) * st for n, st in zip(src.shape, src.stride()))
+                       if src.numel() else 0)
+        total = 2 * CANARY_PAD_B + -(-span // 4) * 4
+        buf = torch.empty((total // 4,), dtype=torch.int32, device=self.device)
+        buf[:CANARY_PAD_B // 4].fill_(self.word)  # the pads only: the body is copied over
+        buf[(CANARY_PAD_B + span) // 4:].fill_(self.word)  # (from the word the body ends in)
+        body = buf.view(torch.uint8)[CANARY_PAD_B:CANARY_PAD_B + span].view(src.dtype)
+        out = body.as_strided(src.shape, src.stride())
+        copy_staged(out, src)
+        key = id(out)
+        self._guarded[key] = (weakref.ref(out, lambda _, k=key: self._guarded.pop(k, None)),
+                              span, total)
+        return out
+
+    def broken(self, x: Any) -> str:
+        """Why ``x``'s pads are not as :meth:`place` left them ('' where they are, or where
+        ``x`` is not a tensor placed here)."""
+        entry = self._guarded.get(id(x)) if isinstance(x, torch.Tensor) else None
+        if entry is None or entry[0]() is not x:
+            return ""
+        _, span, total = entry
+        st = x.untyped_storage()
+        if st.nbytes() != total or x.storage_offset() * x.element_size() != CANARY_PAD_B:
+            return "its storage was replaced"
+        whole = torch.empty(0, dtype=torch.uint8, device=x.device).set_(st)
+        ref = self.pattern()
+        tail = whole[CANARY_PAD_B + span:]
+        phase = span % 4  # the word's bytes repeat from the buffer's start
+        if not _EQUAL(whole[:CANARY_PAD_B], ref[:CANARY_PAD_B]):
+            return "written before its first element"
+        if not _EQUAL(tail, ref[phase:phase + tail.numel()]):
+            return "written past its last element"
+        return ""
 
 
 def materialize(arenas: dict[str, torch.Tensor], item: Any, device: torch.device) -> Any:
@@ -830,8 +904,10 @@ class Recorder:
     STEPS = ("snapshot", "settle", "landing", "inputs_check", "handover")
 
     def __init__(self, device: torch.device, landing: dict[str, list[torch.Tensor]],
-                 settle_s: float, handshake_dir: Path | None = None):
+                 settle_s: float, handshake_dir: Path | None = None,
+                 canaries: Canaries | None = None):
         self.device = device
+        self.canaries = canaries
         self.landing = landing
         self.settle_s = settle_s
         self.calls: dict[str, dict[str, Any]] = {}
@@ -881,9 +957,14 @@ class Recorder:
         if pristine is not None:
             changed = [bool(isinstance(x, torch.Tensor) and not bits_equal(x, p))
                        for x, p in zip(inputs, pristine)]
+        outside = []
+        if self.canaries is not None:
+            outside = [f"input {i} {why}" for i, x in enumerate(inputs)
+                       if (why := self.canaries.broken(x))]
         timing.sync(self.device)
         self._step("inputs_check")
-        self.calls[slot] = {"set": set_id, "outputs": metas, "inputs_changed": changed}
+        self.calls[slot] = {"set": set_id, "outputs": metas, "inputs_changed": changed,
+                            "outside_writes": outside}
         if self.handshake_dir is not None:
             hand_over(self.handshake_dir, self.seq, slot)
             self.seq += 1
@@ -988,8 +1069,9 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     check, timing_ids, swaps = job["check_sets"], job["timing_sets"], job["swap_sets"]
     tcfg = timing.TimingConfig(**job["timing"])
     slots = plan_slots(check, timing_ids, swaps, tcfg.min_runs)
+    canaries = Canaries(device)
     rec = Recorder(device, landing, float(job.get("settle_s", 0.0)),
-                   job_dir if job.get("landing_handshake") else None)
+                   job_dir if job.get("landing_handshake") else None, canaries)
     poison = int(job["poison_bytes"])
 
     def verified(slot: str, phase: str, set_id: int, xs: list, pristine: list | None,
@@ -1006,8 +1088,15 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
         del out
 
     def own_copy(s: int) -> list:
-        """Set ``s`` in fresh buffers of this process's (a draw is one already)."""
-        return sets[s] if drawn else clone_inputs(sets[s], device)
+        """Set ``s`` in fresh buffers of this process's, each between canary pads. A draw is
+        placed a tensor at a time, each dropped once copied: the set and one of its tensors
+        are live at once, less than the call that follows holds (its pristine set)."""
+        xs = list(sets[s])
+        placed = []
+        for i, x in enumerate(xs):
+            placed.append(canaries.place(x))
+            xs[i] = None
+        return placed
 
     result["stage"] = "correctness"
     t = clock()
