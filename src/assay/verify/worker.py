@@ -372,9 +372,9 @@ class Canaries:
     """Every input tensor the candidate gets sits between two pads of a canary word, checked
     after every verified call: a write outside the input's own elements (scratch past its end,
     an index off by a row) changes them, where ``inputs_unchanged``, which compares the
-    elements alone, sees nothing. The word is a quiet NaN with a payload drawn per worker, so a
-    kernel that reads past an input gets NaN (and fails ``correctness``) and none can write the
-    word back blindly. Pads are never refilled: a timed call's stray write shows at the next
+    elements alone, sees nothing. The word is a quiet float32 NaN with a payload drawn per
+    worker, so a float32 kernel that reads past an input gets NaN (and fails ``correctness``)
+    and none can write the word back blindly. Pads are never refilled: a timed call's stray write shows at the next
     verified call of its buffer (every timing buffer has one after timing).
 
     The pads are the input's own allocation, so no layout or allocator decides where they are;
