@@ -82,6 +82,9 @@ def _verify(args: argparse.Namespace) -> int:
     # cuda: the compile's input sets would take device memory the plan counts as free.
     early = child is not None and device == "cpu" and (
         args.retime_baseline or not baseline_is_cached(task, device, tcfg, compile_))
+    if child is not None and not early and not args.retime_baseline \
+            and baseline_is_cached(task, device, tcfg, compile_):
+        child.close()  # not needed: its imports would only take the cores this one works on
     prep = None
     if early:
         child.lease.acquire()
