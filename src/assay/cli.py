@@ -80,11 +80,11 @@ def _verify(args: argparse.Namespace) -> int:
     # On cpu the baseline's process compiles the reference while this one plans and prepares,
     # and times it only once this one is done (it waits for the lease, held until then). Not on
     # cuda: the compile's input sets would take device memory the plan counts as free.
-    early = child is not None and device == "cpu" and (
-        args.retime_baseline or not baseline_is_cached(task, device, tcfg, compile_))
-    if child is not None and not early and not args.retime_baseline \
-            and baseline_is_cached(task, device, tcfg, compile_):
+    cached = child is not None and not args.retime_baseline \
+        and baseline_is_cached(task, device, tcfg, compile_)
+    if cached:
         child.close()  # not needed: its imports would only take the cores this one works on
+    early = child is not None and device == "cpu" and not cached
     prep = None
     if early:
         child.lease.acquire()

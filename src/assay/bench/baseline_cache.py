@@ -163,10 +163,7 @@ def _serve(conn, lease) -> None:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
 
-    job = conn.recv()
-    if job is None:
-        return
-    fn, args, held = job
+    fn, args, held = conn.recv()  # (a process never sent a job is terminated: close)
     try:
         kwargs = {"hold": lambda: lease} if held else {}
         conn.send(("ok", fn(*args, **kwargs)))

@@ -904,8 +904,7 @@ class Recorder:
     STEPS = ("snapshot", "settle", "landing", "inputs_check", "handover")
 
     def __init__(self, device: torch.device, landing: dict[str, list[torch.Tensor]],
-                 settle_s: float, handshake_dir: Path | None = None,
-                 canaries: Canaries | None = None):
+                 settle_s: float, canaries: Canaries, handshake_dir: Path | None = None):
         self.device = device
         self.canaries = canaries
         self.landing = landing
@@ -957,10 +956,8 @@ class Recorder:
         if pristine is not None:
             changed = [bool(isinstance(x, torch.Tensor) and not bits_equal(x, p))
                        for x, p in zip(inputs, pristine)]
-        outside = []
-        if self.canaries is not None:
-            outside = [f"input {i} {why}" for i, x in enumerate(inputs)
-                       if (why := self.canaries.broken(x))]
+        outside = [f"input {i} {why}" for i, x in enumerate(inputs)
+                   if (why := self.canaries.broken(x))]
         timing.sync(self.device)
         self._step("inputs_check")
         self.calls[slot] = {"set": set_id, "outputs": metas, "inputs_changed": changed,
@@ -1070,8 +1067,8 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     tcfg = timing.TimingConfig(**job["timing"])
     slots = plan_slots(check, timing_ids, swaps, tcfg.min_runs)
     canaries = Canaries(device)
-    rec = Recorder(device, landing, float(job.get("settle_s", 0.0)),
-                   job_dir if job.get("landing_handshake") else None, canaries)
+    rec = Recorder(device, landing, float(job.get("settle_s", 0.0)), canaries,
+                   job_dir if job.get("landing_handshake") else None)
     poison = int(job["poison_bytes"])
 
     def verified(slot: str, phase: str, set_id: int, xs: list, pristine: list | None,
