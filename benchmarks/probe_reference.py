@@ -27,7 +27,7 @@ def _timed(fn, sync, repeat: int) -> float:
     return best
 
 
-def probe(path: Path, device: str, repeat: int) -> dict:
+def probe(path: Path, device: str, repeat: int, whole: bool = True) -> dict:
     import torch
 
     from assay.tasks.instantiate import make_inputs, reference_model
@@ -62,12 +62,14 @@ def probe(path: Path, device: str, repeat: int) -> dict:
             p = plan.protocol
             row["sets"] = {"check": p.check_sets, "timing": p.timing_sets, "swap": p.swap_sets,
                            "wide_all": p.wide_all}
+    if not whole:
+        return row
     t0 = time.perf_counter()
     prep = prepare(task, device, cfg, plan)
     row["prepare_s"] = round(time.perf_counter() - t0, 2)
     row["prepared_sets"] = len(prep.distributions)
     row["prepared_placement"] = prep.placement
-    return {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
+    return row
 
 
 def main() -> None:
@@ -75,10 +77,14 @@ def main() -> None:
     ap.add_argument("tasks", nargs="+", type=Path, help="KernelBench-format task files")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--repeat", type=int, default=2, help="runs per forward; the fastest counts")
+    ap.add_argument("--forwards-only", action="store_true",
+                    help="the forwards and the plan, not prepare itself (minutes on large tasks)")
     args = ap.parse_args()
     for path in args.tasks:
         try:
-            print(json.dumps(probe(path, args.device, args.repeat)), flush=True)
+            row = probe(path, args.device, args.repeat, not args.forwards_only)
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                              for k, v in row.items()}), flush=True)
         except Exception as e:  # noqa: BLE001 - one task's failure is its row, the rest go on
             print(json.dumps({"task": path.name, "error": f"{type(e).__name__}: {e}"}), flush=True)
 
