@@ -242,7 +242,8 @@ def test_cpu_kernels_build_for_the_host_and_are_cached_per_cpu(monkeypatch):
 VERIFY_CLI = """
 import os, sys, torch
 from assay import cli
-cli._hold_cpu_threads("cpu")
+from assay.app import compose
+cli._hold_cpu_threads("cpu", compose(["target=cpu"]))
 print("threads", os.environ["OMP_NUM_THREADS"], torch.get_num_threads(), flush=True)
 """
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from assay.tasks.model import Task
-from assay.verify.memory import (CUDA_CONTEXT_B, Protocol, TaskShapes, plan, plan_for,
-                                 shapes_or_none, task_shapes)
+from assay.verify import memory
+from assay.verify.memory import (CUDA_CONTEXT_B, Protocol, TaskShapes, cached_shapes, plan,
+                                 plan_for, shapes_or_none, task_shapes)
 from assay.verify.settings import VerifyConfig
 
 KERNELBENCH = Path("/work/shared/kernelbench")
@@ -62,6 +63,27 @@ def test_a_task_that_reads_data_has_no_plan_and_says_why(tmp_path):
                         "return y * float(x.max().item())")
     shapes, why = shapes_or_none(_task(tmp_path, text).module())
     assert shapes is None and "meta" in why
+
+
+def test_shapes_are_cached_per_task_content_and_what_cannot_be_planned_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASSAY_BASELINE_CACHE", str(tmp_path / "cache"))
+    meta_passes = []
+    real = memory.shapes_or_none
+    monkeypatch.setattr(memory, "shapes_or_none", lambda m: meta_passes.append(1) or real(m))
+    task = _task(tmp_path)
+    first = cached_shapes(task)
+    assert first == (task_shapes(task.module()), "") and len(meta_passes) == 1
+    assert cached_shapes(Task.from_file(task.path)) == first and len(meta_passes) == 1
+    # another task's content is another key; one that cannot be planned is cached with why
+    reads = _task(tmp_path, TASK.replace("return torch.sigmoid(y + self.w)",
+                                         "return y * float(x.max().item())"), "2_Reads.py")
+    shapes, why = cached_shapes(reads)
+    assert shapes is None and "meta" in why and len(meta_passes) == 2
+    assert cached_shapes(reads) == (None, why) and len(meta_passes) == 2
+    # a damaged file, or one of another TaskShapes' fields, is made again
+    [cached] = (tmp_path / "cache").glob(f"{task.id}-shapes-*.json")
+    cached.write_text('{"shapes": {"inputs_b": 1}, "why": ""}')
+    assert cached_shapes(task) == first and len(meta_passes) == 3
 
 
 def _shapes(in_b, out_b, params_b=0) -> TaskShapes:

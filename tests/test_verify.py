@@ -214,5 +214,8 @@ def test_cli_transfer_reaches_the_verify_config(policy):
 
     for transfer, expected in (("host", "host"), (None, "draw")):
         args = argparse.Namespace(policy=policy, transfer=transfer)
-        cfg = from_cfg(compose(_verify_overrides(args)).verify)
-        assert (cfg.transfer, cfg.policy) == (expected, policy)
+        # (one compose: on cpu the target group's thread count comes with it)
+        for device, target in (("cpu", "cpu"), ("cuda", "auto")):
+            composed = compose(_verify_overrides(args, device))
+            cfg = from_cfg(composed.verify)
+            assert (cfg.transfer, cfg.policy, composed.target.name) == (expected, policy, target)

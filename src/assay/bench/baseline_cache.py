@@ -67,7 +67,7 @@ def _read_json(path: Path, valid: Callable[[Any], bool] = _is_object) -> dict[st
     return data if valid(data) else None
 
 
-def _cached_json(path: Path, compute: Callable[[], dict[str, Any]], refresh: bool,
+def cached_json(path: Path, compute: Callable[[], dict[str, Any]], refresh: bool,
                  valid: Callable[[Any], bool] = _is_object) -> tuple[dict[str, Any], bool]:
     """The JSON object in ``path``, else ``compute()`` written there (atomically, under a lock
     beside it: two processes asking for one key compute it once); and whether it came from the
@@ -108,7 +108,7 @@ def cached_baseline(task: Task, device: str, cfg: TimingConfig, compile_: bool,
     """The baseline from the cache, else ``time_it()`` (stored for next time); and whether it
     came from the cache. A lock per key: two verifications of one task time it once."""
     path, key = _baseline_path(task, device, cfg, compile_, compile_mode)
-    return _cached_json(path, lambda: {**time_it(), "cache_key": key}, refresh)
+    return cached_json(path, lambda: {**time_it(), "cache_key": key}, refresh)
 
 
 def baseline_is_cached(task: Task, device: str, cfg: TimingConfig, compile_: bool,
@@ -147,7 +147,7 @@ def cached_record(task: Task, device: str,
     compute = compute or (lambda: task_record(task, device))
 
     key = record_key(task, device_name(device), torch.__version__)
-    data, hit = _cached_json(
+    data, hit = cached_json(
         cache_root() / f"{task.id}-record-{key}.json",
         lambda: {"cache_key": key, "record": json.loads(json.dumps(compute(), default=str))},
         refresh, valid=lambda d: isinstance(d, dict) and isinstance(d.get("record"), dict))

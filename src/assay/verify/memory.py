@@ -551,11 +551,48 @@ def plan_transfers(shapes: TaskShapes, cfg, device: str, device_free_b: int | No
     return min(plans, key=lambda p: (not p.fits, len(p.reductions)))  # ties: the first
 
 
+# The shapes pass's method version: shapes cached by an older ``task_shapes`` are not reused.
+# (TaskShapes' field names are in the key too: a new field makes every cached one stale.)
+SHAPES_METHOD = 1
+
+
+def cached_shapes(task) -> tuple[TaskShapes | None, str]:
+    """:func:`shapes_or_none` of ``task``, cached per (task file's content, size, torch
+    version) beside the task records (``baseline_cache.cache_root``, never writable by a
+    candidate): the meta pass imports torch's Python decompositions and dynamo on its first
+    op, 2.5 s of a 15 s ``assay verify`` on a 2-core cpu, the same for every candidate."""
+    import hashlib
+    import json
+
+    import torch
+
+    from assay.bench.baseline_cache import cached_json, cache_root
+
+    fields = sorted(TaskShapes.__dataclass_fields__)
+    parts = {"task": task.source_hash, "size": task.size, "torch": torch.__version__,
+             "method": SHAPES_METHOD, "fields": fields}
+    key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+
+    def compute() -> dict:
+        shapes, why = shapes_or_none(task.module())
+        return {"cache_key": key, "shapes": None if shapes is None else asdict(shapes),
+                "why": why}
+
+    def valid(d) -> bool:
+        return isinstance(d, dict) and isinstance(d.get("why"), str) and (
+            d.get("shapes") is None
+            or isinstance(d["shapes"], dict) and sorted(d["shapes"]) == fields)
+
+    path = cache_root() / f"{task.id}-shapes-{key}.json"
+    data, _hit = cached_json(path, compute, False, valid)
+    return (None if data["shapes"] is None else TaskShapes(**data["shapes"])), data["why"]
+
+
 def plan_task(task, device: str, cfg, exclude: tuple[str, ...] = ()) -> Plan | None:
     """The plan of verifying ``task`` on ``device`` now (its free memory), or None when the
     task's shapes cannot be found without running it (verification then goes ahead unplanned);
     :func:`plan_transfers` chooses the transfer."""
-    shapes, _why = shapes_or_none(task.module())
+    shapes, _why = cached_shapes(task)
     if shapes is None:
         return None
     dev_free, host_free = free_memory(device)

@@ -144,7 +144,7 @@ def _memory_plan(task: Task, device: str, cfg: VerifyConfig, share: int):
     memory.plan_transfers' choice (verify takes it from the plan)."""
     from assay.verify import memory
 
-    shapes, _ = memory.shapes_or_none(task.module())  # one meta pass for every plan below
+    shapes, _ = memory.cached_shapes(task)  # one meta pass for every plan below
     if shapes is None:
         return None, True
     dev_free, host_free = memory.free_memory(device)
