@@ -377,7 +377,8 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     every input set materialized (drawn, or on cuda with a host arena: a set's copy for the
     pristine check instead, :func:`sets_resident`), the correctness clones, the timing
     buffers, a forward, the NaN poisoning of the allocator (an output's size, twice over), the
-    cache-flush buffer. Comparison: the wide temporaries of one chunk.
+    cache-flush buffer. Comparison: the wide temporaries of one chunk (recompute: one set's
+    references made again as well; the degeneracy test, in preparation, holds one more set's).
     """
     s = shapes
     cuda = device == "cuda"
@@ -390,15 +391,19 @@ def plan_for(shapes: TaskShapes, proto: Protocol, device: str, placement: str,
     fwd64 = s.params64_b + s.inputs64_b + s.forward64_peak_b
     refs = kept_sets + proto.sets * s.outputs_b + proto.wide_sets * s.outputs64_b
     chunk_b = min(s.outputs_numel, COMPARE_CHUNK) * 16  # complex128 at most
-    # device placement: the landing output is copied to the device whole, then compared;
-    # recompute: a set's references made again (both precisions, from a copy of its inputs)
-    # while another set's are still held (the harness's degeneracy test holds two sets'
-    # outputs at once)
-    compare = COMPARE_TEMPS * chunk_b + (s.outputs_b if placement != "host" else 0)
-    if recompute:
-        compare += s.inputs_b + 2 * s.outputs_b + s.outputs64_b + max(fwd, fwd64)
-        refs = kept_sets  # the input sets alone are kept (none where drawn)
+    temps = COMPARE_TEMPS * chunk_b
+    # device placement: the landing output is copied to the device whole, then compared
+    compare = temps + (s.outputs_b if placement != "host" else 0)
     prepare = s.inputs_b + fwd + fwd64 + 2 * chunk_b  # one set, both precisions, its stats
+    if recompute:
+        # a set's references made again from its drawn inputs: the task-dtype forward, then
+        # (its outputs held) the float64 one, then both compared a chunk at a time
+        one_set = s.inputs_b + max(fwd, s.outputs_b + max(fwd64, s.outputs64_b + temps))
+        compare = one_set + (s.outputs_b if placement != "host" else 0)
+        # the harness's degeneracy test (preparation, before any worker) holds the first
+        # correctness set's references in both precisions while another set's are made
+        prepare = max(prepare, s.outputs_b + s.outputs64_b + one_set)
+        refs = kept_sets  # the input sets alone are kept (none where drawn)
 
     # sets not resident in the worker (drawn, or kept in a host arena): a call's pristine
     # inputs are one more set on the device, and so are the perturbed timing buffers' sources
