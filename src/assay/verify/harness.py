@@ -36,7 +36,7 @@ import torch
 from assay.gpu import DeviceTurns, turns_alone, turns_shared
 from assay.records import Verdict
 from assay.tasks.model import Task
-from assay.verify import checks
+from assay.verify import checks, observer
 from assay.verify import policy as policy_mod
 from assay.verify import provenance
 from assay.verify.memory import Plan, TooLarge
@@ -156,6 +156,7 @@ class WorkerRun:
         self.outcome = ""
         self.landing: dict[str, list[torch.Tensor]] = {}
         self.tampered_inputs = False
+        self.sampled = None  # the out-of-process observer's samples (cpu: verify/observer.py)
         # One landing buffer for every call (a lighter memory protocol): each call's outputs
         # are compared while the worker waits (:class:`_LandingJudge`), kept here per slot.
         self.compared: dict[str, list[Any]] | None = None
@@ -254,12 +255,18 @@ class WorkerRun:
                                   lambda s, vals: _compare_landed(prep, s, vals, self.cfg))
             self.compared = judge.compared
             judge.start()
+        # On cpu the report's audit comes from the candidate's own process: the worker's
+        # threads are sampled from this one as well (the kernel writes the samples)
+        sampler = observer.CpuSampler() if cfg.audit and prep.device == "cpu" else None
         try:
             with _private_memory():
                 self.outcome = run_sandboxed([sys.executable, "-m", "assay.verify.worker",
                                               str(self.scratch)], self.scratch, cfg.timeout_s,
-                                             cfg.limits, device=prep.device)
+                                             cfg.limits, device=prep.device,
+                                             on_start=sampler.attach if sampler else None)
         finally:
+            if sampler is not None:
+                self.sampled = sampler.stop()
             if judge is not None:
                 judge.stop()
                 times["landing_compare_s"] = judge.seconds
@@ -550,6 +557,8 @@ def _judge_report(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig,
         calls = (result.get("audit") or {}).get("calls") or []
         _check_kernels(v, result["kernels"], prep, cfg, w.own_kernels,
                        [c["rows"] for c in calls])
+        if w.sampled is not None:  # (cpu) what the kernel saw against what the report says
+            _check_observer(v, w.sampled, calls)
         if prep.device.startswith("cuda") and cfg.policy == "strict":
             _check_provenance(v, result, w)
 
@@ -872,6 +881,19 @@ def _check_kernels(v: Verdict, rows: list, prep: Prepared, cfg: VerifyConfig,
     if cfg.reject_reference_ops:
         ok, detail = policy_mod.reference_fallback(rows, prep.reference_ops)
         checks.record(v, "reference_fallback", ok, detail)
+
+
+def _check_observer(v: Verdict, sampled: observer.Sampled, calls: list) -> None:
+    """``kernel_audit`` against the out-of-process observer: the timed calls' samples in
+    torch's libraries may not exceed the report's ATen share by more than observer.MARGIN
+    (its detail is added to the audit's either way)."""
+    ok, detail = observer.disagreement(sampled, calls)
+    before = v.checks.get("kernel_audit", {})
+    if not ok:
+        checks.record(v, "kernel_audit", False, detail)
+    elif before:
+        checks.record(v, "kernel_audit", bool(before.get("passed")),
+                      "; ".join(x for x in (before.get("detail", ""), detail) if x))
 
 
 def _check_provenance(v: Verdict, result: dict[str, Any], w: WorkerRun) -> None:

@@ -48,6 +48,9 @@ import time as _time
 _T0 = _time.perf_counter()
 _CLOCK = _time.perf_counter
 _SLEEP = _time.sleep
+# The timed calls' windows on the clock of the harness's observer (its samples' times)
+_MONOTONIC_NS = _time.clock_gettime_ns
+_CLOCK_MONOTONIC = _time.CLOCK_MONOTONIC
 
 import builtins  # noqa: E402
 import bisect  # noqa: E402
@@ -642,6 +645,7 @@ class CallAudit:
     def __init__(self, device: torch.device):
         self.device = device
         self.phases: list[str] = []
+        self.windows: list[tuple[int, int]] = []  # each call's (start, end), CLOCK_MONOTONIC ns
         kw = {"use_device": "cuda"} if device.type == "cuda" else {}
         self.prof = torch.autograd.profiler.profile(use_kineto=True, **kw, **_all_threads())
 
@@ -651,8 +655,12 @@ class CallAudit:
 
     def call(self, phase: str, fn, *args):
         self.phases.append(phase)
-        with _Range(CALL_RANGE):
-            return fn(*args)
+        t0 = _MONOTONIC_NS(_CLOCK_MONOTONIC)
+        try:
+            with _Range(CALL_RANGE):
+                return fn(*args)
+        finally:
+            self.windows.append((t0, _MONOTONIC_NS(_CLOCK_MONOTONIC)))
 
     def finish(self, keep: tuple[str, ...] = ("timed", "timed_verified")) -> dict[str, Any]:
         """{"expected": calls made, "found": call ranges in the trace, "phases": {phase: n},
@@ -674,10 +682,10 @@ class CallAudit:
                                "phases": phases, "outside_us": trace["outside_us"]}
         if len(calls) == len(self.phases):
             out["calls"] = [{"phase": p, "rows": rows, "span_us": span, "side": side,
-                             "joins": joins}
-                            for p, rows, span, side, joins in zip(
+                             "joins": joins, "window_ns": list(window)}
+                            for p, rows, span, side, joins, window in zip(
                                 self.phases, calls, trace["spans_us"], trace["side"],
-                                trace["joins"]) if p in keep]
+                                trace["joins"], self.windows) if p in keep]
         return out
 
 

@@ -10,6 +10,7 @@ import select
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from assay.verify.sandbox import zygote
@@ -83,8 +84,10 @@ def prestart_worker(device: str = "cpu") -> None:
 
 
 def run_sandboxed(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLimits,
-                  device: str = "cpu") -> Outcome:
-    """Run ``cmd`` in ``cwd`` (the scratch folder, which the caller removes afterwards).
+                  device: str = "cpu", on_start: "Callable[[int], None] | None" = None) -> Outcome:
+    """Run ``cmd`` in ``cwd`` (the scratch folder, which the caller removes afterwards);
+    ``on_start`` gets the started process's pid (the worker runs under it: an observer
+    attaches there, verify/observer.py).
 
     Returns an :class:`Outcome`: the str "ok", "timeout after N s ...", "exit N: <log tail>" or
     "killed by signal S: <log tail>", with ``.isolation`` saying what the sandbox applied.
@@ -99,7 +102,7 @@ def run_sandboxed(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLi
     cgroups = Cgroups()
     try:
         cgroups = Cgroups.create(slot.index if slot else None, limits, disabled)
-        return _run(cmd, cwd, timeout_s, limits, device, disabled, slot, cgroups)
+        return _run(cmd, cwd, timeout_s, limits, device, disabled, slot, cgroups, on_start)
     finally:
         cgroups.kill_all()
         cgroups.remove()
@@ -108,7 +111,8 @@ def run_sandboxed(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLi
 
 
 def _run(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLimits, device: str,
-         disabled: set[str], slot: "Slot | None", cgroups: "Cgroups") -> Outcome:
+         disabled: set[str], slot: "Slot | None", cgroups: "Cgroups",
+         on_start: "Callable[[int], None] | None" = None) -> Outcome:
     iso: dict[str, str] = {"session": "on: own session and process group"}
     uid = gid = None
     cache, private_cache = kernel_cache(cwd)
@@ -175,6 +179,8 @@ def _run(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLimits, dev
         spec["report_fd"] = write_fd
         with open(log, "wb") as out:
             proc = _start(spec, cmd, out, write_fd, device)
+            if on_start is not None:
+                on_start(proc.pid)
             os.close(write_fd)
             write_fd = -1
             try:

@@ -1,0 +1,329 @@
+"""An observer outside the worker (issue #19, KernelGuard's forged result objects).
+
+On the cpu target the candidate runs inside the process that writes the verifier's report: the
+kernel audit's rows (which ATen ops each timed call ran) come from a profiler in that process,
+and a candidate can rewrite them on their way out (``tests/zoo/candidates/
+exploit_forged_worker_report.py``: torch.softmax under the strict policy, reported as a kernel
+of its own). This module looks from the harness's process instead. Every thread of the worker
+is sampled with ``perf_event_open`` (a software cpu-clock event per thread: the instruction
+pointer in user space and a CLOCK_MONOTONIC time, every ``PERIOD_NS`` of the thread's CPU
+time), and each sample is placed in the file whose code it was in (the worker's
+``/proc/<pid>/maps``, read by the harness). The kernel writes the samples; nothing the candidate
+does in its process reaches them.
+
+The check (:func:`disagreement`): within the windows of the timed calls, the share of samples in
+torch's own libraries (``libtorch_cpu``, ``libtorch``, ``libc10``: ATen's kernels and its
+dispatch) may not exceed the share of each call's span the report gives to ATen ops by more
+than ``MARGIN``. An honest report says where ATen ran (copies and allocations included, since
+they are ATen too); a rewritten one that hides library compute is contradicted. Limits, said in
+the README: the windows are the worker's (a candidate that also moves them, or that does its
+library work in threads that live under one polling interval, is not caught by this alone);
+with too few samples in the windows (tiny calls, few of them) the check says so and passes;
+where ``perf_event_open`` is refused (not root and another uid, ``perf_event_paranoid``) the
+observer is off and the verdict says why.
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+import ctypes
+import mmap
+import os
+import re
+import statistics
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+# One sample per 100 us of a thread's CPU time (~1-2% of it in the sampling interrupt)
+PERIOD_NS = 100_000
+# Samples within the timed calls' windows below which the check cannot tell (it passes, says so)
+MIN_SAMPLES = 50
+# How far the sampled share of torch's libraries may exceed the report's ATen share of the calls
+# (the profiler's own callbacks and ATen's dispatch run in libtorch_cpu too, counted by neither
+# report row)
+MARGIN = 0.35
+POLL_S = 0.05            # new threads attached, ring buffers drained
+MAPS_EVERY_S = 0.2       # each process's mappings read again
+RING_PAGES = 128         # per thread: 512 KiB, ~16000 samples between drains
+
+_SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}
+_PERF_TYPE_SOFTWARE, _PERF_COUNT_SW_CPU_CLOCK = 1, 0
+_SAMPLE_IP, _SAMPLE_TID, _SAMPLE_TIME = 1, 2, 4
+_EXCLUDE_KERNEL, _EXCLUDE_HV, _USE_CLOCKID = 1 << 5, 1 << 6, 1 << 25
+_CLOCK_MONOTONIC = 1
+_PERF_FLAG_FD_CLOEXEC = 8
+_RECORD_LOST, _RECORD_SAMPLE = 2, 9
+# torch's own code: ATen's kernels (MKL and oneDNN are linked into libtorch_cpu) and dispatch
+TORCH_LIBRARY = re.compile(r"/lib(torch_cpu|torch|c10)\.so[^/]*$")
+# OpenMP runtimes: an idle team's threads spin in them, whoever's team it is (not counted)
+OPENMP_RUNTIME = re.compile(r"/lib(g|i)omp[^/]*\.so[^/]*$")
+
+
+class _Attr(ctypes.Structure):
+    """``struct perf_event_attr`` (PERF_ATTR_SIZE_VER5, 112 bytes)."""
+
+    _fields_ = [("type", ctypes.c_uint32), ("size", ctypes.c_uint32),
+                ("config", ctypes.c_uint64), ("sample_period", ctypes.c_uint64),
+                ("sample_type", ctypes.c_uint64), ("read_format", ctypes.c_uint64),
+                ("flags", ctypes.c_uint64), ("wakeup_events", ctypes.c_uint32),
+                ("bp_type", ctypes.c_uint32), ("config1", ctypes.c_uint64),
+                ("config2", ctypes.c_uint64), ("branch_sample_type", ctypes.c_uint64),
+                ("sample_regs_user", ctypes.c_uint64), ("sample_stack_user", ctypes.c_uint32),
+                ("clockid", ctypes.c_int32), ("sample_regs_intr", ctypes.c_uint64),
+                ("aux_watermark", ctypes.c_uint32), ("sample_max_stack", ctypes.c_uint16),
+                ("reserved_2", ctypes.c_uint16)]
+
+
+def _open_event(tid: int) -> int:
+    """A sampling event on thread ``tid`` (any CPU); raises OSError with the kernel's reason."""
+    nr = _SYS_PERF_EVENT_OPEN.get(os.uname().machine)
+    if nr is None:
+        raise OSError(f"perf_event_open: unknown syscall number on {os.uname().machine}")
+    attr = _Attr(type=_PERF_TYPE_SOFTWARE, size=ctypes.sizeof(_Attr),
+                 config=_PERF_COUNT_SW_CPU_CLOCK, sample_period=PERIOD_NS,
+                 sample_type=_SAMPLE_IP | _SAMPLE_TID | _SAMPLE_TIME,
+                 flags=_EXCLUDE_KERNEL | _EXCLUDE_HV | _USE_CLOCKID, clockid=_CLOCK_MONOTONIC)
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.syscall(nr, ctypes.byref(attr), tid, -1, -1, _PERF_FLAG_FD_CLOEXEC)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"perf_event_open: {os.strerror(err)}")
+    return fd
+
+
+class _Ring:
+    """One thread's event and its ring buffer of records."""
+
+    def __init__(self, tid: int):
+        self.fd = _open_event(tid)
+        page = mmap.PAGESIZE
+        try:
+            self.buf = mmap.mmap(self.fd, page * (1 + RING_PAGES), mmap.MAP_SHARED,
+                                 mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError:
+            os.close(self.fd)
+            raise
+        self.data = page
+        self.size = page * RING_PAGES
+        self.tail = 0
+
+    def drain(self, out: "Sampled") -> None:
+        head = struct.unpack_from("<Q", self.buf, 1024)[0]
+        while self.tail < head:
+            at = self.tail % self.size
+            header = self._bytes(at, 8)
+            kind, _misc, size = struct.unpack("<IHH", header)
+            if size < 8:
+                break  # (never written so by the kernel: stop rather than spin)
+            if kind == _RECORD_SAMPLE and size >= 32:
+                ip, pid, _tid, t = struct.unpack("<QIIQ", self._bytes(at + 8, 24))
+                out.add(t, ip, pid)
+            elif kind == _RECORD_LOST and size >= 24:
+                out.lost += struct.unpack("<QQ", self._bytes(at + 8, 16))[1]
+            self.tail += size
+        struct.pack_into("<Q", self.buf, 1032, self.tail)  # data_tail: the kernel may reuse
+
+    def _bytes(self, at: int, n: int) -> bytes:
+        at %= self.size
+        first = self.buf[self.data + at:self.data + min(at + n, self.size)]
+        return first + self.buf[self.data:self.data + n - len(first)]
+
+    def close(self) -> None:
+        self.buf.close()
+        os.close(self.fd)
+
+
+@dataclass
+class Sampled:
+    """What the observer saw: per sample its time (CLOCK_MONOTONIC ns), instruction pointer
+    and process; each sampled process's executable mappings (start, end, path), sorted; the
+    threads attached, samples the kernel dropped, and why there is nothing (off)."""
+
+    times: array.array = field(default_factory=lambda: array.array("Q"))
+    ips: array.array = field(default_factory=lambda: array.array("Q"))
+    pids: array.array = field(default_factory=lambda: array.array("L"))
+    maps: dict[int, list[tuple[int, int, str]]] = field(default_factory=dict)
+    threads: int = 0
+    lost: int = 0
+    why_off: str = ""
+
+    def add(self, t: int, ip: int, pid: int) -> None:
+        self.times.append(t)
+        self.ips.append(ip)
+        self.pids.append(pid)
+
+    def where(self, pid: int, ip: int) -> str:
+        """The file the code at ``ip`` of ``pid`` came from ("" for anonymous memory, "?" for
+        an address outside every mapping the observer read)."""
+        spans = self.maps.get(pid, [])
+        i = bisect.bisect_right(spans, (ip, float("inf"), "")) - 1
+        if i >= 0 and spans[i][0] <= ip < spans[i][1]:
+            return spans[i][2]
+        return "?"
+
+
+def executable_maps(pid: int) -> list[tuple[int, int, str]]:
+    """The executable mappings of ``pid`` (start, end, path), sorted; [] once it is gone."""
+    spans = []
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                if len(parts) < 2 or "x" not in parts[1]:
+                    continue
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                spans.append((lo, hi, parts[5].strip() if len(parts) > 5 else ""))
+    except OSError:
+        return []
+    return sorted(spans)
+
+
+def _descendants(root: int) -> list[int]:
+    """``root`` and every process under it (``/proc/<pid>/task/<tid>/children``)."""
+    seen, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.append(pid)
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            continue
+    return seen
+
+
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+class CpuSampler:
+    """Samples every thread of a process tree from outside it, from :meth:`attach` (the root's
+    pid: the sandbox's launcher or the zygote's child) to :meth:`stop`. A polling thread
+    attaches to threads as they appear and drains the rings; :meth:`stop` returns
+    :class:`Sampled` (``why_off`` set where the kernel refused)."""
+
+    def __init__(self):
+        self.out = Sampled()
+        self._rings: dict[int, _Ring] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._root = 0
+
+    def attach(self, root_pid: int) -> None:
+        self._root = root_pid
+        self._thread = threading.Thread(target=self._loop, name="assay-observer", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        maps_at: dict[int, float] = {}
+        while True:
+            stopping = self._stop.is_set()
+            for pid in _descendants(self._root):
+                for tid in _threads(pid):
+                    if tid in self._rings or self.out.why_off:
+                        continue
+                    try:
+                        self._rings[tid] = _Ring(tid)
+                        self.out.threads += 1
+                    except OSError as e:
+                        if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                            continue  # (the thread ended meanwhile)
+                        self.out.why_off = str(e.strerror or e)
+                now = time.monotonic()
+                if now - maps_at.get(pid, 0.0) >= MAPS_EVERY_S or stopping:
+                    spans = executable_maps(pid)
+                    if spans:  # (kept from the last read once the process is gone)
+                        self.out.maps[pid] = spans
+                    maps_at[pid] = now
+            for ring in self._rings.values():
+                ring.drain(self.out)
+            if stopping or self.out.why_off:
+                return
+            self._stop.wait(POLL_S)
+
+    def stop(self) -> Sampled:
+        """The samples so far (the worker's maps read once more while it still runs)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        for ring in self._rings.values():
+            ring.close()
+        self._rings.clear()
+        if self._thread is None and not self.out.why_off:
+            self.out.why_off = "never attached"
+        return self.out
+
+
+def available() -> str:
+    """"" where this process may sample another's threads, else why not (the kernel's
+    answer for this process itself, the least it could be refused)."""
+    try:
+        _Ring(threading.get_native_id()).close()
+    except OSError as e:
+        return str(e.strerror or e)
+    return ""
+
+
+def shares(sampled: Sampled, windows: list[tuple[int, int]]) -> dict[str, int]:
+    """Samples within ``windows`` (CLOCK_MONOTONIC ns, [start, end]) by where their code was:
+    ``torch`` (TORCH_LIBRARY), ``openmp`` (OPENMP_RUNTIME), ``other`` (the candidate's
+    libraries, Python, libc, numpy, anonymous JIT code, unmapped)."""
+    spans = sorted(windows)
+    starts = [a for a, _ in spans]
+    counts = {"torch": 0, "openmp": 0, "other": 0}
+    for t, ip, pid in zip(sampled.times, sampled.ips, sampled.pids):
+        i = bisect.bisect_right(starts, t) - 1
+        if i < 0 or t > spans[i][1]:
+            continue
+        path = sampled.where(pid, ip)
+        kind = "torch" if TORCH_LIBRARY.search(path) else \
+            "openmp" if OPENMP_RUNTIME.search(path) else "other"
+        counts[kind] += 1
+    return counts
+
+
+def reported_aten_share(call: dict[str, Any]) -> float:
+    """The share of one timed call's window its report gives to ATen ops' host time (copies
+    and allocations included; at most 1)."""
+    start, end = call["window_ns"]
+    span_us = (end - start) / 1e3
+    aten = sum(float(r.get("cpu_us") or 0.0) for r in call.get("rows", [])
+               if str(r.get("name", "")).startswith("aten::"))
+    return min(1.0, aten / span_us) if span_us > 0 else 0.0
+
+
+def disagreement(sampled: Sampled | None, calls: list[dict[str, Any]]) -> tuple[bool, str]:
+    """(ok, detail) of the observer against the report's timed calls (``audit.calls``: each
+    with its ``window_ns`` and ``rows``)."""
+    if sampled is None:
+        return True, "out-of-process observer: not run"
+    if sampled.why_off:
+        return True, f"out-of-process observer off: {sampled.why_off}"
+    windows = [tuple(c["window_ns"]) for c in calls if isinstance(c.get("window_ns"), list)
+               and len(c["window_ns"]) == 2]
+    if calls and len(windows) != len(calls):
+        return False, ("the report's timed calls carry no time windows, though the worker "
+                       "writes one per call: the report was rewritten")
+    counts = shares(sampled, windows)
+    counted = counts["torch"] + counts["other"]
+    seen = (f"{counted} samples of {sampled.threads} thread(s) in the {len(windows)} timed "
+            f"calls ({counts['openmp']} more in OpenMP's runtime)")
+    if counted < MIN_SAMPLES:
+        return True, f"out-of-process observer: {seen}, too few to compare"
+    sampled_share = counts["torch"] / counted
+    reported = statistics.median(reported_aten_share(c) for c in calls)
+    detail = (f"out-of-process observer: {seen}: {sampled_share:.0%} in torch's libraries; the "
+              f"worker's report gives ATen ops {reported:.0%} of each call (median)")
+    if sampled_share > reported + MARGIN:
+        return False, detail + ": the report hides library work (it was rewritten)"
+    return True, detail

@@ -1,0 +1,104 @@
+"""The cpu out-of-process observer (verify/observer.py): samples of another process's threads
+taken by the harness, placed in the files their code came from, against what a report says."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from assay.verify import observer
+from assay.verify.observer import Sampled, disagreement, shares
+
+TORCH_SO = "/venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so"
+MINE_SO = "/tmp/kernels/softmax-abc/lib.so"
+GOMP_SO = "/usr/lib/x86_64-linux-gnu/libgomp.so.1"
+
+
+def _sampled(where: list[tuple[int, str]]) -> Sampled:
+    """Samples at times 0, 1, 2, ... in process 7, at an address of each named file."""
+    base = {TORCH_SO: 0x1000, MINE_SO: 0x5000, GOMP_SO: 0x9000}
+    s = Sampled(maps={7: sorted((lo, lo + 0x1000, path) for path, lo in base.items())},
+                threads=2)
+    for t, path in where:
+        s.add(t, base[path] + 0x10, 7)
+    return s
+
+
+def _calls(n: int, aten_share: float, width: int = 100) -> list[dict]:
+    """Timed calls of ``width`` ns each (1e-3 us a ns), back to back from time 0."""
+    return [{"window_ns": [i * width, (i + 1) * width - 1],
+             "rows": [{"name": "aten::softmax", "cpu_us": aten_share * width / 1e3}]}
+            for i in range(n)]
+
+
+def test_samples_are_counted_by_the_file_their_code_came_from_within_the_windows():
+    s = _sampled([(5, TORCH_SO), (6, MINE_SO), (7, GOMP_SO), (500, TORCH_SO)])
+    s.add(8, 0xDEAD0000, 7)  # outside every mapping read: counted as other
+    assert shares(s, [(0, 99)]) == {"torch": 1, "openmp": 1, "other": 2}
+    assert shares(s, [(400, 600)]) == {"torch": 1, "openmp": 0, "other": 0}
+
+
+def test_a_report_that_hides_library_work_disagrees_and_an_honest_one_agrees():
+    library = _sampled([(t, TORCH_SO if t % 10 else MINE_SO) for t in range(1000)])
+    ok, detail = disagreement(library, _calls(10, 0.0))
+    assert not ok and "90% in torch's libraries" in detail and "rewritten" in detail
+    # the same samples where the report gives ATen its share of each call
+    assert disagreement(library, _calls(10, 0.9))[0]
+    own = _sampled([(t, MINE_SO if t % 10 else TORCH_SO) for t in range(1000)])
+    ok, detail = disagreement(own, _calls(10, 0.0))
+    assert ok and "10% in torch's libraries" in detail
+
+
+def test_too_few_samples_off_and_missing_windows_are_said():
+    few = _sampled([(t, TORCH_SO) for t in range(0, 1000, 50)])
+    ok, detail = disagreement(few, _calls(10, 0.0))
+    assert ok and "too few" in detail
+    off = Sampled(why_off="Operation not permitted")
+    assert disagreement(off, _calls(3, 0.0)) == (
+        True, "out-of-process observer off: Operation not permitted")
+    calls = _calls(10, 0.0)
+    del calls[3]["window_ns"]
+    ok, detail = disagreement(_sampled([(1, TORCH_SO)]), calls)
+    assert not ok and "no time windows" in detail
+
+
+CHILD = """
+import ctypes, time, sys
+import torch
+x = torch.randn(256, 4096)
+libc = ctypes.CDLL(None)
+libc.prctl(31, 0, 0, 0, 0)  # PR_TASK_PERF_EVENTS_DISABLE: events it does not own run on
+t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+end = time.monotonic() + 1.5
+while time.monotonic() < end:
+    if sys.argv[1] == "torch":
+        torch.softmax(x, dim=-1)
+    else:
+        sum(i * i for i in range(1000))
+print(t0, time.clock_gettime_ns(time.CLOCK_MONOTONIC), flush=True)
+"""
+
+
+@pytest.mark.skipif(bool(observer.available()), reason=f"perf_event_open refused here: "
+                    f"{observer.available()}")
+@pytest.mark.parametrize("work", ["torch", "python"])
+def test_the_observer_sees_where_another_process_computes(work):
+    """A process computing with torch.softmax is seen in torch's libraries, one in Python's
+    loops is not; the process's own prctl cannot stop events the harness owns."""
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(CHILD), work],
+                             stdout=subprocess.PIPE, text=True)
+    sampler = observer.CpuSampler()
+    sampler.attach(child.pid)
+    out, _ = child.communicate(timeout=120)
+    time.sleep(0.1)
+    sampled = sampler.stop()
+    start, end = (int(x) for x in out.split())
+    counts = shares(sampled, [(start, end)])
+    counted = counts["torch"] + counts["other"]
+    assert sampled.threads >= 1 and counted >= 200, (counts, sampled.lost)
+    share = counts["torch"] / counted
+    assert share > 0.6 if work == "torch" else share < 0.1, counts
