@@ -14,10 +14,11 @@ call. This module answers, from shapes alone, whether that fits, and where the r
   ``host``, compared on the device a chunk at a time). Host references of KernelBench's
   largest tasks went through pageable memory at about 1.3 GB/s by the phase times (54-79 s
   of preparation and 63-91 s of comparison per task on an H200), where recomputing a set
-  costs two forwards. Where a placement does not fit, its protocol gets lighter a step at a
-  time (:func:`lighter_protocols`: float64 references for the correctness sets only, one
+  costs two forwards. Where a placement does not fit, lighter protocols are planned (the
+  steps of :func:`lighter_protocols`: float64 references for the correctness sets only, one
   landing buffer reused by every verified call, fewer timing buffers, fewer swapped sets,
-  fewer correctness sets, never under two); the plan that fits with the fewest steps wins and
+  fewer correctness sets, never under two, in any combination); the plan that fits with the
+  fewest steps wins and
   the plan lists every step taken (``Plan.reductions``: the verdict's ``memory_plan`` check
   and the checks that lost a part say so). Only when the lightest protocol does not fit is the
   plan's ``fits`` False, and :meth:`Plan.too_large_detail` says by how much (the verdict
@@ -261,6 +262,31 @@ def _fewer_checks(p: Protocol) -> Protocol | None:
 
 # The steps of a lighter protocol, in the order they are taken, each as often as it applies.
 STEPS = (_no_float64, _one_landing, _fewer_timing, _fewer_swaps, _fewer_checks)
+STEP_NAMES = ("float64", "landing", "timing", "swap", "check")  # as Protocol.reductions
+
+
+def lighter_lattice(full: Protocol) -> list[Protocol]:
+    """Every protocol the steps reach from ``full``, any of them as often as it applies
+    (``full`` first; at most 2 x 2 x 3 x 3 x 2 with the default protocol)."""
+    seen, todo = [full], [full]
+    while todo:
+        p = todo.pop(0)
+        for step in STEPS:
+            q = step(p)
+            if q is not None and q not in seen:
+                seen.append(q)
+                todo.append(q)
+    return seen
+
+
+def _lightness(p: Protocol, full: Protocol) -> tuple:
+    """How much lighter than ``full``: the steps taken, then how far each went, then which
+    (a later step of STEPS weighs more)."""
+    names = p.reductions(full)
+    depth = (int(p.wide_all != full.wide_all) + int(p.one_landing != full.one_landing)
+             + full.timing_sets - p.timing_sets + full.swap_sets - p.swap_sets
+             + full.check_sets - p.check_sets)
+    return len(names), depth, tuple(n in names for n in reversed(STEP_NAMES))
 
 
 def lighter_protocols(full: Protocol) -> list[Protocol]:
@@ -467,11 +493,12 @@ def plan(shapes: TaskShapes, proto: Protocol, device: str, device_free_b: int | 
          host_free_b: int | None, adapt: bool = True, arena_free_b: int | None = None) -> Plan:
     """The plan that fits with the fewest reductions, the placements in this order on a tie:
     the references on the device, (cuda) recomputed at comparison, on the host. For each
-    placement the config's protocol first, then (``adapt``) the steps of
+    placement the config's protocol if it fits, else (``adapt``) the lightest-weighing of
+    every protocol the steps reach (:func:`lighter_lattice`, :func:`_lightness`) that fits;
+    its ``reductions`` list the steps taken. If none fits, the steps of
     :func:`lighter_protocols` one at a time, each kept only when it lowers the bytes that do
-    not fit (float64 references on the host: that step does not help a short device; nothing
-    of the references is kept under recompute) until a plan fits; its ``reductions`` list the
-    steps kept. If none fits, the host placement's lightest plan, whose ``fits`` is False."""
+    not fit (float64 references on the host: that step does not help a short device), and
+    the host placement's plan so reached, whose ``fits`` is False."""
     placements = ["device", "recompute", "host"] if device == "cuda" else ["host"]
 
     def ladder(where: str) -> Plan:
@@ -481,7 +508,18 @@ def plan(shapes: TaskShapes, proto: Protocol, device: str, device_free_b: int | 
             return x
 
         cur, cur_plan = proto, one(proto)
-        for step in STEPS if adapt else ():
+        if cur_plan.fits or not adapt:
+            return cur_plan
+        # Every protocol the steps reach: of those that fit, the fewest steps, then the least
+        # taken off (two timing buffers before one), then the steps STEPS takes first. (Taken
+        # greedily, KernelBench's L1_25 took the one landing buffer, then needed fewer timing
+        # buffers and correctness sets too, where fewer timing buffers alone fit.)
+        fitting = [x for x in map(one, lighter_lattice(proto)) if x.fits]
+        if fitting:
+            return min(fitting, key=lambda x: _lightness(x.protocol, proto))
+        # none fits: the steps one at a time, each kept where it lowers what is short (what
+        # too_large then reports)
+        for step in STEPS:
             while not cur_plan.fits and (q := step(cur)) is not None:
                 q_plan = one(q)
                 if not q_plan.fits and _shortfall(q_plan) >= _shortfall(cur_plan):
