@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -37,9 +36,9 @@ def _calls(n: int, aten_share: float, width: int = 100) -> list[dict]:
 
 def test_samples_are_counted_by_the_file_their_code_came_from_within_the_windows():
     s = _sampled([(5, TORCH_SO), (6, MINE_SO), (7, GOMP_SO), (500, TORCH_SO)])
-    s.add(8, 0xDEAD0000, 7)  # outside every mapping read: counted as other
-    assert shares(s, [(0, 99)]) == {"torch": 1, "openmp": 1, "other": 2}
-    assert shares(s, [(400, 600)]) == {"torch": 1, "openmp": 0, "other": 0}
+    s.add(8, 0xDEAD0000, 7)  # outside every mapping read: counted apart, in neither share
+    assert shares(s, [(0, 99)]) == {"torch": 1, "openmp": 1, "unplaced": 1, "other": 1}
+    assert shares(s, [(400, 600)]) == {"torch": 1, "openmp": 0, "unplaced": 0, "other": 0}
 
 
 def test_a_report_that_hides_library_work_disagrees_and_an_honest_one_agrees():
@@ -94,7 +93,6 @@ def test_the_observer_sees_where_another_process_computes(work):
     sampler = observer.CpuSampler()
     sampler.attach(child.pid)
     out, _ = child.communicate(timeout=120)
-    time.sleep(0.1)
     sampled = sampler.stop()
     start, end = (int(x) for x in out.split())
     counts = shares(sampled, [(start, end)])

@@ -276,18 +276,19 @@ def available() -> str:
 
 def shares(sampled: Sampled, windows: list[tuple[int, int]]) -> dict[str, int]:
     """Samples within ``windows`` (CLOCK_MONOTONIC ns, [start, end]) by where their code was:
-    ``torch`` (TORCH_LIBRARY), ``openmp`` (OPENMP_RUNTIME), ``other`` (the candidate's
-    libraries, Python, libc, numpy, anonymous JIT code, unmapped)."""
+    ``torch`` (TORCH_LIBRARY), ``openmp`` (OPENMP_RUNTIME), ``unplaced`` (an address in no
+    executable mapping the observer read: a process gone before its maps were), ``other``
+    (the candidate's libraries, Python, libc, numpy, anonymous JIT code)."""
     spans = sorted(windows)
     starts = [a for a, _ in spans]
-    counts = {"torch": 0, "openmp": 0, "other": 0}
+    counts = {"torch": 0, "openmp": 0, "unplaced": 0, "other": 0}
     for t, ip, pid in zip(sampled.times, sampled.ips, sampled.pids):
         i = bisect.bisect_right(starts, t) - 1
         if i < 0 or t > spans[i][1]:
             continue
         path = sampled.where(pid, ip)
         kind = "torch" if TORCH_LIBRARY.search(path) else \
-            "openmp" if OPENMP_RUNTIME.search(path) else "other"
+            "openmp" if OPENMP_RUNTIME.search(path) else "unplaced" if path == "?" else "other"
         counts[kind] += 1
     return counts
 
@@ -302,11 +303,9 @@ def reported_aten_share(call: dict[str, Any]) -> float:
     return min(1.0, aten / span_us) if span_us > 0 else 0.0
 
 
-def disagreement(sampled: Sampled | None, calls: list[dict[str, Any]]) -> tuple[bool, str]:
+def disagreement(sampled: Sampled, calls: list[dict[str, Any]]) -> tuple[bool, str]:
     """(ok, detail) of the observer against the report's timed calls (``audit.calls``: each
     with its ``window_ns`` and ``rows``)."""
-    if sampled is None:
-        return True, "out-of-process observer: not run"
     if sampled.why_off:
         return True, f"out-of-process observer off: {sampled.why_off}"
     windows = [tuple(c["window_ns"]) for c in calls if isinstance(c.get("window_ns"), list)
@@ -317,7 +316,8 @@ def disagreement(sampled: Sampled | None, calls: list[dict[str, Any]]) -> tuple[
     counts = shares(sampled, windows)
     counted = counts["torch"] + counts["other"]
     seen = (f"{counted} samples of {sampled.threads} thread(s) in the {len(windows)} timed "
-            f"calls ({counts['openmp']} more in OpenMP's runtime)")
+            f"calls ({counts['openmp']} more in OpenMP's runtime, {counts['unplaced']} in no "
+            f"mapping read, {sampled.lost} lost by the kernel)")
     if counted < MIN_SAMPLES:
         return True, f"out-of-process observer: {seen}, too few to compare"
     sampled_share = counts["torch"] / counted

@@ -84,7 +84,7 @@ def prestart_worker(device: str = "cpu") -> None:
 
 
 def run_sandboxed(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLimits,
-                  device: str = "cpu", on_start: "Callable[[int], None] | None" = None) -> Outcome:
+                  device: str = "cpu", on_start: Callable[[int], None] | None = None) -> Outcome:
     """Run ``cmd`` in ``cwd`` (the scratch folder, which the caller removes afterwards);
     ``on_start`` gets the started process's pid (the worker runs under it: an observer
     attaches there, verify/observer.py).
@@ -112,7 +112,7 @@ def run_sandboxed(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLi
 
 def _run(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLimits, device: str,
          disabled: set[str], slot: "Slot | None", cgroups: "Cgroups",
-         on_start: "Callable[[int], None] | None" = None) -> Outcome:
+         on_start: Callable[[int], None] | None = None) -> Outcome:
     iso: dict[str, str] = {"session": "on: own session and process group"}
     uid = gid = None
     cache, private_cache = kernel_cache(cwd)
