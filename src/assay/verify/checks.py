@@ -42,7 +42,8 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           when="the memory plan finds no placement that fits, even with the lightest protocol; "
                "a file arena's pages cannot be reserved"),
     Check("memory_plan", "never rejects: the memory plan could not hold the configured "
-          "protocol and verified with a lighter one, a step at a time (float64 references for "
+          "protocol and verified with the lightest-weighing lighter one that fits, the fewest "
+          "steps first (float64 references for "
           "the correctness sets only, one landing buffer reused by every call, fewer timing "
           "buffers, fewer swapped sets, fewer "
           "correctness sets, never under two); lists every step taken, and each check that "
