@@ -110,7 +110,10 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           "the timed calls, from Python, from C++ or from a thread of its own; under "
           "`permissive`, library time above `max_library_time_frac` (on cpu, the median of "
           "the timed calls' shares: host time, which one preempted call would sway); on cuda, a "
-          "call that runs no kernel of its own. The profiler runs over every call from before "
+          "call that runs no kernel of its own; on cpu, a report whose ATen share of the timed "
+          "calls is more than 0.35 under the share of samples the harness itself took in "
+          "torch's libraries (`verify/observer.py`: `perf_event_open` on the worker's threads, "
+          "from outside its process). The profiler runs over every call from before "
           "the candidate loads, so what is audited is what is timed", when="`verify.audit` is on"),
     Check("audit_provenance", "a kernel audit that credits the candidate with a kernel no "
           "library built for it defines: the harness reads the candidate's libraries and "
