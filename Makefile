@@ -45,8 +45,9 @@ lint: install
 # Tests marked `alone` time cpu kernels: they run after the others, with the cores to themselves
 # (beside another test worker, a 0.1 ms kernel measured 1.02x, then 0.014x). --dist loadgroup:
 # tests of one xdist_group share a worker (test_pipeline.py's two DAG tests share one campaign).
+# --durations: the slowest tests in CI's log, where the suite's time goes.
 test: install
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -n $(CORES) --dist loadgroup --timeout 1200 -q -m "not alone"
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -n $(CORES) --dist loadgroup --timeout 1200 -q -m "not alone" --durations=25
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest --timeout 1200 -q -m alone
 
 # Headless Chromium for tests/test_report_browser.py: Debian's package, needs root and apt

@@ -10,7 +10,8 @@ import textwrap
 import pytest
 
 from assay.verify import observer
-from assay.verify.observer import Sampled, disagreement, shares
+from assay.bench import timing
+from assay.verify.observer import Sampled, disagreement, shares, timing_disagreement
 
 TORCH_SO = "/venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so"
 MINE_SO = "/tmp/kernels/softmax-abc/lib.so"
@@ -63,6 +64,71 @@ def test_too_few_samples_off_and_missing_windows_are_said():
     del calls[3]["window_ns"]
     ok, detail = disagreement(_sampled([(1, TORCH_SO)]), calls)
     assert not ok and "no time windows" in detail
+
+
+
+def _timed(per_call_ms: list[float], gap_ns: int = 1_000_000, window_ms: float | None = None,
+           start: int = 10**9) -> tuple[dict, list[dict]]:
+    """A cpu report's timing (two rounds) and its timed calls: call i is timed at
+    ``per_call_ms[i]`` and its window spans ``window_ms`` (default: the call's time less 2 us)
+    inside it, ``gap_ns`` after the last."""
+    calls, t = [], start
+    for ms in per_call_ms:
+        span = int(((window_ms if window_ms is not None else ms) - 0.002) * 1e6)
+        calls.append({"window_ns": [t, t + span], "rows": []})
+        t += span + gap_ns
+    half = len(per_call_ms) // 2
+    reported = timing.cpu_timing([per_call_ms[:half], per_call_ms[half:]]).to_dict()
+    return reported, calls
+
+
+def _own_samples(calls: list[dict], where: str, between: bool) -> Sampled:
+    """Ten samples at ``where`` inside each timed call's window, or ten in each gap after one."""
+    s = _sampled([])
+    base = {TORCH_SO: 0x1000, MINE_SO: 0x5000, GOMP_SO: 0x9000}[where]
+    for c, nxt in zip(calls, calls[1:]):
+        a, b = (c["window_ns"][1], nxt["window_ns"][0]) if between else c["window_ns"]
+        for k in range(1, 11):
+            s.add(a + (b - a) * k // 11, base + 0x10, 7)
+    return s
+
+
+def test_an_honest_timing_agrees_with_its_windows_and_its_samples():
+    reported, calls = _timed([1.0 + 0.01 * (i % 7) for i in range(40)])
+    ok, detail = timing_disagreement(reported, calls, _own_samples(calls, MINE_SO, False),
+                                     ("/tmp/kernels",))
+    assert ok and "390 samples of the candidate's own code in its 40 timed calls, 0 between" \
+        in detail, detail
+    # torch's work between calls is the worker's own (flushes, input swaps): not the candidate's
+    assert timing_disagreement(reported, calls, _own_samples(calls, TORCH_SO, True))[0]
+    assert timing_disagreement(reported, calls, Sampled(why_off="refused")) == (
+        True, "per-call times agree with the windows; out-of-process observer off: refused")
+
+
+def test_a_rewritten_median_or_shortened_call_times_are_caught_without_samples():
+    reported, calls = _timed([1.0] * 40)
+    off = Sampled(why_off="refused")
+    ok, detail = timing_disagreement({**reported, "median_ms": 0.5}, calls, off)
+    assert not ok and "not the 1 ms its own per-call times give" in detail
+    halved = timing.cpu_timing([[0.5] * 20, [0.5] * 20]).to_dict()
+    ok, detail = timing_disagreement(halved, calls, off)
+    assert not ok and "40 of 40 timed calls are reported shorter" in detail
+    del reported["calls_ms"]
+    ok, detail = timing_disagreement(reported, calls, off)
+    assert not ok and "no per-call times" in detail
+
+
+def test_the_candidates_code_between_timed_calls_is_work_moved_out_of_them():
+    # times and windows shortened together: only the samples tell
+    reported, calls = _timed([0.4] * 40, gap_ns=600_000)
+    ok, detail = timing_disagreement(reported, calls, _own_samples(calls, MINE_SO, True),
+                                     ("/tmp/kernels",))
+    assert not ok and "0 samples of the candidate's own code in its 40 timed calls, 390 between " \
+        "them (390 in lib.so): its work ran outside the windows timed" in detail, detail
+    # a library outside every trusted folder is the candidate's too, its own folders unnamed
+    assert not timing_disagreement(reported, calls, _own_samples(calls, MINE_SO, True))[0]
+    # OpenMP's idle spinning between calls is not
+    assert timing_disagreement(reported, calls, _own_samples(calls, GOMP_SO, True))[0]
 
 
 CHILD = """

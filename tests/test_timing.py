@@ -8,6 +8,7 @@ import random
 import statistics
 import time
 
+import pytest
 import torch
 
 from assay.bench import timing
@@ -75,6 +76,19 @@ def test_a_burst_of_cpu_interference_costs_a_round_not_the_timing(monkeypatch):
     t = timing.time_calls(call, torch.device("cpu"), cfg, before_call=seen.append)
     assert (round(t.median_ms, 9), t.rounds, t.runs) == (1.0, 3, 30)
     assert seen == list(range(30))  # one sequence of timed calls across the rounds
+
+
+def test_a_cpu_timing_is_recomputed_from_the_per_call_times_it_carries(monkeypatch):
+    """The verifier recomputes a cpu report's timing (verify/observer.timing_disagreement): the
+    timing loop's result is cpu_timing of its calls, round by round, in call order."""
+    cfg = timing.TimingConfig(warmup_s=0.0, min_runs=10, max_runs=20, budget_s=0.0,
+                              flush_cache=False)
+    timed = [3.0] * 10 + [1.0 + 0.01 * (i % 3) for i in range(10)] + [1.02] * 10
+    t = timing.time_calls(_clocked(monkeypatch, [1.0] * 2 + timed), torch.device("cpu"), cfg)
+    d = t.to_dict()
+    assert d["round_sizes"] == [10, 10, 10] and d["calls_ms"] == pytest.approx(timed)
+    again = timing.cpu_timing([d["calls_ms"][:10], d["calls_ms"][10:20], d["calls_ms"][20:]])
+    assert again.to_dict() == d
 
 
 def test_cpu_rounds_are_bounded_and_keep_the_fastest(monkeypatch):

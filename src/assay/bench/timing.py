@@ -71,12 +71,19 @@ class Timing:
     host_ms: float = 0.0  # median host time to enqueue one call (CUDA) or to run it (CPU)
     hold_us: float = 0.0  # CUDA: how long the spin kernel held the stream before each call
     rounds: int = 1  # CPU: rounds timed, of which this is the fastest (see time_calls)
+    # CPU: every timed call's time in call order, all rounds, and the rounds' lengths: the
+    # verifier recomputes the timing from them (cpu_timing) and holds each against its call
+    calls_ms: list[float] = field(default_factory=list)
+    round_sizes: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"median_ms": self.median_ms, "iqr_ms": self.iqr_ms, "runs": self.runs,
-                "escaped_ms": self.escaped_ms, "group": self.group,
-                "call_iqr_ms": self.call_iqr_ms, "host_ms": self.host_ms,
-                "hold_us": self.hold_us, "rounds": self.rounds}
+        out = {"median_ms": self.median_ms, "iqr_ms": self.iqr_ms, "runs": self.runs,
+               "escaped_ms": self.escaped_ms, "group": self.group,
+               "call_iqr_ms": self.call_iqr_ms, "host_ms": self.host_ms,
+               "hold_us": self.hold_us, "rounds": self.rounds}
+        if self.round_sizes:
+            out.update(calls_ms=self.calls_ms, round_sizes=self.round_sizes)
+        return out
 
 
 # A sample averages consecutive calls until it covers this much time. Measured on an H200
@@ -297,12 +304,12 @@ def time_calls(fn: Callable[[int], Any], device: torch.device, cfg: TimingConfig
                 after_call(calls, out)
             calls += 1
             n += 1
+        if not cuda:
+            return cpu_round(samples)
         t = summarize(samples, group_size(samples))
-        # On the CPU the host time is the call itself.
-        t.host_ms = statistics.median(host) * 1e3 if host else statistics.median(samples)
+        t.host_ms = statistics.median(host) * 1e3
         t.hold_us = hold_us
-        if whole:
-            t.escaped_ms = max(0.0, statistics.median(whole) - sync_ms - t.median_ms)
+        t.escaped_ms = max(0.0, statistics.median(whole) - sync_ms - t.median_ms)
         return t
 
     if cuda:
@@ -316,8 +323,25 @@ def time_calls(fn: Callable[[int], Any], device: torch.device, cfg: TimingConfig
     rounds = [one_round(cfg.budget_s / 2, most), one_round(cfg.budget_s / 2, most)]
     while not confirmed(rounds) and len(rounds) < CPU_MAX_ROUNDS:
         rounds.append(one_round(cfg.budget_s / 2, most))
+    return cpu_timing([r.calls_ms for r in rounds])
+
+
+def cpu_round(calls_ms: Sequence[float]) -> Timing:
+    """One cpu round's timing from its calls' times (the host time is the call itself)."""
+    t = summarize(calls_ms, group_size(calls_ms))
+    t.host_ms = statistics.median(calls_ms)
+    t.calls_ms = list(calls_ms)
+    return t
+
+
+def cpu_timing(rounds_ms: Sequence[Sequence[float]]) -> Timing:
+    """The cpu timing of rounds of calls: the fastest round's, with every call's time kept. A
+    pure function of the calls' times, so the verifier recomputes a report's timing from them."""
+    rounds = [cpu_round(r) for r in rounds_ms]
     best = min(rounds, key=lambda r: r.median_ms)
-    best.runs, best.rounds = calls, len(rounds)
+    best.runs, best.rounds = sum(len(r) for r in rounds_ms), len(rounds)
+    best.calls_ms = [ms for r in rounds_ms for ms in r]
+    best.round_sizes = [len(r) for r in rounds_ms]
     return best
 
 

@@ -115,6 +115,13 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           "torch's libraries (`verify/observer.py`: `perf_event_open` on the worker's threads, "
           "from outside its process). The profiler runs over every call from before "
           "the candidate loads, so what is audited is what is timed", when="`verify.audit` is on"),
+    Check("timing_observed", "on cpu, a timing the worker's report cannot back: its median is "
+          "not the one its own per-call times give (recomputed by the harness), a timed call "
+          "is reported shorter than its call window (the audit's clock inside the call), or "
+          "the candidate's own code (files outside the interpreter's, the import path's and the "
+          "system's folders) ran between the timed calls, as the harness's own samples of the "
+          "worker's threads see it (`verify/observer.py`): work moved out of the windows timed",
+          when="`verify.audit` is on, on the cpu target"),
     Check("audit_provenance", "a kernel audit that credits the candidate with a kernel no "
           "library built for it defines: the harness reads the candidate's libraries and "
           "cubins (kernel cache, scratch folder) itself, so a worker report rewritten by the "

@@ -559,6 +559,9 @@ def _judge_report(v: Verdict, prep: Prepared, w: WorkerRun, cfg: VerifyConfig,
                        [c["rows"] for c in calls])
         if w.sampled is not None:  # (cpu) what the kernel saw against what the report says
             _check_observer(v, w.sampled, calls)
+            own_dirs = (str(kernel_cache(w.scratch)[0]), str(w.scratch))
+            checks.record(v, "timing_observed", *observer.timing_disagreement(
+                result["timing"], calls, w.sampled, own_dirs))
         if prep.device.startswith("cuda") and cfg.policy == "strict":
             _check_provenance(v, result, w)
 

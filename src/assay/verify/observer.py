@@ -28,13 +28,16 @@ from __future__ import annotations
 import array
 import bisect
 import ctypes
+import math
 import mmap
 import os
 import re
 import statistics
 import struct
+import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,15 +244,28 @@ class CpuSampler:
                         self.out.why_off = str(e.strerror or e)
                 now = time.monotonic()
                 if now - maps_at.get(pid, 0.0) >= MAPS_EVERY_S or stopping:
-                    spans = executable_maps(pid)
-                    if spans:  # (kept from the last read once the process is gone)
-                        self.out.maps[pid] = spans
+                    self._read_maps(pid)
                     maps_at[pid] = now
+            mark = len(self.out.times)
             for ring in self._rings.values():
                 ring.drain(self.out)
+            # A sample in no mapping read yet (an exec, a library just loaded): read its
+            # process's mappings now, while the code is most likely still mapped
+            for pid in {pid for ip, pid in zip(self.out.ips[mark:], self.out.pids[mark:])
+                        if self.out.where(pid, ip) == "?"}:
+                self._read_maps(pid)
             if stopping or self.out.why_off:
                 return
             self._stop.wait(POLL_S)
+
+    def _read_maps(self, pid: int) -> None:
+        """``pid``'s executable mappings, over those read before: an earlier span that overlaps
+        none of the new ones is kept (a library since unmapped, a process gone)."""
+        spans = executable_maps(pid)
+        if spans:
+            kept = [old for old in self.out.maps.get(pid, [])
+                    if not any(old[0] < hi and lo < old[1] for lo, hi, _ in spans)]
+            self.out.maps[pid] = sorted(spans + kept)
 
     def stop(self) -> Sampled:
         """The samples so far (the worker's maps read once more while it still runs)."""
@@ -293,6 +309,63 @@ def shares(sampled: Sampled, windows: list[tuple[int, int]]) -> dict[str, int]:
     return counts
 
 
+def code_roots(own_dirs: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(trusted, own) folder prefixes. Trusted: code that is not the candidate's, the
+    interpreter's trees, every folder on this process's import path (torch, numpy, the project)
+    and the system's libraries, which the sandbox mounts read-only; a folder holding one of
+    ``own_dirs`` is left out. Own: ``own_dirs`` (the candidate's build cache and scratch
+    folder), the candidate's wherever else they lie."""
+    own = tuple(sorted({os.path.realpath(d).rstrip("/") + "/" for d in own_dirs if d}))
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             *(p for p in sys.path if p and os.path.isdir(p)),
+             "/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin"}
+    trusted = {os.path.realpath(r).rstrip("/") + "/" for r in roots}
+    return tuple(sorted(r for r in trusted if not any(o.startswith(r) for o in own))), own
+
+
+def own_code(path: str, roots: tuple[tuple[str, ...], tuple[str, ...]]) -> bool:
+    """Whether a sample's file (:meth:`Sampled.where`) is code the candidate brought: a file in
+    its own folders or outside the trusted ones (:func:`code_roots`). Anonymous memory ("": JIT
+    code, oneDNN's among it), pseudo-files ("[vdso]") and addresses in no mapping the observer
+    read ("?": a process whose mappings it never read after its exec, on a loaded machine) are
+    not: a library the candidate maps and unmaps between two reads (every MAPS_EVERY_S) goes
+    unseen."""
+    trusted, own = roots
+    if own and path.startswith(own):
+        return True
+    return path.startswith("/") and not path.startswith(trusted) and \
+        not TORCH_LIBRARY.search(path) and not OPENMP_RUNTIME.search(path)
+
+
+def between_calls(sampled: Sampled, windows: list[tuple[int, int]],
+                  own_dirs: tuple[str, ...] = ()) -> tuple[int, Counter[str]]:
+    """(within, between): samples of the candidate's own code (:func:`own_code`) within the
+    consecutive ``windows`` (the timed calls', in call order), and those in the gaps between
+    them by file. Its code runs inside its calls; in a gap it is work moved out of the timed
+    calls (a window or a clock forged shorter) or a thread of the candidate's working between
+    calls."""
+    spans = sorted(windows)
+    between: Counter[str] = Counter()
+    if not spans:
+        return 0, between
+    starts = [a for a, _ in spans]
+    first, last = spans[0][0], spans[-1][1]
+    roots = code_roots(own_dirs)
+    within = 0
+    for t, ip, pid in zip(sampled.times, sampled.ips, sampled.pids):
+        if not first <= t <= last:
+            continue
+        path = sampled.where(pid, ip)
+        if not own_code(path, roots):
+            continue
+        i = bisect.bisect_right(starts, t) - 1
+        if t <= spans[i][1]:
+            within += 1
+        else:
+            between[path] += 1
+    return within, between
+
+
 def reported_aten_share(call: dict[str, Any]) -> float:
     """The share of one timed call's window its report gives to ATen ops' host time (copies
     and allocations included; at most 1)."""
@@ -327,3 +400,81 @@ def disagreement(sampled: Sampled, calls: list[dict[str, Any]]) -> tuple[bool, s
     if sampled_share > reported + MARGIN:
         return False, detail + ": the report hides library work (it was rewritten)"
     return True, detail
+
+
+# A timed call's time (the timing loop's clock around the call) against its window (the audit's
+# clock inside it): the window is measured inside the call's time, both on CLOCK_MONOTONIC
+SLACK_MS = 0.001
+# Samples of the candidate's code between timed calls from which work moved out of the calls
+# is said: at least this many, and this share of all its samples in the timed stretch
+BETWEEN_MIN = 5
+BETWEEN_SHARE = 0.1
+
+
+def _windows_of(calls: list[dict[str, Any]]) -> list[tuple[int, int]] | None:
+    """The timed calls' windows, in call order, or None where one is missing or malformed."""
+    out = []
+    for c in calls:
+        w = c.get("window_ns")
+        if not (isinstance(w, list) and len(w) == 2 and all(isinstance(x, int) for x in w)):
+            return None
+        out.append((w[0], w[1]))
+    return out
+
+
+def timing_disagreement(reported: dict[str, Any], calls: list[dict[str, Any]],
+                        sampled: Sampled, own_dirs: tuple[str, ...] = ()) -> tuple[bool, str]:
+    """(ok, detail) of a cpu report's timing against its own windows and the observer.
+
+    Three links, each one the worker cannot forge without breaking the next: the reported
+    timing is the one its per-call times give (``timing.cpu_timing``, recomputed here); each
+    timed call's time holds its window (the audit's clock inside the call); and the
+    candidate's own code runs inside those windows, as the harness's own samples see it
+    (:func:`between_calls`). A report that shortens the times, the windows and all is caught
+    by the last where the candidate's work is code of its own; work done in torch's or
+    another trusted library between calls is not told apart from the worker's own (flushes,
+    input swaps) and is not caught by this alone."""
+    from assay.bench.timing import cpu_timing
+
+    windows = _windows_of(calls)
+    sizes, per_call = reported.get("round_sizes"), reported.get("calls_ms")
+    if windows is None or not isinstance(sizes, list) or not isinstance(per_call, list) \
+            or not all(isinstance(n, int) and n > 0 for n in sizes) \
+            or not all(isinstance(x, (int, float)) for x in per_call) \
+            or sum(sizes) != len(per_call) or len(per_call) != len(windows) or not per_call:
+        return False, ("the report's timing carries no per-call times matching its timed calls' "
+                       "windows, though the worker writes both: the report was rewritten")
+    problems = []
+    rounds, at = [], 0
+    for n in sizes:
+        rounds.append(per_call[at:at + n])
+        at += n
+    again = cpu_timing(rounds)
+    said = (reported.get("median_ms"), reported.get("iqr_ms"))
+    if not all(isinstance(x, (int, float)) and math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)
+               for x, y in zip(said, (again.median_ms, again.iqr_ms))):
+        problems.append(f"the reported median {said[0]} ms is not the {again.median_ms:.4g} ms "
+                        f"its own per-call times give: the report was rewritten")
+    if any(b < a or (i and a < windows[i - 1][1]) for i, (a, b) in enumerate(windows)):
+        problems.append("the timed calls' windows overlap or run backwards: the report was "
+                        "rewritten")
+    spans_ms = [(b - a) / 1e6 for a, b in windows]
+    short = [i for i, (ms, span) in enumerate(zip(per_call, spans_ms)) if ms < span - SLACK_MS]
+    if short:
+        i = short[len(short) // 2]
+        problems.append(f"{len(short)} of {len(per_call)} timed calls are reported shorter than "
+                        f"their own call windows (e.g. {per_call[i]:.4g} ms for a "
+                        f"{spans_ms[i]:.4g} ms window): the times were rewritten")
+    if sampled.why_off:
+        seen = f"out-of-process observer off: {sampled.why_off}"
+    else:
+        within, by_file = between_calls(sampled, windows, own_dirs)
+        between = sum(by_file.values())
+        seen = (f"{within} samples of the candidate's own code in its {len(windows)} timed "
+                f"calls, {between} between them")
+        if between >= BETWEEN_MIN and between > BETWEEN_SHARE * (within + between):
+            files = ", ".join(f"{n} in {os.path.basename(p) or p}"
+                              for p, n in by_file.most_common(3))
+            problems.append(seen + f" ({files}): its work ran outside the windows timed (a "
+                            "window or clock forged shorter, or a thread working between calls)")
+    return not problems, "; ".join(problems) or f"per-call times agree with the windows; {seen}"
