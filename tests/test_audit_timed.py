@@ -358,6 +358,7 @@ def test_honest_verdict_is_the_same_with_and_without_the_audit():
     on = _verify("honest_gelu_cpp")
     off = _verify("honest_gelu_cpp", audit=False)
     assert on.accepted and off.accepted, (on.reasons, off.reasons)
-    audit_checks = {"kernel_audit", "reference_fallback", "audit_consistency", "audit_provenance"}
+    audit_checks = {"kernel_audit", "reference_fallback", "audit_consistency", "audit_provenance",
+                    "timing_observed"}
     assert {k: c["passed"] for k, c in on.checks.items() if k not in audit_checks} == \
         {k: c["passed"] for k, c in off.checks.items()}

@@ -66,7 +66,6 @@ def test_too_few_samples_off_and_missing_windows_are_said():
     assert not ok and "no time windows" in detail
 
 
-
 def _timed(per_call_ms: list[float], gap_ns: int = 1_000_000, window_ms: float | None = None,
            start: int = 10**9) -> tuple[dict, list[dict]]:
     """A cpu report's timing (two rounds) and its timed calls: call i is timed at
@@ -166,3 +165,14 @@ def test_the_observer_sees_where_another_process_computes(work):
     assert sampled.threads >= 1 and counted >= 200, (counts, sampled.lost)
     share = counts["torch"] / counted
     assert share > 0.6 if work == "torch" else share < 0.1, counts
+
+
+def test_mappings_read_again_replace_what_they_overlap_and_keep_the_rest(monkeypatch):
+    """An exec or a new library: the spans read later win where they overlap older ones; an
+    older span they do not touch (a library since unmapped) stays, so its samples are placed."""
+    sampler = observer.CpuSampler()
+    sampler.out.maps[1] = [(0, 10, "a"), (12, 18, "gone"), (20, 30, "b"), (40, 50, "c")]
+    monkeypatch.setattr(observer, "executable_maps", lambda pid: [(5, 8, "x"), (25, 45, "y")])
+    sampler._read_maps(1)
+    assert sampler.out.maps[1] == [(5, 8, "x"), (12, 18, "gone"), (25, 45, "y")]
+    assert sampler.out.where(1, 13) == "gone" and sampler.out.where(1, 2) == "?"

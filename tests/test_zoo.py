@@ -485,6 +485,8 @@ def test_nothing_to_steal(tmp_path):
     cand = tmp_path / "snoop.py"
     cand.write_text(SNOOP.format(mix=MIX, needles=_needle_hashes(refs)))
     v = verify(task, cand, "cpu", cfg, prepared=prep)
+    assert "runs" in v.checks, (v.reasons, v.error, {k: c["detail"][:300] for k, c in
+                                                     v.checks.items() if not c["passed"]})
     detail = v.checks["runs"]["detail"]
     assert "SNOOP found=[] objects=0" in detail, detail
     scanned = int(detail.split("scanned_mb=")[1].split()[0])

@@ -263,8 +263,13 @@ class CpuSampler:
         none of the new ones is kept (a library since unmapped, a process gone)."""
         spans = executable_maps(pid)
         if spans:
-            kept = [old for old in self.out.maps.get(pid, [])
-                    if not any(old[0] < hi and lo < old[1] for lo, hi, _ in spans)]
+            starts = [lo for lo, _, _ in spans]  # (sorted, and disjoint: one process's maps)
+
+            def overlaps(lo: int, hi: int) -> bool:
+                i = bisect.bisect_left(starts, hi) - 1  # the last new span starting below hi
+                return i >= 0 and spans[i][1] > lo
+
+            kept = [old for old in self.out.maps.get(pid, []) if not overlaps(old[0], old[1])]
             self.out.maps[pid] = sorted(spans + kept)
 
     def stop(self) -> Sampled:
