@@ -44,6 +44,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers import REPO  # noqa: E402
+from helpers import env as campaign_env  # noqa: E402
 from helpers import snakemake as dag  # noqa: E402
 from llm_server import ScriptedLLMServer  # noqa: E402
 
@@ -253,10 +254,8 @@ def world(tmp_path):
     shutil.copytree(REPO / "config", confdir)
     (confdir / "llm" / f"{A}.yaml").write_text(backend_config(A, server.url, 0.5, 1.5))
     (confdir / "llm" / f"{B}.yaml").write_text(backend_config(B, server.url, 2.0, 6.0))
-    env = dict(os.environ)
-    env.update({"PATH": f"{Path(sys.executable).parent}:{env['PATH']}",
-                "ASSAY_CONFIG_DIR": str(confdir), KEY_ENV: "sk-loopback",
-                "OMP_NUM_THREADS": "1"})
+    env = campaign_env(ASSAY_CONFIG_DIR=str(confdir), OMP_NUM_THREADS="1",
+                       **{KEY_ENV: "sk-loopback"})
     try:
         yield {"work": work, "server": server, "script": script, "env": env,
                "results": work / "results"}
