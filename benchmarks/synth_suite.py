@@ -20,11 +20,14 @@ level2/, ... of task files; ``--tasks`` globs, ``--levels``): the synthesizer's 
 A. CPU pool: every candidate's kernel is built into the shared kernel cache (``--jobs``
    compiler processes at once) while a spawned process pool warms torch.compile's caches on
    each task the synthesizer covers (the same model and inputs the baseline times); the task
-   records (FLOPs, minimum bytes, degeneracy: assay.tasks.analyze) and the device's peaks
-   (assay.bench.device, measured first, on an idle device) are computed meanwhile.
-B. The device, one task at a time, nothing else on it: eager and torch.compile baselines
-   (assay.bench.baseline.time_reference; a compile failure is recorded, not fatal), the
-   verifier's preparation once per task, then assay.verify.harness.verify for each candidate:
+   records (FLOPs, minimum bytes, degeneracy: assay.tasks.analyze; cached per task, device and
+   torch version, as `assay verify` caches them) and the device's peaks (assay.bench.device,
+   measured first, on an idle device) are computed meanwhile.
+B. The device, one task at a time, nothing else on it: the memory plan first (a task too large
+   for the machine gets no baseline, its candidates too_large verdicts), eager and
+   torch.compile baselines (assay.bench.baseline.time_reference; a compile failure is
+   recorded, not fatal), the verifier's preparation once per task, then
+   assay.verify.harness.verify for each candidate:
    under the strict policy for the synthesizer's own kernels, under the permissive policy for
    the library GEMM/convolution + fused epilogue forms (their files say POLICY = permissive).
    The defaults of each template are always verified; the other variants while the task's
@@ -633,9 +636,9 @@ def main(argv: list[str] | None = None) -> int:
     from assay.bench.baseline import time_reference
     from assay.bench.device import device_name, peaks as device_peaks
     from assay.bench.timing import TimingConfig
-    from assay.tasks.analyze import cost, degeneracy
+    from assay.bench.baseline_cache import cached_record
     from assay.verify.harness import prepare, verify
-    from assay.verify.memory import TooLarge
+    from assay.verify.memory import TooLarge, plan_task
     from assay.verify.reference import resolve_device
     from assay.verify.settings import VerifyConfig
 
@@ -703,10 +706,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"phase A: {sum(len(r.cands) for r in covered)} builds on {args.jobs} threads, "
             f"{len(covered)} torch.compile warm-ups on {nproc} processes")
     for run in covered:  # records meanwhile (meta-device FLOPs/bytes; degeneracy runs the model)
-        try:
-            rec = cost(run.task)
-            rec["degeneracy"] = degeneracy(run.task, device=device)
-            run.record = rec
+        try:  # cached per (task, device, torch version), as `assay verify` does: a rerun into
+            # --out reuses the records of the tasks an earlier run left undecided
+            run.record, _hit = cached_record(run.task, device)
         except Exception as e:  # noqa: BLE001
             run.error = f"record: {one_line(e)}"
     log("records done")
@@ -748,25 +750,32 @@ def main(argv: list[str] | None = None) -> int:
             if t_task > hard_deadline:  # past the budget and its grace: stop using the device
                 run.skipped = f"not run: over the time budget ({args.budget_s:.0f} s + grace)"
                 continue
+            # A task too large for this machine's memory is decided before its baseline is
+            # timed (that took 416 s for KernelBench's L1_5 on the cpu machine, for nothing).
+            plan = plan_task(run.task, device, cfgs["strict"])
+            fits = plan is None or plan.fits
+            if not fits:  # each candidate's verdict says too_large, with the numbers
+                log(f"{run.id}: too large for this machine, no baseline timed: {TooLarge(plan)}")
             do_compile = not args.no_compile and bool(run.warm_result
                                                       and run.warm_result.get("ok"))
             t = time.perf_counter()
-            run.baseline = time_reference(run.task, device, tcfg, compile_=do_compile,
-                                          compile_mode=args.compile_mode)
-            run.baseline["timed_s"] = round(time.perf_counter() - t, 2)
-            if not do_compile and not args.no_compile:
-                run.baseline["compile_error"] = (run.warm_result or {}).get(
-                    "error", "torch.compile warm-up did not finish")
+            if fits:
+                run.baseline = time_reference(run.task, device, tcfg, compile_=do_compile,
+                                              compile_mode=args.compile_mode)
+                run.baseline["timed_s"] = round(time.perf_counter() - t, 2)
+                if not do_compile and not args.no_compile:
+                    run.baseline["compile_error"] = (run.warm_result or {}).get(
+                        "error", "torch.compile warm-up did not finish")
             prepared = None
             degenerate = bool((run.record or {}).get("degeneracy", {}).get("degenerate"))
             t = time.perf_counter()
-            if not degenerate:
-                try:
+            if fits and not degenerate:
+                try:  # planned again: what the baseline held is free again, or not all of it
                     prepared = prepare(run.task, device, cfgs["strict"])
-                except TooLarge as e:  # each candidate's verdict says too_large, with numbers
+                except TooLarge as e:
                     log(f"{run.id}: too large for this machine: {e}")
-            log(f"{run.id}: baseline {run.baseline['timed_s']:.1f} s, prepare "
-                f"{time.perf_counter() - t:.1f} s, {allowance:.0f} s for its candidates")
+            log(f"{run.id}: baseline {fmt((run.baseline or {}).get('timed_s'), '.1f')} s, "
+                f"prepare {time.perf_counter() - t:.1f} s, {allowance:.0f} s for its candidates")
             # The roofline floor uses the fp32 matmul peak: meaningless for the float16/bfloat16
             # probes, which are verified without it.
             task_peaks = peaks if isinstance(run.level, int) else None

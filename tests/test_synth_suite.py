@@ -90,3 +90,30 @@ def test_plans_only_reports_coverage_and_declines_without_a_device(tmp_path):
     assert "| 1 | offline synthesizer v1 cannot express" in md and "L3_2_MultiHead" in md
     assert "| L3_1_MLP | 3 | 3 |" in md and "| L3_4_ResNet_BasicBlock | 3 |" in md
     assert not (out / "results.json").exists() and not (out / "tasks").exists()
+
+
+def test_a_task_too_large_for_the_memory_is_declined_before_its_baseline(tmp_path,
+                                                                           monkeypatch):
+    """The memory plan decides first: a task the machine cannot verify gets no baseline
+    (KernelBench's L1_5 on the cpu machine had its eager baseline timed for 416 s before its
+    too_large verdicts), and each candidate's verdict says too_large with the numbers."""
+    import assay.bench.baseline
+
+    source = tmp_path / "kb"
+    (source / "level1").mkdir(parents=True)
+    shutil.copy(REPO / "data/tasks/level1/1_ReLU.py", source / "level1" / "1_ReLU.py")
+    monkeypatch.setenv("ASSAY_HOST_SHARE", str(10**8))  # the host's memory in 10^8 shares
+
+    def no_baseline(*args, **kwargs):
+        raise AssertionError("a baseline was timed")
+
+    monkeypatch.setattr(assay.bench.baseline, "time_reference", no_baseline)
+    out = tmp_path / "out"
+    rc = suite.main(["--source", str(source), "--out", str(out), "--device", "cpu",
+                     "--no-compile", "--budget-s", "120", "--variants", "1", "--mutations", "0"])
+    assert rc == 0
+    (task,) = json.loads((out / "results.json").read_text())["tasks"]
+    assert task["error"] is None and task["baseline"] is None, task
+    verdicts = [c["verdict"] for c in task["candidates"]]
+    assert verdicts and all(v["reasons"] == ["too_large"] for v in verdicts), verdicts
+    assert all("GiB" in v["checks"]["too_large"]["detail"] for v in verdicts), verdicts
