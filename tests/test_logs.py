@@ -117,6 +117,7 @@ def test_a_baseline_still_noisy_after_its_retries_is_named_in_the_log(tmp_path, 
     speedup against it to look earned."""
     import logging
 
+    import assay.bench.baseline
     from assay.app import compose
     from assay.layout import Campaign, write_json
     from assay.steps import baseline as step
@@ -124,7 +125,7 @@ def test_a_baseline_still_noisy_after_its_retries_is_named_in_the_log(tmp_path, 
     results = tmp_path / "results"
     c = Campaign.at(results, "unit")
     write_json(c.task_record("L1_1_ReLU"), {"id": "L1_1_ReLU", "level": 1, "error": None})
-    monkeypatch.setattr(step, "time_reference", lambda *a, **k: {
+    monkeypatch.setattr(assay.bench.baseline, "time_reference", lambda *a, **k: {
         "eager_ms": 5.8, "eager_iqr_ms": 4.0, "compile_ms": 1.0, "compile_iqr_ms": 0.01})
     cfg = compose([f"results_dir={results}", "campaign=unit", "task=L1_1_ReLU", "target=cpu"])
     with caplog.at_level(logging.WARNING, logger="assay.baseline"):

@@ -102,6 +102,17 @@ def step(fn: Callable[[DictConfig], Any], gpu: bool | str = False,
     return main
 
 
+def run_script(main: Callable[[], Any]) -> None:
+    """A step run as ``python -m assay.steps.<rule>``: its :func:`step` ``main``, then the
+    process ends without the interpreter's teardown (:func:`assay.process.exit_now`: about a
+    second of CPU once torch is imported, for each of a campaign's jobs). An error exits as
+    ``main`` makes it."""
+    from assay.process import exit_now
+
+    main()
+    exit_now(0)
+
+
 def claim_at_start(cfg: DictConfig, gpu: bool | str, timing: bool) -> None:
     """At a step's start: the GPU lease for a device step on the cuda target (the device too,
     unless ``gpu="late"``); the thread count for a timing step on the cpu target (its CPU lease

@@ -433,5 +433,13 @@ def main(argv: list[str] | None = None) -> int:
     return args.fn(args)
 
 
+def entry() -> None:
+    """The `assay` command (and ``python -m assay.cli``): :func:`main`, then the process ends
+    without the interpreter's teardown (:func:`assay.process.exit_now`)."""
+    from assay.process import exit_now
+
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -12,8 +12,6 @@ import logging
 from omegaconf import DictConfig
 
 from assay import app
-from assay.bench.baseline import NOISY_IQR, time_reference
-from assay.bench.timing import TimingConfig
 from assay.layout import read_json, write_json
 
 log = logging.getLogger("assay.baseline")
@@ -29,6 +27,10 @@ def baseline(cfg: DictConfig) -> dict:
         out = {"task": cfg.task, "skipped": record["error"], "eager_ms": None, "compile_ms": None}
         write_json(c.baseline(cfg.task), out)
         return out
+    # torch (2-3 s of imports) only for a task that is timed, not for one skipped above
+    from assay.bench.baseline import NOISY_IQR, time_reference
+    from assay.bench.timing import TimingConfig
+
     device = "cuda" if tgt == "cuda" else "cpu"
     task = app.load_task(cfg, cfg.task, tgt)
     tcfg = TimingConfig.of(cfg.verify)
@@ -57,4 +59,4 @@ def baseline(cfg: DictConfig) -> dict:
 main = app.step(baseline, gpu="late", timing=True)
 
 if __name__ == "__main__":
-    main()
+    app.run_script(main)

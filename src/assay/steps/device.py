@@ -25,4 +25,4 @@ def device(cfg: DictConfig) -> dict:
 main = app.step(device, gpu=True, timing=True)
 
 if __name__ == "__main__":
-    main()
+    app.run_script(main)

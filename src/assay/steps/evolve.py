@@ -76,4 +76,4 @@ def evolve(cfg: DictConfig) -> dict:
 main = app.step(evolve)
 
 if __name__ == "__main__":
-    main()
+    app.run_script(main)

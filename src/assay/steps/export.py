@@ -34,4 +34,4 @@ def export_step(cfg: DictConfig) -> list:
 main = app.step(export_step)
 
 if __name__ == "__main__":
-    main()
+    app.run_script(main)

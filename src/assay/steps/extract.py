@@ -43,4 +43,4 @@ def extract(cfg: DictConfig) -> dict:
 main = app.step(extract, gpu="late")
 
 if __name__ == "__main__":
-    main()
+    app.run_script(main)

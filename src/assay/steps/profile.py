@@ -116,4 +116,4 @@ def profile(cfg: DictConfig) -> dict:
 main = app.step(profile, gpu="late", timing=True)
 
 if __name__ == "__main__":
-    main()
+    app.run_script(main)

@@ -42,4 +42,4 @@ def report(cfg: DictConfig):
 main = app.step(report)
 
 if __name__ == "__main__":
-    main()
+    app.run_script(main)

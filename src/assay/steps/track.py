@@ -38,4 +38,4 @@ def track(cfg: DictConfig) -> dict:
 main = app.step(track)
 
 if __name__ == "__main__":
-    main()
+    app.run_script(main)

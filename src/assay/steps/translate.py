@@ -79,4 +79,4 @@ def _limits(cfg: DictConfig):
 main = app.step(translate)
 
 if __name__ == "__main__":
-    main()
+    app.run_script(main)

@@ -142,4 +142,4 @@ def verify_generation(cfg: DictConfig) -> dict:
 main = app.step(verify_generation, gpu="late", timing=True)
 
 if __name__ == "__main__":
-    main()
+    app.run_script(main)

@@ -393,4 +393,6 @@ if __name__ == "__main__":
     if sys.argv[1:2] != ["--analyze"] or len(sys.argv) != 3:
         print("usage: python -m assay.tasks.record --analyze SPEC_JSON", file=sys.stderr)
         sys.exit(2)
-    sys.exit(_analyze_main(json.loads(sys.argv[2])))
+    from assay.process import exit_now
+
+    exit_now(_analyze_main(json.loads(sys.argv[2])))  # (its record is written: no teardown)
