@@ -66,7 +66,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
 
-T0 = time.perf_counter()
+T0 = time.perf_counter()  # main() sets it again: the budget counts from the run's start
 # memory-bound kernels (elementwise, rows, pooling, reductions over any dims, scans)
 BANDWIDTH_STRATEGIES = {"vectorize", "fusion", "rowreduce", "pooling", "axisreduce",
                         "totalreduce", "scan"}
@@ -622,6 +622,8 @@ def plans_only(args: argparse.Namespace, out: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global T0
+    T0 = time.perf_counter()  # (a caller that imported this module long ago: its tests)
     args = parse_args(argv)
     from assay.bench import absolute_pythonpath
 
