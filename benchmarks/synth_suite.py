@@ -757,7 +757,8 @@ def main(argv: list[str] | None = None) -> int:
             plan = plan_task(run.task, device, cfgs["strict"])
             fits = plan is None or plan.fits
             if not fits:  # each candidate's verdict says too_large, with the numbers
-                log(f"{run.id}: too large for this machine, no baseline timed: {TooLarge(plan)}")
+                log(f"{run.id}: too large for this machine, no baseline timed: "
+                    f"{plan.too_large_detail()}")
             do_compile = not args.no_compile and bool(run.warm_result
                                                       and run.warm_result.get("ok"))
             t = time.perf_counter()
@@ -772,7 +773,7 @@ def main(argv: list[str] | None = None) -> int:
             degenerate = bool((run.record or {}).get("degeneracy", {}).get("degenerate"))
             t = time.perf_counter()
             if fits and not degenerate:
-                try:  # planned again: what the baseline held is free again, or not all of it
+                try:  # (prepare plans again, with what the baseline left allocated)
                     prepared = prepare(run.task, device, cfgs["strict"])
                 except TooLarge as e:
                     log(f"{run.id}: too large for this machine: {e}")

@@ -95,8 +95,12 @@ def step(fn: Callable[[DictConfig], Any], gpu: bool | str = False,
             # would compose, twice (the first only to learn the run mode), 0.7 s each; under
             # config.yaml's hydra settings (run dir '.', no output subdir, no chdir, no
             # logging set up) nothing else of the app applies. Hydra's own flags (--help,
-            # --cfg, --multirun, ...) go through it.
-            return run(cfg)
+            # --cfg, --multirun, ...) go through it. Initialized on the config folder as the
+            # app is, so that a step's own compose() (export's) takes the in-step path.
+            from hydra import initialize_config_dir
+
+            with initialize_config_dir(version_base="1.3", config_dir=str(config_dir())):
+                return run(cfg)
         return hydra_main()
 
     return main
