@@ -117,13 +117,18 @@ def offline_builds(monkeypatch, tmp_path_factory):
 
 @pytest.fixture
 def forked_workers(monkeypatch):
-    """Workers forked from the zygote (torch imported once) rather than exec'd: the cpu
-    target's opt-in, the cuda target's default (assay.verify.sandbox.zygote). The zoo's main
-    verdicts go through the cpu default (exec); its lighter protocols, recomputed references
-    and the red team's CI sample through the zygote, so the cases meet both launch paths on
-    this machine, at a second less per verification (helpers.assert_forked checks a verdict's
-    worker was forked)."""
+    """Workers forked from the zygote (torch imported once), the default on every device
+    (assay.verify.sandbox.zygote), whatever the caller's environment says: for tests that
+    check it (helpers.assert_forked: a verdict's worker was forked)."""
     monkeypatch.setenv("ASSAY_SANDBOX_ZYGOTE", "1")
+
+
+@pytest.fixture
+def exec_workers(monkeypatch):
+    """A fresh interpreter per worker (``ASSAY_SANDBOX_ZYGOTE=0``, the exec path): the path
+    every worker takes where the zygote cannot start, met by a sample of the zoo
+    (test_zoo_verdict_on_exec_workers) and by tests/test_zygote.py."""
+    monkeypatch.setenv("ASSAY_SANDBOX_ZYGOTE", "0")
 
 
 @pytest.fixture

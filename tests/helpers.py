@@ -46,17 +46,9 @@ def assert_forked(times: dict) -> None:
 
 def env(**extra: str) -> dict[str, str]:
     """The environment of the DAG tests' campaigns: this process's, with this interpreter's bin
-    first (the rules call `python -m`, Snakemake's profiles `snakemake`), plus ``extra``.
-
-    Their verify steps fork sandbox workers from the zygote (the cpu target's opt-in, the cuda
-    target's default, assay.verify.sandbox.zygote): torch is imported once per step, not once
-    per candidate, which was 2.6 s of a 4.5-s cpu verification of the CI campaign and a third
-    of the campaign's CPU time (177 s -> 123 s). These tests check the pipeline, not cpu timing
-    spread; exec'd workers meet the zoo's main verdicts and the installed wheel's campaign
-    (tests/test_install.py), as a user's `make run` does."""
+    first (the rules call `python -m`, Snakemake's profiles `snakemake`), plus ``extra``."""
     e = dict(os.environ)
     e["PATH"] = f"{Path(sys.executable).parent}:{e['PATH']}"
-    e["ASSAY_SANDBOX_ZYGOTE"] = "1"
     e.update(extra)
     return e
 

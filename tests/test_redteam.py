@@ -53,8 +53,8 @@ def written(tmp_path_factory):
 
 @pytest.mark.parametrize("variant", [pytest.param(v, id=v.id) for v in CI_SAMPLE])
 def test_redteam_variant(variant, written, forked_workers):
-    """Workers forked from the zygote, as on cuda (a second less each here); the whole cpu set
-    in benchmarks/redteam.py goes through the cpu default, exec'd workers."""
+    """Workers forked from the zygote (the default), as in benchmarks/redteam.py's whole cpu
+    set."""
     times: dict = {}
     row = run(variant, written[variant.id], times=times)
     assert row["outcome"] == "ok", (row["outcome"], row["got"], row["failed"], row["error"])

@@ -118,11 +118,11 @@ def record(task: Task, device: str = "cpu") -> dict:
     return _RECORDS[key]
 
 
-def run_case(name: str):
+def run_case(name: str, times: dict | None = None):
     meta = CASES[name]
     task = zoo_task(meta["TASK"])
     return verify(task, meta["path"], "cpu", zoo_config(meta), record=record(task),
-                  peaks=GENEROUS_PEAKS, prepared=prepared(task))
+                  peaks=GENEROUS_PEAKS, prepared=prepared(task), times=times)
 
 
 def _param(name: str, cases: dict | None = None):
@@ -151,14 +151,38 @@ def assert_verdict(meta: dict, v) -> None:
     seen = {"kernels": v.kernels_launched, "runtime_ms": v.runtime_ms,
             "audit": v.checks.get("audit_consistency", {}).get("detail", "")[:200]}
     assert v.accepted == (not expect), (v.reasons, failed, seen)
-    assert expect <= set(v.reasons), (sorted(expect - set(v.reasons)), v.reasons, failed)
+    # (an expected check that passed: what it saw)
+    missed = {k: v.checks[k]["detail"][:400] for k in expect - set(v.reasons) if k in v.checks}
+    assert expect <= set(v.reasons), (sorted(expect - set(v.reasons)), v.reasons, failed, missed)
     assert set(v.reasons) <= expect | also, (sorted(set(v.reasons) - expect - also), failed)
 
 
 @pytest.mark.parametrize("name", [_param(n) for n in CASES])
-def test_zoo_verdict(name):
+def test_zoo_verdict(name, forked_workers):
+    assert_forked(judge_case(name))
+
+
+# Cases that go through workers exec'd as fresh interpreters (where the zygote cannot start, or
+# ASSAY_SANDBOX_ZYGOTE=0): honest kernels of each kind, tricks on the worker's process (its
+# frames and heap, a side thread, its clock, the sandbox), a crash.
+EXEC_CASES = ("honest_softmax_cpp", "honest_gelu_triton",
+              "honest_gemm_library_plus_epilogue_permissive", "exploit_steal_from_gc_and_frames",
+              "exploit_background_thread", "exploit_patch_perf_counter", "exploit_escape_sandbox",
+              "failure_segfault")
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in EXEC_CASES])
+def test_zoo_verdict_on_exec_workers(name, exec_workers):
+    times = judge_case(name)
+    if "import_s" in times:  # the worker imported torch itself
+        assert times["import_s"] > 0.3, times
+
+
+def judge_case(name: str) -> dict:
+    """``name``'s verdict under the zoo's rule (:func:`assert_verdict`); its ``times``."""
     meta = CASES[name]
-    v = run_case(name)
+    times: dict = {}
+    v = run_case(name, times)
     for _ in range(2 if meta.get("FIRES") else 0):
         if not v.accepted:
             break
@@ -166,13 +190,15 @@ def test_zoo_verdict(name):
         # about twenty runs, on a loaded machine): right to accept, if nothing computed with
         # the library. Then again, for a run where it cheats.
         assert not compute_ops([{"name": k} for k in v.kernels_launched or []]), v.kernels_launched
-        v = run_case(name)
+        times.clear()
+        v = run_case(name, times)
     assert_verdict(meta, v)
     if not meta["EXPECT"]:
         assert v.runtime_ms > 0 and v.kernels_launched is not None
         assert v.checks["precision"]["passed"] and v.checks["stale_results"]["passed"]
         if meta["POLICY"] == "permissive":
             assert v.library_time_frac is not None and v.library_time_frac > 0
+    return times
 
 
 # --- the naive harness accepts every exploit (so each one is a real exploit) -----------------

@@ -65,10 +65,9 @@ SANDBOX_PRIVATE_CACHE = EnvVar(
     "candidates)")
 SANDBOX_ZYGOTE = EnvVar(
     "ASSAY_SANDBOX_ZYGOTE",
-    "1: each sandboxed worker is forked from a process that imported torch already (about "
-    "1.5 s less per cpu verification here, 4-5 s on a GPU); 0: a fresh interpreter per "
-    "worker. Unset: forked on cuda, fresh on cpu (forked cpu workers' timings spread wider on "
-    "the 2-core CI machine)")
+    "unset or 1: each sandboxed worker is forked from a process that imported torch already "
+    "(2.5-3 s less per cpu verification here, 4-5 s on a GPU); 0: a fresh interpreter per "
+    "worker")
 MLFLOW_UI = EnvVar(
     "ASSAY_MLFLOW_UI",
     "base URL of the MLflow UI that `assay report` links to when --mlflow-ui is not given "

@@ -411,7 +411,7 @@ def verify(task: Task, candidate: Path, device: str = "auto", cfg: VerifyConfig 
         detail = record["degeneracy"].get("why", "output barely depends on the inputs")
         if not checks.record(v, "task_not_degenerate", cfg.on_degenerate != "reject", detail):
             return done(f"task {task.id} is degenerate: {detail}")
-    prestart_worker(device)  # (cuda; opt-in on cpu) its torch import overlaps the preparation
+    prestart_worker()  # its torch import overlaps the preparation
 
     t = time.perf_counter()
     try:

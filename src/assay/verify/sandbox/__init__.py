@@ -41,9 +41,9 @@ The package follows the two processes: ``parent`` (:func:`run_sandboxed`, :class
 plan, launch, wait, clean up) runs in the harness, with ``host`` (uid slots, the read plan for
 an unprivileged uid, the kernel cache's permissions, scratch clean-up) and ``cgroups``;
 ``launcher`` (``__main__``) runs in the launcher process, with ``mounts`` and ``libc``.
-``zygote`` (on cuda; on cpu opt-in, ``ASSAY_SANDBOX_ZYGOTE=1``): the worker's launcher forked
-from a process that imported torch already (one per harness process; :func:`prestart_worker`
-starts it early), the same layers set up after the fork.
+``zygote`` (the default; ``ASSAY_SANDBOX_ZYGOTE=0``: an exec per worker): the worker's
+launcher forked from a process that imported torch already (one per harness process;
+:func:`prestart_worker` starts it early), the same layers set up after the fork.
 """
 
 from assay.verify.sandbox.parent import Outcome, prestart_worker, run_sandboxed

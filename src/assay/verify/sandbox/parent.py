@@ -75,12 +75,11 @@ def candidate_env() -> dict[str, str]:
     return env
 
 
-
-def prestart_worker(device: str = "cpu") -> None:
-    """Start the zygote (a worker's torch import) now where it is wanted for ``device`` and not
-    running: a verification that calls this before it prepares its references finds its
-    worker's interpreter ready."""
-    zygote.Zygote.get(candidate_env(), device)
+def prestart_worker() -> None:
+    """Start the zygote (a worker's torch import) now where it is wanted and not running: a
+    verification that calls this before it prepares its references finds its worker's
+    interpreter ready."""
+    zygote.Zygote.get(candidate_env())
 
 
 def run_sandboxed(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLimits,
@@ -178,7 +177,7 @@ def _run(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLimits, dev
     try:
         spec["report_fd"] = write_fd
         with open(log, "wb") as out:
-            proc = _start(spec, cmd, out, write_fd, device)
+            proc = _start(spec, cmd, out, write_fd)
             if on_start is not None:
                 on_start(proc.pid)
             os.close(write_fd)
@@ -227,13 +226,13 @@ def _run(cmd: list[str], cwd: Path, timeout_s: float, limits: SandboxLimits, dev
     return Outcome(f"exit {code}: {tail}", "exit", iso, code)
 
 
-def _start(spec: dict, cmd: list[str], out, report_fd: int,
-           device: str = "cpu") -> "subprocess.Popen | zygote.Child":
+def _start(spec: dict, cmd: list[str], out,
+           report_fd: int) -> "subprocess.Popen | zygote.Child":
     """The launcher, writing to ``out``: forked by the zygote (torch imported already) where
-    ``cmd`` is the worker's and the zygote is wanted on ``device``, else a fresh Python that
-    sets the sandbox up and execs ``cmd``."""
+    ``cmd`` is the worker's and the zygote is wanted, else a fresh Python that sets the
+    sandbox up and execs ``cmd``."""
     if zygote.runs(cmd):
-        z = zygote.Zygote.get(candidate_env(), device)
+        z = zygote.Zygote.get(candidate_env())
         if z is not None:
             try:
                 return z.spawn({**spec, "parent": z.pid}, cmd, out.fileno(), report_fd)

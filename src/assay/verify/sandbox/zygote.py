@@ -19,9 +19,9 @@ The zygote reaps its children and sends each one's wait status and CPU time on i
 socket; the harness waits on that socket as on a process (:class:`Child`), and kills the
 child's process group (the child starts its own session) exactly as it kills the exec path's
 launcher. When the harness's end of the control socket closes (the harness exited or was
-killed), the zygote kills its children and exits. Opt-in, ``ASSAY_SANDBOX_ZYGOTE=1``
-(:func:`wanted` says why); a zygote that cannot start or stops answering is left for the exec
-path, with a log line."""
+killed), the zygote kills its children and exits. The default on every device
+(``ASSAY_SANDBOX_ZYGOTE=0`` turns it off; :func:`wanted`); a zygote that cannot start or stops
+answering is left for the exec path, with a log line."""
 
 from __future__ import annotations
 
@@ -47,24 +47,21 @@ _MAX_MSG = 1 << 20
 _FDS = 3  # log, report pipe, status socket
 
 
-def wanted(device: str = "cpu") -> bool:
-    """Whether workers on ``device`` fork from the zygote: ``ASSAY_SANDBOX_ZYGOTE=1`` always,
-    ``=0`` never; unset, on cuda only. The import it saves is 4-5 s of a GPU verification
-    (an H200's L1_21: the worker's import 0.1 s forked, 4.4 s exec'd), and device timings do not
-    see the host heap. On cpu it is opt-in: on the 2-core CPU machine forked workers' timings
-    spread wider (five verifications of one ReLU kernel 9.4% and 16.2% from their median beside
-    a control within 3.5%, where exec'd workers were within 6%: a forked worker's heap starts
-    from the zygote's history, which sets whether a 16 MB output is faulted in anew on each
-    call; see bench.timing.steady_host_allocator). The zygote never touches CUDA: its workers
+def wanted() -> bool:
+    """Whether workers fork from the zygote, on every device: unset or ``ASSAY_SANDBOX_ZYGOTE=1``,
+    yes; ``=0``, never (each worker a fresh interpreter). The import it saves is 4-5 s of a GPU
+    verification (an H200's L1_21: the worker's import 0.1 s forked, 4.4 s exec'd) and 2.5-3 s
+    of a cpu one on the 2-core CPU machine. It was opt-in on cpu after five verifications of one
+    ReLU kernel (a 16 MB output, which a heap may fault in anew on each call; see
+    bench.timing.steady_host_allocator) spread 9.4% and 16.2% from their median forked, within 6%
+    exec'd; measured again alternating (2026-12-03, `assay verify` of the bundled ReLU at its
+    default size, five pairs), the two spread alike: runtimes 3.08-4.00 ms forked, 3.30-4.14 ms
+    exec'd, the same machine's noise either way. The zygote never touches CUDA: its workers
     initialize it after the fork, as torch requires."""
     from assay.env import SANDBOX_ZYGOTE
 
     value = SANDBOX_ZYGOTE.get().strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    return device.startswith("cuda")
+    return value not in ("0", "false", "no", "off")
 
 
 def runs(cmd: list[str]) -> bool:
@@ -114,11 +111,11 @@ class Zygote:
         return self.proc.pid
 
     @classmethod
-    def get(cls, env: dict[str, str], device: str = "cpu") -> "Zygote | None":
+    def get(cls, env: dict[str, str]) -> "Zygote | None":
         """The running zygote for ``env``, started now if there is none (it imports torch
-        while the caller goes on); None where it is not wanted for ``device`` (:func:`wanted`)
-        or could not start (the caller execs the worker instead)."""
-        if not wanted(device):
+        while the caller goes on); None where it is not wanted (:func:`wanted`) or could
+        not start (the caller execs the worker instead)."""
+        if not wanted():
             return None
         key = tuple(env.get(k) for k in AT_IMPORT)
         with cls._lock:
