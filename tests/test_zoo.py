@@ -808,7 +808,7 @@ def test_a_degenerate_tasks_generation_is_judged_with_no_build_and_no_gpu(tmp_pa
     from assay.layout import read_json, write_json
     from assay.steps import verify as step
     from assay.tasks.analyze import degeneracy
-    from assay.verify import compile_service, harness
+    from assay.verify import compile_service, harness, sandbox
 
     cfg = app.compose(["tasks.source=data/tasks", "tasks.size=small",
                        "tasks.include=[L2_10_Linear_LayerNorm_Mean_Degenerate]",
@@ -836,6 +836,7 @@ def test_a_degenerate_tasks_generation_is_judged_with_no_build_and_no_gpu(tmp_pa
     monkeypatch.setattr(compile_service, "pin_cuda_arch", refused)
     monkeypatch.setattr(app, "on_device", refused)
     monkeypatch.setattr(harness, "prestart_worker", refused)
+    monkeypatch.setattr(sandbox, "prestart_worker", refused)
     monkeypatch.setattr(harness, "prepare", refused)
     step.judge(cfg.copy(), c, "offline", task_id, 0, todo)
     for cid in todo:

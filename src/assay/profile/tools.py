@@ -18,15 +18,17 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from assay.verify.harness import _private_memory, worker_job
 from assay.verify.memory import Protocol, check_distributions, lighter_protocols
-from assay.verify.reference import Prepared
 from assay.verify.sandbox import Outcome, run_sandboxed
 from assay.verify.settings import VerifyConfig
+
+if TYPE_CHECKING:
+    from assay.verify.reference import Prepared
+# torch and the harness are imported where a worker is run: the profile step of a verdict that
+# carries its audit's table, with no ncu (the cpu target), reads and writes text only (a torch
+# import of 2-2.6 s on the CPU machine, 4-5 s on an H200, for nothing)
 
 NCU_LOG = "ncu.csv"
 _SOURCE_BLOCK = re.compile(r"r?(\"\"\"|''')(.*?)\1", re.S)
@@ -62,6 +64,10 @@ def light(cfg: VerifyConfig) -> VerifyConfig:
 
 
 def _job_dir(prep: Prepared, candidate: Path, cfg: VerifyConfig, audit: bool) -> Path:
+    import torch
+
+    from assay.verify.harness import worker_job
+
     scratch = Path(tempfile.mkdtemp(prefix="assay-profile-"))
     shutil.copyfile(candidate, scratch / "candidate.py")
     job = worker_job(prep, scratch / "candidate.py", cfg)
@@ -94,6 +100,8 @@ def sandboxed_worker(prep: Prepared, candidate: Path, cfg: VerifyConfig,
     ncu, which wants the device's counters to itself. Yields (outcome, the worker's report or
     None, scratch); the scratch is removed after.
     """
+    from assay.verify.harness import _private_memory
+
     scratch = _job_dir(prep, candidate, cfg, audit)
     try:
         cmd = [*prefix, sys.executable, "-m", "assay.verify.worker", str(scratch)]

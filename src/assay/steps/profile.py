@@ -55,7 +55,6 @@ def profile(cfg: DictConfig) -> dict:
     from assay.profile.tools import (clang_tidy, light, ncu_profile, torch_profile,
                                      torch_profile_table)
     from assay.verify.config import from_cfg
-    from assay.verify.harness import prepare
 
     best = members[0]
     path = c.candidate(llm, task_id, best.generation, best.id)
@@ -78,6 +77,8 @@ def profile(cfg: DictConfig) -> dict:
             times[f"{stage}_s"] = round(time.perf_counter() - t, 3)
 
     def prepared():  # the device taken first: preparing makes the input sets on it
+        from assay.verify.harness import prepare  # (torch: only where a worker runs)
+
         waited = app.on_device(cfg)
         if waited is not None:
             times["device_wait_s"] = round(waited, 3)

@@ -44,6 +44,16 @@ def outcome(v) -> str:
 def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
           todo: list[str]) -> None:
     """Verify the candidates ``todo`` of one generation, writing each verdict when decided."""
+    from assay.verify.sandbox import prestart_worker  # (no torch)
+
+    record = read_json(c.task_record(task_id))
+    degenerate = bool(record.get("degeneracy", {}).get("degenerate"))
+    if not (degenerate and cfg.verify.on_degenerate == "reject"):
+        # The workers' zygote imports torch now, beside this step's own import, the builds and
+        # the preparation: started by the first verification, its import (2.5 s on the CPU
+        # machine, 4-5 s on an H200) came after them, while the step held the CPU lease or
+        # the device.
+        prestart_worker()
     # torch is imported only when there is something to judge: an empty generation (a declined
     # task) costs a second, not the three of a torch import.
     from assay.verify.compile_service import CompileService, pin_cuda_arch
@@ -55,7 +65,6 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
     vcfg = from_cfg(cfg.verify)
     device = "cuda" if tgt == "cuda" else "cpu"
     task = app.load_task(cfg, task_id, tgt)
-    record = read_json(c.task_record(task_id))
     baseline = read_json(c.baseline(task_id))
     peaks = read_json(c.device()) if c.device().exists() else None
     paths = {cid: c.candidate(llm, task_id, gen, cid) for cid in todo}
@@ -77,7 +86,6 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
                      task_id, gen, i, len(todo), cid, outcome(v), built_s,
                      time.perf_counter() - t0)
 
-    degenerate = bool(record.get("degeneracy", {}).get("degenerate"))
     if degenerate and vcfg.on_degenerate == "reject":
         # every verdict is decided by the task's record: no build, no GPU (KernelBench's L1_49
         # waited 9 s for the GPU and built two kernels to be told so)

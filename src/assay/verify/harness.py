@@ -39,7 +39,7 @@ from assay.tasks.model import Task
 from assay.verify import checks, observer
 from assay.verify import policy as policy_mod
 from assay.verify import provenance
-from assay.verify.memory import Plan, TooLarge
+from assay.verify.memory import Plan, TooLarge, plan_slots
 from assay.verify.preflight import preflight
 from assay.verify.arenas import (ALIGN, DeviceArena, FileArena, Layout, NoRoom, arena_view,
                                  describe_inputs, fill_inputs, shm_dir, tensor_nbytes)
@@ -48,7 +48,6 @@ from assay.verify.reference import Prepared, prepare, resolve_device
 from assay.verify.sandbox import prestart_worker, run_sandboxed
 from assay.verify.sandbox.host import kernel_cache
 from assay.verify.settings import VerifyConfig
-from assay.verify.worker import plan_slots
 
 log = logging.getLogger("assay.verify")
 

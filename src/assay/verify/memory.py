@@ -173,6 +173,27 @@ def shapes_or_none(module: Any) -> tuple[TaskShapes | None, str]:
         return None, f"{type(e).__name__}: {str(e)[:200]}"
 
 
+# The protocol's verified calls, shared by the worker (which makes them) and the harness
+# (which compares them); here, with no torch, so that planning memory imports none.
+def plan_slots(check: list[int], timing_ids: list[int], swaps: list[int],
+               min_runs: int) -> list[tuple[str, str, int]]:
+    """(slot name, phase, input set) of every verified call, in the order the worker makes them.
+
+    Phases: ``check`` (correctness), ``stale`` (staleness protocol), ``timed`` (a timed call
+    that got an independent set), ``after`` (each timing buffer after timing).
+    """
+    # Set a is the last one checked: set b's data goes into the buffers of the call just made,
+    # where a cache keyed on the last input pointer (a C++ static, say) replays that output.
+    a, b = check[-1], check[0]
+    slots = [(f"check{i}", "check", s) for i, s in enumerate(check)]
+    slots += [("stale_new_data", "stale", b),   # set b's data into set a's buffers
+              ("stale_repeat", "stale", b),     # the same call again
+              ("stale_new_ptr", "stale", a)]    # set a's data again, at new pointers
+    slots += [(f"timed{k}", "timed", s) for k, s in enumerate(swaps[:max(min_runs, 0)])]
+    slots += [(f"after{i}", "after", s) for i, s in enumerate(timing_ids)]
+    return slots
+
+
 @dataclass(frozen=True)
 class Protocol:
     """How many of each buffer one verification holds: the verify config's protocol, or a
@@ -203,8 +224,6 @@ class Protocol:
     @property
     def slots(self) -> int:
         """Verified calls, each with a landing buffer for its outputs."""
-        from assay.verify.worker import plan_slots
-
         c, t = self.check_sets, self.timing_sets
         swaps = list(range(c + t, self.sets)) or [0]  # else a correctness set (prepare)
         return len(plan_slots(list(range(c)), list(range(c, c + t)), swaps, self.min_runs))

@@ -18,7 +18,7 @@ What comes back besides the landing buffers is ``result.json``: plain JSON (shap
 timings, the profile), which the harness parses without unpickling anything the candidate
 could have written.
 
-The protocol (slot names from :func:`plan_slots`):
+The protocol (slot names from :func:`assay.verify.memory.plan_slots`):
 
 - correctness: every correctness set on fresh buffers, allocator memory poisoned with NaN;
 - staleness: new data at the same pointers, the same call repeated, earlier data at new
@@ -76,7 +76,7 @@ from assay.bench import timing  # noqa: E402  (captures the original clocks at i
 from assay.bench.build import cache_dir  # noqa: E402
 from assay.tasks import instantiate  # noqa: E402
 from assay.tasks.instantiate import as_outputs, seeded, set_fp32_numerics  # noqa: E402
-from assay.verify.memory import CANARY_PAD_B, sets_stay_on_host  # noqa: E402
+from assay.verify.memory import CANARY_PAD_B, plan_slots, sets_stay_on_host  # noqa: E402
 from assay.verify.policy import COMPILED_GRAPH  # noqa: E402
 from assay.verify.quiet import no_kineto_markers  # noqa: E402
 
@@ -98,28 +98,6 @@ _EXISTS = os.path.exists
 _REPLACE = os.replace
 _RESULT_FORMAT = ["pt"]  # the harness asks for "json" only; older readers load result.pt
 PERTURB_RANGE = (0.8, 1.0)  # rescaling toward zero keeps every domain that contains 0
-
-
-# --------------------------------------------------------------------------------------------
-# The protocol's verified calls, shared with the harness.
-
-def plan_slots(check: list[int], timing_ids: list[int], swaps: list[int],
-               min_runs: int) -> list[tuple[str, str, int]]:
-    """(slot name, phase, input set) of every verified call, in the order the worker makes them.
-
-    Phases: ``check`` (correctness), ``stale`` (staleness protocol), ``timed`` (a timed call
-    that got an independent set), ``after`` (each timing buffer after timing).
-    """
-    # Set a is the last one checked: set b's data goes into the buffers of the call just made,
-    # where a cache keyed on the last input pointer (a C++ static, say) replays that output.
-    a, b = check[-1], check[0]
-    slots = [(f"check{i}", "check", s) for i, s in enumerate(check)]
-    slots += [("stale_new_data", "stale", b),   # set b's data into set a's buffers
-              ("stale_repeat", "stale", b),     # the same call again
-              ("stale_new_ptr", "stale", a)]    # set a's data again, at new pointers
-    slots += [(f"timed{k}", "timed", s) for k, s in enumerate(swaps[:max(min_runs, 0)])]
-    slots += [(f"after{i}", "after", s) for i, s in enumerate(timing_ids)]
-    return slots
 
 
 # --------------------------------------------------------------------------------------------
