@@ -174,8 +174,10 @@ EXEC_CASES = ("honest_softmax_cpp", "honest_gelu_triton",
 @pytest.mark.parametrize("name", [_param(n) for n in EXEC_CASES])
 def test_zoo_verdict_on_exec_workers(name, exec_workers):
     times = judge_case(name)
-    if "import_s" in times:  # the worker imported torch itself
-        assert times["import_s"] > 0.3, times
+    meta = CASES[name]
+    # (a crash, or a candidate that raises at its import, ends the worker before its report)
+    if meta["KIND"] != "failure" and "runs" not in meta["EXPECT"]:
+        assert times["import_s"] > 0.3, times  # the worker imported torch itself
 
 
 def judge_case(name: str) -> dict:

@@ -44,11 +44,16 @@ def outcome(v) -> str:
 def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
           todo: list[str]) -> None:
     """Verify the candidates ``todo`` of one generation, writing each verdict when decided."""
-    from assay.verify.sandbox import prestart_worker  # (no torch)
+    from assay.verify.config import from_cfg  # (no torch, nor the next)
+    from assay.verify.sandbox import prestart_worker
 
+    vcfg = from_cfg(cfg.verify)
     record = read_json(c.task_record(task_id))
     degenerate = bool(record.get("degeneracy", {}).get("degenerate"))
-    if not (degenerate and cfg.verify.on_degenerate == "reject"):
+    # every verdict decided by the task's record: no build, no worker, no GPU (KernelBench's
+    # L1_49 waited 9 s for the GPU and built two kernels to be told so)
+    by_record = degenerate and vcfg.on_degenerate == "reject"
+    if not by_record:
         # The workers' zygote imports torch now, beside this step's own import, the builds and
         # the preparation: started by the first verification, its import (2.5 s on the CPU
         # machine, 4-5 s on an H200) came after them, while the step held the CPU lease or
@@ -57,12 +62,10 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
     # torch is imported only when there is something to judge: an empty generation (a declined
     # task) costs a second, not the three of a torch import.
     from assay.verify.compile_service import CompileService, pin_cuda_arch
-    from assay.verify.config import from_cfg
     from assay.verify.harness import prepare, reportable_times, verify
     from assay.verify.memory import TooLarge
 
     tgt = app.target(cfg)
-    vcfg = from_cfg(cfg.verify)
     device = "cuda" if tgt == "cuda" else "cpu"
     task = app.load_task(cfg, task_id, tgt)
     baseline = read_json(c.baseline(task_id))
@@ -86,9 +89,7 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
                      task_id, gen, i, len(todo), cid, outcome(v), built_s,
                      time.perf_counter() - t0)
 
-    if degenerate and vcfg.on_degenerate == "reject":
-        # every verdict is decided by the task's record: no build, no GPU (KernelBench's L1_49
-        # waited 9 s for the GPU and built two kernels to be told so)
+    if by_record:
         decide()
         return
     # On cuda, kernels build on the CPU cores while the GPU verifies. On the cpu target the
