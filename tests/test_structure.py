@@ -116,10 +116,13 @@ def test_no_package_imports_a_step():
     edges = package_imports()
     users = {src: places["steps"] for src, places in edges.items() if "steps" in places}
     assert not users, f"a package imports assay.steps: {users}"
-    rules = {p.stem for p in (PKG / "steps").glob("*.py")} - {"__init__"}
+    rules = {p.stem for p in (PKG / "steps").glob("*.py")} - {"__init__", "__main__"}
     smk = "\n".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
     declared = set(re.findall(r"^rule (\w+):", smk, flags=re.M))
     assert rules == declared, "assay/steps/ holds one module per rule of workflow/rules"
+    from assay.steps import RULES  # what `python -m assay.steps RULE` accepts
+
+    assert set(RULES) == declared
 
 
 def test_gpu_steps_import_no_heavy_pipeline_library():

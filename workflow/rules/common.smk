@@ -53,8 +53,9 @@ def every_generation(llms):
 
 
 def assay_step(step, **params):
-    """The shell command of one rule: its step ``python -m assay.steps.<step>`` (named after
-    the rule) with the campaign's overrides plus this job's own."""
+    """The shell command of one rule: its step ``python -m assay.steps <step>`` (the module
+    ``assay.steps.<step>``, named after the rule, forked by the step server: see
+    assay/stepserver.py) with the campaign's overrides plus this job's own."""
     own = " ".join(f"{k}={v}" for k, v in params.items())
     # The interpreter running Snakemake: the one with assay installed (`python` may not exist).
-    return f"{shlex.quote(sys.executable)} -m assay.steps.{step} {{params.overrides}} {own}"
+    return f"{shlex.quote(sys.executable)} -m assay.steps {step} {{params.overrides}} {own}"

@@ -2,8 +2,8 @@
 
 A task file is code: it can sleep at import, loop in forward, call sys.exit, or ask for a
 terabyte. So the task is executed in a child process (``python -m assay.tasks.record
---analyze SPEC``) with a time limit (``tasks.extract_timeout_s``) and, on the cpu target, an
-address-space limit; its sizes are checked on the meta device before anything is allocated
+--analyze SPEC``, or a fork of the step where it has torch imported) with a time limit
+(``tasks.extract_timeout_s``) and, on the cpu target, an address-space limit; its sizes are checked on the meta device before anything is allocated
 (``tasks.max_task_bytes``, null: a quarter of RAM on cpu or half the GPU's memory on cuda).
 A task that cannot be used gets a record whose ``error`` is one line naming the file and the
 problem; the campaign goes on. The step `extract` (``assay.steps.extract``) writes it.
@@ -45,11 +45,9 @@ def analyze_file(path: str | Path, level: int, size: str, target: str, *, timeou
         spec = {"path": str(path), "level": level, "size": size, "target": target,
                 "out": str(out), "stage": str(stage), "parent": os.getpid(),
                 "max_bytes": max_bytes, "device_lock": device_lock and str(device_lock)}
-        cmd = [sys.executable, "-m", "assay.tasks.record", "--analyze", json.dumps(spec)]
         t0 = time.monotonic()
         with open(Path(tmp) / "log", "wb") as logf:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = _start_child(spec, logf.fileno())
             try:
                 code = _wait(proc, stage, timeout_s, device_lock)
             except BaseException:
@@ -76,6 +74,68 @@ def analyze_file(path: str | Path, level: int, size: str, target: str, *, timeou
         took = time.monotonic() - t0
         return _error(f"{path}: the task {what} while {where} after {took:.0f} s"
                       + (f": {tail}" if tail else ""))
+
+
+def _start_child(spec: dict, log_fd: int) -> "subprocess.Popen | _Forked":
+    """The analysis in a process of its own (a session too: killed with all it starts): forked
+    where this process imported torch, runs no other thread (no thread pool a child would
+    inherit half of: a step forked by the step server, before any torch work) and has not
+    touched CUDA, so the 1.5-5 s import is not paid again; else a fresh interpreter."""
+    torch = sys.modules.get("torch")
+    if torch is None or _os_threads() > 1 or torch.cuda.is_initialized():
+        cmd = [sys.executable, "-m", "assay.tasks.record", "--analyze", json.dumps(spec)]
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_fd,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    pid = os.fork()
+    if pid:
+        return _Forked(pid)
+    code = 1
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        code = _analyze_main(spec)
+    except BaseException:  # noqa: BLE001 - the child never returns into the step
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def _os_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 2  # (not Linux: no fork)
+
+
+class _Forked:
+    """A forked child waited on as a ``subprocess.Popen``: ``pid``, ``wait(timeout)``."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+            elif end is not None and time.monotonic() >= end:
+                raise subprocess.TimeoutExpired(f"analysis {self.pid}", timeout)
+            else:
+                time.sleep(0.01)
+        return self.returncode
 
 
 WAITING = "waiting for the GPU"
