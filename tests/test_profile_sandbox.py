@@ -234,8 +234,13 @@ ALLOWED = {
                                        "service's prebuild, both sandboxed (checked below)",
     ("assay/profile/tools.py", "clang_tidy"): "clang-tidy reads the candidate's C sources as "
                                               "text; it runs none of the candidate's code",
-    ("assay/tasks/record.py", "analyze_file"): "runs a task file (the trusted reference), "
-                                                 "not a candidate",
+    ("assay/tasks/record.py", "_start_child"): "runs a task file (the trusted reference), "
+                                                 "not a candidate: a fresh interpreter, or a "
+                                                 "fork of its step",
+    ("assay/stepserver.py", "_start_server"): "the step server: imports torch and the steps' "
+                                              "packages, runs no candidate",
+    ("assay/stepserver.py", "serve"): "the step server's fork: the child is a pipeline step, "
+                                      "which routes candidates through the sandbox as any step",
     ("assay/cli.py", "_run"): "starts snakemake",
     ("assay/bench/baseline_cache.py", "__init__"): "TrustedChild: times the task's reference "
                                                     "(trusted) in a process that never loads a "
