@@ -240,3 +240,27 @@ def test_a_peer_of_another_uid_or_namespace_gets_no_step(tmp_path, runtime):
     if unshared:  # it reached the socket, and the server said no
         log = sockets(runtime)[0].with_suffix(".log").read_text()
         assert "refused a connection: pid" in log and "other namespaces" in log, log
+
+
+@pytest.mark.gpu
+def test_the_server_leaves_cuda_to_its_steps(tmp_path, runtime):
+    """On a GPU machine: the device step, forked twice from one server, probes the GPU (CUDA
+    initialized in each step); the server itself never holds a CUDA context (a fork after CUDA
+    starts is unusable), so nvidia-smi lists none for it."""
+    cmd = [sys.executable, "-m", "assay.steps", "device", "campaign=s", "tasks=ci",
+           f"results_dir={tmp_path / 'results'}", "target=cuda"]
+    for _ in range(2):
+        r = subprocess.run(cmd, capture_output=True, text=True, env=step_env(runtime),
+                           cwd=tmp_path, timeout=600)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+        assert "runs in this process" not in r.stderr, r.stderr
+    import json
+
+    device = json.loads((tmp_path / "results" / "s" / "device.json").read_text())
+    assert not device["name"].startswith("cpu") and device["flops_tflops"] > 1, device
+    server = _server_pid(sockets(runtime)[0])
+    apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                          capture_output=True, text=True, timeout=60).stdout.split()
+    assert str(server) not in apps, apps
+    maps = Path(f"/proc/{server}/maps").read_text()
+    assert "libcuda.so" not in maps, "the server loaded the CUDA driver"
