@@ -159,7 +159,13 @@ def assert_verdict(meta: dict, v) -> None:
 
 @pytest.mark.parametrize("name", [_param(n) for n in CASES])
 def test_zoo_verdict(name, forked_workers):
-    assert_forked(judge_case(name))
+    assert_forked(judge_case(name), reports(CASES[name]))
+
+
+def reports(meta: dict) -> bool:
+    """Whether the case's worker runs to its report: not for a crash, a candidate that raises
+    at its import, or a task whose record decides the verdict (no worker starts)."""
+    return meta["KIND"] != "failure" and not {"runs", "task_not_degenerate"} & set(meta["EXPECT"])
 
 
 # Cases that go through workers exec'd as fresh interpreters (where the zygote cannot start, or
@@ -174,9 +180,7 @@ EXEC_CASES = ("honest_softmax_cpp", "honest_gelu_triton",
 @pytest.mark.parametrize("name", [_param(n) for n in EXEC_CASES])
 def test_zoo_verdict_on_exec_workers(name, exec_workers):
     times = judge_case(name)
-    meta = CASES[name]
-    # (a crash, or a candidate that raises at its import, ends the worker before its report)
-    if meta["KIND"] != "failure" and "runs" not in meta["EXPECT"]:
+    if reports(CASES[name]):
         assert times["import_s"] > 0.3, times  # the worker imported torch itself
 
 
@@ -262,7 +266,7 @@ def test_zoo_verdict_under_the_lightest_protocol(name, forked_workers):
     # its surroundings does between timed calls: audit_consistency may join its reasons.
     assert_verdict({**meta, "ALSO": meta["ALSO"] + ["audit_consistency"] * bool(meta["EXPECT"])},
                    v)
-    assert_forked(times)
+    assert_forked(times, reports(meta))
     if "timed_outputs" in v.checks:  # the worker ran the protocol: each call handed over
         assert "landing_compare_s" in times
         assert v.checks["memory_plan"]["passed"]
@@ -304,7 +308,7 @@ def test_zoo_verdict_with_the_references_recomputed(name, lightest, forked_worke
                peaks=GENEROUS_PEAKS, prepared=prep, times=times)
     assert_verdict({**meta, "ALSO": meta["ALSO"] + ["audit_consistency"] * bool(meta["EXPECT"])},
                    v)
-    assert_forked(times)
+    assert_forked(times, reports(meta))
     assert prep.refs._rec.seconds > 0  # the comparison made them again
 
 
