@@ -242,6 +242,28 @@ def test_a_peer_of_another_uid_or_namespace_gets_no_step(tmp_path, runtime):
         assert "refused a connection: pid" in log and "other namespaces" in log, log
 
 
+def test_a_client_gone_before_it_was_accepted_is_no_refusal(tmp_path):
+    """A client killed while the server imported (a campaign killed at its start) left its
+    connection in the backlog: closed without a word, not logged as a refusal."""
+    import socket
+
+    from assay.stepserver import GONE, _namespaces, _refuse
+
+    path = str(tmp_path / "s.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(4)
+    code = (f"import socket; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); "
+            f"s.connect({path!r}); s.send(b'x')")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)  # connects, then ends
+    conn, _ = listener.accept()
+    assert _refuse(conn, _namespaces(os.getpid())) == GONE
+    mine = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    mine.connect(path)
+    conn, _ = listener.accept()
+    assert _refuse(conn, _namespaces(os.getpid())) is None  # this process: same uid, namespaces
+
+
 @pytest.mark.gpu
 def test_the_server_leaves_cuda_to_its_steps(tmp_path, runtime):
     """On a GPU machine: the device step, forked twice from one server, probes the GPU (CUDA

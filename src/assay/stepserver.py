@@ -256,8 +256,9 @@ def serve(path: Path) -> dict | None:
             conn, _ = listener.accept()
             why = _refuse(conn, own_ns)
             if why:
-                _log(f"refused a connection: {why}")
-                refused += 1
+                if why != GONE:  # (a client killed while it waited: nothing to say)
+                    _log(f"refused a connection: {why}")
+                    refused += 1
                 conn.close()
             else:
                 steps[conn] = None
@@ -313,19 +314,30 @@ def _namespaces(pid: int) -> tuple[str, ...]:
     return tuple(os.readlink(f"/proc/{pid}/ns/{ns}") for ns in ("mnt", "net"))
 
 
+GONE = "gone"
+
+
 def _refuse(conn: socket.socket, own_ns: tuple[str, ...]) -> str | None:
-    """Why a peer may not have a step: not this uid, or namespaces of its own (a sandbox)."""
+    """Why a peer may not have a step: not this uid, or namespaces of its own (a sandbox); or
+    :data:`GONE`, a client that ended before its connection was accepted."""
     import struct
 
     try:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         pid, uid, _ = struct.unpack("3i", creds)
-        if uid != os.getuid():
-            return f"uid {uid}"
-        if pid <= 0 or _namespaces(pid) != own_ns:
-            return f"pid {pid} is in other namespaces"
     except OSError as e:
         return f"no credentials ({e})"
+    if uid != os.getuid():
+        return f"uid {uid}"
+    if pid <= 0:  # (another pid namespace's process: it has no pid here)
+        return f"pid {pid} is in other namespaces"
+    try:
+        if _namespaces(pid) != own_ns:
+            return f"pid {pid} is in other namespaces"
+    except FileNotFoundError:
+        return GONE
+    except OSError as e:
+        return f"pid {pid}: {e}"
     return None
 
 
