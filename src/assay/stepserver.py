@@ -43,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from assay import messages
+
 log = logging.getLogger("assay.stepserver")
 
 # Imported once by the server, before it forks: what the steps spend their start on (torch, the
@@ -141,20 +143,17 @@ def run_step(rule: str, args: list[str]) -> int:
         socket.send_fds(sock, [request], [0, 1, 2])
     except OSError as e:
         raise NoServer(f"request not sent: {e}") from e
-    first = _recv(sock)
+    first = messages.recv(sock, _MAX_MSG)
     if "pid" not in first:
         sock.close()
         raise NoServer(first.get("error", "the server closed the connection"))
 
     def forward(signum, _frame):
-        try:
-            sock.send(json.dumps({"signal": signum}).encode())
-        except OSError:
-            pass
+        messages.send(sock, signal=signum)
 
     for s in FORWARDED:
         signal.signal(s, forward)
-    msg = _recv(sock)  # (PEP 475: the wait goes on after a forwarded signal)
+    msg = messages.recv(sock, _MAX_MSG)  # (PEP 475: waits on after a forwarded signal)
     if "returncode" not in msg:
         print("assay: the step server ended while the step ran", file=sys.stderr)
         return 1
@@ -195,21 +194,6 @@ def _start_server(path: Path, env: dict[str, str], cwd: str) -> None:
         subprocess.Popen([sys.executable, "-m", "assay.stepserver", str(path)], env=env, cwd=cwd,
                          stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                          start_new_session=True)
-
-
-def _recv(sock: socket.socket) -> dict:
-    try:
-        data = sock.recv(_MAX_MSG)
-        return json.loads(data) if data else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _send(sock: socket.socket, **msg) -> None:
-    try:
-        sock.send(json.dumps(msg).encode())
-    except OSError:
-        pass  # the client is gone: its step is killed where its socket closes
 
 
 # --- the server ----------------------------------------------------------------------------
@@ -273,7 +257,7 @@ def serve(path: Path) -> dict | None:
                 try:
                     child = os.fork()
                 except OSError as e:
-                    _send(conn, error=f"fork: {e}")
+                    messages.send(conn, error=f"fork: {e}")
                     _close_fds(req["fds"])
                     del steps[conn]
                     conn.close()
@@ -283,9 +267,9 @@ def serve(path: Path) -> dict | None:
                     return req
                 _close_fds(req["fds"])
                 steps[conn] = child
-                _send(conn, pid=child)
+                messages.send(conn, pid=child)
                 continue
-            msg = _recv(conn)
+            msg = messages.recv(conn, _MAX_MSG)
             if "signal" in msg and int(msg["signal"]) in FORWARDED:
                 _killpg(pid, int(msg["signal"]))
             elif not msg:  # the client died (SIGKILL): so does its step
@@ -358,7 +342,7 @@ def _request(conn: socket.socket) -> dict | None:
     if req is None or len(fds) != 3 or not _is_step(req.get("rule")):
         _close_fds(fds)
         if req is not None:
-            _send(conn, error=f"not a step: {req.get('rule')!r}")
+            messages.send(conn, error=f"not a step: {req.get('rule')!r}")
         return None
     req["fds"] = fds
     return req
@@ -375,7 +359,7 @@ def _reap(steps: dict[socket.socket, int | None]) -> None:
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         for conn, p in list(steps.items()):
             if p == pid:
-                _send(conn, returncode=code)
+                messages.send(conn, returncode=code)
                 del steps[conn]
                 conn.close()
 

@@ -36,6 +36,8 @@ import subprocess
 import sys
 import threading
 
+from assay import messages
+
 log = logging.getLogger("assay.sandbox")
 
 WORKER = ("-m", "assay.verify.worker")  # the one command the zygote runs (after sys.executable)
@@ -85,7 +87,7 @@ class Child:
         ready = select.select([self._status], [], [], timeout)[0]
         if not ready:
             raise subprocess.TimeoutExpired(f"zygote child {self.pid}", timeout)
-        msg = _recv(self._status)
+        msg = messages.recv(self._status, _MAX_MSG)
         self._status.close()
         self.cpu_s = float(msg.get("cpu_s", 0.0))
         # the zygote gone before the child ended: the child died with it (PDEATHSIG)
@@ -149,7 +151,7 @@ class Zygote:
         if self._ready:
             return
         if not select.select([self.ctl], [], [], 120)[0] \
-                or _recv(self.ctl).get("ready") is not True:
+                or messages.recv(self.ctl, _MAX_MSG).get("ready") is not True:
             raise OSError("the zygote did not come up")
         self._ready = True
 
@@ -172,7 +174,7 @@ class Zygote:
         if not select.select([mine], [], [], 30)[0]:
             mine.close()
             raise OSError("the zygote did not fork in 30 s")
-        msg = _recv(mine)
+        msg = messages.recv(mine, _MAX_MSG)
         if "pid" not in msg:
             mine.close()
             raise OSError(f"the zygote could not fork: {msg.get('error', 'no answer')}")
@@ -190,14 +192,6 @@ class Zygote:
             z.proc.kill()
         except OSError:
             pass
-
-
-def _recv(sock: socket.socket) -> dict:
-    try:
-        data = sock.recv(_MAX_MSG)
-        return json.loads(data) if data else {}
-    except (OSError, ValueError):
-        return {}
 
 
 # --- the zygote's side ----------------------------------------------------------------------
@@ -243,7 +237,7 @@ def serve(ctl_fd: int) -> int:
             req = json.loads(body)
             pid = os.fork()
         except (OSError, ValueError) as e:
-            _send(status, error=str(e))
+            messages.send(status, error=str(e))
             status.close()
             os.close(log_fd)
             os.close(report_fd)
@@ -253,7 +247,7 @@ def serve(ctl_fd: int) -> int:
         os.close(log_fd)
         os.close(report_fd)
         children[pid] = status
-        _send(status, pid=pid)
+        messages.send(status, pid=pid)
         _reap(children)
 
 
@@ -269,15 +263,8 @@ def _reap(children: dict[int, socket.socket]) -> None:
         if sock is None:
             continue
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        _send(sock, returncode=code, cpu_s=ru.ru_utime + ru.ru_stime)
+        messages.send(sock, returncode=code, cpu_s=ru.ru_utime + ru.ru_stime)
         sock.close()
-
-
-def _send(sock: socket.socket, **msg) -> None:
-    try:
-        sock.send(json.dumps(msg).encode())
-    except OSError:
-        pass  # the harness stopped waiting for it
 
 
 def _killpg(pid: int) -> None:
