@@ -45,12 +45,33 @@ def test_samples_are_counted_by_the_file_their_code_came_from_within_the_windows
 def test_a_report_that_hides_library_work_disagrees_and_an_honest_one_agrees():
     library = _sampled([(t, TORCH_SO if t % 10 else MINE_SO) for t in range(1000)])
     ok, detail = disagreement(library, _calls(10, 0.0))
-    assert not ok and "90% in torch's libraries" in detail and "rewritten" in detail
+    assert not ok and "rewritten" in detail
+    assert "90% of their wall time in torch's libraries" in detail
     # the same samples where the report gives ATen its share of each call
     assert disagreement(library, _calls(10, 0.9))[0]
     own = _sampled([(t, MINE_SO if t % 10 else TORCH_SO) for t in range(1000)])
     ok, detail = disagreement(own, _calls(10, 0.0))
-    assert ok and "10% in torch's libraries" in detail
+    assert ok and "10% of their wall time in torch's libraries" in detail
+
+
+def test_the_share_is_of_wall_time_and_of_the_calls_upper_quartile():
+    """Four threads in a BLAS call give four samples per period where one thread in the
+    candidate's code gives one: 100 us in torch on four threads and 100 us in the candidate's
+    code on one is half and half. Calls a preemption stretched in the candidate's Python report
+    a smaller ATen share; the upper quartile of the calls is the one compared."""
+    period = observer.PERIOD_NS
+    where = [(t * period + k, TORCH_SO) for t in range(0, 200, 2) for k in range(4)]
+    where += [(t * period, MINE_SO) for t in range(1, 200, 2)]
+    s = _sampled(where)
+    assert shares(s, [(0, 200 * period)])["torch"] == 400
+    assert observer.torch_wall_share(s, [(0, 200 * period)]) == pytest.approx(0.5)
+    calls = _calls(20, 0.5, width=10 * period)
+    for c in calls[:12]:  # most calls preempted between their ATen ops
+        c["rows"][0]["cpu_us"] /= 4
+    ok, detail = disagreement(s, calls)
+    assert ok and "50% of their wall time" in detail and "gives ATen ops 50%" in detail, detail
+    assert observer.upper_quartile([0.1, 0.2, 0.3, 0.4]) == 0.4
+    assert observer.upper_quartile([]) == 0.0
 
 
 def test_too_few_samples_off_and_missing_windows_are_said():

@@ -111,9 +111,10 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           "`permissive`, library time above `max_library_time_frac` (on cpu, the median of "
           "the timed calls' shares: host time, which one preempted call would sway); on cuda, a "
           "call that runs no kernel of its own; on cpu, a report whose ATen share of the timed "
-          "calls is more than 0.35 under the share of samples the harness itself took in "
-          "torch's libraries (`verify/observer.py`: `perf_event_open` on the worker's threads, "
-          "from outside its process). The profiler runs over every call from before "
+          "calls (their upper quartile) is more than 0.35 under the share of their wall time "
+          "the harness's own samples place in torch's libraries (`verify/observer.py`: "
+          "`perf_event_open` on the worker's threads, from outside its process). The profiler "
+          "runs over every call from before "
           "the candidate loads, so what is audited is what is timed", when="`verify.audit` is on"),
     Check("timing_observed", "on cpu, a timing the worker's report cannot back: its median is "
           "not the one its own per-call times give (recomputed by the harness), a timed call "

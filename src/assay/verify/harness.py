@@ -886,8 +886,9 @@ def _check_kernels(v: Verdict, rows: list, prep: Prepared, cfg: VerifyConfig,
 
 
 def _check_observer(v: Verdict, sampled: observer.Sampled, calls: list) -> None:
-    """``kernel_audit`` against the out-of-process observer: the timed calls' samples in
-    torch's libraries may not exceed the report's ATen share by more than observer.MARGIN.
+    """``kernel_audit`` against the out-of-process observer: the timed calls' wall time the
+    samples place in torch's libraries may not exceed the report's ATen share (its calls'
+    upper quartile) by more than observer.MARGIN.
     The policy's verdict and detail stay; the observer's detail is added to it."""
     ok, detail = observer.disagreement(sampled, calls)
     before = v.checks["kernel_audit"]

@@ -11,9 +11,10 @@ time), and each sample is placed in the file whose code it was in (the worker's
 ``/proc/<pid>/maps``, read by the harness). The kernel writes the samples; nothing the candidate
 does in its process reaches them.
 
-The check (:func:`disagreement`): within the windows of the timed calls, the share of samples in
-torch's own libraries (``libtorch_cpu``, ``libtorch``, ``libc10``: ATen's kernels and its
-dispatch) may not exceed the share of each call's span the report gives to ATen ops by more
+The check (:func:`disagreement`): within the windows of the timed calls, the share of their wall
+time the samples place in torch's own libraries (``libtorch_cpu``, ``libtorch``, ``libc10``:
+ATen's kernels and its dispatch; :func:`torch_wall_share`) may not exceed the share of a call's
+span the report gives to ATen ops (the calls' upper quartile, :func:`upper_quartile`) by more
 than ``MARGIN``. An honest report says where ATen ran (copies and allocations included, since
 they are ATen too); a rewritten one that hides library compute is contradicted. Limits, said in
 the README: the windows are the worker's (a candidate that also moves them, or that does its
@@ -32,7 +33,6 @@ import math
 import mmap
 import os
 import re
-import statistics
 import struct
 import sys
 import threading
@@ -314,6 +314,31 @@ def shares(sampled: Sampled, windows: list[tuple[int, int]]) -> dict[str, int]:
     return counts
 
 
+def torch_wall_share(sampled: Sampled, windows: list[tuple[int, int]],
+                     bucket_ns: int = PERIOD_NS) -> float | None:
+    """The share of the windows' wall time the sampled threads spent in torch's libraries
+    rather than in other code (OpenMP's runtime and unplaced addresses left out), as the
+    report's ATen share is one of each call's span. Samples are per thread's CPU time, so four
+    threads in a BLAS call give four samples where one thread in the candidate's code gives
+    one; here each ``bucket_ns`` of wall time counts once, shared among the kinds of the
+    samples that fell in it. None where no sample counts."""
+    spans = sorted(windows)
+    starts = [a for a, _ in spans]
+    buckets: dict[int, list[int]] = {}
+    for t, ip, pid in zip(sampled.times, sampled.ips, sampled.pids):
+        i = bisect.bisect_right(starts, t) - 1
+        if i < 0 or t > spans[i][1]:
+            continue
+        path = sampled.where(pid, ip)
+        if path == "?" or OPENMP_RUNTIME.search(path):
+            continue
+        seen = buckets.setdefault(t // bucket_ns, [0, 0])
+        seen[0 if TORCH_LIBRARY.search(path) else 1] += 1
+    if not buckets:
+        return None
+    return sum(torch / (torch + other) for torch, other in buckets.values()) / len(buckets)
+
+
 def code_roots(own_dirs: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(trusted, own) folder prefixes. Trusted: code that is not the candidate's, the
     interpreter's trees, every folder on this process's import path (torch, numpy, the project)
@@ -381,6 +406,17 @@ def reported_aten_share(call: dict[str, Any]) -> float:
     return min(1.0, aten / span_us) if span_us > 0 else 0.0
 
 
+def upper_quartile(values: list[float]) -> float:
+    """The calls' upper quartile. A call's reported share is of its wall time, so a preemption
+    in the candidate's Python between ATen ops lowers it while the samples (of CPU time) do not
+    move: on a loaded machine most calls lose some of their share and a median drifts down
+    (an honest library GEMM with a custom epilogue: 0.49 median, 0.58-0.61 upper quartile
+    against 0.79-0.83 sampled, beside two busy processes on two cores). A report that hides
+    library work hides it in every call (audit_consistency compares the calls' ops)."""
+    ordered = sorted(values)
+    return ordered[(3 * len(ordered)) // 4] if ordered else 0.0
+
+
 def disagreement(sampled: Sampled, calls: list[dict[str, Any]]) -> tuple[bool, str]:
     """(ok, detail) of the observer against the report's timed calls (``audit.calls``: each
     with its ``window_ns`` and ``rows``)."""
@@ -398,10 +434,11 @@ def disagreement(sampled: Sampled, calls: list[dict[str, Any]]) -> tuple[bool, s
             f"mapping read, {sampled.lost} lost by the kernel)")
     if counted < MIN_SAMPLES:
         return True, f"out-of-process observer: {seen}, too few to compare"
-    sampled_share = counts["torch"] / counted
-    reported = statistics.median(reported_aten_share(c) for c in calls)
-    detail = (f"out-of-process observer: {seen}: {sampled_share:.0%} in torch's libraries; the "
-              f"worker's report gives ATen ops {reported:.0%} of each call (median)")
+    sampled_share = torch_wall_share(sampled, windows)
+    reported = upper_quartile([reported_aten_share(c) for c in calls])
+    detail = (f"out-of-process observer: {seen}: {sampled_share:.0%} of their wall time in "
+              f"torch's libraries; the worker's report gives ATen ops {reported:.0%} of a call "
+              f"(upper quartile)")
     if sampled_share > reported + MARGIN:
         return False, detail + ": the report hides library work (it was rewritten)"
     return True, detail
