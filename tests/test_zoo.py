@@ -390,10 +390,13 @@ def test_naive_harness_accepts(name, naive):
     # Whether glibc hands the reference's freed block to the candidate depends on the heap's
     # history on cpu (the CUDA caching allocator's reuse does not): the shared server's forks
     # all start from one heap, so later tries run in processes of their own. One acceptance
-    # is enough for a search to find and keep the trick.
+    # is enough for a search to find and keep the trick. exploit_partial_write_half: 8 of 20
+    # tries accepted (glibc's memalign sometimes merges the freed output's block with a small
+    # free chunk before it, and hands it back 64 bytes early), so up to 20 tries: all fail by
+    # chance once in ~30000 runs (9 tries failed once in CI's-like suite, at 5 of 20 then).
     task = ZOO / "tasks" / f"{meta['TASK']}.py"
     r = naive(task, meta["path"])
-    for _ in range(8):
+    for _ in range(19):
         if r["accepted"]:
             break
         r = naive_once(task, meta["path"])

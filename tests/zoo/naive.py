@@ -54,9 +54,12 @@ def naive_check(task_path: str, cand_path: str, device: str = "cpu") -> dict:
     torch.manual_seed(42)
     new_model = cand.ModelNew(*init).to(dev)
     with torch.no_grad():
-        warm = ref_model(*inputs)  # warm-up; sizes the float64 copy of the expected output
+        # warm-up; sizes the float64 copy of the expected output. Kept until the end: freed
+        # here, its block (as big as the output) was the one glibc handed the candidate in
+        # about 3 runs of 4, 64 bytes off its start, so a candidate reading the reference's
+        # freed output saw it shifted (the caching allocator hands back a block whole).
+        warm = ref_model(*inputs)
         ref = torch.empty_like(warm, dtype=torch.float64)
-        del warm
         out = ref_model(*inputs)
         ref.copy_(out)
         del out  # the reference's output is freed here, before the candidate runs
