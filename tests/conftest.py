@@ -19,6 +19,17 @@ if os.environ.get("GPU_TESTS_SPREAD") and (m := re.fullmatch(
     _ids = visible_gpus()[:_spread] or [str(k) for k in range(_spread)]
     os.environ["CUDA_VISIBLE_DEVICES"] = _ids[int(m[1]) % len(_ids)]
 
+# pytest-xdist's workers share the cores: each gets its share for the OpenMP teams of its tests
+# (its own, and its subprocesses': campaigns, sandbox workers, the naive harness), unless the
+# caller set OMP_NUM_THREADS. A team larger than the free cores waits at each barrier for a
+# thread the kernel has descheduled (assay.gpu.hold_cpu_threads); on CI's two cores, `-n 2`
+# took 1498 s on two threads a worker and 981 s on one
+# (docs/evidence/2026-12-06-cpu-suite-threads.md).
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    _share = len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_var] = str(max(1, _share))
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

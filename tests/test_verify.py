@@ -66,7 +66,10 @@ class ModelNew(nn.Module):
     "wrong_shape_broadcasts": (kernel(extra="y = y[:1]"), ["output_layout", "correctness"]),
     "patched_clock": (kernel(prelude="import time\ntime.perf_counter = lambda: 0.0\n"),
                       ["harness_integrity"]),
-    "changes_thread_count": (kernel(prelude="import torch\ntorch.set_num_threads(1)\n"), ["global_state"]),
+    # one thread where the harness runs more, else more than it runs
+    "changes_thread_count": (kernel(prelude="import torch\ntorch.set_num_threads("
+                                            "1 if torch.get_num_threads() > 1 else 2)\n"),
+                             ["global_state"]),
     "crash": ("import os\nos._exit(7)\nclass ModelNew: ...\n", ["crash"]),
     "compile_error": ("""
 from assay.bench.build import load_library

@@ -672,9 +672,11 @@ def test_off_grid_data_exposes_a_bf16_mean_and_the_offset_set_too():
         # then reads as degenerate: flagged, not refused, here, where the bf16 mean is the point.
         cfg = dataclasses.replace(base, input_distributions=list(dists), on_degenerate="flag")
         # The offset set's error is a random walk of the rounding errors: over the bound on
-        # most secret draws, under it on some (2026-12-02, 8 draws: 1.3-9x the bound; one
-        # failed run of this test in four, where timed_outputs alone rejected the exploit). It
-        # must reject every time and name the precision on one of three draws.
+        # most secret draws, under it on some (2026-12-02, 8 draws: 1.3-9x the bound; 2026-12-06
+        # with one thread, 8 draws: 1.02-3.9x). A draw under it is accepted (on two threads
+        # timed_outputs sometimes caught those: one failed run in four of a test that required
+        # a rejection on every draw). The precision must be named on one of three draws; the
+        # default sets (above: `large`) reject it on every one.
         for attempt in range(3 if shows == "offset" else 1):
             prep = prepare(task, "cpu", cfg)
             bad, good = (verify(task, CASES[name]["path"], "cpu", cfg, record=record(task),
@@ -683,7 +685,6 @@ def test_off_grid_data_exposes_a_bf16_mean_and_the_offset_set_too():
             assert good.accepted, (dists, good.reasons)
             if shows is None or "precision" in bad.reasons:
                 break
-            assert not bad.accepted, (dists, bad.reasons)
         if shows is None:  # the rounding averages out of the mean: why the grid matters
             assert bad.accepted, bad.reasons
             continue
