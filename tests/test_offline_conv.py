@@ -74,6 +74,16 @@ TASKS = {
 LONE = {"conv2d_grouped_padded", "conv3d_strided", "convt1d_padded_dilated",
         "convt3d_strided_dilated"}  # a convolution and at most its own bias
 
+# The first form's stride phases (knob phases 1) on the transposed convolutions: strides 3 (1-D,
+# dilated: taps 0, 1, 2 fall in phases 0, 2, 1), (2, 3) with output padding and groups, and
+# (2, 1, 3) with dilation, where some phases hold no tap at all.
+PHASED_CASES = [
+    ("convt1d_padded_dilated", {"phases": 1}),
+    ("convt2d_grouped_tanh", {"phases": 1, "tile_m": 32, "tile_n": 16, "thread_m": 2,
+                              "thread_n": 1, "k_step": 8}),
+    ("convt3d_strided_dilated", {"phases": 1, "depthwise": 0}),
+]
+
 
 def _source(name: str) -> str:
     module, body, shape, sizes, _, _ = TASKS[name]
@@ -115,11 +125,13 @@ def test_cuda_convolutions_match_torch(task_dir, tmp_path, name):
     _check_conv(task_dir, tmp_path, name, "cuda")
 
 
-def _check_conv(task_dir: Path, tmp_path: Path, name: str, device: str) -> None:
-    """The conv template (lib 2, the task's knobs) equals torch at two sizes, under strict."""
+def _check_conv(task_dir: Path, tmp_path: Path, name: str, device: str,
+                knobs: dict | None = None) -> None:
+    """The conv template (lib 2, the task's knobs on cpu, ``knobs`` on cuda) equals torch at
+    two sizes, under strict."""
     ctx = task_ctx(task_dir, name, device)
     syn = OfflineSynthesizer(device, policy="strict")
-    prop = syn.with_knobs(ctx, {"lib": 2, **(TASKS[name][5] if device == "cpu" else {})})
+    prop = syn.with_knobs(ctx, {"lib": 2, **(TASKS[name][5] if device == "cpu" else knobs or {})})
     assert prop.strategy == "tiling" and prop.knobs["lib"] == 2
     cand = import_file(prop.code, tmp_path / f"cand_{prop.id}.py")
     assert cand.POLICY == "strict" and cand.TEMPLATE == "conv"
@@ -134,6 +146,16 @@ def _check_conv(task_dir: Path, tmp_path: Path, name: str, device: str) -> None:
             expected, got = ref(x), new(x)
         assert got.shape == expected.shape and got.stride() == expected.stride(), override
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", range(len(PHASED_CASES)))
+def test_cuda_transposed_convolutions_by_stride_phase_match_torch(task_dir, tmp_path, case):
+    """The first form's stride phases (PHASED_CASES: knob phases 1) equal torch at two sizes,
+    phases without a tap included."""
+    name, knobs = PHASED_CASES[case]
+    _check_conv(task_dir, tmp_path, name, "cuda", knobs)
 
 
 def test_arguments_are_read_at_run_time(task_dir, tmp_path):
@@ -227,13 +249,15 @@ def test_cuda_convolutions_compile(task_dir, tmp_path):
     syn = OfflineSynthesizer("cuda", policy="strict")
     cases = [("depthwise2d_relu", {}),
              ("convt3d_strided_dilated", {"tile_m": 128, "tile_n": 64, "thread_m": 2,
-                                          "thread_n": 1, "k_step": 32, "depthwise": 0})]
+                                          "thread_n": 1, "k_step": 32, "depthwise": 0}),
+             *PHASED_CASES]
     sources: dict[str, tuple] = {}
     for name, knobs in cases:
         prop = syn.with_knobs(task_ctx(task_dir, name, "cuda"), {"lib": 2, **knobs})
         cand = import_file(prop.code, tmp_path / f"cuda_{prop.id}.py")
         assert cand.POLICY == "strict" and "assay_conv_tiles" in cand.SOURCE
         assert "assay_conv_launch" not in cand.SOURCE  # the first form, as it was measured
+        assert ("assay_phase_tap" in cand.SOURCE) == bool(knobs.get("phases")), name
         sources[cand.SOURCE] = (name, knobs)
     for name, knobs in PIPE_CASES:
         _, cand = _pipe_candidate(task_dir, tmp_path, name, knobs)
@@ -251,10 +275,11 @@ def test_conv_knobs_evolve_within_the_space(task_dir):
     ctx = task_ctx(task_dir, "conv2d_grouped_padded", "cuda")
     syn = OfflineSynthesizer("cuda", policy="strict")
     space = dict(KNOB_SPACES[("cuda", "conv")], lib=(2,))
-    assert {"stages", "warp_tile", "split_k"} <= set(space)
+    assert {"stages", "warp_tile", "split_k", "phases"} <= set(space)
     (base,) = syn.translate(ctx, n=1, rng=random.Random(0))
     assert (base.knobs["stages"], base.knobs["warp_tile"], base.knobs["split_k"]) == (1, 0, 0)
-    old = {k: v for k, v in base.knobs.items() if k not in ("stages", "warp_tile", "split_k")}
+    old = {k: v for k, v in base.knobs.items()
+           if k not in ("stages", "warp_tile", "split_k", "phases")}
     kids = syn.mutate(ctx, Parent("p", None, {}, {"knobs": old}), 24, random.Random(1))
     other = syn.translate(ctx, n=4, rng=random.Random(2))
     for seed in range(8):
@@ -271,6 +296,12 @@ def test_conv_knobs_evolve_within_the_space(task_dir):
             if name != "assay_error_string":
                 assert passed == declared, (kid.knobs, name, passed, declared)
     assert all(seen[k] == set(space[k]) for k in ("stages", "warp_tile", "split_k")), seen
+    assert seen["phases"] == {0}, seen  # a transposed convolution's knob: no variant here
+    ctx_t = task_ctx(task_dir, "convt2d_grouped_tanh", "cuda")
+    (base_t,) = syn.translate(ctx_t, n=1, rng=random.Random(0))
+    kids_t = syn.mutate(ctx_t, Parent("p", None, {}, {"knobs": base_t.knobs}), 40,
+                        random.Random(3))
+    assert base_t.knobs["phases"] == 0 and {k.knobs["phases"] for k in kids_t} == {0, 1}
     split = syn.with_knobs(ctx, {"lib": 2, "split_k": 1})
     assert {n for n, _, _ in entry_arities(split.code)} >= {"assay_conv", "assay_conv_parts"}
 

@@ -169,6 +169,8 @@ def space(target: str, analysis: Analysis, lib: int | None = None, policy: str =
             out["layout"] = (0, 1)
         return out
     out.update(KNOB_SPACES[(target, template(plan, {"lib": lib}))])
+    if "phases" in out and not plan.gemm.op.startswith("conv_transpose"):
+        out["phases"] = (0,)  # stride phases are a transposed convolution's: no variant here
     if target == "triton" and plan.gemm is not None and plan.gemm.op == "linear":
         out.update(tri.LINEAR_KNOB_SPACE)
     if plan.kind == "row":  # the row kernel after the GEMM has its own knobs

@@ -9,7 +9,13 @@ Every rank is computed as 3-D: the candidate pads the missing leading spatial di
 gemm.py's ``_conv_geometry``); nothing is specialised to a shape. A transposed convolution is
 computed in its gather form: each output pixel sums the input pixels that map onto it (a tap
 whose offset the stride does not divide contributes nothing), so no atomics and a
-deterministic sum.
+deterministic sum. On cuda, knob ``phases`` 1 (the first form only; not yet measured) splits
+the outputs by stride phase, the residue of o + P mod S along each dim: a phase's outputs reach
+input pixels through the same taps (k * L = o + P mod S), so each block computes one phase's
+pixels over K = input channels x that phase's taps, and the taps that read nothing (3 of 4 at
+stride 2 in 2-D, 7 of 8 in 3-D) are never walked. On the H200, the gather form's transposed
+convolutions at stride 2 ran at 0.19-0.24x of eager on KernelBench level 2
+(docs/evidence/2026-12-06-l2-speed-by-family.md).
 
 cpu: a direct convolution, one OpenMP task per block of output rows of one (sample, channel)
 plane, accumulated in place in the output, taps outermost and a unit-stride `omp simd` loop
@@ -68,10 +74,12 @@ KNOB_SPACES: dict[tuple[str, str], Space] = {
     # x kernel volume) holds at least 8 slabs a part, K cut into parts at run time, one block
     # per (tile, part), each part's sums stored to a workspace and added in a fixed order by a
     # second kernel that applies the epilogue; 0 = never.
+    # phases (the first form's transposed convolutions; not yet measured): 1 = one stride
+    # phase per block, K over its taps only; 0 = every tap for every output pixel.
     ("cuda", "conv"): {"tile_m": (32, 64, 128), "tile_n": (16, 32, 64), "k_step": (8, 16, 32),
                        "thread_m": (2, 4, 8), "thread_n": (1, 2, 4), "block": (128, 256, 512),
                        "depthwise": (0, 1), "stages": (1, 2), "warp_tile": (0, 1),
-                       "split_k": (0, 1)},
+                       "split_k": (0, 1), "phases": (0, 1)},
 }
 
 # Both targets: the geometry, and where an output coordinate reads its input along one dim.
@@ -178,6 +186,27 @@ CUDA_CONV = r"""
 {% if pipe %}
 {{ pipe_kernels }}
 {% else %}
+{% if phased %}
+// Stride phases of a transposed convolution, along one dim: output coordinate o reads input
+// pixel (o + P - k * L) / S at tap k only where S divides o + P - k * L, so the outputs whose
+// o + P leaves residue r mod S (phase r) share their taps: the k with k * L = r (mod S). Phase
+// r's first output coordinate, how many of the O it holds (every S-th), its taps and its j-th.
+ASSAY_FN int assay_phase_first(int r, int S, int P) { return ((r - P) % S + S) % S; }
+ASSAY_FN int64_t assay_phase_count(int f, int64_t O, int64_t S) {
+  return f < O ? (O - f + S - 1) / S : 0;
+}
+ASSAY_FN int assay_phase_taps(int r, int K, int S, int L) {
+  int c = 0;
+  for (int k = 0; k < K; ++k) c += (k * L) % S == r;
+  return c;
+}
+ASSAY_FN int assay_phase_tap(int j, int r, int K, int S, int L) {
+  for (int k = 0; k < K; ++k)
+    if ((k * L) % S == r && j-- == 0) return k;
+  return 0;
+}
+
+{% endif %}
 // Implicit GEMM: a block of {{ nt }} threads computes a {{ bm }} x {{ bn }} tile of (output pixels of every
 // sample) x (output channels of group blockIdx.z), each thread {{ tm }} x {{ tn }} of them in registers (rows
 // {{ nt_m }} apart, so a warp stores consecutive pixels of a channel: coalesced). K (input channels of
@@ -185,6 +214,10 @@ CUDA_CONV = r"""
 // tap reads padding{% if transposed %} or no input pixel{% endif %}) and the weights' slab go to shared memory, their
 // coordinates read from per-block (pixels) and per-slab (channel, tap) tables rather than
 // divided out per element. Plain fp32 FMAs in K order.
+{% if phased %}
+// One stride phase per block (blockIdx.z: group x phase): its pixels' taps are the phase's
+// only, so K skips the taps that read no input pixel (3 of 4 at stride 2 in 2-D, 7 of 8 in 3-D).
+{% endif %}
 __global__ void __launch_bounds__({{ nt }})
 assay_conv_tiles({{ kparams }}) {
   constexpr int BM = {{ bm }}, BN = {{ bn }}, BK = {{ bk }}, TM = {{ tm }}, TN = {{ tn }};
@@ -202,18 +235,43 @@ assay_conv_tiles({{ kparams }}) {
   {{ line }}
 {% endfor %}
   const int tid = threadIdx.x;
+{% if phased %}
+  const int64_t phases = cv.Sd * cv.Sh * cv.Sw;
+  const int64_t g = blockIdx.z / phases, ph = blockIdx.z % phases;
+  const int rw = (int)(ph % cv.Sw), rh = (int)((ph / cv.Sw) % cv.Sh), rd = (int)(ph / (cv.Sw * cv.Sh));
+  const int fd = assay_phase_first(rd, (int)cv.Sd, (int)cv.Pd);
+  const int fh = assay_phase_first(rh, (int)cv.Sh, (int)cv.Ph);
+  const int fw = assay_phase_first(rw, (int)cv.Sw, (int)cv.Pw);
+  const int64_t Hq = assay_phase_count(fh, cv.Ho, cv.Sh), Wq = assay_phase_count(fw, cv.Wo, cv.Sw);
+  const int64_t Pq = assay_phase_count(fd, cv.Do, cv.Sd) * Hq * Wq;  // the phase's pixels
+  const int Khq = assay_phase_taps(rh, (int)cv.Kh, (int)cv.Sh, (int)cv.Lh);
+  const int Kwq = assay_phase_taps(rw, (int)cv.Kw, (int)cv.Sw, (int)cv.Lw);
+  const int64_t KVq = (int64_t)assay_phase_taps(rd, (int)cv.Kd, (int)cv.Sd, (int)cv.Ld) * Khq * Kwq;
+  const int64_t m0 = (int64_t)blockIdx.x * BM, n0 = (int64_t)blockIdx.y * BN;
+  const int64_t CiG = cv.Ci / cv.G, CoG = cv.Co / cv.G, KV = cv.Kd * cv.Kh * cv.Kw, K = CiG * KVq;
+  const int64_t P = cv.Do * cv.Ho * cv.Wo, M = cv.N * Pq, DHWi = cv.Di * cv.Hi * cv.Wi;
+{% else %}
   const int64_t g = blockIdx.z, m0 = (int64_t)blockIdx.x * BM, n0 = (int64_t)blockIdx.y * BN;
   const int64_t CiG = cv.Ci / cv.G, CoG = cv.Co / cv.G, KV = cv.Kd * cv.Kh * cv.Kw, K = CiG * KV;
   const int64_t P = cv.Do * cv.Ho * cv.Wo, M = cv.N * P, DHWi = cv.Di * cv.Hi * cv.Wi;
+{% endif %}
   const float* __restrict__ xg = x + g * CiG * DHWi;
   for (int e = tid; e < BM; e += NT) {
     const int64_t m = m0 + e;
     if (m < M) {
+{% if phased %}
+      const int64_t n = m / Pq, q = m % Pq;
+      m_base[e] = n * cv.Ci * DHWi;
+      m_w[e] = fw + (int)(q % Wq) * (int)cv.Sw;
+      m_h[e] = fh + (int)((q / Wq) % Hq) * (int)cv.Sh;
+      m_d[e] = fd + (int)(q / (Wq * Hq)) * (int)cv.Sd;
+{% else %}
       const int64_t n = m / P, p = m % P;
       m_base[e] = n * cv.Ci * DHWi;
       m_w[e] = (int)(p % cv.Wo);
       m_h[e] = (int)((p / cv.Wo) % cv.Ho);
       m_d[e] = (int)(p / (cv.Wo * cv.Ho));
+{% endif %}
     } else {
       m_base[e] = -1;
     }
@@ -230,6 +288,17 @@ assay_conv_tiles({{ kparams }}) {
     for (int e = tid; e < BK; e += NT) {
       const int64_t k = k0 + e;
       if (k < K) {
+{% if phased %}
+        const int64_t cl = k / KVq, tq = k % KVq;  // the phase's tq-th tap, in (d, h, w) order
+        k_chan[e] = cl * DHWi;
+        const int kw = assay_phase_tap((int)(tq % Kwq), rw, (int)cv.Kw, (int)cv.Sw, (int)cv.Lw);
+        const int kh = assay_phase_tap((int)((tq / Kwq) % Khq), rh, (int)cv.Kh, (int)cv.Sh, (int)cv.Lh);
+        const int kd = assay_phase_tap((int)(tq / ((int64_t)Kwq * Khq)), rd, (int)cv.Kd, (int)cv.Sd, (int)cv.Ld);
+        k_tap[e] = (kd * (int)cv.Kh + kh) * (int)cv.Kw + kw;
+        k_w[e] = kw;
+        k_h[e] = kh;
+        k_d[e] = kd;
+{% else %}
         const int64_t cl = k / KV, tap = k % KV;
         k_chan[e] = cl * DHWi;
 {% if transposed %}
@@ -238,6 +307,7 @@ assay_conv_tiles({{ kparams }}) {
         k_w[e] = (int)(tap % cv.Kw);
         k_h[e] = (int)((tap / cv.Kw) % cv.Kh);
         k_d[e] = (int)(tap / (cv.Kw * cv.Kh));
+{% endif %}
       } else {
         k_chan[e] = -1;
       }
@@ -261,7 +331,7 @@ assay_conv_tiles({{ kparams }}) {
       const int kk = e / BN, nn = e % BN;
       const int64_t k = k0 + kk, co = n0 + nn;
       Bs[kk][nn] = (k < K && co < CoG)
-          ? __ldg(w + ((g * CiG + k / KV) * CoG + co) * KV + k_tap[kk]) : 0.0f;
+          ? __ldg(w + ((g * CiG + k / {{ "KVq" if phased else "KV" }}) * CoG + co) * KV + k_tap[kk]) : 0.0f;
 {% else %}
       // [Co][Ci / G][taps]: consecutive threads along K
       const int kk = e % BK, nn = e / BK;
@@ -289,7 +359,12 @@ assay_conv_tiles({{ kparams }}) {
   for (int ii = 0; ii < TM; ++ii) {
     const int64_t m = m0 + tr + ii * NT_M;
     if (m >= M) continue;
+{% if phased %}
+    const int me = tr + ii * NT_M;  // the pixel's output coordinates, in the block's table
+    const int64_t n = m / Pq, p = ((int64_t)m_d[me] * cv.Ho + m_h[me]) * cv.Wo + m_w[me];
+{% else %}
     const int64_t n = m / P, p = m % P;
+{% endif %}
     #pragma unroll
     for (int jj = 0; jj < TN; ++jj) {
       const int64_t co = n0 + tc * TN + jj;
@@ -362,6 +437,14 @@ extern "C" int assay_conv({{ params }}) {
   if (gx > 2147483647 || gy > 65535 || cv.G > 65535) return (int)cudaErrorInvalidConfiguration;
 {% if pipe %}
 {{ pipe_launch }}
+{% elif phased %}
+  // One block column per stride phase and group; a phase holds at most ceil(O / S) of each dim.
+  const int64_t phases = cv.Sd * cv.Sh * cv.Sw;
+  const int64_t Pq = ((cv.Do + cv.Sd - 1) / cv.Sd) * ((cv.Ho + cv.Sh - 1) / cv.Sh) * ((cv.Wo + cv.Sw - 1) / cv.Sw);
+  const int64_t gq = (cv.N * Pq + {{ bm - 1 }}) / {{ bm }};
+  if (gq > 2147483647 || cv.G * phases > 65535) return (int)cudaErrorInvalidConfiguration;
+  assay_conv_tiles<<<dim3((unsigned)gq, (unsigned)gy, (unsigned)(cv.G * phases)), {{ nt }}, 0, stream>>>({{ kargs }});
+  return (int)cudaGetLastError();
 {% else %}
   assay_conv_tiles<<<dim3((unsigned)gx, (unsigned)gy, (unsigned)cv.G), {{ nt }}, 0, stream>>>({{ kargs }});
   return (int)cudaGetLastError();
@@ -757,12 +840,13 @@ CUDA_CONV_PIPE_LAUNCH = r"""  // 32-bit indices in the kernel: pixels (M), K, an
 
 def defaults(target: str) -> dict[str, int]:
     """64 x 64 tiles of 4 x 4 per thread (256 threads), K slabs of 16, the implicit GEMM's first
-    form (stages 1, no warp tiles, no split K: its second form is not yet measured); 4 rows per
-    task on the host."""
+    form (stages 1, no warp tiles, no split K: its second form is not yet measured), no stride
+    phases (not yet measured either); 4 rows per task on the host."""
     if target == "cpu":
         return {"threads": 0, "rows": 4}
     return {"tile_m": 64, "tile_n": 64, "k_step": 16, "thread_m": 4, "thread_n": 4,
-            "block": 256, "depthwise": 1, "stages": 1, "warp_tile": 0, "split_k": 0}
+            "block": 256, "depthwise": 1, "stages": 1, "warp_tile": 0, "split_k": 0,
+            "phases": 0}
 
 
 def safe(target: str) -> dict[str, int]:
@@ -770,7 +854,8 @@ def safe(target: str) -> dict[str, int]:
     if target == "cpu":
         return {"threads": 1, "rows": 1}
     return {"tile_m": 32, "tile_n": 16, "k_step": 8, "thread_m": 2, "thread_n": 1,
-            "block": 128, "depthwise": 1, "stages": 1, "warp_tile": 0, "split_k": 0}
+            "block": 128, "depthwise": 1, "stages": 1, "warp_tile": 0, "split_k": 0,
+            "phases": 0}
 
 
 def kernel(values: dict[str, Any], params: list[Param], target: str, knobs: dict[str, Any],
@@ -832,10 +917,11 @@ def kernel(values: dict[str, Any], params: list[Param], target: str, knobs: dict
                            static_smem=2 * bk * (8 + 8 + 16))
         pipe_kernels = render(CUDA_CONV_PIPE, **pipe_values)
         pipe_launch = render(CUDA_CONV_PIPE_LAUNCH, **pipe_values).rstrip("\n")
+    phased = transposed and not pipe and bool(knobs.get("phases", 0))
     return common + render(CUDA_CONV, **values, params=signature + ", void* stream_ptr",
                            kparams=kparams, kargs=kargs, dparams=dparams, dargs=dargs,
                            sizes=sizes, transposed=transposed, **tiles, pipe=pipe,
-                           pipe_kernels=pipe_kernels, pipe_launch=pipe_launch)
+                           phased=phased, pipe_kernels=pipe_kernels, pipe_launch=pipe_launch)
 
 
 def uses_split(target: str, knobs: dict[str, Any]) -> bool:
