@@ -33,7 +33,9 @@
 #   synthkb     the offline synthesizer on KernelBench (issue #17), resumable; LEVELS=1,
 #               VARIANTS / MUTATIONS (synth_suite's defaults), TASKS: id globs, SAMPLE: tasks
 #               per level (seeded), LIMIT: undecided tasks taken per call; KERNELS=triton: the
-#               Triton forms, into $S/synthkb-triton
+#               Triton forms, into $S/synthkb-triton; KNOBS (e.g. phases=1): each template's
+#               defaults with these knobs too, where its space has them (an A/B of a knob),
+#               into $S/synthkb-phases_1
 #   dag         the campaign's Snakemake DAG with tasks=kernelbench on .kb (issue #16) up to
 #               profile, resumable (results in $S/dag), two GPU jobs per GPU (one uses it, one
 #               gets ready); LEVELS (1), CAMPAIGN (kb), CORES (12), TASKS: ids (all), FORCE:
@@ -124,11 +126,14 @@ for phase in "$@"; do
       tlog="$S/triton${PARTS:+-${PARTS//[ ,]/_}}.log"  # lanes with other PARTS: their own logs
       OUT=$S/triton run_for "$secs" "$tlog" bash benchmarks/triton_evidence.sh ;;
     synthkb)
-      run_for "$secs" "$S/synthkb${KERNELS:+-$KERNELS}.log" python3 benchmarks/synth_suite.py \
+      # a folder of its own per KERNELS and KNOBS (a rerun into one goes on where it stopped)
+      skb="$S/synthkb${KERNELS:+-$KERNELS}${KNOBS:+-${KNOBS//[=,]/_}}"
+      run_for "$secs" "$skb.log" python3 benchmarks/synth_suite.py \
         --source .kb ${KERNELS:+--kernels $KERNELS} --levels "${LEVELS:-1}" \
-        --out "$S/synthkb${KERNELS:+-$KERNELS}" --budget-s $((secs - 60)) --grace-s 30 \
+        --out "$skb" --budget-s $((secs - 60)) --grace-s 30 \
         ${VARIANTS:+--variants $VARIANTS} ${MUTATIONS:+--mutations $MUTATIONS} \
-        ${TASKS:+--tasks "$TASKS"} ${SAMPLE:+--sample $SAMPLE} ${LIMIT:+--limit $LIMIT} ;;
+        ${TASKS:+--tasks "$TASKS"} ${SAMPLE:+--sample $SAMPLE} ${LIMIT:+--limit $LIMIT} \
+        ${KNOBS:+--knobs "$KNOBS"} ;;
     inline)
       run_for "$secs" "$S/inline.log" python3 benchmarks/inline_build.py --repeat "${REPEAT:-1}" \
         ${BUILDS:+--variants $BUILDS} --out "$S/inline${TAG:-}" ;;

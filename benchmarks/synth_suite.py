@@ -15,7 +15,9 @@
 For each task of ``--source`` (data/tasks by default; any KernelBench-format folder: level1/,
 level2/, ... of task files; ``--tasks`` globs, ``--levels``): the synthesizer's proposals
 (``--variants`` knob settings from translate, the defaults of each template first, plus
-``--mutations`` mutants), or its decline and reason. Then, in phases:
+``--mutations`` mutants, plus, with ``--knobs``, each template's defaults with those knobs set
+where its knob space has them: an A/B of one knob on the tasks it applies to), or its decline
+and reason. Then, in phases:
 
 A. CPU pool: every candidate's kernel is built into the shared kernel cache (``--jobs``
    compiler processes at once) while a spawned process pool warms torch.compile's caches on
@@ -301,7 +303,7 @@ def load_done(out: Path) -> dict[str, TaskRun]:
 
 
 def propose(run: TaskRun, target: str, variants: int, mutations: int, seed: int,
-            outdir: Path) -> None:
+            outdir: Path, knobs: dict[str, int] | None = None) -> None:
     from assay.propose.base import Parent, TaskContext
     from assay.propose.offline import OfflineSynthesizer
 
@@ -320,6 +322,12 @@ def propose(run: TaskRun, target: str, variants: int, mutations: int, seed: int,
             seen.add(form)
             defaults.append(p)
     extra = []
+    forced = []  # --knobs: each default with them, where its template's space holds them all
+    for d in defaults if knobs else []:
+        space = syn.space(syn.analyse(ctx), d.knobs)
+        if all(v in space.get(k, ()) for k, v in knobs.items()) \
+                and any(d.knobs.get(k) != v for k, v in knobs.items()):
+            forced.append(syn.with_knobs(ctx, {**d.knobs, **knobs}))
     if mutations > 0:
         per = max(1, mutations // max(len(defaults), 1))
         for i, d in enumerate(defaults):
@@ -328,7 +336,7 @@ def propose(run: TaskRun, target: str, variants: int, mutations: int, seed: int,
     folder = outdir / "candidates" / run.id
     folder.mkdir(parents=True, exist_ok=True)
     ids = set()
-    for p in props + extra:
+    for p in props + forced + extra:
         if p.code is None or p.id in ids:
             continue
         ids.add(p.id)
@@ -336,8 +344,9 @@ def propose(run: TaskRun, target: str, variants: int, mutations: int, seed: int,
         path.write_text(p.code)
         policy = "permissive" if 'POLICY = "permissive"' in p.code else "strict"
         run.cands.append(Cand(p.id, path, p.strategy, dict(p.knobs), p.operator, policy,
-                              must=p in defaults))
-    # Verification order: template defaults, then translate's variants, then mutants.
+                              must=p in defaults or p in forced))
+    # Verification order: template defaults and --knobs' forms, then translate's variants,
+    # then mutants.
     run.cands.sort(key=lambda c: (not c.must, c.operator != "translate"))
 
 
@@ -561,11 +570,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-probes", action="store_true",
                     help="skip the float16/bfloat16 tensor-core probe tasks (cuda)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--knobs", type=knob_settings, default={},
+                    help="KNOB=VALUE[,...]: also verify each template's defaults with these "
+                         "knobs set, on the tasks whose template has them (e.g. phases=1: "
+                         "transposed convolutions by stride phase against the defaults)")
     ap.add_argument("--plans-only", action="store_true",
                     help="no device: propose for the target --device names (auto: cuda) and "
                          "write plans.md (coverage per level, declines by reason); nothing is "
                          "built, timed or verified, and --out's earlier outcomes are not read")
     return ap.parse_args(argv)
+
+
+def knob_settings(text: str) -> dict[str, int]:
+    """``--knobs``' KNOB=VALUE[,...] as a dict of ints."""
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, value = item.partition("=")
+        try:
+            if not sep or not key.strip().isidentifier():
+                raise ValueError
+            out[key.strip()] = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not KNOB=INTEGER (e.g. phases=1,k_step=8)") from None
+    return out
 
 
 def _runs(args: argparse.Namespace, done: dict[str, TaskRun]) -> list[TaskRun]:
@@ -599,7 +627,7 @@ def _propose_all(runs: list[TaskRun], kernels: str, size: str, args: argparse.Na
         try:
             lvl = run.level if isinstance(run.level, int) else 0
             run.task = Task.from_file(run.path, size=size, level=lvl)
-            propose(run, kernels, args.variants, args.mutations, args.seed, out)
+            propose(run, kernels, args.variants, args.mutations, args.seed, out, args.knobs)
         except Exception as e:  # noqa: BLE001 - one task's failure is recorded
             run.error = f"proposing: {one_line(e)}"
         what = (f"declined: {run.declined}" if run.declined else f"error: {run.error}"
