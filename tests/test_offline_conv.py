@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import random
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from assay.propose.base import Parent, TaskContext
 from assay.propose.offline import KNOB_SPACES, OfflineSynthesizer
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
+import cuda_emulation
 from conftest import import_file
 from helpers import REPO, assert_matches_reference, build_cuda_sources, entry_arities, task_ctx
 
@@ -156,6 +159,97 @@ def test_cuda_transposed_convolutions_by_stride_phase_match_torch(task_dir, tmp_
     phases without a tap included."""
     name, knobs = PHASED_CASES[case]
     _check_conv(task_dir, tmp_path, name, "cuda", knobs)
+
+
+# The driver of the host emulation: a transposed convolution of the geometry its arguments give
+# (N Ci Di Hi Wi Co Kd Kh Kw Sd Sh Sw Pd Ph Pw Ld Lh Lw OPd OPh OPw G), computed by the gather
+# form's kernel, by the stride phases' and by a direct scatter loop; prints the largest errors.
+EMULATION_MAIN = r"""
+int main(int argc, char** argv) {
+  int64_t a[22];
+  for (int i = 0; i < 22; ++i) a[i] = atoll(argv[i + 1]);
+  const int64_t Do = (a[2] - 1) * a[9] - 2 * a[12] + a[15] * (a[6] - 1) + a[18] + 1;
+  const int64_t Ho = (a[3] - 1) * a[10] - 2 * a[13] + a[16] * (a[7] - 1) + a[19] + 1;
+  const int64_t Wo = (a[4] - 1) * a[11] - 2 * a[14] + a[17] * (a[8] - 1) + a[20] + 1;
+  const AssayConv cv = {a[0], a[1], a[2], a[3], a[4], a[5], Do, Ho, Wo, a[6], a[7], a[8],
+                        a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[21]};
+  const int64_t CiG = cv.Ci / cv.G, CoG = cv.Co / cv.G, P = Do * Ho * Wo;
+  const int64_t nx = cv.N * cv.Ci * cv.Di * cv.Hi * cv.Wi, nw = cv.Ci * CoG * cv.Kd * cv.Kh * cv.Kw;
+  const int64_t no = cv.N * cv.Co * P;
+  std::vector<float> x(nx), w(nw), gather(no, NAN), phased(no, NAN), ref(no, 0.0f);
+  srand(1);
+  for (auto& v : x) v = rand() / (float)RAND_MAX - 0.5f;
+  for (auto& v : w) v = rand() / (float)RAND_MAX - 0.5f;
+  for (int64_t n = 0; n < cv.N; ++n) for (int64_t ci = 0; ci < cv.Ci; ++ci)
+  for (int64_t co = 0; co < CoG; ++co) for (int64_t id = 0; id < cv.Di; ++id)
+  for (int64_t ih = 0; ih < cv.Hi; ++ih) for (int64_t iw = 0; iw < cv.Wi; ++iw)
+  for (int64_t kd = 0; kd < cv.Kd; ++kd) for (int64_t kh = 0; kh < cv.Kh; ++kh)
+  for (int64_t kw = 0; kw < cv.Kw; ++kw) {
+    const int64_t od = id * cv.Sd - cv.Pd + kd * cv.Ld, oh = ih * cv.Sh - cv.Ph + kh * cv.Lh;
+    const int64_t ow = iw * cv.Sw - cv.Pw + kw * cv.Lw;
+    if (od < 0 || od >= Do || oh < 0 || oh >= Ho || ow < 0 || ow >= Wo) continue;
+    ref[(((n * cv.Co + ci / CiG * CoG + co) * Do + od) * Ho + oh) * Wo + ow] +=
+        x[(((n * cv.Ci + ci) * cv.Di + id) * cv.Hi + ih) * cv.Wi + iw] *
+        w[(((ci * CoG + co) * cv.Kd + kd) * cv.Kh + kh) * cv.Kw + kw];
+  }
+  const float* xp = x.data(); const float* wp = w.data();
+  float* gp = gather.data(); float* pp = phased.data();
+  assay_emul_launch(dim3((cv.N * P + BM0 - 1) / BM0, (CoG + BN0 - 1) / BN0, cv.G), NT0,
+                    [&] { assay_conv_tiles(xp, wp, gp, cv); });
+  const int64_t phases = cv.Sd * cv.Sh * cv.Sw;
+  const int64_t Pq = (Do + cv.Sd - 1) / cv.Sd * ((Ho + cv.Sh - 1) / cv.Sh)
+                     * ((Wo + cv.Sw - 1) / cv.Sw);
+  assay_emul_launch(dim3((cv.N * Pq + BM1 - 1) / BM1, (CoG + BN1 - 1) / BN1, cv.G * phases), NT1,
+                    [&] { assay_conv_tiles_phased(xp, wp, pp, cv); });
+  double eg = 0, ep = 0;
+  for (int64_t i = 0; i < no; ++i) {
+    eg = gather[i] == gather[i] ? fmax(eg, fabs(gather[i] - ref[i])) : INFINITY;
+    ep = phased[i] == phased[i] ? fmax(ep, fabs(phased[i] - ref[i])) : INFINITY;
+  }
+  printf("%ld %g %g\n", (long)no, eg, ep);
+  return 0;
+}
+"""
+# Geometries (as EMULATION_MAIN reads them): strides 2 to 3 in every dim, padding, output
+# padding, dilation, groups, K over several slabs, and phases with no tap (Kw 2, Sw 3).
+EMULATED = ["2 3 3 4 3 2 2 3 2 2 1 3 0 1 1 1 2 1 1 0 2 1",
+            "2 8 3 5 4 6 3 3 3 2 2 2 1 1 1 1 1 1 1 1 1 2",
+            "1 20 2 3 3 5 4 4 4 2 2 2 1 1 1 1 1 1 0 0 0 1",
+            "1 4 1 6 7 3 1 3 2 1 3 3 0 2 0 1 2 1 0 2 1 1",
+            "1 1 3 4 3 1 2 1 2 2 1 3 0 0 0 1 1 1 0 0 0 1"]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("tiles", [{}, {"tile_m": 32, "tile_n": 16, "thread_m": 2,
+                                        "thread_n": 1, "k_step": 8}], ids=["default", "small"])
+def test_transposed_convolutions_by_stride_phase_in_a_host_emulation(task_dir, tmp_path, tiles):
+    """The CUDA kernels of the gather form and of the stride phases (cuda_emulation: a thread
+    per CUDA thread, real barriers, no GPU) equal a direct transposed convolution on EMULATED's
+    geometries, every output written: the template's index arithmetic and barriers, checked
+    where no GPU is (the GPU test compares the same with torch)."""
+    syn = OfflineSynthesizer("cuda", policy="strict")
+    ctx = task_ctx(task_dir, "convt3d_strided_dilated", "cuda")
+    code, sizes = "", {}
+    for phases in (0, 1):
+        prop = syn.with_knobs(ctx, {"lib": 2, "depthwise": 0, "phases": phases, **tiles})
+        source = import_file(prop.code, tmp_path / f"emul_{prop.id}.py").SOURCE
+        part = cuda_emulation.device_code(source, "struct AssayConv", "// Depthwise")
+        if phases:  # the phases' kernel under a name of its own, beside the gather form's
+            part = part[part.index("// Stride phases"):].replace(
+                "assay_conv_tiles(", "assay_conv_tiles_phased(")
+        code += part
+        sizes.update({f"NT{phases}": cuda_emulation.launch_bounds(source, "assay_conv_tiles"),
+                      f"BM{phases}": int(re.search(r"BM = (\d+)", source).group(1)),
+                      f"BN{phases}": int(re.search(r"BN = (\d+)", source).group(1))})
+    defines = "".join(f"#define {k} {v}\n" for k, v in sizes.items())
+    exe = cuda_emulation.build(defines + code + EMULATION_MAIN, tmp_path / "convt_emulated")
+    for geometry in EMULATED:
+        r = subprocess.run([str(exe), *geometry.split()], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        outputs, gather_err, phased_err = r.stdout.split()
+        assert int(outputs) > 0 and float(gather_err) < 1e-4 and float(phased_err) < 1e-4, \
+            (geometry, r.stdout)
 
 
 def test_arguments_are_read_at_run_time(task_dir, tmp_path):

@@ -360,8 +360,11 @@ assay_conv_tiles({{ kparams }}) {
     const int64_t m = m0 + tr + ii * NT_M;
     if (m >= M) continue;
 {% if phased %}
-    const int me = tr + ii * NT_M;  // the pixel's output coordinates, in the block's table
-    const int64_t n = m / Pq, p = ((int64_t)m_d[me] * cv.Ho + m_h[me]) * cv.Wo + m_w[me];
+    // the pixel's output coordinates again (not from the block's table: a phase with no tap
+    // has no K loop, whose barrier orders the table's writes before these reads)
+    const int64_t n = m / Pq, q = m % Pq;
+    const int64_t p = ((fd + q / (Wq * Hq) * cv.Sd) * cv.Ho + fh + (q / Wq) % Hq * cv.Sh) * cv.Wo
+                      + fw + q % Wq * cv.Sw;
 {% else %}
     const int64_t n = m / P, p = m % P;
 {% endif %}
