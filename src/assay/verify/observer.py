@@ -273,7 +273,11 @@ class CpuSampler:
             self.out.maps[pid] = sorted(spans + kept)
 
     def stop(self) -> Sampled:
-        """The samples so far (the worker's maps read once more while it still runs)."""
+        """The samples so far, the rings drained once more. The harness calls this after the
+        worker has ended, so the maps read then find nothing new: a library the worker loaded
+        is placed only where the polling thread read its maps while it lived (under a starved
+        harness it may not have: its samples are then unplaced, nobody's code; see
+        docs/evidence/2026-12-06-cpu-suite-threads.md)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
