@@ -313,7 +313,8 @@ def propose(run: TaskRun, target: str, variants: int, mutations: int, seed: int,
     if props and props[0].code is None:
         run.declined = props[0].declined
         return
-    run.kernels = len(getattr(syn.analyse(ctx).plan, "stages", (None,)))
+    analysis = syn.analyse(ctx)
+    run.kernels = len(getattr(analysis.plan, "stages", (None,)))
     defaults = []
     seen = set()
     for p in props:  # the first proposal of each template (and conv layout) is its default
@@ -324,7 +325,7 @@ def propose(run: TaskRun, target: str, variants: int, mutations: int, seed: int,
     extra = []
     forced = []  # --knobs: each default with them, where its template's space holds them all
     for d in defaults if knobs else []:
-        space = syn.space(syn.analyse(ctx), d.knobs)
+        space = syn.space(analysis, d.knobs)
         if all(v in space.get(k, ()) for k, v in knobs.items()) \
                 and any(d.knobs.get(k) != v for k, v in knobs.items()):
             forced.append(syn.with_knobs(ctx, {**d.knobs, **knobs}))

@@ -299,21 +299,27 @@ def available() -> str:
     return ""
 
 
-def shares(sampled: Sampled, windows: list[tuple[int, int]]) -> dict[str, int]:
-    """Samples within ``windows`` (CLOCK_MONOTONIC ns, [start, end]) by where their code was:
-    ``torch`` (TORCH_LIBRARY), ``openmp`` (OPENMP_RUNTIME), ``unplaced`` (an address in no
-    executable mapping the observer read: a process gone before its maps were), ``other``
-    (the candidate's libraries, Python, libc, numpy, anonymous JIT code)."""
+def _kinds_in(sampled: Sampled, windows: list[tuple[int, int]]):
+    """(time, kind) of each sample within ``windows`` (CLOCK_MONOTONIC ns, [start, end]), its
+    kind where its code was: ``torch`` (TORCH_LIBRARY), ``openmp`` (OPENMP_RUNTIME),
+    ``unplaced`` (an address in no executable mapping the observer read: a process gone before
+    its maps were), ``other`` (the candidate's libraries, Python, libc, numpy, anonymous JIT
+    code)."""
     spans = sorted(windows)
     starts = [a for a, _ in spans]
-    counts = {"torch": 0, "openmp": 0, "unplaced": 0, "other": 0}
     for t, ip, pid in zip(sampled.times, sampled.ips, sampled.pids):
         i = bisect.bisect_right(starts, t) - 1
         if i < 0 or t > spans[i][1]:
             continue
         path = sampled.where(pid, ip)
-        kind = "torch" if TORCH_LIBRARY.search(path) else \
-            "openmp" if OPENMP_RUNTIME.search(path) else "unplaced" if path == "?" else "other"
+        yield t, ("torch" if TORCH_LIBRARY.search(path) else "openmp"
+                  if OPENMP_RUNTIME.search(path) else "unplaced" if path == "?" else "other")
+
+
+def shares(sampled: Sampled, windows: list[tuple[int, int]]) -> dict[str, int]:
+    """Samples within ``windows`` by kind (:func:`_kinds_in`)."""
+    counts = {"torch": 0, "openmp": 0, "unplaced": 0, "other": 0}
+    for _, kind in _kinds_in(sampled, windows):
         counts[kind] += 1
     return counts
 
@@ -326,18 +332,10 @@ def torch_wall_share(sampled: Sampled, windows: list[tuple[int, int]],
     threads in a BLAS call give four samples where one thread in the candidate's code gives
     one; here each ``bucket_ns`` of wall time counts once, shared among the kinds of the
     samples that fell in it. None where no sample counts."""
-    spans = sorted(windows)
-    starts = [a for a, _ in spans]
     buckets: dict[int, list[int]] = {}
-    for t, ip, pid in zip(sampled.times, sampled.ips, sampled.pids):
-        i = bisect.bisect_right(starts, t) - 1
-        if i < 0 or t > spans[i][1]:
-            continue
-        path = sampled.where(pid, ip)
-        if path == "?" or OPENMP_RUNTIME.search(path):
-            continue
-        seen = buckets.setdefault(t // bucket_ns, [0, 0])
-        seen[0 if TORCH_LIBRARY.search(path) else 1] += 1
+    for t, kind in _kinds_in(sampled, windows):
+        if kind in ("torch", "other"):
+            buckets.setdefault(t // bucket_ns, [0, 0])[kind == "other"] += 1
     if not buckets:
         return None
     return sum(torch / (torch + other) for torch, other in buckets.values()) / len(buckets)
