@@ -3,9 +3,12 @@ taken by the harness, placed in the files their code came from, against what a r
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+import time
+from collections import Counter
 
 import pytest
 
@@ -151,6 +154,21 @@ def test_the_candidates_code_between_timed_calls_is_work_moved_out_of_them():
     assert timing_disagreement(reported, calls, _own_samples(calls, GOMP_SO, True))[0]
 
 
+def test_code_in_no_mapping_seen_between_calls_is_the_candidates_unless_records_were_lost():
+    """Every mapping an attached thread makes is in the kernel's records, so an address in none
+    is code a short-lived thread mapped (a library hidden from the harness): between calls it
+    counts as the candidate's, except where the kernel dropped records (a mapping may be among
+    them)."""
+    reported, calls = _timed([0.4] * 40, gap_ns=600_000)
+    unseen = _own_samples(calls, MINE_SO, True)
+    unseen.maps[7] = [m for m in unseen.maps[7] if m[2] != MINE_SO]
+    ok, detail = timing_disagreement(reported, calls, unseen, ("/tmp/kernels",))
+    assert not ok and "390 between them (390 in no mapping seen)" in detail, detail
+    unseen.lost = 3
+    ok, detail = timing_disagreement(reported, calls, unseen, ("/tmp/kernels",))
+    assert ok and "0 between them" in detail, detail
+
+
 CHILD = """
 import ctypes, time, sys
 import torch
@@ -197,3 +215,53 @@ def test_mappings_read_again_replace_what_they_overlap_and_keep_the_rest(monkeyp
     sampler._read_maps(1)
     assert sampler.out.maps[1] == [(5, 8, "x"), (12, 18, "gone"), (25, 45, "y")]
     assert sampler.out.where(1, 13) == "gone" and sampler.out.where(1, 2) == "?"
+
+
+LATE_LIBRARY = r"""
+#include <time.h>
+static double now(void) {
+  struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+double spin(double seconds) {
+  volatile double x = 0; double end = now() + seconds;
+  while (now() < end) for (int i = 0; i < 1000; ++i) x += i * 0.5;
+  return x;
+}
+"""
+
+LATE_CHILD = """
+import ctypes, os, sys, time
+sys.stdin.readline()  # the harness has attached
+lib = ctypes.CDLL(sys.argv[1])
+lib.spin.argtypes, lib.spin.restype = [ctypes.c_double], ctypes.c_double
+t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+lib.spin(0.4)
+print(t0, time.clock_gettime_ns(time.CLOCK_MONOTONIC), flush=True)
+os._exit(0)  # gone at once: no read of its maps after the library came
+"""
+
+
+@pytest.mark.skipif(bool(observer.available()), reason=f"perf_event_open refused here: "
+                    f"{observer.available()}")
+def test_a_library_loaded_after_the_attach_is_placed_by_the_kernels_record(tmp_path,
+                                                                           monkeypatch):
+    """The worker loads a library after the harness attached and exits right after running it:
+    with no read of ``/proc`` at all (a starved polling thread), the kernel's mmap record in the
+    thread's ring still places the samples in that library."""
+    src, lib = tmp_path / "late.c", tmp_path / "liblate.so"
+    src.write_text(LATE_LIBRARY)
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    monkeypatch.setattr(observer, "executable_maps", lambda pid: [])
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(LATE_CHILD), str(lib)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    sampler = observer.CpuSampler()
+    sampler.attach(child.pid)
+    deadline = time.monotonic() + 60
+    while not sampler.out.threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    out, _ = child.communicate("go\n", timeout=120)
+    sampled = sampler.stop()
+    start, end = (int(x) for x in out.split())
+    placed = Counter(sampled.where(pid, ip) for t, ip, pid in
+                     zip(sampled.times, sampled.ips, sampled.pids) if start <= t <= end)
+    assert placed[os.path.realpath(lib)] > 0.8 * sum(placed.values()) > 100, placed

@@ -7,9 +7,12 @@ exploit_forged_worker_report.py``: torch.softmax under the strict policy, report
 of its own). This module looks from the harness's process instead. Every thread of the worker
 is sampled with ``perf_event_open`` (a software cpu-clock event per thread: the instruction
 pointer in user space and a CLOCK_MONOTONIC time, every ``PERIOD_NS`` of the thread's CPU
-time), and each sample is placed in the file whose code it was in (the worker's
-``/proc/<pid>/maps``, read by the harness). The kernel writes the samples; nothing the candidate
-does in its process reaches them.
+time), and each sample is placed in the file whose code it was in: the worker's
+``/proc/<pid>/maps``, read by the harness when it attaches a thread, and the mappings the kernel
+records in the same rings as the attached threads make them (``PERF_RECORD_MMAP``), so a
+library loaded just before the worker exits is placed however late the harness reads. The
+kernel writes the samples and the records; nothing the candidate does in its process reaches
+them.
 
 The check (:func:`disagreement`): within the windows of the timed calls, the share of their wall
 time the samples place in torch's own libraries (``libtorch_cpu``, ``libtorch``, ``libc10``:
@@ -56,10 +59,10 @@ RING_PAGES = 128         # per thread: 512 KiB, ~16000 samples between drains
 _SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}
 _PERF_TYPE_SOFTWARE, _PERF_COUNT_SW_CPU_CLOCK = 1, 0
 _SAMPLE_IP, _SAMPLE_TID, _SAMPLE_TIME = 1, 2, 4
-_EXCLUDE_KERNEL, _EXCLUDE_HV, _USE_CLOCKID = 1 << 5, 1 << 6, 1 << 25
+_EXCLUDE_KERNEL, _EXCLUDE_HV, _MMAP, _USE_CLOCKID = 1 << 5, 1 << 6, 1 << 8, 1 << 25
 _CLOCK_MONOTONIC = 1
 _PERF_FLAG_FD_CLOEXEC = 8
-_RECORD_LOST, _RECORD_SAMPLE = 2, 9
+_RECORD_MMAP, _RECORD_LOST, _RECORD_SAMPLE = 1, 2, 9
 # torch's own code: ATen's kernels (MKL and oneDNN are linked into libtorch_cpu) and dispatch
 TORCH_LIBRARY = re.compile(r"/lib(torch_cpu|torch|c10)\.so[^/]*$")
 # OpenMP runtimes: an idle team's threads spin in them, whoever's team it is (not counted)
@@ -89,7 +92,8 @@ def _open_event(tid: int) -> int:
     attr = _Attr(type=_PERF_TYPE_SOFTWARE, size=ctypes.sizeof(_Attr),
                  config=_PERF_COUNT_SW_CPU_CLOCK, sample_period=PERIOD_NS,
                  sample_type=_SAMPLE_IP | _SAMPLE_TID | _SAMPLE_TIME,
-                 flags=_EXCLUDE_KERNEL | _EXCLUDE_HV | _USE_CLOCKID, clockid=_CLOCK_MONOTONIC)
+                 flags=_EXCLUDE_KERNEL | _EXCLUDE_HV | _MMAP | _USE_CLOCKID,
+                 clockid=_CLOCK_MONOTONIC)
     libc = ctypes.CDLL(None, use_errno=True)
     fd = libc.syscall(nr, ctypes.byref(attr), tid, -1, -1, _PERF_FLAG_FD_CLOEXEC)
     if fd < 0:
@@ -125,6 +129,12 @@ class _Ring:
             if kind == _RECORD_SAMPLE and size >= 32:
                 ip, pid, _tid, t = struct.unpack("<QIIQ", self._bytes(at + 8, 24))
                 out.add(t, ip, pid)
+            elif kind == _RECORD_MMAP and size > 40:
+                # (pid, tid, addr, len, pgoff, the file's name NUL-padded to 8 bytes)
+                pid, _tid, addr, length, _pgoff = struct.unpack("<IIQQQ", self._bytes(at + 8, 32))
+                name = self._bytes(at + 40, size - 40).split(b"\0", 1)[0]
+                path = name.decode(errors="replace")
+                out.merge_maps(pid, [(addr, addr + length, "" if path == "//anon" else path)])
             elif kind == _RECORD_LOST and size >= 24:
                 out.lost += struct.unpack("<QQ", self._bytes(at + 8, 16))[1]
             self.tail += size
@@ -144,7 +154,8 @@ class _Ring:
 class Sampled:
     """What the observer saw: per sample its time (CLOCK_MONOTONIC ns), instruction pointer
     and process; each sampled process's executable mappings (start, end, path), sorted; the
-    threads attached, samples the kernel dropped, and why there is nothing (off)."""
+    threads attached, records (samples, mappings) the kernel dropped, and why there is nothing
+    (off)."""
 
     times: array.array = field(default_factory=lambda: array.array("Q"))
     ips: array.array = field(default_factory=lambda: array.array("Q"))
@@ -158,6 +169,21 @@ class Sampled:
         self.times.append(t)
         self.ips.append(ip)
         self.pids.append(pid)
+
+    def merge_maps(self, pid: int, spans: list[tuple[int, int, str]]) -> None:
+        """``pid``'s executable mappings ``spans`` (disjoint), over those known before: an
+        earlier span that overlaps none of them is kept (a library since unmapped, a process
+        gone), one they overlap is replaced (an exec, an address reused)."""
+        if spans:
+            spans = sorted(spans)
+            starts = [lo for lo, _, _ in spans]
+
+            def overlaps(lo: int, hi: int) -> bool:
+                i = bisect.bisect_left(starts, hi) - 1  # the last new span starting below hi
+                return i >= 0 and spans[i][1] > lo
+
+            kept = [old for old in self.maps.get(pid, []) if not overlaps(old[0], old[1])]
+            self.maps[pid] = sorted(spans + kept)
 
     def where(self, pid: int, ip: int) -> str:
         """The file the code at ``ip`` of ``pid`` came from ("" for anonymous memory, "?" for
@@ -232,18 +258,24 @@ class CpuSampler:
         while True:
             stopping = self._stop.is_set()
             for pid in _descendants(self._root):
+                attached = False
                 for tid in _threads(pid):
                     if tid in self._rings or self.out.why_off:
                         continue
                     try:
                         self._rings[tid] = _Ring(tid)
                         self.out.threads += 1
+                        attached = True
                     except OSError as e:
                         if not os.path.exists(f"/proc/{pid}/task/{tid}"):
                             continue  # (the thread ended meanwhile)
                         self.out.why_off = str(e.strerror or e)
+                # A thread's code mapped before its event opened is in /proc now (read after
+                # the attach); what any attached thread maps later, the kernel records in its
+                # ring (PERF_RECORD_MMAP), so a library loaded just before the worker exits is
+                # placed however late this thread runs
                 now = time.monotonic()
-                if now - maps_at.get(pid, 0.0) >= MAPS_EVERY_S or stopping:
+                if attached or now - maps_at.get(pid, 0.0) >= MAPS_EVERY_S or stopping:
                     self._read_maps(pid)
                     maps_at[pid] = now
             mark = len(self.out.times)
@@ -259,25 +291,16 @@ class CpuSampler:
             self._stop.wait(POLL_S)
 
     def _read_maps(self, pid: int) -> None:
-        """``pid``'s executable mappings, over those read before: an earlier span that overlaps
-        none of the new ones is kept (a library since unmapped, a process gone)."""
-        spans = executable_maps(pid)
-        if spans:
-            starts = [lo for lo, _, _ in spans]  # (sorted, and disjoint: one process's maps)
-
-            def overlaps(lo: int, hi: int) -> bool:
-                i = bisect.bisect_left(starts, hi) - 1  # the last new span starting below hi
-                return i >= 0 and spans[i][1] > lo
-
-            kept = [old for old in self.out.maps.get(pid, []) if not overlaps(old[0], old[1])]
-            self.out.maps[pid] = sorted(spans + kept)
+        """``pid``'s executable mappings as ``/proc`` has them now (:meth:`Sampled.merge_maps`)."""
+        self.out.merge_maps(pid, executable_maps(pid))
 
     def stop(self) -> Sampled:
-        """The samples so far, the rings drained once more. The harness calls this after the
-        worker has ended, so the maps read then find nothing new: a library the worker loaded
-        is placed only where the polling thread read its maps while it lived (under a starved
-        harness it may not have: its samples are then unplaced, nobody's code; see
-        docs/evidence/2026-12-06-cpu-suite-threads.md)."""
+        """The samples so far, the rings drained once more (their mmap records with them). The
+        harness calls this after the worker has ended, so the maps read then find nothing new:
+        a library is placed by its mmap record where an attached thread mapped it, else by a
+        read of ``/proc`` while the worker lived. Only a thread that mapped code and ended
+        between two polls, in a worker gone before the next read, leaves its samples unplaced
+        (:func:`between_calls` counts those as the candidate's where no record was lost)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -359,9 +382,7 @@ def own_code(path: str, roots: tuple[tuple[str, ...], tuple[str, ...]]) -> bool:
     """Whether a sample's file (:meth:`Sampled.where`) is code the candidate brought: a file in
     its own folders or outside the trusted ones (:func:`code_roots`). Anonymous memory ("": JIT
     code, oneDNN's among it), pseudo-files ("[vdso]") and addresses in no mapping the observer
-    read ("?": a process whose mappings it never read after its exec, on a loaded machine) are
-    not: a library the candidate maps and unmaps between two reads (every MAPS_EVERY_S) goes
-    unseen."""
+    saw ("?") are not (:func:`between_calls` says when the last are)."""
     trusted, own = roots
     if own and path.startswith(own):
         return True
@@ -375,7 +396,14 @@ def between_calls(sampled: Sampled, windows: list[tuple[int, int]],
     consecutive ``windows`` (the timed calls', in call order), and those in the gaps between
     them by file. Its code runs inside its calls; in a gap it is work moved out of the timed
     calls (a window or a clock forged shorter) or a thread of the candidate's working between
-    calls."""
+    calls.
+
+    An address in no mapping the observer saw ("?") counts as the candidate's where the kernel
+    lost no record: every mapping an attached thread makes is in its ring (PERF_RECORD_MMAP)
+    and each thread's earlier ones are read from ``/proc`` at its attach, while the trusted
+    libraries are mapped when the worker starts; so such code was mapped by a thread that
+    ended between two polls (a library loaded to be hidden). Where records were lost it is
+    nobody's, as a mapping may be among them."""
     spans = sorted(windows)
     between: Counter[str] = Counter()
     if not spans:
@@ -388,7 +416,7 @@ def between_calls(sampled: Sampled, windows: list[tuple[int, int]],
         if not first <= t <= last:
             continue
         path = sampled.where(pid, ip)
-        if not own_code(path, roots):
+        if not (own_code(path, roots) or (path == "?" and not sampled.lost)):
             continue
         i = bisect.bisect_right(starts, t) - 1
         if t <= spans[i][1]:
@@ -517,7 +545,7 @@ def timing_disagreement(reported: dict[str, Any], calls: list[dict[str, Any]],
         seen = (f"{within} samples of the candidate's own code in its {len(windows)} timed "
                 f"calls, {between} between them")
         if between >= BETWEEN_MIN and between > BETWEEN_SHARE * (within + between):
-            files = ", ".join(f"{n} in {os.path.basename(p) or p}"
+            files = ", ".join(f"{n} in {'no mapping seen' if p == '?' else os.path.basename(p)}"
                               for p, n in by_file.most_common(3))
             problems.append(seen + f" ({files}): its work ran outside the windows timed (a "
                             "window or clock forged shorter, or a thread working between calls)")
