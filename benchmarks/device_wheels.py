@@ -27,8 +27,9 @@ from packaging.markers import Marker
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[1]
-# what the GPU steps import beyond torch (assay.verify, assay.bench, gpu_phases.sh's phases)
-BASE = ("hydra-core", "omegaconf", "psutil", "rich", "filelock")
+# what the GPU steps import beyond torch (assay.verify, assay.bench, gpu_phases.sh's phases;
+# einops: KernelBench's Mamba2 tasks)
+BASE = ("hydra-core", "omegaconf", "psutil", "rich", "filelock", "einops")
 PIPELINE = ("snakemake",)
 # the GPU machine's torch and what it requires (read from this venv's torch: the same
 # requirements), Triton and numpy: never shadowed by ours
