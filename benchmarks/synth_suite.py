@@ -187,8 +187,9 @@ def warm_compile(path: str, level: int, size: str, device: str, mode: str) -> di
 
 
 def build_candidate(path: str) -> dict[str, Any]:
-    """Compile a candidate's SOURCE (SOURCES) into the shared kernel cache (nvcc / g++ process); a Triton
-    candidate has none (Triton compiles at the first launch, inside the verification)."""
+    """Compile a candidate's SOURCE (SOURCES) into the shared kernel cache (nvcc / g++
+    process); a Triton candidate has none (Triton compiles at the first launch, inside the
+    verification)."""
     from assay.bench.build import BuildError, build
 
     t = time.perf_counter()
@@ -736,12 +737,16 @@ def main(argv: list[str] | None = None) -> int:
                                                        device, args.compile_mode))
         log(f"phase A: {sum(len(r.cands) for r in covered)} builds on {args.jobs} threads, "
             f"{len(covered)} torch.compile warm-ups on {nproc} processes")
-    for run in covered:  # records meanwhile (meta-device FLOPs/bytes; degeneracy runs the model)
-        try:  # cached per (task, device, torch version), as `assay verify` does: a rerun into
-            # --out reuses the records of the tasks an earlier run left undecided
-            run.record, _hit = cached_record(run.task, device)
+    for i, run in enumerate(covered, 1):  # records meanwhile (meta-device FLOPs/bytes;
+        # degeneracy runs the model), cached per (task, device, torch version) as `assay verify`
+        # does: a rerun into --out reuses the records of the tasks an earlier run left undecided
+        t = time.perf_counter()
+        try:
+            run.record, hit = cached_record(run.task, device)
         except Exception as e:  # noqa: BLE001
-            run.error = f"record: {one_line(e)}"
+            run.error, hit = f"record: {one_line(e)}", False
+        took = "cached" if hit else f"{time.perf_counter() - t:.1f} s"
+        log(f"record {i}/{len(covered)} {run.id}: {took}{' (failed)' * bool(run.error)}")
     log("records done")
     if pool is not None:
         warm_deadline = time.perf_counter() + args.compile_timeout_s
