@@ -33,9 +33,9 @@
 #   synthkb     the offline synthesizer on KernelBench (issue #17), resumable; LEVELS=1,
 #               VARIANTS / MUTATIONS (synth_suite's defaults), TASKS: id globs, SAMPLE: tasks
 #               per level (seeded), LIMIT: undecided tasks taken per call; KERNELS=triton: the
-#               Triton forms, into $S/synthkb-triton; KNOBS (e.g. phases=1): each template's
+#               Triton forms, into $S/synthkb-triton; KNOBS (e.g. phases=0): each template's
 #               defaults with these knobs too, where its space has them (an A/B of a knob),
-#               into $S/synthkb-phases_1
+#               into $S/synthkb-phases_0
 #   dag         the campaign's Snakemake DAG with tasks=kernelbench on .kb (issue #16) up to
 #               profile, resumable (results in $S/dag), two GPU jobs per GPU (one uses it, one
 #               gets ready); LEVELS (1), CAMPAIGN (kb), CORES (12), TASKS: ids (all), FORCE:

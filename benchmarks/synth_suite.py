@@ -574,8 +574,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--knobs", type=knob_settings, default={},
                     help="KNOB=VALUE[,...]: also verify each template's defaults with these "
-                         "knobs set, on the tasks whose template has them (e.g. phases=1: "
-                         "transposed convolutions by stride phase against the defaults)")
+                         "knobs set, on the tasks whose template has them (e.g. phases=0: "
+                         "transposed convolutions without stride phases against the defaults, "
+                         "which use them)")
     ap.add_argument("--plans-only", action="store_true",
                     help="no device: propose for the target --device names (auto: cuda) and "
                          "write plans.md (coverage per level, declines by reason); nothing is "

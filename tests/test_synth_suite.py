@@ -120,10 +120,10 @@ def test_a_task_too_large_for_the_memory_is_declined_before_its_baseline(tmp_pat
 
 
 def test_knobs_add_each_templates_defaults_with_them_where_its_space_has_them(tmp_path):
-    """--knobs phases=1: a transposed convolution's conv template gets its defaults with stride
-    phases as a candidate always verified, beside the defaults; a convolution that is not
-    transposed (whose space holds phases 0 only) gets none; a malformed setting is a usage
-    error naming it."""
+    """--knobs phases=0: a transposed convolution's conv template (by stride phase by default)
+    gets its defaults without stride phases as a candidate always verified, beside the
+    defaults; a convolution that is not transposed (whose defaults have phases 0 already) gets
+    nothing more; a malformed setting is a usage error naming it."""
     from assay.tasks.model import Task
 
     kb = REPO.parent / "shared" / "kernelbench" / "level2"
@@ -133,10 +133,11 @@ def test_knobs_add_each_templates_defaults_with_them_where_its_space_has_them(tm
     for kind, path in files.items():
         run = suite.TaskRun(kind, 2, path)
         run.task = Task.from_file(path, size="small", level=2)
-        suite.propose(run, "cuda", 1, 0, 0, tmp_path, {"phases": 1})
+        suite.propose(run, "cuda", 1, 0, 0, tmp_path, {"phases": 0})
         got[kind] = [(c.knobs.get("lib"), c.knobs.get("phases"), c.must) for c in run.cands]
     assert (2, 1, True) in got["convt"] and (2, 0, True) in got["convt"], got
-    assert all(phases != 1 for _, phases, _ in got["conv"]) and got["conv"], got
+    conv = [phases for lib, phases, _ in got["conv"] if lib == 2]
+    assert conv == [0], got
     assert suite.knob_settings("phases=1, k_step=8") == {"phases": 1, "k_step": 8}
     for bad in ("phases", "phases=one", "=1"):
         try:

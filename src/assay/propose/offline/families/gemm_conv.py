@@ -9,13 +9,14 @@ Every rank is computed as 3-D: the candidate pads the missing leading spatial di
 gemm.py's ``_conv_geometry``); nothing is specialised to a shape. A transposed convolution is
 computed in its gather form: each output pixel sums the input pixels that map onto it (a tap
 whose offset the stride does not divide contributes nothing), so no atomics and a
-deterministic sum. On cuda, knob ``phases`` 1 (the first form only; not yet measured) splits
-the outputs by stride phase, the residue of o + P mod S along each dim: a phase's outputs reach
+deterministic sum. On cuda, knob ``phases`` 1 (the first form only; the default for a
+transposed convolution, gemm.py's ``defaults``) splits the outputs by stride phase, the residue of o + P mod S along each dim: a phase's outputs reach
 input pixels through the same taps (k * L = o + P mod S), so each block computes one phase's
 pixels over K = input channels x that phase's taps, and the taps that read nothing (3 of 4 at
 stride 2 in 2-D, 7 of 8 in 3-D) are never walked. On the H200, the gather form's transposed
 convolutions at stride 2 ran at 0.19-0.24x of eager on KernelBench level 2
-(docs/evidence/2026-12-06-l2-speed-by-family.md).
+(docs/evidence/2026-12-06-l2-speed-by-family.md); by stride phase, on an H100, five of them ran
+2.1-4.2x faster than without (docs/evidence/2026-12-07-h100-phases-ab.md).
 
 cpu: a direct convolution, one OpenMP task per block of output rows of one (sample, channel)
 plane, accumulated in place in the output, taps outermost and a unit-stride `omp simd` loop
@@ -74,8 +75,9 @@ KNOB_SPACES: dict[tuple[str, str], Space] = {
     # x kernel volume) holds at least 8 slabs a part, K cut into parts at run time, one block
     # per (tile, part), each part's sums stored to a workspace and added in a fixed order by a
     # second kernel that applies the epilogue; 0 = never.
-    # phases (the first form's transposed convolutions; not yet measured): 1 = one stride
-    # phase per block, K over its taps only; 0 = every tap for every output pixel.
+    # phases (the first form's transposed convolutions; 1 their default, 2.1-4.2x faster on
+    # KernelBench's stride-2 ones): 1 = one stride phase per block, K over its taps only; 0 =
+    # every tap for every output pixel.
     ("cuda", "conv"): {"tile_m": (32, 64, 128), "tile_n": (16, 32, 64), "k_step": (8, 16, 32),
                        "thread_m": (2, 4, 8), "thread_n": (1, 2, 4), "block": (128, 256, 512),
                        "depthwise": (0, 1), "stages": (1, 2), "warp_tile": (0, 1),
@@ -844,7 +846,8 @@ CUDA_CONV_PIPE_LAUNCH = r"""  // 32-bit indices in the kernel: pixels (M), K, an
 def defaults(target: str) -> dict[str, int]:
     """64 x 64 tiles of 4 x 4 per thread (256 threads), K slabs of 16, the implicit GEMM's first
     form (stages 1, no warp tiles, no split K: its second form is not yet measured), no stride
-    phases (not yet measured either); 4 rows per task on the host."""
+    phases (gemm.py's ``defaults`` sets them for a transposed convolution); 4 rows per task on
+    the host."""
     if target == "cpu":
         return {"threads": 0, "rows": 4}
     return {"tile_m": 64, "tile_n": 64, "k_step": 16, "thread_m": 4, "thread_n": 4,
