@@ -2,10 +2,11 @@
 barriers of a template where no GPU is (CI): one OS thread per CUDA thread of a block, so
 ``__syncthreads`` is a real barrier and a read that no barrier orders after its write races as
 it would on a GPU; blocks one after another, ``__shared__`` arrays static (one block at a
-time). Not a GPU: no warps, no memory model beyond the barriers, no timing. The stride phases
-of the transposed convolution (gemm_conv.py's knob ``phases``) were checked this way before any
-GPU ran them, and the check found a race: a phase with no tap had no barrier between its pixel
-table's writes and the epilogue's reads.
+time; dynamic shared memory too, :func:`static_dynamic_shared`). Not a GPU: no warps, no
+memory model beyond the barriers, no timing. The stride phases of the transposed convolution
+(gemm_conv.py's knob ``phases``) were checked this way in both forms of the implicit GEMM before
+any GPU ran them, and the check found a race in the first: a phase with no tap had no barrier
+between its pixel table's writes and the epilogue's reads.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ static std::barrier<>* assay_emul_barrier = nullptr;
 #define __launch_bounds__(x)
 inline void __syncthreads() { assay_emul_barrier->arrive_and_wait(); }
 template <class T> inline T __ldg(const T* p) { return *p; }
+struct float2 { float x, y; };
+struct float4 { float x, y, z, w; };
+struct int4 { int x, y, z, w; };
+inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
 // kernel() once per thread of every block of grid, nt threads a block
 template <class F> void assay_emul_launch(dim3 grid, unsigned nt, F kernel) {
   gridDim = grid;
@@ -63,6 +68,15 @@ def device_code(source: str, first: str, end: str) -> str:
     without the host code that calls the CUDA runtime."""
     helpers = source[source.index("#define ASSAY_FN"):source.index("template <int VEC>")]
     return helpers + source[source.index(first):source.index(end)]
+
+
+def static_dynamic_shared(code: str, name: str, suffix: str, elements: int = 1 << 16) -> str:
+    """``code`` with its dynamic shared memory (``extern __shared__ T name[]``) a static array
+    of ``elements`` (blocks run one at a time here), renamed ``name + suffix`` so that two
+    kernels of one program keep theirs apart."""
+    code = code.replace(name, name + suffix)
+    return re.sub(rf"extern __shared__ (\w+) {name + suffix}\[\];",
+                  rf"static \1 {name + suffix}[{elements}];", code)
 
 
 def launch_bounds(source: str, kernel: str) -> int:

@@ -219,25 +219,49 @@ EMULATED = ["2 3 3 4 3 2 2 3 2 2 1 3 0 1 1 1 2 1 1 0 2 1",
             "1 1 3 4 3 1 2 1 2 2 1 3 0 0 0 1 1 1 0 0 0 1"]
 
 
+# The two forms' knobs as emulated: the first (its default tiles and small ones) and the second
+# (double-buffered and warp-tiled, single-buffered with a thread's rows apart).
+EMULATED_FORMS = {
+    "first": {},
+    "first-small": {"tile_m": 32, "tile_n": 16, "thread_m": 2, "thread_n": 1, "k_step": 8},
+    "pipe": {"stages": 2, "warp_tile": 1, "tile_n": 32, "thread_m": 2, "thread_n": 2},
+    "pipe-small": {"stages": 1, "warp_tile": 1, "tile_m": 32, "tile_n": 16, "thread_m": 2,
+                   "thread_n": 1, "k_step": 8},
+}
+
+
+def _emulated_kernel(source: str, phases: int) -> str:
+    """The device code of one candidate for the emulation: the gather form's whole (its
+    kernel named assay_conv_tiles), or the stride phases' helpers and kernel (named
+    assay_conv_tiles_phased) without what the gather form's part brings already."""
+    pipe = "assay_conv_launch" in source
+    part = cuda_emulation.device_code(source, "struct AssayConv", "// The implicit GEMM's launch"
+                                      if pipe else "// Depthwise")
+    if phases:
+        kernel = part.index("// Implicit GEMM: a block")
+        helpers = part[part.index("// Stride phases"):part.index("// A slab's vector read")
+                       if pipe else kernel]
+        part = helpers + part[kernel:].replace("assay_conv_tiles(", "assay_conv_tiles_phased(")
+    return cuda_emulation.static_dynamic_shared(part, "assay_conv_smem", str(phases))
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
-@pytest.mark.parametrize("tiles", [{}, {"tile_m": 32, "tile_n": 16, "thread_m": 2,
-                                        "thread_n": 1, "k_step": 8}], ids=["default", "small"])
-def test_transposed_convolutions_by_stride_phase_in_a_host_emulation(task_dir, tmp_path, tiles):
-    """The CUDA kernels of the gather form and of the stride phases (cuda_emulation: a thread
-    per CUDA thread, real barriers, no GPU) equal a direct transposed convolution on EMULATED's
-    geometries, every output written: the template's index arithmetic and barriers, checked
-    where no GPU is (the GPU test compares the same with torch)."""
+@pytest.mark.parametrize("form", list(EMULATED_FORMS))
+def test_transposed_convolutions_by_stride_phase_in_a_host_emulation(task_dir, tmp_path, form):
+    """The CUDA kernels of the gather form and of the stride phases, in either form of the
+    implicit GEMM (cuda_emulation: a thread per CUDA thread, real barriers, no GPU), equal a
+    direct transposed convolution on EMULATED's geometries, every output written: the
+    template's index arithmetic and barriers, checked where no GPU is (the GPU tests compare
+    the same with torch)."""
     syn = OfflineSynthesizer("cuda", policy="strict")
     ctx = task_ctx(task_dir, "convt3d_strided_dilated", "cuda")
     code, sizes = "", {}
     for phases in (0, 1):
-        prop = syn.with_knobs(ctx, {"lib": 2, "depthwise": 0, "phases": phases, **tiles})
+        prop = syn.with_knobs(ctx, {"lib": 2, "depthwise": 0, "phases": phases,
+                                    **EMULATED_FORMS[form]})
         source = import_file(prop.code, tmp_path / f"emul_{prop.id}.py").SOURCE
-        part = cuda_emulation.device_code(source, "struct AssayConv", "// Depthwise")
-        if phases:  # the phases' kernel under a name of its own, beside the gather form's
-            part = part[part.index("// Stride phases"):].replace(
-                "assay_conv_tiles(", "assay_conv_tiles_phased(")
-        code += part
+        assert ("assay_conv_launch" in source) == form.startswith("pipe"), form
+        code += _emulated_kernel(source, phases)
         sizes.update({f"NT{phases}": cuda_emulation.launch_bounds(source, "assay_conv_tiles"),
                       f"BM{phases}": int(re.search(r"BM = (\d+)", source).group(1)),
                       f"BN{phases}": int(re.search(r"BN = (\d+)", source).group(1))})
@@ -295,7 +319,8 @@ def test_templates_offered_per_policy(task_dir):
 # too few for a warp's grid) and the rows-apart layout, slabs of 8 to 32, 2 pixels a thread
 # (128 x 16 tiles of 64 threads), more threads than a slab has elements (32 x 8 slabs of A,
 # 1024 threads), the largest double-buffered slabs (dynamic shared memory past 48 KB), a
-# depthwise convolution through the implicit GEMM; split K where the sizes allow it.
+# depthwise convolution through the implicit GEMM; split K where the sizes allow it; transposed
+# ones by stride phase (1-D, 2-D grouped, 3-D dilated).
 PIPE_CASES = [
     ("conv2d_grouped_padded", {"stages": 2, "warp_tile": 1, "split_k": 1}),
     ("conv3d_strided", {"stages": 2, "warp_tile": 1, "split_k": 1, "tile_m": 128,
@@ -313,6 +338,12 @@ PIPE_CASES = [
                           "thread_m": 2, "thread_n": 2}),
     ("conv2d_grouped_padded", {"stages": 1, "warp_tile": 1, "tile_m": 32, "tile_n": 16,
                                "thread_m": 8, "thread_n": 4, "k_step": 8}),
+    # by stride phase (transposed, no split K)
+    ("convt3d_strided_dilated", {"stages": 2, "warp_tile": 1, "phases": 1, "depthwise": 0,
+                                 "tile_n": 32, "thread_m": 2, "thread_n": 2}),
+    ("convt1d_padded_dilated", {"stages": 2, "warp_tile": 0, "phases": 1}),
+    ("convt2d_grouped_tanh", {"stages": 1, "warp_tile": 1, "phases": 1, "tile_m": 32,
+                              "tile_n": 16, "thread_m": 2, "thread_n": 1, "k_step": 8}),
     ("convt1d_padded_dilated", {"stages": 2, "warp_tile": 1, "split_k": 1, "k_step": 8}),
 ]
 # Per task, sizes of a long K (input channels of a group x taps: 900 to 2100, no multiple of
@@ -358,6 +389,7 @@ def test_cuda_convolutions_compile(task_dir, tmp_path):
         _, cand = _pipe_candidate(task_dir, tmp_path, name, knobs)
         assert cand.POLICY == "strict" and "assay_conv_launch" in cand.SOURCE, (name, knobs)
         assert ("assay_conv_parts_sum" in cand.SOURCE) == bool(knobs.get("split_k")), name
+        assert ("assay_phase_tap" in cand.SOURCE) == bool(knobs.get("phases")), name
         sources[cand.SOURCE] = (name, knobs)
     assert len(sources) == len(cases) + len(PIPE_CASES)
     build_cuda_sources(sources)

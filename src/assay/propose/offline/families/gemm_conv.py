@@ -9,8 +9,9 @@ Every rank is computed as 3-D: the candidate pads the missing leading spatial di
 gemm.py's ``_conv_geometry``); nothing is specialised to a shape. A transposed convolution is
 computed in its gather form: each output pixel sums the input pixels that map onto it (a tap
 whose offset the stride does not divide contributes nothing), so no atomics and a
-deterministic sum. On cuda, knob ``phases`` 1 (the first form only; the default for a
-transposed convolution, gemm.py's ``defaults``) splits the outputs by stride phase, the residue of o + P mod S along each dim: a phase's outputs reach
+deterministic sum. On cuda, knob ``phases`` 1 (either form of the implicit GEMM, not with
+split K; the default for a transposed convolution, gemm.py's ``defaults``) splits the outputs
+by stride phase, the residue of o + P mod S along each dim: a phase's outputs reach
 input pixels through the same taps (k * L = o + P mod S), so each block computes one phase's
 pixels over K = input channels x that phase's taps, and the taps that read nothing (3 of 4 at
 stride 2 in 2-D, 7 of 8 in 3-D) are never walked. On the H200, the gather form's transposed
@@ -75,9 +76,9 @@ KNOB_SPACES: dict[tuple[str, str], Space] = {
     # x kernel volume) holds at least 8 slabs a part, K cut into parts at run time, one block
     # per (tile, part), each part's sums stored to a workspace and added in a fixed order by a
     # second kernel that applies the epilogue; 0 = never.
-    # phases (the first form's transposed convolutions; 1 their default, 2.1-4.2x faster on
-    # KernelBench's stride-2 ones): 1 = one stride phase per block, K over its taps only; 0 =
-    # every tap for every output pixel.
+    # phases (transposed convolutions, either form but not with split K; 1 their default,
+    # 2.1-4.2x faster in the first form on KernelBench's stride-2 ones): 1 = one stride phase
+    # per block, K over its taps only; 0 = every tap for every output pixel.
     ("cuda", "conv"): {"tile_m": (32, 64, 128), "tile_n": (16, 32, 64), "k_step": (8, 16, 32),
                        "thread_m": (2, 4, 8), "thread_n": (1, 2, 4), "block": (128, 256, 512),
                        "depthwise": (0, 1), "stages": (1, 2), "warp_tile": (0, 1),
@@ -185,9 +186,6 @@ extern "C" int assay_conv({{ params }}) {
 """
 
 CUDA_CONV = r"""
-{% if pipe %}
-{{ pipe_kernels }}
-{% else %}
 {% if phased %}
 // Stride phases of a transposed convolution, along one dim: output coordinate o reads input
 // pixel (o + P - k * L) / S at tap k only where S divides o + P - k * L, so the outputs whose
@@ -209,6 +207,9 @@ ASSAY_FN int assay_phase_tap(int j, int r, int K, int S, int L) {
 }
 
 {% endif %}
+{% if pipe %}
+{{ pipe_kernels }}
+{% else %}
 // Implicit GEMM: a block of {{ nt }} threads computes a {{ bm }} x {{ bn }} tile of (output pixels of every
 // sample) x (output channels of group blockIdx.z), each thread {{ tm }} x {{ tn }} of them in registers (rows
 // {{ nt_m }} apart, so a warp stores consecutive pixels of a channel: coalesced). K (input channels of
@@ -543,12 +544,31 @@ assay_conv_tiles({{ kparams }}) {
   // whole number of BK-slabs, and stores them to the workspace.
   const int part = SPLIT ? (int)(blockIdx.z % parts) : 0;
   const int64_t g = SPLIT ? blockIdx.z / parts : blockIdx.z;
+{% elif phased %}
+  // One stride phase per block (blockIdx.z: group x phase): its pixels' taps are the phase's
+  // only, so K skips the taps that read no input pixel (3 of 4 at stride 2 in 2-D).
+  const int64_t phases = cv.Sd * cv.Sh * cv.Sw;
+  const int64_t g = blockIdx.z / phases, ph = blockIdx.z % phases;
+  const int rw = (int)(ph % cv.Sw), rh = (int)((ph / cv.Sw) % cv.Sh), rd = (int)(ph / (cv.Sw * cv.Sh));
+  const int fd = assay_phase_first(rd, (int)cv.Sd, (int)cv.Pd);
+  const int fh = assay_phase_first(rh, (int)cv.Sh, (int)cv.Ph);
+  const int fw = assay_phase_first(rw, (int)cv.Sw, (int)cv.Pw);
+  const int64_t Hq = assay_phase_count(fh, cv.Ho, cv.Sh), Wq = assay_phase_count(fw, cv.Wo, cv.Sw);
+  const int64_t Pq = assay_phase_count(fd, cv.Do, cv.Sd) * Hq * Wq;  // the phase's pixels
+  const int Khq = assay_phase_taps(rh, (int)cv.Kh, (int)cv.Sh, (int)cv.Lh);
+  const int Kwq = assay_phase_taps(rw, (int)cv.Kw, (int)cv.Sw, (int)cv.Lw);
+  const int KVq = assay_phase_taps(rd, (int)cv.Kd, (int)cv.Sd, (int)cv.Ld) * Khq * Kwq;
 {% else %}
   const int64_t g = blockIdx.z;
 {% endif %}
   const int64_t m0 = (int64_t)blockIdx.x * BM, n0 = (int64_t)blockIdx.y * BN;
-  const int64_t CiG = cv.Ci / cv.G, CoG = cv.Co / cv.G, KV = cv.Kd * cv.Kh * cv.Kw, K = CiG * KV;
-  const int64_t P = cv.Do * cv.Ho * cv.Wo, M = cv.N * P, DHWi = cv.Di * cv.Hi * cv.Wi;
+  const int64_t CiG = cv.Ci / cv.G, CoG = cv.Co / cv.G, KV = cv.Kd * cv.Kh * cv.Kw;
+  const int64_t K = CiG * {{ "KVq" if phased else "KV" }}, P = cv.Do * cv.Ho * cv.Wo;
+  const int64_t M = cv.N * {{ "Pq" if phased else "P" }}, DHWi = cv.Di * cv.Hi * cv.Wi;
+{% if phased %}
+  if (m0 >= M) return;  // (the block's own condition: past a smaller phase's pixels)
+  const int Pq32 = (int)Pq, Hq32 = (int)Hq, Wq32 = (int)Wq;
+{% endif %}
   const float* __restrict__ xg = x + g * CiG * DHWi;
   // 32-bit pixel and K indices (the host checks M and K below 2^31): divided cheaply.
   const int P32 = (int)P, Ho32 = (int)cv.Ho, Wo32 = (int)cv.Wo, KV32 = (int)KV, Kh32 = (int)cv.Kh, Kw32 = (int)cv.Kw;
@@ -576,8 +596,14 @@ assay_conv_tiles({{ kparams }}) {
   for (int j = 0; j < MPT; ++j) {
     const int64_t m = m0 + tid % BM + j * NT;
     px_ok[j] = m < M;
+{% if phased %}
+    const int mi = px_ok[j] ? (int)m : 0, n = mi / Pq32, q = mi % Pq32;
+    const int od = fd + q / (Wq32 * Hq32) * (int)cv.Sd, oh = fh + (q / Wq32) % Hq32 * (int)cv.Sh;
+    const int ow = fw + q % Wq32 * (int)cv.Sw;
+{% else %}
     const int mi = px_ok[j] ? (int)m : 0, n = mi / P32, p = mi % P32;
     const int od = p / (Wo32 * Ho32), oh = (p / Wo32) % Ho32, ow = p % Wo32;
+{% endif %}
 {% if transposed %}
     px_d[j] = od + (int)cv.Pd;
     px_h[j] = oh + (int)cv.Ph;
@@ -595,10 +621,20 @@ assay_conv_tiles({{ kparams }}) {
   auto fill = [&](int b, int k0) {
     for (int e = tid; e < BK; e += NT) {
       if (k0 + e < kend) {
+{% if phased %}
+        // the phase's tq-th tap, in (d, h, w) order
+        const int k = k0 + e, cl = k / KVq, tq = k % KVq;
+        const int kw = assay_phase_tap(tq % Kwq, rw, Kw32, (int)cv.Sw, (int)cv.Lw);
+        const int kh = assay_phase_tap((tq / Kwq) % Khq, rh, Kh32, (int)cv.Sh, (int)cv.Lh);
+        const int kd = assay_phase_tap(tq / (Kwq * Khq), rd, (int)cv.Kd, (int)cv.Sd, (int)cv.Ld);
+        const int tap = (kd * Kh32 + kh) * Kw32 + kw;
+        const int td = kd * (int)cv.Ld, th = kh * (int)cv.Lh, tw = kw * (int)cv.Lw;
+{% else %}
         const int k = k0 + e, cl = k / KV32, tap = k % KV32;
         const int td = tap / (Kw32 * Kh32) * (int)cv.Ld;
         const int th = (tap / Kw32) % Kh32 * (int)cv.Lh;
         const int tw = tap % Kw32 * (int)cv.Lw;
+{% endif %}
         k_tap[b][e] = make_int4(td, th, tw, 0);
 {% if transposed %}
         k_chan[b][e] = (int64_t)cl * DHWi;
@@ -732,7 +768,13 @@ assay_conv_tiles({{ kparams }}) {
   for (int ii = 0; ii < TM; ++ii) {
     const int64_t m = m0 + row0 + (ii / VM) * ROW_STEP + ii % VM;
     if (m >= M) continue;
+{% if phased %}
+    const int n = (int)m / Pq32, q = (int)m % Pq32;
+    const int p = ((fd + q / (Wq32 * Hq32) * (int)cv.Sd) * Ho32 + fh + (q / Wq32) % Hq32 * (int)cv.Sh) * Wo32
+                  + fw + q % Wq32 * (int)cv.Sw;
+{% else %}
     const int n = (int)m / P32, p = (int)m % P32;
+{% endif %}
     #pragma unroll
     for (int jj = 0; jj < TN; ++jj) {
       const int64_t co = n0 + col0 + (jj / VN) * COL_STEP + jj % VN;
@@ -838,6 +880,13 @@ CUDA_CONV_PIPE_LAUNCH = r"""  // 32-bit indices in the kernel: pixels (M), K, an
     return (int)cudaGetLastError();
   }
   return assay_conv_launch<false>(dim3((unsigned)gx, (unsigned)gy, (unsigned)cv.G), smem, stream, {{ kargs }});
+{% elif phased %}
+  // One block column per stride phase and group; a phase holds at most ceil(O / S) of each dim.
+  const int64_t phases = cv.Sd * cv.Sh * cv.Sw;
+  const int64_t Pq = ((cv.Do + cv.Sd - 1) / cv.Sd) * ((cv.Ho + cv.Sh - 1) / cv.Sh) * ((cv.Wo + cv.Sw - 1) / cv.Sw);
+  const int64_t gq = (cv.N * Pq + {{ bm - 1 }}) / {{ bm }};
+  if (gq > 2147483647 || cv.G * phases > 65535) return (int)cudaErrorInvalidConfiguration;
+  return assay_conv_launch(dim3((unsigned)gq, (unsigned)gy, (unsigned)(cv.G * phases)), smem, stream, {{ kargs }});
 {% else %}
   return assay_conv_launch(dim3((unsigned)gx, (unsigned)gy, (unsigned)cv.G), smem, stream, {{ kargs }});
 {% endif %}"""
@@ -898,6 +947,9 @@ def kernel(values: dict[str, Any], params: list[Param], target: str, knobs: dict
                  block=int(knobs["block"]), depthwise=int(knobs["depthwise"]))
     stages, split = int(knobs.get("stages", 1)), uses_split(target, knobs)
     pipe = stages == 2 or bool(knobs.get("warp_tile", 0)) or split
+    # by stride phase (a transposed convolution, either form; not with split K, whose blocks'
+    # third grid dim holds the parts)
+    phased = transposed and not split and bool(knobs.get("phases", 0))
     pipe_kernels = pipe_launch = ""
     if pipe:
         # A thread's share of a slab is staged in registers: at most 32 of them (32 x 16 tiles
@@ -917,13 +969,12 @@ def kernel(values: dict[str, Any], params: list[Param], target: str, knobs: dict
         else:  # rows NT_M apart, a thread's channels adjacent (one vector)
             layout = dict(warp_tile=False, vm=1, vn=tn, row_step=bm // tm, col_step=tn)
         pipe_values = dict(values, **tiles, **layout, transposed=transposed, stages=stages,
-                           split=split, kparams=kparams, kargs=kargs, sizes=sizes,
+                           split=split, phased=phased, kparams=kparams, kargs=kargs, sizes=sizes,
                            sparams=", ".join(f"int64_t {v}" for v in SIZES),
                            smem=f"(size_t){stages * bk * (bm + bn + 4) * 4}",
                            static_smem=2 * bk * (8 + 8 + 16))
         pipe_kernels = render(CUDA_CONV_PIPE, **pipe_values)
         pipe_launch = render(CUDA_CONV_PIPE_LAUNCH, **pipe_values).rstrip("\n")
-    phased = transposed and not pipe and bool(knobs.get("phases", 0))
     return common + render(CUDA_CONV, **values, params=signature + ", void* stream_ptr",
                            kparams=kparams, kargs=kargs, dparams=dparams, dargs=dargs,
                            sizes=sizes, transposed=transposed, **tiles, pipe=pipe,
