@@ -206,6 +206,35 @@ ASSAY_FN int assay_phase_tap(int j, int r, int K, int S, int L) {
   return 0;
 }
 
+// Phase ph (of Sd x Sh x Sw, w fastest): per dim its residue r and first output coordinate f,
+// the pixels it holds (Hq, Wq; Pq in all) and its taps (Khq, Kwq; KVq in all).
+struct AssayPhase { int rd, rh, rw, fd, fh, fw, Khq, Kwq, KVq; int64_t Hq, Wq, Pq; };
+ASSAY_FN AssayPhase assay_phase_of(const AssayConv& cv, int64_t ph) {
+  AssayPhase q;
+  q.rw = (int)(ph % cv.Sw);
+  q.rh = (int)((ph / cv.Sw) % cv.Sh);
+  q.rd = (int)(ph / (cv.Sw * cv.Sh));
+  q.fd = assay_phase_first(q.rd, (int)cv.Sd, (int)cv.Pd);
+  q.fh = assay_phase_first(q.rh, (int)cv.Sh, (int)cv.Ph);
+  q.fw = assay_phase_first(q.rw, (int)cv.Sw, (int)cv.Pw);
+  q.Hq = assay_phase_count(q.fh, cv.Ho, cv.Sh);
+  q.Wq = assay_phase_count(q.fw, cv.Wo, cv.Sw);
+  q.Pq = assay_phase_count(q.fd, cv.Do, cv.Sd) * q.Hq * q.Wq;
+  q.Khq = assay_phase_taps(q.rh, (int)cv.Kh, (int)cv.Sh, (int)cv.Lh);
+  q.Kwq = assay_phase_taps(q.rw, (int)cv.Kw, (int)cv.Sw, (int)cv.Lw);
+  q.KVq = assay_phase_taps(q.rd, (int)cv.Kd, (int)cv.Sd, (int)cv.Ld) * q.Khq * q.Kwq;
+  return q;
+}
+
+// The grid of a launch by phase: x the blocks of bm pixels of the largest phase (at most
+// ceil(O / S) of each dim), z groups x phases; false where the grid cannot hold them.
+static bool assay_phase_grid(const AssayConv& cv, int64_t bm, int64_t* gx, int64_t* gz) {
+  const int64_t Pq = ((cv.Do + cv.Sd - 1) / cv.Sd) * ((cv.Ho + cv.Sh - 1) / cv.Sh) * ((cv.Wo + cv.Sw - 1) / cv.Sw);
+  *gx = (cv.N * Pq + bm - 1) / bm;
+  *gz = cv.G * cv.Sd * cv.Sh * cv.Sw;
+  return *gx <= 2147483647 && *gz <= 65535;
+}
+
 {% endif %}
 {% if pipe %}
 {{ pipe_kernels }}
@@ -239,17 +268,11 @@ assay_conv_tiles({{ kparams }}) {
 {% endfor %}
   const int tid = threadIdx.x;
 {% if phased %}
-  const int64_t phases = cv.Sd * cv.Sh * cv.Sw;
-  const int64_t g = blockIdx.z / phases, ph = blockIdx.z % phases;
-  const int rw = (int)(ph % cv.Sw), rh = (int)((ph / cv.Sw) % cv.Sh), rd = (int)(ph / (cv.Sw * cv.Sh));
-  const int fd = assay_phase_first(rd, (int)cv.Sd, (int)cv.Pd);
-  const int fh = assay_phase_first(rh, (int)cv.Sh, (int)cv.Ph);
-  const int fw = assay_phase_first(rw, (int)cv.Sw, (int)cv.Pw);
-  const int64_t Hq = assay_phase_count(fh, cv.Ho, cv.Sh), Wq = assay_phase_count(fw, cv.Wo, cv.Sw);
-  const int64_t Pq = assay_phase_count(fd, cv.Do, cv.Sd) * Hq * Wq;  // the phase's pixels
-  const int Khq = assay_phase_taps(rh, (int)cv.Kh, (int)cv.Sh, (int)cv.Lh);
-  const int Kwq = assay_phase_taps(rw, (int)cv.Kw, (int)cv.Sw, (int)cv.Lw);
-  const int64_t KVq = (int64_t)assay_phase_taps(rd, (int)cv.Kd, (int)cv.Sd, (int)cv.Ld) * Khq * Kwq;
+  const int64_t phases = cv.Sd * cv.Sh * cv.Sw, g = blockIdx.z / phases;
+  const AssayPhase phase = assay_phase_of(cv, blockIdx.z % phases);
+  const int rd = phase.rd, rh = phase.rh, rw = phase.rw, fd = phase.fd, fh = phase.fh, fw = phase.fw;
+  const int Khq = phase.Khq, Kwq = phase.Kwq;
+  const int64_t Hq = phase.Hq, Wq = phase.Wq, Pq = phase.Pq, KVq = phase.KVq;
   const int64_t m0 = (int64_t)blockIdx.x * BM, n0 = (int64_t)blockIdx.y * BN;
   const int64_t CiG = cv.Ci / cv.G, CoG = cv.Co / cv.G, KV = cv.Kd * cv.Kh * cv.Kw, K = CiG * KVq;
   const int64_t P = cv.Do * cv.Ho * cv.Wo, M = cv.N * Pq, DHWi = cv.Di * cv.Hi * cv.Wi;
@@ -444,12 +467,9 @@ extern "C" int assay_conv({{ params }}) {
 {% if pipe %}
 {{ pipe_launch }}
 {% elif phased %}
-  // One block column per stride phase and group; a phase holds at most ceil(O / S) of each dim.
-  const int64_t phases = cv.Sd * cv.Sh * cv.Sw;
-  const int64_t Pq = ((cv.Do + cv.Sd - 1) / cv.Sd) * ((cv.Ho + cv.Sh - 1) / cv.Sh) * ((cv.Wo + cv.Sw - 1) / cv.Sw);
-  const int64_t gq = (cv.N * Pq + {{ bm - 1 }}) / {{ bm }};
-  if (gq > 2147483647 || cv.G * phases > 65535) return (int)cudaErrorInvalidConfiguration;
-  assay_conv_tiles<<<dim3((unsigned)gq, (unsigned)gy, (unsigned)(cv.G * phases)), {{ nt }}, 0, stream>>>({{ kargs }});
+  int64_t gq = 0, gz = 0;  // one block column per stride phase and group
+  if (!assay_phase_grid(cv, {{ bm }}, &gq, &gz)) return (int)cudaErrorInvalidConfiguration;
+  assay_conv_tiles<<<dim3((unsigned)gq, (unsigned)gy, (unsigned)gz), {{ nt }}, 0, stream>>>({{ kargs }});
   return (int)cudaGetLastError();
 {% else %}
   assay_conv_tiles<<<dim3((unsigned)gx, (unsigned)gy, (unsigned)cv.G), {{ nt }}, 0, stream>>>({{ kargs }});
@@ -547,17 +567,11 @@ assay_conv_tiles({{ kparams }}) {
 {% elif phased %}
   // One stride phase per block (blockIdx.z: group x phase): its pixels' taps are the phase's
   // only, so K skips the taps that read no input pixel (3 of 4 at stride 2 in 2-D).
-  const int64_t phases = cv.Sd * cv.Sh * cv.Sw;
-  const int64_t g = blockIdx.z / phases, ph = blockIdx.z % phases;
-  const int rw = (int)(ph % cv.Sw), rh = (int)((ph / cv.Sw) % cv.Sh), rd = (int)(ph / (cv.Sw * cv.Sh));
-  const int fd = assay_phase_first(rd, (int)cv.Sd, (int)cv.Pd);
-  const int fh = assay_phase_first(rh, (int)cv.Sh, (int)cv.Ph);
-  const int fw = assay_phase_first(rw, (int)cv.Sw, (int)cv.Pw);
-  const int64_t Hq = assay_phase_count(fh, cv.Ho, cv.Sh), Wq = assay_phase_count(fw, cv.Wo, cv.Sw);
-  const int64_t Pq = assay_phase_count(fd, cv.Do, cv.Sd) * Hq * Wq;  // the phase's pixels
-  const int Khq = assay_phase_taps(rh, (int)cv.Kh, (int)cv.Sh, (int)cv.Lh);
-  const int Kwq = assay_phase_taps(rw, (int)cv.Kw, (int)cv.Sw, (int)cv.Lw);
-  const int KVq = assay_phase_taps(rd, (int)cv.Kd, (int)cv.Sd, (int)cv.Ld) * Khq * Kwq;
+  const int64_t phases = cv.Sd * cv.Sh * cv.Sw, g = blockIdx.z / phases;
+  const AssayPhase phase = assay_phase_of(cv, blockIdx.z % phases);
+  const int rd = phase.rd, rh = phase.rh, rw = phase.rw, fd = phase.fd, fh = phase.fh, fw = phase.fw;
+  const int Khq = phase.Khq, Kwq = phase.Kwq, KVq = phase.KVq;
+  const int64_t Hq = phase.Hq, Wq = phase.Wq, Pq = phase.Pq;
 {% else %}
   const int64_t g = blockIdx.z;
 {% endif %}
@@ -881,12 +895,9 @@ CUDA_CONV_PIPE_LAUNCH = r"""  // 32-bit indices in the kernel: pixels (M), K, an
   }
   return assay_conv_launch<false>(dim3((unsigned)gx, (unsigned)gy, (unsigned)cv.G), smem, stream, {{ kargs }});
 {% elif phased %}
-  // One block column per stride phase and group; a phase holds at most ceil(O / S) of each dim.
-  const int64_t phases = cv.Sd * cv.Sh * cv.Sw;
-  const int64_t Pq = ((cv.Do + cv.Sd - 1) / cv.Sd) * ((cv.Ho + cv.Sh - 1) / cv.Sh) * ((cv.Wo + cv.Sw - 1) / cv.Sw);
-  const int64_t gq = (cv.N * Pq + {{ bm - 1 }}) / {{ bm }};
-  if (gq > 2147483647 || cv.G * phases > 65535) return (int)cudaErrorInvalidConfiguration;
-  return assay_conv_launch(dim3((unsigned)gq, (unsigned)gy, (unsigned)(cv.G * phases)), smem, stream, {{ kargs }});
+  int64_t gq = 0, gz = 0;  // one block column per stride phase and group
+  if (!assay_phase_grid(cv, {{ bm }}, &gq, &gz)) return (int)cudaErrorInvalidConfiguration;
+  return assay_conv_launch(dim3((unsigned)gq, (unsigned)gy, (unsigned)gz), smem, stream, {{ kargs }});
 {% else %}
   return assay_conv_launch(dim3((unsigned)gx, (unsigned)gy, (unsigned)cv.G), smem, stream, {{ kargs }});
 {% endif %}"""
