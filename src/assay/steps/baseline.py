@@ -41,6 +41,10 @@ def baseline(cfg: DictConfig) -> dict:
                          hold=lambda: app.cpu_timing(cfg))
     out["target"] = tgt
     out["kernels"] = app.kernel_target(cfg, tgt)  # triton on target=triton, else the device's
+    if device == "cuda":  # which GPU: the verify step times the baseline again on another
+        from assay.bench.device import device_name
+
+        out["device_name"] = device_name(device)
     write_json(c.baseline(cfg.task), out)
     app.off_device()
     log.info("%s: eager %s, compile %s", task.id,

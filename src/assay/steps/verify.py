@@ -34,6 +34,18 @@ def drop_stale_verdicts(c: Campaign, llm: str, task: str, gen: int,
     return n
 
 
+def other_device(timed_on: dict, here: str) -> str:
+    """Why timings in ``timed_on`` (a baseline: ``device_name``; the campaign's device.json:
+    ``name``) were not taken on the GPU ``here``, "" where they were. A campaign resumed on
+    another GPU, or a cluster's jobs on several kinds, must not divide one GPU's time by
+    another's."""
+    named = timed_on.get("device_name", timed_on.get("name"))
+    if named == here:
+        return ""
+    return f"timed on {named}, not on this {here}" if named else \
+        f"timed on a GPU it does not name, not necessarily this {here}"
+
+
 def outcome(v) -> str:
     """A verdict in a few words, for the log."""
     if not v.accepted:
@@ -84,7 +96,8 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
             v = verify(task, paths[cid], device, vcfg, baseline, record, peaks, prepared,
                        times=times)
             write_json(c.verdict(llm, task_id, gen, cid),
-                       {**v.to_dict(), "times": reportable_times(times)})
+                       {**v.to_dict(), "baseline_device": baseline.get("device_name"),
+                        "times": reportable_times(times)})
             log.info("%s/%s gen %d [%d/%d] %s %s (build %.1f s, verify %.1f s)", llm,
                      task_id, gen, i, len(todo), cid, outcome(v), built_s,
                      time.perf_counter() - t0)
@@ -110,6 +123,8 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
         shared = {}
         if (waited := app.on_device(cfg)) is not None:
             shared["device_wait_s"] = waited
+        if device == "cuda":  # speedups of one GPU's times only
+            baseline, peaks = this_gpu(cfg, task, baseline, peaks, shared)
         with app.cpu_timing(cfg):
             prepared = None
             if not degenerate:
@@ -124,6 +139,36 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
     finally:
         if builds:
             builds.close()
+
+
+def this_gpu(cfg: DictConfig, task, baseline: dict, peaks: dict | None, shared: dict
+             ) -> tuple[dict, dict | None]:
+    """The task's baseline and the device's peaks as this GPU gives them: where the campaign's
+    were measured on another (or do not say where), this GPU's, timed once per (task, GPU,
+    torch version) in the baseline cache and measured once per GPU; the seconds it took in
+    ``shared``."""
+    from assay.bench.baseline import time_reference
+    from assay.bench.baseline_cache import cached_baseline
+    from assay.bench.device import device_name, peaks as device_peaks
+    from assay.bench.timing import TimingConfig
+
+    here = device_name("cuda")
+    if peaks is not None and (why := other_device(peaks, here)):
+        log.warning("%s: the campaign's device peaks were %s: this GPU's are used", task.id, why)
+        peaks = device_peaks("cuda")
+    if baseline.get("eager_ms") is None or not (why := other_device(baseline, here)):
+        return baseline, peaks
+    t = time.perf_counter()
+    tcfg = TimingConfig.of(cfg.verify)
+    timed, cached = cached_baseline(
+        task, "cuda", tcfg, cfg.baselines.compile,
+        lambda: time_reference(task, "cuda", tcfg, cfg.baselines.compile,
+                               cfg.baselines.compile_mode), cfg.baselines.compile_mode)
+    shared["baseline_here_s"] = time.perf_counter() - t
+    log.warning("%s: its baseline was %s: this GPU's is used (%s), eager %.4g ms", task.id, why,
+                "cached" if cached else "timed now", timed["eager_ms"])
+    return {**timed, "target": baseline.get("target"), "kernels": baseline.get("kernels"),
+            "device_name": here, "instead_of": why}, peaks
 
 
 def verify_generation(cfg: DictConfig) -> dict:

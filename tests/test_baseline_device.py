@@ -1,0 +1,42 @@
+"""A verdict's speedup divides one GPU's times: a campaign resumed on another GPU (or a
+cluster's jobs on several kinds) gets the baseline and the device's peaks of the GPU that
+verifies (steps/verify.py: ``other_device``, ``this_gpu``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from assay import app
+from assay.steps.verify import other_device, this_gpu
+
+
+def test_timings_of_another_gpu_or_of_an_unnamed_one_are_not_this_gpus():
+    here = "NVIDIA H100 80GB HBM3"
+    assert other_device({"device_name": here, "eager_ms": 1.0}, here) == ""
+    assert other_device({"name": here, "bandwidth_gbs": 3e3}, here) == ""  # device.json
+    assert other_device({"device_name": "NVIDIA H200"}, here) == \
+        "timed on NVIDIA H200, not on this NVIDIA H100 80GB HBM3"
+    assert "does not name" in other_device({"eager_ms": 1.0}, here)  # older baseline files
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_baseline_timed_on_another_gpu_is_timed_again_on_this_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASSAY_BASELINE_CACHE", str(tmp_path / "baselines"))
+    cfg = app.compose(["target=cuda", "tasks=ci", "baselines.compile=false"])
+    task = app.load_task(cfg, app.task_refs(cfg)[0][0].id, "cuda")
+    here = torch.cuda.get_device_name()
+    elsewhere = {"task": task.id, "device": "cuda", "eager_ms": 1e6, "compile_ms": None,
+                 "device_name": "NVIDIA H200 (another GPU)", "target": "cuda"}
+    peaks = {"name": "NVIDIA H200 (another GPU)", "bandwidth_gbs": 1e9, "flops_tflops": 1e9}
+    shared: dict = {}
+    baseline, peaks_here = this_gpu(cfg, task, elsewhere, peaks, shared)
+    assert baseline["device_name"] == here and 0 < baseline["eager_ms"] < 1e6, baseline
+    assert "NVIDIA H200 (another GPU)" in baseline["instead_of"] and shared["baseline_here_s"] > 0
+    assert peaks_here["name"] == here and peaks_here["bandwidth_gbs"] < 1e9
+    # this GPU's baseline: kept as it is, and the second time from the cache
+    again, _ = this_gpu(cfg, task, baseline, peaks_here, {})
+    assert again is baseline
+    retimed, _ = this_gpu(cfg, task, elsewhere, peaks, {})  # (from the baseline cache)
+    assert retimed["eager_ms"] == baseline["eager_ms"]
