@@ -327,9 +327,13 @@ def propose(run: TaskRun, target: str, variants: int, mutations: int, seed: int,
     forced = []  # --knobs: each default with them, where its template's space holds them all
     for d in defaults if knobs else []:
         space = syn.space(analysis, d.knobs)
-        if all(v in space.get(k, ()) for k, v in knobs.items()) \
-                and any(d.knobs.get(k) != v for k, v in knobs.items()):
-            forced.append(syn.with_knobs(ctx, {**d.knobs, **knobs}))
+        # a knob also names its kernels' own in a multi-kernel plan (``s1.phases``)
+        setting = {key: v for k, v in knobs.items() for key in space
+                   if key == k or key.endswith(f".{k}")}
+        if {key.rsplit(".", 1)[-1] for key in setting} == set(knobs) \
+                and all(v in space[key] for key, v in setting.items()) \
+                and any(d.knobs.get(key) != v for key, v in setting.items()):
+            forced.append(syn.with_knobs(ctx, {**d.knobs, **setting}))
     if mutations > 0:
         per = max(1, mutations // max(len(defaults), 1))
         for i, d in enumerate(defaults):
@@ -576,7 +580,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="KNOB=VALUE[,...]: also verify each template's defaults with these "
                          "knobs set, on the tasks whose template has them (e.g. phases=0: "
                          "transposed convolutions without stride phases against the defaults, "
-                         "which use them)")
+                         "which use them; a knob also sets a multi-kernel plan's kernels' own, "
+                         "s1.phases)")
     ap.add_argument("--plans-only", action="store_true",
                     help="no device: propose for the target --device names (auto: cuda) and "
                          "write plans.md (coverage per level, declines by reason); nothing is "

@@ -122,20 +122,24 @@ def test_a_task_too_large_for_the_memory_is_declined_before_its_baseline(tmp_pat
 def test_knobs_add_each_templates_defaults_with_them_where_its_space_has_them(tmp_path):
     """--knobs phases=0: a transposed convolution's conv template (by stride phase by default)
     gets its defaults without stride phases as a candidate always verified, beside the
-    defaults; a convolution that is not transposed (whose defaults have phases 0 already) gets
-    nothing more; a malformed setting is a usage error naming it."""
+    defaults, and so does the transposed convolution of a multi-kernel plan (its knob
+    ``s1.phases``); a convolution that is not transposed (whose defaults have phases 0 already)
+    gets nothing more; a malformed setting is a usage error naming it."""
     from assay.tasks.model import Task
 
     kb = REPO.parent / "shared" / "kernelbench" / "level2"
     files = {"convt": next(kb.glob("5_ConvTranspose2d_*.py")),
-             "conv": next(kb.glob("4_Conv2d_*.py"))}
+             "conv": next(kb.glob("4_Conv2d_*.py")),
+             "convt_pool": next(kb.glob("38_ConvTranspose3d_AvgPool_*.py"))}
     got = {}
     for kind, path in files.items():
         run = suite.TaskRun(kind, 2, path)
         run.task = Task.from_file(path, size="small", level=2)
         suite.propose(run, "cuda", 1, 0, 0, tmp_path, {"phases": 0})
-        got[kind] = [(c.knobs.get("lib"), c.knobs.get("phases"), c.must) for c in run.cands]
+        got[kind] = [(c.knobs.get("lib"), c.knobs.get("phases", c.knobs.get("s1.phases")),
+                      c.must) for c in run.cands]
     assert (2, 1, True) in got["convt"] and (2, 0, True) in got["convt"], got
+    assert {(p, must) for _, p, must in got["convt_pool"]} == {(1, True), (0, True)}, got
     conv = [phases for lib, phases, _ in got["conv"] if lib == 2]
     assert conv == [0], got
     assert suite.knob_settings("phases=1, k_step=8") == {"phases": 1, "k_step": 8}
