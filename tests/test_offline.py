@@ -1068,3 +1068,42 @@ def test_broadcast_index_divider_matches_integer_division(tmp_path):
                rng.randrange(1, 5000)) for _ in range(200_000)]
     flat = (ctypes.c_int64 * (3 * len(cases)))(*[v for c in cases for v in c])
     assert lib.check(flat, len(cases)) == 0
+
+
+BUFFERS = """
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.rand(64))
+        self.register_buffer("mask", torch.tril(torch.ones(32, 32)))
+
+    def forward(self, x):
+        n = x.size(0)
+        return torch.relu(x * self.scale) + self.mask[:n, :n].sum()
+
+
+def get_inputs():
+    return [torch.rand(16, 64)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_buffers_are_graph_values_and_a_traced_size_may_slice_one(tmp_path):
+    """The tracer takes the module's buffers as graph values (``get_attr`` of their names, as
+    parameters are), not as constants frozen at trace time: a candidate reads the module's own
+    (the verifier loads the reference's state into it), and a forward that slices one by a
+    traced size traces."""
+    from assay.propose.offline.graph import trace
+
+    path = tmp_path / "buffers.py"
+    path.write_text(BUFFERS)
+    gm = trace(Task.from_file(path).module(), real=True)
+    targets = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    assert {"scale", "mask"} <= targets, targets

@@ -1,6 +1,7 @@
 """Graph analysis: what computation is this task, in terms the templates can express?
 
-The task's model is traced with ``torch.fx.symbolic_trace`` and shape-propagated on meta tensors
+The task's model is traced with torch.fx (its buffers graph values, as its parameters are:
+:class:`_Tracer`) and shape-propagated on meta tensors
 (no memory, any size), then lowered into a small IR, the :class:`Plan`:
 
 * leaves: the forward's float tensor arguments and the module's parameters/buffers, each with how it
@@ -1743,6 +1744,14 @@ def _decompose(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
+class _Tracer(fx.Tracer):
+    """fx's tracer with the module's buffers as graph values (``get_attr``), as its parameters
+    are: a forward that slices a buffer by a traced size (a causal mask cut to the sequence,
+    ``self.bias[:, :, :T, :T]``) traces, where a plain tensor cannot take a traced index."""
+
+    proxy_buffer_attributes = True
+
+
 def trace(mod: Any, real: bool = False) -> fx.GraphModule:
     """One executed task module (see :meth:`Task.module`) traced, its dead values dropped, its
     composite losses decomposed and every node's shape propagated (``tensor_meta``).
@@ -1764,7 +1773,7 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
         raise Unsupported(f"{PREFIX} an augmented assignment to {aliased!r} while another name "
                           f"for that tensor is read after it (fx records it as a new value)")
     try:
-        gm = fx.symbolic_trace(model)
+        gm = fx.GraphModule(model, _Tracer().trace(model))
     except Exception as e:  # noqa: BLE001
         raise Unsupported(f"{PREFIX} a forward that torch.fx cannot trace "
                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
