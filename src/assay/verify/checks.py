@@ -120,7 +120,8 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           "not the one its own per-call times give (recomputed by the harness), a timed call "
           "is reported shorter than its call window (the audit's clock inside the call), or "
           "the candidate's own code (files outside the interpreter's, the import path's and the "
-          "system's folders) ran between the timed calls, as the harness's own samples of the "
+          "system's folders, or code in no mapping the harness saw though the kernel recorded "
+          "every one) ran between the timed calls, as the harness's own samples of the "
           "worker's threads see it (`verify/observer.py`): work moved out of the windows timed",
           when="`verify.audit` is on, on the cpu target"),
     Check("audit_provenance", "a kernel audit that credits the candidate with a kernel no "
