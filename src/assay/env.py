@@ -41,8 +41,10 @@ KERNEL_CACHE = EnvVar(
     "the shared cache of built kernels (default ~/.cache/assay/kernels)")
 BASELINE_CACHE = EnvVar(
     "ASSAY_BASELINE_CACHE",
-    "the cache of `assay verify`'s eager/compile baseline timings (default "
-    "~/.cache/assay/baselines)")
+    "the cache of eager/compile baseline timings and task records per (task, device, torch "
+    "version): `assay verify`'s, and the verify step's baseline of its own GPU where the "
+    "campaign's names another (default ~/.cache/assay/baselines; `benchmarks/gpu_phases.sh` "
+    "keeps it in its carried state)")
 CUDA_ARCH = EnvVar(
     "ASSAY_CUDA_ARCH",
     "the architecture kernels are built for, e.g. sm_90 (default: the visible GPU's); the "

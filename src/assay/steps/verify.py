@@ -165,8 +165,8 @@ def this_gpu(cfg: DictConfig, task, baseline: dict, peaks: dict | None, shared: 
         lambda: time_reference(task, "cuda", tcfg, cfg.baselines.compile,
                                cfg.baselines.compile_mode), cfg.baselines.compile_mode)
     shared["baseline_here_s"] = time.perf_counter() - t
-    log.warning("%s: its baseline was %s: this GPU's is used (%s), eager %.4g ms", task.id, why,
-                "cached" if cached else "timed now", timed["eager_ms"])
+    log.warning("%s: its baseline was %s: this GPU's is used (%s), eager %s ms", task.id, why,
+                "cached" if cached else "timed now", timed.get("eager_ms"))
     return {**timed, "target": baseline.get("target"), "kernels": baseline.get("kernels"),
             "device_name": here, "instead_of": why}, peaks
 
