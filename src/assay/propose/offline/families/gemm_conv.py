@@ -226,6 +226,25 @@ ASSAY_FN AssayPhase assay_phase_of(const AssayConv& cv, int64_t ph) {
   return q;
 }
 
+// The phase's q-th output pixel (w fastest), q < Pq: its output coordinates. I: the type the
+// index is divided in (the second form's are 32-bit).
+template <class I>
+ASSAY_FN void assay_phase_pixel(const AssayConv& cv, const AssayPhase& f, I q, int& od, int& oh,
+                                int& ow) {
+  const I Wq = (I)f.Wq, Hq = (I)f.Hq;
+  ow = f.fw + (int)(q % Wq) * (int)cv.Sw;
+  oh = f.fh + (int)((q / Wq) % Hq) * (int)cv.Sh;
+  od = f.fd + (int)(q / (Wq * Hq)) * (int)cv.Sd;
+}
+
+// The phase's j-th tap (w fastest), j < KVq: its kernel coordinates.
+ASSAY_FN void assay_phase_kernel_tap(const AssayConv& cv, const AssayPhase& f, int j, int& kd,
+                                     int& kh, int& kw) {
+  kw = assay_phase_tap(j % f.Kwq, f.rw, (int)cv.Kw, (int)cv.Sw, (int)cv.Lw);
+  kh = assay_phase_tap((j / f.Kwq) % f.Khq, f.rh, (int)cv.Kh, (int)cv.Sh, (int)cv.Lh);
+  kd = assay_phase_tap(j / (f.Kwq * f.Khq), f.rd, (int)cv.Kd, (int)cv.Sd, (int)cv.Ld);
+}
+
 // The grid of a launch by phase: x the blocks of bm pixels of the largest phase (at most
 // ceil(O / S) of each dim), z groups x phases; false where the grid cannot hold them.
 static bool assay_phase_grid(const AssayConv& cv, int64_t bm, int64_t* gx, int64_t* gz) {
@@ -270,9 +289,7 @@ assay_conv_tiles({{ kparams }}) {
 {% if phased %}
   const int64_t phases = cv.Sd * cv.Sh * cv.Sw, g = blockIdx.z / phases;
   const AssayPhase phase = assay_phase_of(cv, blockIdx.z % phases);
-  const int rd = phase.rd, rh = phase.rh, rw = phase.rw, fd = phase.fd, fh = phase.fh, fw = phase.fw;
-  const int Khq = phase.Khq, Kwq = phase.Kwq;
-  const int64_t Hq = phase.Hq, Wq = phase.Wq, Pq = phase.Pq, KVq = phase.KVq;
+  const int64_t Pq = phase.Pq, KVq = phase.KVq;
   const int64_t m0 = (int64_t)blockIdx.x * BM, n0 = (int64_t)blockIdx.y * BN;
   const int64_t CiG = cv.Ci / cv.G, CoG = cv.Co / cv.G, KV = cv.Kd * cv.Kh * cv.Kw, K = CiG * KVq;
   const int64_t P = cv.Do * cv.Ho * cv.Wo, M = cv.N * Pq, DHWi = cv.Di * cv.Hi * cv.Wi;
@@ -286,11 +303,8 @@ assay_conv_tiles({{ kparams }}) {
     const int64_t m = m0 + e;
     if (m < M) {
 {% if phased %}
-      const int64_t n = m / Pq, q = m % Pq;
-      m_base[e] = n * cv.Ci * DHWi;
-      m_w[e] = fw + (int)(q % Wq) * (int)cv.Sw;
-      m_h[e] = fh + (int)((q / Wq) % Hq) * (int)cv.Sh;
-      m_d[e] = fd + (int)(q / (Wq * Hq)) * (int)cv.Sd;
+      m_base[e] = m / Pq * cv.Ci * DHWi;
+      assay_phase_pixel(cv, phase, m % Pq, m_d[e], m_h[e], m_w[e]);
 {% else %}
       const int64_t n = m / P, p = m % P;
       m_base[e] = n * cv.Ci * DHWi;
@@ -315,15 +329,9 @@ assay_conv_tiles({{ kparams }}) {
       const int64_t k = k0 + e;
       if (k < K) {
 {% if phased %}
-        const int64_t cl = k / KVq, tq = k % KVq;  // the phase's tq-th tap, in (d, h, w) order
-        k_chan[e] = cl * DHWi;
-        const int kw = assay_phase_tap((int)(tq % Kwq), rw, (int)cv.Kw, (int)cv.Sw, (int)cv.Lw);
-        const int kh = assay_phase_tap((int)((tq / Kwq) % Khq), rh, (int)cv.Kh, (int)cv.Sh, (int)cv.Lh);
-        const int kd = assay_phase_tap((int)(tq / ((int64_t)Kwq * Khq)), rd, (int)cv.Kd, (int)cv.Sd, (int)cv.Ld);
-        k_tap[e] = (kd * (int)cv.Kh + kh) * (int)cv.Kw + kw;
-        k_w[e] = kw;
-        k_h[e] = kh;
-        k_d[e] = kd;
+        k_chan[e] = k / KVq * DHWi;
+        assay_phase_kernel_tap(cv, phase, (int)(k % KVq), k_d[e], k_h[e], k_w[e]);
+        k_tap[e] = (k_d[e] * (int)cv.Kh + k_h[e]) * (int)cv.Kw + k_w[e];
 {% else %}
         const int64_t cl = k / KV, tap = k % KV;
         k_chan[e] = cl * DHWi;
@@ -388,9 +396,9 @@ assay_conv_tiles({{ kparams }}) {
 {% if phased %}
     // the pixel's output coordinates again (not from the block's table: a phase with no tap
     // has no K loop, whose barrier orders the table's writes before these reads)
-    const int64_t n = m / Pq, q = m % Pq;
-    const int64_t p = ((fd + q / (Wq * Hq) * cv.Sd) * cv.Ho + fh + (q / Wq) % Hq * cv.Sh) * cv.Wo
-                      + fw + q % Wq * cv.Sw;
+    int od, oh, ow;
+    assay_phase_pixel(cv, phase, m % Pq, od, oh, ow);
+    const int64_t n = m / Pq, p = ((int64_t)od * cv.Ho + oh) * cv.Wo + ow;
 {% else %}
     const int64_t n = m / P, p = m % P;
 {% endif %}
@@ -569,9 +577,8 @@ assay_conv_tiles({{ kparams }}) {
   // only, so K skips the taps that read no input pixel (3 of 4 at stride 2 in 2-D).
   const int64_t phases = cv.Sd * cv.Sh * cv.Sw, g = blockIdx.z / phases;
   const AssayPhase phase = assay_phase_of(cv, blockIdx.z % phases);
-  const int rd = phase.rd, rh = phase.rh, rw = phase.rw, fd = phase.fd, fh = phase.fh, fw = phase.fw;
-  const int Khq = phase.Khq, Kwq = phase.Kwq, KVq = phase.KVq;
-  const int64_t Hq = phase.Hq, Wq = phase.Wq, Pq = phase.Pq;
+  const int KVq = phase.KVq;
+  const int64_t Pq = phase.Pq;
 {% else %}
   const int64_t g = blockIdx.z;
 {% endif %}
@@ -581,7 +588,7 @@ assay_conv_tiles({{ kparams }}) {
   const int64_t M = cv.N * {{ "Pq" if phased else "P" }}, DHWi = cv.Di * cv.Hi * cv.Wi;
 {% if phased %}
   if (m0 >= M) return;  // (the block's own condition: past a smaller phase's pixels)
-  const int Pq32 = (int)Pq, Hq32 = (int)Hq, Wq32 = (int)Wq;
+  const int Pq32 = (int)Pq;
 {% endif %}
   const float* __restrict__ xg = x + g * CiG * DHWi;
   // 32-bit pixel and K indices (the host checks M and K below 2^31): divided cheaply.
@@ -611,9 +618,9 @@ assay_conv_tiles({{ kparams }}) {
     const int64_t m = m0 + tid % BM + j * NT;
     px_ok[j] = m < M;
 {% if phased %}
-    const int mi = px_ok[j] ? (int)m : 0, n = mi / Pq32, q = mi % Pq32;
-    const int od = fd + q / (Wq32 * Hq32) * (int)cv.Sd, oh = fh + (q / Wq32) % Hq32 * (int)cv.Sh;
-    const int ow = fw + q % Wq32 * (int)cv.Sw;
+    const int mi = px_ok[j] ? (int)m : 0, n = mi / Pq32;
+    int od, oh, ow;
+    assay_phase_pixel(cv, phase, mi % Pq32, od, oh, ow);
 {% else %}
     const int mi = px_ok[j] ? (int)m : 0, n = mi / P32, p = mi % P32;
     const int od = p / (Wo32 * Ho32), oh = (p / Wo32) % Ho32, ow = p % Wo32;
@@ -636,11 +643,10 @@ assay_conv_tiles({{ kparams }}) {
     for (int e = tid; e < BK; e += NT) {
       if (k0 + e < kend) {
 {% if phased %}
-        // the phase's tq-th tap, in (d, h, w) order
-        const int k = k0 + e, cl = k / KVq, tq = k % KVq;
-        const int kw = assay_phase_tap(tq % Kwq, rw, Kw32, (int)cv.Sw, (int)cv.Lw);
-        const int kh = assay_phase_tap((tq / Kwq) % Khq, rh, Kh32, (int)cv.Sh, (int)cv.Lh);
-        const int kd = assay_phase_tap(tq / (Kwq * Khq), rd, (int)cv.Kd, (int)cv.Sd, (int)cv.Ld);
+        // the phase's (k % KVq)-th tap
+        const int k = k0 + e, cl = k / KVq;
+        int kd, kh, kw;
+        assay_phase_kernel_tap(cv, phase, k % KVq, kd, kh, kw);
         const int tap = (kd * Kh32 + kh) * Kw32 + kw;
         const int td = kd * (int)cv.Ld, th = kh * (int)cv.Lh, tw = kw * (int)cv.Lw;
 {% else %}
@@ -783,9 +789,9 @@ assay_conv_tiles({{ kparams }}) {
     const int64_t m = m0 + row0 + (ii / VM) * ROW_STEP + ii % VM;
     if (m >= M) continue;
 {% if phased %}
-    const int n = (int)m / Pq32, q = (int)m % Pq32;
-    const int p = ((fd + q / (Wq32 * Hq32) * (int)cv.Sd) * Ho32 + fh + (q / Wq32) % Hq32 * (int)cv.Sh) * Wo32
-                  + fw + q % Wq32 * (int)cv.Sw;
+    int od, oh, ow;
+    assay_phase_pixel(cv, phase, (int)m % Pq32, od, oh, ow);
+    const int n = (int)m / Pq32, p = (od * Ho32 + oh) * Wo32 + ow;
 {% else %}
     const int n = (int)m / P32, p = (int)m % P32;
 {% endif %}
