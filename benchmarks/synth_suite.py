@@ -307,6 +307,7 @@ def propose(run: TaskRun, target: str, variants: int, mutations: int, seed: int,
             outdir: Path, knobs: dict[str, int] | None = None) -> None:
     from assay.propose.base import Parent, TaskContext
     from assay.propose.offline import OfflineSynthesizer
+    from assay.propose.offline.families.pipeline import unprefixed
 
     syn = OfflineSynthesizer(target)
     ctx = TaskContext(run.task, target=target)
@@ -328,9 +329,8 @@ def propose(run: TaskRun, target: str, variants: int, mutations: int, seed: int,
     for d in defaults if knobs else []:
         space = syn.space(analysis, d.knobs)
         # a knob also names its kernels' own in a multi-kernel plan (``s1.phases``)
-        setting = {key: v for k, v in knobs.items() for key in space
-                   if key == k or key.endswith(f".{k}")}
-        if {key.rsplit(".", 1)[-1] for key in setting} == set(knobs) \
+        setting = {key: knobs[unprefixed(key)] for key in space if unprefixed(key) in knobs}
+        if {unprefixed(key) for key in setting} == set(knobs) \
                 and all(v in space[key] for key, v in setting.items()) \
                 and any(d.knobs.get(key) != v for key, v in setting.items()):
             forced.append(syn.with_knobs(ctx, {**d.knobs, **setting}))

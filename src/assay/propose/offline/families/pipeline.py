@@ -54,6 +54,12 @@ def _prefixed(k: int, knobs: dict[str, Any]) -> dict[str, Any]:
     return {f"s{k}.{key}": v for key, v in knobs.items()}
 
 
+def unprefixed(key: str) -> str:
+    """A knob's name without its stage's prefix (``s1.phases`` -> ``phases``)."""
+    stage, dot, name = key.partition(".")
+    return name if dot and stage[:1] == "s" and stage[1:].isdigit() else key
+
+
 def libs(target: str, analysis: Analysis, policy: str = "any") -> tuple[int, ...]:
     stages = analysis.plan.stages
     differ = any(_stage_lib(target, s, 0, policy) != _stage_lib(target, s, 1, policy)
