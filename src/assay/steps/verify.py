@@ -34,12 +34,10 @@ def drop_stale_verdicts(c: Campaign, llm: str, task: str, gen: int,
     return n
 
 
-def other_device(timed_on: dict, here: str) -> str:
-    """Why timings in ``timed_on`` (a baseline: ``device_name``; the campaign's device.json:
-    ``name``) were not taken on the GPU ``here``, "" where they were. A campaign resumed on
-    another GPU, or a cluster's jobs on several kinds, must not divide one GPU's time by
-    another's."""
-    named = timed_on.get("device_name", timed_on.get("name"))
+def other_device(named: str | None, here: str) -> str:
+    """Why timings taken on the GPU ``named`` (None: a file that does not say) are not this
+    GPU's (``here``), "" where they are. A campaign resumed on another GPU, or a cluster's jobs
+    on several kinds, must not divide one GPU's time by another's."""
     if named == here:
         return ""
     return f"timed on {named}, not on this {here}" if named else \
@@ -146,17 +144,19 @@ def this_gpu(cfg: DictConfig, task, baseline: dict, peaks: dict | None, shared: 
     """The task's baseline and the device's peaks as this GPU gives them: where the campaign's
     were measured on another (or do not say where), this GPU's, timed once per (task, GPU,
     torch version) in the baseline cache and measured once per GPU; the seconds it took in
-    ``shared``."""
+    ``shared``. (The device is taken already: torch.compile's compile holds it, as in the
+    baseline step, whose warm-up runs on it.)"""
     from assay.bench.baseline import time_reference
     from assay.bench.baseline_cache import cached_baseline
     from assay.bench.device import device_name, peaks as device_peaks
     from assay.bench.timing import TimingConfig
 
     here = device_name("cuda")
-    if peaks is not None and (why := other_device(peaks, here)):
+    if peaks is not None and (why := other_device(peaks.get("name"), here)):
         log.warning("%s: the campaign's device peaks were %s: this GPU's are used", task.id, why)
         peaks = device_peaks("cuda")
-    if baseline.get("eager_ms") is None or not (why := other_device(baseline, here)):
+    if baseline.get("eager_ms") is None \
+            or not (why := other_device(baseline.get("device_name"), here)):
         return baseline, peaks
     t = time.perf_counter()
     tcfg = TimingConfig.of(cfg.verify)
@@ -164,11 +164,12 @@ def this_gpu(cfg: DictConfig, task, baseline: dict, peaks: dict | None, shared: 
         task, "cuda", tcfg, cfg.baselines.compile,
         lambda: time_reference(task, "cuda", tcfg, cfg.baselines.compile,
                                cfg.baselines.compile_mode), cfg.baselines.compile_mode)
+    # (in every verdict's times: which baseline its speedups divide by, and why)
     shared["baseline_here_s"] = time.perf_counter() - t
+    shared["baseline_retimed"] = f"the campaign's baseline was {why}"
     log.warning("%s: its baseline was %s: this GPU's is used (%s), eager %s ms", task.id, why,
                 "cached" if cached else "timed now", timed.get("eager_ms"))
-    return {**timed, "target": baseline.get("target"), "kernels": baseline.get("kernels"),
-            "device_name": here, "instead_of": why}, peaks
+    return {**timed, "device_name": here}, peaks
 
 
 def verify_generation(cfg: DictConfig) -> dict:
