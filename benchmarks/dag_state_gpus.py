@@ -61,13 +61,14 @@ def name_gpus(src: Path, dst: Path, before: list[tuple[float, str]], since: str 
 
 
 def day_gpu(text: str) -> tuple[float, str]:
-    day, sep, gpu = text.partition("=")
+    day, _, gpu = text.partition("=")
     try:
         when = datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=timezone.utc).timestamp()
+        if not gpu.strip():
+            raise ValueError
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: not DAY=GPU (e.g. 2026-12-07=NVIDIA H200)")
-    if not sep or not gpu.strip():
-        raise argparse.ArgumentTypeError(f"{text!r}: not DAY=GPU (e.g. 2026-12-07=NVIDIA H200)")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: not DAY=GPU (e.g. 2026-12-07=NVIDIA H200)") from None
     return when, gpu.strip()
 
 

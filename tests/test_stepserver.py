@@ -282,8 +282,7 @@ def test_the_server_leaves_cuda_to_its_steps(tmp_path, runtime):
     opened = []
     for fd in Path(f"/proc/{server}/fd").iterdir():
         with contextlib.suppress(OSError):  # (an fd closed meanwhile)
-            if os.readlink(fd).startswith("/dev/nvidia"):
-                opened.append(os.readlink(fd))
+            opened += [t for t in [os.readlink(fd)] if t.startswith("/dev/nvidia")]
     assert not opened, f"the server initialized CUDA: {opened}"
     mapped = [line for line in Path(f"/proc/{server}/maps").read_text().splitlines()
               if "/dev/nvidia" in line]
