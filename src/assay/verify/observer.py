@@ -9,10 +9,10 @@ is sampled with ``perf_event_open`` (a software cpu-clock event per thread: the 
 pointer in user space and a CLOCK_MONOTONIC time, every ``PERIOD_NS`` of the thread's CPU
 time), and each sample is placed in the file whose code it was in: the worker's
 ``/proc/<pid>/maps``, read by the harness when it attaches a thread, and the mappings the kernel
-records in the same rings as the attached threads make them (``PERF_RECORD_MMAP``), so a
-library loaded just before the worker exits is placed however late the harness reads. The
-kernel writes the samples and the records; nothing the candidate does in its process reaches
-them.
+records as the attached threads make them (``PERF_RECORD_MMAP``, from a second, non-sampling
+event per thread with a ring of its own, which no flood of samples can overflow), so a library
+loaded just before the worker exits is placed however late the harness reads. The kernel writes
+the samples and the records; nothing the candidate does in its process reaches them.
 
 The check (:func:`disagreement`): within the windows of the timed calls, the share of their wall
 time the samples place in torch's own libraries (``libtorch_cpu``, ``libtorch``, ``libc10``:
@@ -55,9 +55,10 @@ MARGIN = 0.35
 POLL_S = 0.05            # new threads attached, ring buffers drained
 MAPS_EVERY_S = 0.2       # each process's mappings read again
 RING_PAGES = 128         # per thread: 512 KiB, ~16000 samples between drains
+MAP_RING_PAGES = 32      # per thread: 128 KiB, ~1000 mmap records between drains
 
 _SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}
-_PERF_TYPE_SOFTWARE, _PERF_COUNT_SW_CPU_CLOCK = 1, 0
+_PERF_TYPE_SOFTWARE, _PERF_COUNT_SW_CPU_CLOCK, _PERF_COUNT_SW_DUMMY = 1, 0, 9
 _SAMPLE_IP, _SAMPLE_TID, _SAMPLE_TIME = 1, 2, 4
 _EXCLUDE_KERNEL, _EXCLUDE_HV, _MMAP, _USE_CLOCKID = 1 << 5, 1 << 6, 1 << 8, 1 << 25
 _CLOCK_MONOTONIC = 1
@@ -84,16 +85,22 @@ class _Attr(ctypes.Structure):
                 ("reserved_2", ctypes.c_uint16)]
 
 
-def _open_event(tid: int) -> int:
-    """A sampling event on thread ``tid`` (any CPU); raises OSError with the kernel's reason."""
+def _open_event(tid: int, sampling: bool = True) -> int:
+    """An event on thread ``tid`` (any CPU): the sampling one, or (``sampling`` False) one that
+    only records the executable mappings the thread makes (a dummy software event with
+    ``attr.mmap``, as perf's tracking event); raises OSError with the kernel's reason."""
     nr = _SYS_PERF_EVENT_OPEN.get(os.uname().machine)
     if nr is None:
         raise OSError(f"perf_event_open: unknown syscall number on {os.uname().machine}")
-    attr = _Attr(type=_PERF_TYPE_SOFTWARE, size=ctypes.sizeof(_Attr),
-                 config=_PERF_COUNT_SW_CPU_CLOCK, sample_period=PERIOD_NS,
-                 sample_type=_SAMPLE_IP | _SAMPLE_TID | _SAMPLE_TIME,
-                 flags=_EXCLUDE_KERNEL | _EXCLUDE_HV | _MMAP | _USE_CLOCKID,
-                 clockid=_CLOCK_MONOTONIC)
+    if sampling:
+        attr = _Attr(type=_PERF_TYPE_SOFTWARE, size=ctypes.sizeof(_Attr),
+                     config=_PERF_COUNT_SW_CPU_CLOCK, sample_period=PERIOD_NS,
+                     sample_type=_SAMPLE_IP | _SAMPLE_TID | _SAMPLE_TIME,
+                     flags=_EXCLUDE_KERNEL | _EXCLUDE_HV | _USE_CLOCKID,
+                     clockid=_CLOCK_MONOTONIC)
+    else:
+        attr = _Attr(type=_PERF_TYPE_SOFTWARE, size=ctypes.sizeof(_Attr),
+                     config=_PERF_COUNT_SW_DUMMY, flags=_EXCLUDE_KERNEL | _EXCLUDE_HV | _MMAP)
     libc = ctypes.CDLL(None, use_errno=True)
     fd = libc.syscall(nr, ctypes.byref(attr), tid, -1, -1, _PERF_FLAG_FD_CLOEXEC)
     if fd < 0:
@@ -103,19 +110,23 @@ def _open_event(tid: int) -> int:
 
 
 class _Ring:
-    """One thread's event and its ring buffer of records."""
+    """One of a thread's events and its ring buffer of records: the samples, or (``sampling``
+    False) the mappings. Apart, a candidate that floods its samples (a starved harness drains
+    late) makes the kernel drop samples only: every mapping is still known, and so is code in
+    none (:func:`between_calls`)."""
 
-    def __init__(self, tid: int):
-        self.fd = _open_event(tid)
-        page = mmap.PAGESIZE
+    def __init__(self, tid: int, sampling: bool = True):
+        self.fd = _open_event(tid, sampling)
+        self.sampling = sampling
+        page, pages = mmap.PAGESIZE, RING_PAGES if sampling else MAP_RING_PAGES
         try:
-            self.buf = mmap.mmap(self.fd, page * (1 + RING_PAGES), mmap.MAP_SHARED,
+            self.buf = mmap.mmap(self.fd, page * (1 + pages), mmap.MAP_SHARED,
                                  mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError:
             os.close(self.fd)
             raise
         self.data = page
-        self.size = page * RING_PAGES
+        self.size = page * pages
         self.tail = 0
 
     def drain(self, out: "Sampled") -> None:
@@ -136,7 +147,11 @@ class _Ring:
                 path = name.decode(errors="replace")
                 out.merge_maps(pid, [(addr, addr + length, "" if path == "//anon" else path)])
             elif kind == _RECORD_LOST and size >= 24:
-                out.lost += struct.unpack("<QQ", self._bytes(at + 8, 16))[1]
+                lost = struct.unpack("<QQ", self._bytes(at + 8, 16))[1]
+                if self.sampling:
+                    out.lost += lost
+                else:
+                    out.lost_maps += lost
             self.tail += size
         struct.pack_into("<Q", self.buf, 1032, self.tail)  # data_tail: the kernel may reuse
 
@@ -154,8 +169,8 @@ class _Ring:
 class Sampled:
     """What the observer saw: per sample its time (CLOCK_MONOTONIC ns), instruction pointer
     and process; each sampled process's executable mappings (start, end, path), sorted; the
-    threads attached, records (samples, mappings) the kernel dropped, and why there is nothing
-    (off)."""
+    threads attached, the samples and the mapping records the kernel dropped, and why there is
+    nothing (off)."""
 
     times: array.array = field(default_factory=lambda: array.array("Q"))
     ips: array.array = field(default_factory=lambda: array.array("Q"))
@@ -163,6 +178,7 @@ class Sampled:
     maps: dict[int, list[tuple[int, int, str]]] = field(default_factory=dict)
     threads: int = 0
     lost: int = 0
+    lost_maps: int = 0
     why_off: str = ""
 
     def add(self, t: int, ip: int, pid: int) -> None:
@@ -193,6 +209,17 @@ class Sampled:
         if i >= 0 and spans[i][0] <= ip < spans[i][1]:
             return spans[i][2]
         return "?"
+
+
+def _thread_rings(tid: int) -> list[_Ring]:
+    """Thread ``tid``'s two events: its mappings' first, so that a mapping made before its
+    samples are taken is recorded (or in ``/proc``, read right after the attach)."""
+    maps = _Ring(tid, sampling=False)
+    try:
+        return [maps, _Ring(tid)]
+    except OSError:
+        maps.close()
+        raise
 
 
 def executable_maps(pid: int) -> list[tuple[int, int, str]]:
@@ -243,7 +270,7 @@ class CpuSampler:
 
     def __init__(self):
         self.out = Sampled()
-        self._rings: dict[int, _Ring] = {}
+        self._rings: dict[int, list[_Ring]] = {}  # per thread: its mappings', its samples
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._root = 0
@@ -263,7 +290,7 @@ class CpuSampler:
                     if tid in self._rings or self.out.why_off:
                         continue
                     try:
-                        self._rings[tid] = _Ring(tid)
+                        self._rings[tid] = _thread_rings(tid)
                         self.out.threads += 1
                         attached = True
                     except OSError as e:
@@ -279,8 +306,9 @@ class CpuSampler:
                     self._read_maps(pid)
                     maps_at[pid] = now
             mark = len(self.out.times)
-            for ring in self._rings.values():
-                ring.drain(self.out)
+            for rings in self._rings.values():
+                for ring in rings:
+                    ring.drain(self.out)
             # A sample in no mapping read yet (an exec, a library just loaded): read its
             # process's mappings now, while the code is most likely still mapped
             for pid in {pid for ip, pid in zip(self.out.ips[mark:], self.out.pids[mark:])
@@ -304,8 +332,9 @@ class CpuSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        for ring in self._rings.values():
-            ring.close()
+        for rings in self._rings.values():
+            for ring in rings:
+                ring.close()
         self._rings.clear()
         if self._thread is None and not self.out.why_off:
             self.out.why_off = "never attached"
@@ -316,7 +345,8 @@ def available() -> str:
     """"" where this process may sample another's threads, else why not (the kernel's
     answer for this process itself, the least it could be refused)."""
     try:
-        _Ring(threading.get_native_id()).close()
+        for ring in _thread_rings(threading.get_native_id()):
+            ring.close()
     except OSError as e:
         return str(e.strerror or e)
     return ""
@@ -399,11 +429,12 @@ def between_calls(sampled: Sampled, windows: list[tuple[int, int]],
     calls.
 
     An address in no mapping the observer saw ("?") counts as the candidate's where the kernel
-    lost no record: every mapping an attached thread makes is in its ring (PERF_RECORD_MMAP)
-    and each thread's earlier ones are read from ``/proc`` at its attach, while the trusted
-    libraries are mapped when the worker starts; so such code was mapped by a thread that
-    ended between two polls (a library loaded to be hidden). Where records were lost it is
-    nobody's, as a mapping may be among them."""
+    lost no mapping record: every mapping an attached thread makes is in its mappings' ring
+    (PERF_RECORD_MMAP) and each thread's earlier ones are read from ``/proc`` at its attach,
+    while the trusted libraries are mapped when the worker starts; so such code was mapped by a
+    thread that ended between two polls (a library loaded to be hidden). Where mapping records
+    were lost it is nobody's, as a mapping may be among them; lost samples do not matter here,
+    their ring is another (a flood of samples cannot switch this off)."""
     spans = sorted(windows)
     between: Counter[str] = Counter()
     if not spans:
@@ -416,7 +447,7 @@ def between_calls(sampled: Sampled, windows: list[tuple[int, int]],
         if not first <= t <= last:
             continue
         path = sampled.where(pid, ip)
-        if not (own_code(path, roots) or (path == "?" and not sampled.lost)):
+        if not (own_code(path, roots) or (path == "?" and not sampled.lost_maps)):
             continue
         i = bisect.bisect_right(starts, t) - 1
         if t <= spans[i][1]:
@@ -461,7 +492,8 @@ def disagreement(sampled: Sampled, calls: list[dict[str, Any]]) -> tuple[bool, s
     counted = counts["torch"] + counts["other"]
     seen = (f"{counted} samples of {sampled.threads} thread(s) in the {len(windows)} timed "
             f"calls ({counts['openmp']} more in OpenMP's runtime, {counts['unplaced']} in no "
-            f"mapping read, {sampled.lost} lost by the kernel)")
+            f"mapping read, {sampled.lost} samples and {sampled.lost_maps} mapping records lost "
+            f"by the kernel)")
     if counted < MIN_SAMPLES:
         return True, f"out-of-process observer: {seen}, too few to compare"
     sampled_share = torch_wall_share(sampled, windows)
