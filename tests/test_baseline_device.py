@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from assay import app
-from assay.steps.verify import other_device, this_gpu
+from assay.steps.verify import other_device, peaks_used, this_gpu
 
 
 def test_timings_of_another_gpu_or_of_an_unnamed_one_are_not_this_gpus():
@@ -17,6 +17,16 @@ def test_timings_of_another_gpu_or_of_an_unnamed_one_are_not_this_gpus():
     assert other_device("NVIDIA H200", here) == \
         "timed on NVIDIA H200, not on this NVIDIA H100 80GB HBM3"
     assert "does not name" in other_device(None, here)  # older baseline files
+
+
+def test_a_verdict_keeps_the_peaks_it_was_judged_against():
+    """What reads a verdict later (evolve's parent profiles, the report) takes the GPU it was
+    timed on from it, not from device.json, which is the campaign's first GPU's."""
+    peaks = {"name": "NVIDIA H100 80GB HBM3", "bandwidth_gbs": 3000.0, "flops_tflops": 50.0,
+             "measured_with": {"copy_mb": 256}}
+    assert peaks_used(peaks) == {"name": "NVIDIA H100 80GB HBM3", "bandwidth_gbs": 3000.0,
+                                 "flops_tflops": 50.0}
+    assert peaks_used(None) is None and peaks_used({}) is None
 
 
 @pytest.mark.gpu

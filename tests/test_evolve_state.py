@@ -95,6 +95,20 @@ def test_a_parent_carries_the_profile_of_its_own_candidate_or_the_verifiers_meas
     assert S.as_parent(c, LLM, TASK, member).profile["source"] == "verdict"
 
 
+def test_a_parents_measured_profile_uses_the_peaks_of_the_gpu_that_timed_it(c):
+    """A campaign resumed on another GPU: device.json holds the first GPU's peaks, the verdict
+    the ones it was judged against (steps/verify.py's this_gpu)."""
+    a = verdict(c, 0, "code A")
+    write_json(c.task_record(TASK), {"id": TASK, "min_bytes": 2e6, "flops": 1e6})
+    write_json(c.device(), {"name": "GPU one", "bandwidth_gbs": 4.0, "flops_tflops": 1.0})
+    path = c.verdict(LLM, TASK, 0, a)
+    write_json(path, {**read_json(path), "device_peaks": {
+        "name": "GPU two", "bandwidth_gbs": 8.0, "flops_tflops": 1.0}})
+    (member,) = S.load_members(c, LLM, TASK, 0)
+    summary = S.as_parent(c, LLM, TASK, member).profile["summary"]
+    assert "25% of the measured copy bandwidth (8 GB/s)" in summary, summary
+
+
 def test_measured_profile_only_for_accepted_candidates():
     assert S.measured_profile({"accepted": False, "runtime_ms": 1.0}, {}, {}) is None
     assert S.measured_profile({"accepted": True, "runtime_ms": 1.0}, {}, {}) is None

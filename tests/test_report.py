@@ -169,6 +169,22 @@ def test_report_roofline_and_escaping(tmp_path: Path) -> None:
     assert "25.0%" in html and "4.00x" in html
 
 
+def test_a_campaign_resumed_on_another_gpu_names_the_gpus_its_verdicts_were_timed_on(
+        tmp_path: Path) -> None:
+    """device.json is the first GPU's; a verdict judged on another names its own peaks
+    (steps/verify.py's device_peaks): the report says which GPUs timed the verdicts."""
+    c = make_fake_campaign(tmp_path, tasks=1, gens=1)
+    assert "verdicts timed on" not in write_report(c).read_text()  # one device: nothing to say
+    df = collect(c)
+    row = df.row(0, named=True)
+    path = c.verdict(row["llm"], row["task"], row["generation"], row["candidate"])
+    write_json(path, {**read_json(path), "device_peaks": {
+        "name": "NVIDIA H100 80GB HBM3", "bandwidth_gbs": 3000.0, "flops_tflops": 50.0}})
+    assert collect(c).row(0, named=True)["device_name"] == "NVIDIA H100 80GB HBM3"
+    html = " ".join(write_report(c).read_text().split())
+    assert "verdicts timed on (each with its own peaks)<b>NVIDIA H100 80GB HBM3</b>" in html
+
+
 def test_report_on_empty_campaign(tmp_path: Path) -> None:
     c = Campaign(tmp_path / "empty")
     write_task(c, 1, 1, "ReLU")

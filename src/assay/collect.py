@@ -61,6 +61,8 @@ COLLECT_SCHEMA: dict[str, pl.DataType] = {
     "library_time_frac": pl.Float64(),
     "kernels_launched": pl.List(pl.String()),
     "device": pl.String(),
+    # the GPU (or CPU) whose peaks the verdict used, which timed it (its device_peaks' name)
+    "device_name": pl.String(),
     "policy": pl.String(),
     "verify_s": pl.Float64(),
     # task record and baseline
@@ -106,6 +108,10 @@ def _int(x: Any) -> int:
 
 def _str(x: Any) -> str | None:
     return None if x is None else str(x)
+
+
+def _dict(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
 
 
 def _strs(x: Any) -> list[str]:
@@ -264,6 +270,7 @@ def _collect_task(campaign: Campaign, llm: str, task: str, rec: dict[str, Any],
                 "library_time_frac": _float(v.get("library_time_frac")),
                 "kernels_launched": _strs(v.get("kernels_launched")),
                 "device": _str(v.get("device") or base.get("device")),
+                "device_name": _str(_dict(v.get("device_peaks")).get("name")),
                 "policy": _str(v.get("policy")),
                 "verify_s": _float(v.get("verify_s")),
                 "task_source": _str(rec.get("source")),

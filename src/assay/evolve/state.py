@@ -102,7 +102,10 @@ def as_parent(c: Campaign, llm: str, task: str, m: Member) -> Parent:
     if profile is None:
         rec_path = c.task_record(task)
         record = read_json(rec_path) if rec_path.exists() else None
-        peaks = read_json(c.device()) if c.device().exists() else None
+        # the peaks of the GPU the verdict was timed on (a campaign resumed on another GPU:
+        # device.json is the first one's)
+        peaks = m.verdict.get("device_peaks") or \
+            (read_json(c.device()) if c.device().exists() else None)
         profile = measured_profile(m.verdict, record, peaks)
     meta = dict(m.meta)
     meta.setdefault("task", task)

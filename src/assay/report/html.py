@@ -496,6 +496,8 @@ def report_context(campaign: Campaign, *, mlflow_ui: str | None = None,
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "devices": sorted(v for v in df["device"].unique().to_list() if v),
         "device": device,
+        # the GPUs the verdicts were timed on (each its own peaks), where not only device.json's
+        "timed_on": sorted(v for v in df["device_name"].unique().to_list() if v),
         "targets": _target_labels(df),
         "policies": sorted(v for v in df["policy"].unique().to_list() if v),
         "n_candidates": df.height,
@@ -652,6 +654,8 @@ target: {{ targets | join(", ") or "-" }}; generated {{ generated }}.</p>
 <div class="fact">device<b>{{ device.name or (devices | join(", ")) or "-" }}</b></div>
 <div class="fact">memory bandwidth (measured)<b>{{ device.bandwidth_gbs | g }} GB/s</b></div>
 <div class="fact">fp32 peak (measured)<b>{{ device.flops_tflops | g }} TFLOP/s</b></div>
+{% if timed_on and timed_on != [device.name] %}<div class="fact">verdicts timed on (each with
+its own peaks)<b>{{ timed_on | join(", ") }}</b></div>{% endif %}
 <div class="fact">accepted / verified<b>{{ n_accepted }} / {{ n_candidates }}</b></div>
 <div class="fact">MLflow runs linked<b>{{ n_links }}</b></div>
 </div>

@@ -44,6 +44,15 @@ def other_device(named: str | None, here: str) -> str:
         f"timed on a GPU it does not name, not necessarily this {here}"
 
 
+def peaks_used(peaks: dict | None) -> dict | None:
+    """The device peaks a verdict's roofline was drawn against (this GPU's where the campaign's
+    were another's: :func:`this_gpu`), kept in the verdict so that what reads it later (the
+    evolution's profile of a parent, the report) uses the GPU it was timed on."""
+    if not peaks:
+        return None
+    return {k: peaks.get(k) for k in ("name", "bandwidth_gbs", "flops_tflops")}
+
+
 def outcome(v) -> str:
     """A verdict in a few words, for the log."""
     if not v.accepted:
@@ -95,6 +104,7 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
                        times=times)
             write_json(c.verdict(llm, task_id, gen, cid),
                        {**v.to_dict(), "baseline_device": baseline.get("device_name"),
+                        "device_peaks": peaks_used(peaks),
                         "times": reportable_times(times)})
             log.info("%s/%s gen %d [%d/%d] %s %s (build %.1f s, verify %.1f s)", llm,
                      task_id, gen, i, len(todo), cid, outcome(v), built_s,
