@@ -225,6 +225,77 @@ def test_a_library_ops_own_streams_are_not_a_side_stream():
     assert trace["side"] == [0, 1, 1, 1] and trace["joins"] == [0, 0, 0, 0]
 
 
+def _nested_ops(rng, n, thread=1):
+    """``n`` properly nested ATen ops of one thread (a random tree of spans), by start."""
+    ops, t, stack = [], 0, []
+    while len(ops) < n:
+        t += rng.randint(1, 5)
+        if stack and rng.random() < 0.45:
+            stack.pop()["end"] = t
+        else:
+            stack.append(ev("aten::add", t, None, thread=thread, corr=len(ops)))
+            ops.append(stack[-1])
+    while stack:
+        t += 1
+        stack.pop()["end"] = t
+    return ops
+
+
+def test_the_innermost_op_holding_a_launch_is_found_up_the_chain_of_enclosing_ops():
+    """The chain (_enclosing, _innermost) gives what a search of every op would: the op with
+    the latest start among those whose span holds the time, or none."""
+    import random
+
+    from assay.verify.worker import _enclosing, _innermost
+    rng = random.Random(7)
+    for _ in range(20):
+        ops = sorted(_nested_ops(rng, rng.randint(1, 60)), key=lambda e: (e["start"], -e["end"]))
+        starts, parent = [o["start"] for o in ops], _enclosing(ops)
+        for t in range(0, ops[-1]["end"] + 3):
+            holding = [j for j, o in enumerate(ops) if o["start"] <= t <= o["end"]]
+            assert _innermost(ops, starts, parent, t) == (holding[-1] if holding else -1), t
+
+
+def _launch_trace(calls, launches, ops):
+    """A recurrent candidate's trace: per call, ``ops`` ATen ops, then ``launches`` kernels
+    launched outside any of them (its own host loop), on one stream."""
+    events, t, corr = [], 0, 1
+    for _ in range(calls):
+        t0, t = t, t + 10
+        for _ in range(ops):
+            events.append(ev("aten::empty", t, t + 5, corr=corr))
+            corr, t = corr + 1, t + 10
+        for _ in range(launches):
+            events.append(ev("cudaLaunchKernel", t, t + 2, corr=corr, act="cuda_runtime"))
+            events.append({**ev("step", t + 1, t + 3, corr=corr, act="kernel", cpu=False),
+                           "stream": 7})
+            corr, t = corr + 1, t + 4
+        events.append(ev(CALL_RANGE, t0, t, corr=corr))
+        corr, t = corr + 1, t + 10
+    return events
+
+
+def test_the_audit_read_back_grows_linearly_with_launches_outside_aten_ops():
+    """Each launch outside any ATen op used to walk back over every earlier op of its thread:
+    a recurrent candidate (6144 launches a call, KernelBench L3_41) spent 30 of its 34 s of
+    verification there on an H100. Four times the ops and launches now take about four times as
+    long (a walk over all would take sixteen: 12-15x measured before the fix)."""
+    import time
+
+    def best(events):
+        out = []
+        for _ in range(3):
+            t = time.perf_counter()
+            trace = attribute_trace(events, cuda=True)
+            out.append(time.perf_counter() - t)
+        assert len(trace["rows"]) == 4 and trace["side"] == [0] * 4
+        return min(out)
+
+    small, large = _launch_trace(4, 1000, 100), _launch_trace(4, 4000, 400)
+    ratio = best(large) / best(small)
+    assert ratio < 8, ratio
+
+
 def test_an_unjoined_side_stream_is_out_of_order():
     calls = [{"phase": "timed", "rows": [], "span_us": 1.0, "side": 1, "joins": 0}] * 4 + \
             [{"phase": "timed", "rows": [], "span_us": 1.0, "side": 0, "joins": 0}] * 4
