@@ -13,8 +13,9 @@ as KernelBench timed it, that is compared instead), later files' rows win per ta
 is its ``gpu`` field, else the one ``--gpu-of`` names for its file. ``--campaign``: a campaign
 folder of the DAG with ``tasks=kernelbench`` (``results/<campaign>``): its baseline step's
 ``baselines/<task>.json`` give eager and torch.compile (``eager_default_ms`` and
-``compile_default_ms`` where set, as above), its ``device.json`` the GPU; a campaign's rows
-win over the self-check's.
+``compile_default_ms`` where set, as above), the GPU each names (``device_name``; a file
+written before baselines named theirs: the campaign's ``device.json``, see
+``benchmarks/dag_state_gpus.py``); a campaign's rows win over the self-check's.
 ``--timing``: KernelBench's folder of published times (``baseline_time_torch.json`` and
 ``baseline_time_torch_compile_inductor_default.json``: level -> task file -> mean ms, the
 hardware named per entry); a task is matched by its level and number.
@@ -95,7 +96,8 @@ def read_campaigns(folders: list[str]) -> dict[str, dict]:
                 b = json.loads(f.read_text())
             except ValueError as e:
                 sys.exit(f"error: {f}: not JSON ({e.msg})")
-            entry: dict = {"_gpu": gpu}
+            entry: dict = {"_gpu": b.get("device_name") or gpu}  # (a campaign resumed on
+            # another GPU: its later baselines were timed there)
             for which, fp32, default in (("eager", "eager_ms", "eager_default_ms"),
                                          ("torch.compile", "compile_ms", "compile_default_ms")):
                 if (t := timed(b, fp32, default)) is not None:

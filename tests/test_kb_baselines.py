@@ -106,6 +106,14 @@ def test_a_campaigns_eager_and_compile_baselines_matched_by_level_and_number(
     assert "| L1_19_ReLU | torch.compile | NVIDIA H200 | 1.9 | fp32 |" in table, table
     with pytest.raises(SystemExit, match="no baselines/ folder"):
         kb.main(["--timing", str(published), "--campaign", str(tmp_path)])
+    # a campaign resumed on an H100: a baseline that names its GPU is that GPU's
+    matmul = camp / "baselines" / "L1_1_Square_matrix_multiplication.json"
+    matmul.write_text(json.dumps({**json.loads(matmul.read_text()),
+                                  "device_name": "NVIDIA H100 80GB HBM3"}))
+    assert kb.main(["--timing", str(published), "--campaign", str(camp)]) == 0
+    text = capsys.readouterr().out
+    assert "NVIDIA H100 80GB HBM3: 1 of 1 tasks within 10% of the published eager time" in text
+    assert "NVIDIA H200: 1 of 2 tasks within 10% of the published eager time" in text, text
 
 
 def test_what_a_task_computes_is_read_from_its_level_and_name():
