@@ -80,11 +80,14 @@ LONE = {"conv2d_grouped_padded", "conv3d_strided", "convt1d_padded_dilated",
 # The first form's stride phases (knob phases 1) on the transposed convolutions: strides 3 (1-D,
 # dilated: taps 0, 1, 2 fall in phases 0, 2, 1), (2, 3) with output padding and groups, and
 # (2, 1, 3) with dilation, where some phases hold no tap at all.
+# The implicit GEMM's first form (the default is the second: double-buffered, warp tiles).
+FIRST_FORM = {"stages": 1, "warp_tile": 0}
+
 PHASED_CASES = [
-    ("convt1d_padded_dilated", {"phases": 1}),
-    ("convt2d_grouped_tanh", {"phases": 1, "tile_m": 32, "tile_n": 16, "thread_m": 2,
-                              "thread_n": 1, "k_step": 8}),
-    ("convt3d_strided_dilated", {"phases": 1, "depthwise": 0}),
+    ("convt1d_padded_dilated", {**FIRST_FORM, "phases": 1}),
+    ("convt2d_grouped_tanh", {**FIRST_FORM, "phases": 1, "tile_m": 32, "tile_n": 16,
+                              "thread_m": 2, "thread_n": 1, "k_step": 8}),
+    ("convt3d_strided_dilated", {**FIRST_FORM, "phases": 1, "depthwise": 0}),
 ]
 
 
@@ -222,8 +225,9 @@ EMULATED = ["2 3 3 4 3 2 2 3 2 2 1 3 0 1 1 1 2 1 1 0 2 1",
 # The two forms' knobs as emulated: the first (its default tiles and small ones) and the second
 # (double-buffered and warp-tiled, single-buffered with a thread's rows apart).
 EMULATED_FORMS = {
-    "first": {},
-    "first-small": {"tile_m": 32, "tile_n": 16, "thread_m": 2, "thread_n": 1, "k_step": 8},
+    "first": FIRST_FORM,
+    "first-small": {**FIRST_FORM, "tile_m": 32, "tile_n": 16, "thread_m": 2, "thread_n": 1,
+                    "k_step": 8},
     "pipe": {"stages": 2, "warp_tile": 1, "tile_n": 32, "thread_m": 2, "thread_n": 2},
     "pipe-small": {"stages": 1, "warp_tile": 1, "tile_m": 32, "tile_n": 16, "thread_m": 2,
                    "thread_n": 1, "k_step": 8},
@@ -372,10 +376,10 @@ def test_cuda_convolutions_compile(task_dir, tmp_path):
     kernel (a grouped 2-D convolution), the gather form of a transposed 3-D one with the
     largest tiles, and the second form's covering set (PIPE_CASES)."""
     syn = OfflineSynthesizer("cuda", policy="strict")
-    cases = [("depthwise2d_relu", {}),
-             ("convt3d_strided_dilated", {"tile_m": 128, "tile_n": 64, "thread_m": 2,
-                                          "thread_n": 1, "k_step": 32, "depthwise": 0,
-                                          "phases": 0}),
+    cases = [("depthwise2d_relu", FIRST_FORM),
+             ("convt3d_strided_dilated", {**FIRST_FORM, "tile_m": 128, "tile_n": 64,
+                                          "thread_m": 2, "thread_n": 1, "k_step": 32,
+                                          "depthwise": 0, "phases": 0}),
              *PHASED_CASES]
     sources: dict[str, tuple] = {}
     for name, knobs in cases:
@@ -404,7 +408,8 @@ def test_conv_knobs_evolve_within_the_space(task_dir):
     space = dict(KNOB_SPACES[("cuda", "conv")], lib=(2,))
     assert {"stages", "warp_tile", "split_k", "phases"} <= set(space)
     (base,) = syn.translate(ctx, n=1, rng=random.Random(0))
-    assert (base.knobs["stages"], base.knobs["warp_tile"], base.knobs["split_k"]) == (1, 0, 0)
+    # the second form by default (docs/evidence/2026-12-07-h200-kb-dag-tenth.md)
+    assert (base.knobs["stages"], base.knobs["warp_tile"], base.knobs["split_k"]) == (2, 1, 0)
     old = {k: v for k, v in base.knobs.items()
            if k not in ("stages", "warp_tile", "split_k", "phases")}
     kids = syn.mutate(ctx, Parent("p", None, {}, {"knobs": old}), 24, random.Random(1))

@@ -64,8 +64,9 @@ KNOB_SPACES: dict[tuple[str, str], Space] = {
     # (input channels x taps) in shared memory; thread_m x thread_n: each thread's register
     # tile. depthwise 1: a depthwise convolution runs the direct kernel (block threads, one
     # output each), 0: the implicit GEMM like any other.
-    # stages, warp_tile, split_k (not yet measured; all three at 1, 0, 0: the implicit GEMM as
-    # it ran on an H200 at 0.37-0.39x of cuDNN on KernelBench's L1 convolutions): any other
+    # stages, warp_tile, split_k (all three at 1, 0, 0: the implicit GEMM's first form, as it
+    # ran on an H200 at 0.37-0.39x of cuDNN on KernelBench's L1 convolutions; 2, 1, 0 the
+    # default, 1.42-1.68x faster on four of level 2's): any other
     # value selects its second form (CUDA_CONV_PIPE), slabs staged through registers into
     # dynamic shared memory. stages: 2 = double-buffered slabs (the next one's global loads in
     # flight while the current one is multiplied), 1 = load, sync, multiply. warp_tile: 1 = a
@@ -910,14 +911,15 @@ CUDA_CONV_PIPE_LAUNCH = r"""  // 32-bit indices in the kernel: pixels (M), K, an
 
 
 def defaults(target: str) -> dict[str, int]:
-    """64 x 64 tiles of 4 x 4 per thread (256 threads), K slabs of 16, the implicit GEMM's first
-    form (stages 1, no warp tiles, no split K: its second form is not yet measured), no stride
-    phases (gemm.py's ``defaults`` sets them for a transposed convolution); 4 rows per task on
-    the host."""
+    """64 x 64 tiles of 4 x 4 per thread (256 threads), K slabs of 16, the implicit GEMM's
+    second form: double-buffered slabs and warp tiles (1.42-1.68x faster than the first form,
+    the same tiles, on KernelBench's L2_2, 34, 71 and 93 on an H200:
+    docs/evidence/2026-12-07-h200-kb-dag-tenth.md), no split K, no stride phases (gemm.py's
+    ``defaults`` sets them for a transposed convolution); 4 rows per task on the host."""
     if target == "cpu":
         return {"threads": 0, "rows": 4}
     return {"tile_m": 64, "tile_n": 64, "k_step": 16, "thread_m": 4, "thread_n": 4,
-            "block": 256, "depthwise": 1, "stages": 1, "warp_tile": 0, "split_k": 0,
+            "block": 256, "depthwise": 1, "stages": 2, "warp_tile": 1, "split_k": 0,
             "phases": 0}
 
 
