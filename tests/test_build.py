@@ -147,3 +147,18 @@ def test_the_compile_service_builds_every_library_of_an_offline_candidate(tmp_pa
     finally:
         svc.close()
     assert built.outcome == "ok" and all(is_cached(s, cand.LANG) for s in cand.SOURCES), built
+    # one written before they built at import (the DAG's older candidates): the prebuild
+    # builds its libraries itself
+    older = prop.code.replace('if os.environ.get("ASSAY_BUILD_ONLY"):', "if False:")
+    assert older != prop.code
+    for i, s in enumerate(cand.SOURCES):
+        older = older.replace(s, s + f"\n// older {i}\n")
+    old_path = tmp_path / "older.py"
+    old = import_file(older, old_path)
+    assert not any(is_cached(s, old.LANG) for s in old.SOURCES)
+    svc = CompileService(workers=1, timeout_s=600)
+    try:
+        built = svc.wait(old_path)
+    finally:
+        svc.close()
+    assert built.outcome == "ok" and all(is_cached(s, old.LANG) for s in old.SOURCES), built
