@@ -45,6 +45,10 @@
 #               ends with the call's jobs per rule (benchmarks/dag_times.py)
 #   joins       benchmarks/probe_joins.py: the stream waits the audit sees of a joined side
 #               stream (issue #19)
+#   prewarm     benchmarks/probe_compile_prewarm.py on PROBE (task files; default KernelBench's
+#               L3_16 DenseNet201, L3_45 UNetSoftmax, L2_34): can torch.compile's compile fill
+#               its caches with fake tensors, no CUDA context, before a step takes the device
+#               (issue #16), into $S/prewarm.json
 # Needs: the wheels in .whl/ (`python3 benchmarks/device_wheels.py`, with --pipeline for the
 # triton phase's campaigns: snakemake's closure, ~29 MiB) and KernelBench in .kb/ (a copy of
 # ../shared/kernelbench), both carried. Example, two calls on one warm machine:
@@ -171,10 +175,14 @@ tasks.levels=[${LEVELS:-1}],target=cuda,results_dir=$S/dag]"
       python3 benchmarks/dag_times.py "$S/dag.log" --from-invocation "$n" ;;
     joins)
       run_for "$secs" "$S/joins.log" python3 benchmarks/probe_joins.py --out "$S/joins.md" ;;
+    prewarm)
+      run_for "$secs" "$S/prewarm.log" python3 benchmarks/probe_compile_prewarm.py \
+        ${PROBE:-.kb/level3/16_DenseNet201.py .kb/level3/45_UNetSoftmax.py .kb/level2/34_ConvTranspose3d_LayerNorm_GELU_Scaling.py} \
+        --out "$S/prewarm.json" ;;
     streams)
       run_for "$secs" "$S/streams.md" python3 benchmarks/probe_streams.py \
         ${PROBE:-.kb/level2/19_ConvTranspose2d_GELU_GroupNorm.py .kb/level2/34_ConvTranspose3d_LayerNorm_GELU_Scaling.py} ;;
-    *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, inline, batch, verify1, streams, synthkb, dag, joins)" ;;
+    *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, inline, batch, verify1, streams, synthkb, dag, joins, prewarm)" ;;
   esac
 done
 [ -n "${LANE:-}" ] || { tar czf "$OUT/state.tgz" -C "$S" . && ls -la "$OUT"; }
