@@ -12,7 +12,7 @@ from assay.propose.offline.families.family import Family, Space
 from assay.propose.offline.families.shared import (CPP_FORWARD_CLOSE, CPP_FORWARD_OPEN, CUDA_COMMON,
                                                    Names, elem_closure, fused_calls, fused_kernel,
                                                    knob_line, leaves_of, render, vector_flags,
-                                                   vector_index)
+                                                   vector_index, vector_uniform)
 from assay.propose.offline.ir import Analysis, Plan, needed_nodes
 
 KNOB_SPACES: dict[tuple[str, str], Space] = {
@@ -86,14 +86,30 @@ assay_elementwise({{ kparams }}) {
         {{ line }}
 {% endfor %}
         float o[VEC];
+{% macro lanes(body) %}
         #pragma unroll
         for (int u = 0; u < VEC; ++u) {
           const int64_t i = i0 + u;
           (void)i;
-{% for line in vec_body %}
+{% for line in body %}
           {{ line }}
 {% endfor %}
         }
+{% endmacro %}
+{% if uniform_body %}
+        // What the broadcast leaves alone compute is one value for the vector where none of
+        // them crosses a block in it: computed once, not per element (vector_uniform).
+        if ({{ uniform_flag }}) {
+{% for line in uniform_lines %}
+          {{ line }}
+{% endfor %}
+{{ lanes(uniform_body) }}
+        } else {
+{{ lanes(vec_body) }}
+        }
+{% else %}
+{{ lanes(vec_body) }}
+{% endif %}
         assay_store_out<VEC>(out, i0, o);
       }
     }
@@ -192,6 +208,12 @@ def source(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
     vector = {k for k in leaves_of(plan, elems) if kinds[k] == "full"}
     vnames = Names(plan, sched, vector, hoisted=True)
     snames = Names(plan, sched)
+    uniform, uniform_leaves = vector_uniform(plan, sched, elems)
+    values.update(
+        uniform_flag=" && ".join(f"bv{k}" for k in uniform_leaves) or "true",
+        uniform_lines=[vnames.define(j, uniform=True) for j in uniform],
+        uniform_body=[vnames.define(j) for j in elems if j not in uniform]
+        + [f"o[u] = {vnames(plan.output)};"] if uniform else [])
     values.update(
         unroll=int(knobs["unroll"]), persistent=bool(knobs["persistent"]),
         prologue=values["prologue"] + vector_flags(plan, kinds),

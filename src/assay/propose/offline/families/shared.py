@@ -509,6 +509,28 @@ def vector_flags(plan: Plan, kinds: list[str], known: str = "") -> list[str]:
             for k, cond in vector_conditions(plan, kinds).items()]
 
 
+def vector_uniform(plan: Plan, sched: "Schedule", elems: list[int]) -> tuple[list[int], list[int]]:
+    """The per-element nodes among ``elems`` whose value is one for a whole vector wherever
+    their broadcast leaves' ``bv`` flags hold: loads of general leaves (``h{k}``), and what
+    those and constants alone compute (BatchNorm's ``rsqrt(running_var + eps)``); and those
+    leaves. A vectorized kernel computes them once per vector there, not once per element:
+    on an H200 KernelBench's L1_33 BatchNorm ran at 39% of the bandwidth roofline, its square
+    root and division done for every element of a channel. Empty where no op is among them."""
+    uniform: set[int] = set()
+    for j in elems:
+        n = plan.nodes[j]
+        if n.op == "load":
+            if sched.kinds[n.attr("leaf")] == "general":
+                uniform.add(j)
+        elif n.op not in ("const", "cols") and n.args and all(
+                a in uniform or plan.nodes[a].op == "const" for a in n.args):
+            uniform.add(j)
+    if not any(plan.nodes[j].op != "load" for j in uniform):
+        return [], []
+    nodes = sorted(uniform)
+    return nodes, leaves_of(plan, [j for j in nodes if plan.nodes[j].op == "load"])
+
+
 class Names:
     """C names of node values in a given emission context; ``hoisted``: a vectorized CUDA
     kernel's per-vector broadcast indices are available (see vector_index)."""
@@ -526,11 +548,14 @@ class Names:
             return "fcols"
         return f"v{j}"
 
-    def define(self, j: int) -> str:
-        """The statement computing node ``j`` (loads pick their indexing here)."""
+    def define(self, j: int, uniform: bool = False) -> str:
+        """The statement computing node ``j`` (loads pick their indexing here); ``uniform``: a
+        load of a general leaf as its one value for the vector (:func:`vector_uniform`)."""
         n = self.plan.nodes[j]
         if n.op == "load":
             k = n.attr("leaf")
+            if uniform:
+                return f"const float v{j} = h{k};"
             if k in self.vector:
                 return f"const float v{j} = a{k}[u];"
             kind = self.sched.kinds[k]
