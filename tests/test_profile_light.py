@@ -53,3 +53,35 @@ def test_a_profile_run_draws_its_sets_where_the_memory_plan_draws(tmp_path):
         else:
             assert "draw" not in job and len(job["sets"]) == len(prep.sets)
             assert not job["arenas"]["in"]["path"].startswith(str(scratch)), job["arenas"]
+
+
+def test_the_profile_step_builds_the_kernels_before_it_takes_the_device(tmp_path, monkeypatch):
+    """A candidate judged on another machine has no kernels in this one's build cache: the
+    profile step builds them in the compile service (sandboxed, on the CPU cores) before it
+    takes the device for ncu, so the profiled worker's first call does not."""
+    import assay.profile.tools
+    import assay.verify.harness
+    from assay import app
+    from assay.bench.build import is_cached
+    from assay.steps import profile as step
+    from fake_results import make_fake_campaign
+
+    monkeypatch.setenv("ASSAY_KERNEL_CACHE", str(tmp_path / "kernels"))
+    c = make_fake_campaign(tmp_path / "results", "unit", llms=("offline",), tasks=1, gens=1)
+    (task,) = [p.name for p in (c.root / "offline").iterdir() if p.is_dir()]
+    source = 'extern "C" int seven() { return 7; }\n'
+    for path in c.root.glob(f"offline/{task}/gen_0/candidates/*.py"):  # the best among them
+        path.write_text("from assay.bench.build import load_library\n"
+                        f"SOURCE = {source!r}\n_lib = load_library(SOURCE, 'cpp')\n")
+    order = []
+    monkeypatch.setattr(step, "tool_missing",
+                        lambda name, mode, target: None if name == "ncu" else "off")
+    monkeypatch.setattr(app, "on_device", lambda cfg: order.append(("device", is_cached(source))))
+    monkeypatch.setattr(assay.verify.harness, "prepare", lambda *a, **k: "prepared")
+    monkeypatch.setattr(assay.profile.tools, "ncu_profile",
+                        lambda prep, path, *a, **k: order.append(("ncu", is_cached(source))))
+    cfg = app.compose([f"results_dir={tmp_path / 'results'}", "campaign=unit", f"task={task}",
+                       "llm=offline", "target=cuda", "profile.torch_profiler=false"])
+    out = step.profile(cfg)
+    assert order == [("device", True), ("ncu", True)], order
+    assert out["times"]["build_s"] > 0
