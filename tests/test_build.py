@@ -138,27 +138,20 @@ def test_the_compile_service_builds_every_library_of_an_offline_candidate(tmp_pa
     tasks = REPO / "src/assay/data/tasks/level3"
     (prop,) = OfflineSynthesizer("cpu").translate(task_ctx(tasks, "1_MLP", "cpu"), n=1,
                                                   rng=random.Random(0))
-    path = tmp_path / "cand.py"
-    cand = import_file(prop.code, path)  # an import outside build-only mode builds nothing
-    assert len(cand.SOURCES) >= 2 and not any(is_cached(s, cand.LANG) for s in cand.SOURCES)
-    svc = CompileService(workers=1, timeout_s=600)
-    try:
-        built = svc.wait(path)
-    finally:
-        svc.close()
-    assert built.outcome == "ok" and all(is_cached(s, cand.LANG) for s in cand.SOURCES), built
-    # one written before they built at import (the DAG's older candidates): the prebuild
-    # builds its libraries itself
+    # one written before its libraries built at import (the DAG's older candidates): the
+    # prebuild builds them itself
     older = prop.code.replace('if os.environ.get("ASSAY_BUILD_ONLY"):', "if False:")
     assert older != prop.code
-    for i, s in enumerate(cand.SOURCES):
+    for i, s in enumerate(import_file(prop.code, tmp_path / "sources.py").SOURCES):
         older = older.replace(s, s + f"\n// older {i}\n")
-    old_path = tmp_path / "older.py"
-    old = import_file(older, old_path)
-    assert not any(is_cached(s, old.LANG) for s in old.SOURCES)
-    svc = CompileService(workers=1, timeout_s=600)
-    try:
-        built = svc.wait(old_path)
-    finally:
-        svc.close()
-    assert built.outcome == "ok" and all(is_cached(s, old.LANG) for s in old.SOURCES), built
+    for name, code in (("cand", prop.code), ("older", older)):
+        path = tmp_path / f"{name}.py"
+        cand = import_file(code, path)  # an import outside build-only mode builds nothing
+        assert len(cand.SOURCES) >= 2 and not any(is_cached(s, cand.LANG) for s in cand.SOURCES)
+        svc = CompileService(workers=1, timeout_s=600)
+        try:
+            built = svc.wait(path)
+        finally:
+            svc.close()
+        assert built.outcome == "ok" and all(is_cached(s, cand.LANG) for s in cand.SOURCES), \
+            (name, built)
