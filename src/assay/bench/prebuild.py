@@ -36,8 +36,10 @@ def _offline_libraries(mod) -> None:
     sources, lib = getattr(mod, "SOURCES", None), getattr(mod, "_lib", None)
     if isinstance(sources, tuple) and all(isinstance(s, str) for s in sources) \
             and callable(lib):
-        for i in range(len(sources)):
-            lib(i)
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            list(pool.map(lib, range(len(sources))))  # (as the later ones do at import)
 
 
 if __name__ == "__main__":
