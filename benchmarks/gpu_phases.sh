@@ -37,9 +37,9 @@
 #               defaults with these knobs too, where its space has them (an A/B of a knob),
 #               into $S/synthkb-phases_0
 #   dag         the campaign's Snakemake DAG with tasks=kernelbench on .kb (issue #16) up to
-#               profile, resumable (results in $S/dag), GPU_JOBS jobs per GPU (3: one uses it,
-#               two get ready; with 2, no verify, baseline or profile step held the device for
-#               26% of the ninth session's DAG time); LEVELS (1), CAMPAIGN (kb), CORES (12), TASKS: ids (all), FORCE:
+#               profile, resumable (results in $S/dag), GPU_JOBS jobs per GPU (2: one uses it,
+#               one gets ready; 3 kept it no busier: held 91% of the tenth session's DAG time,
+#               93% of the ninth's with 2, benchmarks/dag_left.py); LEVELS (1), CAMPAIGN (kb), CORES (12), TASKS: ids (all), FORCE:
 #               files (under $S/dag) or rules made again with what depends on them (a task's
 #               gen_0/proposals.json: all its stages, as `assay run --rerun` forces them);
 #               ends with the call's jobs per rule (benchmarks/dag_times.py)
@@ -167,7 +167,7 @@ for phase in "$@"; do
       tasks=${TASKS:-}; [ -n "${tasks//[[:space:]]/}" ] && targets=()
       for t in $tasks; do targets+=("$S/dag/${CAMPAIGN:-kb}/offline/$t/profile.json"); done
       run_for "$secs" "$S/dag.log" python3 -m snakemake "${targets[@]}" ${FORCE:+--forcerun $FORCE} \
-        --cores "${CORES:-12}" --resources gpu=$((${GPU_JOBS:-3} * (gpus > 0 ? gpus : 1))) \
+        --cores "${CORES:-12}" --resources gpu=$((${GPU_JOBS:-2} * (gpus > 0 ? gpus : 1))) \
         --config "overrides=[campaign=${CAMPAIGN:-kb},tasks=kernelbench,tasks.source=$PWD/.kb,\
 tasks.levels=[${LEVELS:-1}],target=cuda,results_dir=$S/dag]"
       # this call's jobs per rule (the log's last invocation: this call started it)
