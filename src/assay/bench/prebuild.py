@@ -38,7 +38,7 @@ def _offline_libraries(mod) -> None:
             and callable(lib):
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(8, (os.cpu_count() or 1) // 4))) as pool:
             list(pool.map(lib, range(len(sources))))  # (as the later ones do at import)
 
 

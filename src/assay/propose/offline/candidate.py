@@ -103,13 +103,14 @@ def _lib(i=0):
 
 # The verifier's compile service imports a candidate in build-only mode, no GPU, while the GPU
 # verifies others: every library is built now, a few compilers at a time (a level-3 network's
-# plan has dozens), so the worker that verifies this one loads them from the build cache.
+# plan has dozens; a quarter of the cores, as the service builds up to four candidates at once
+# beside the GPU's timed work), so the worker that verifies this one loads them from the cache.
 # (Built at the first call, nvcc ran in that worker with the device held: 2-38 s a candidate
 # at KernelBench's sizes, its "first call".)
 if os.environ.get("ASSAY_BUILD_ONLY"):
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as _pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(8, (os.cpu_count() or 1) // 4))) as _pool:
         list(_pool.map(_lib, range(len(SOURCES))))
 
 
