@@ -516,7 +516,9 @@ def test_nothing_to_steal(tmp_path):
     prep = prepared(task)
     refs = [t for rs, r64s in zip(prep.refs, prep.refs64) for t in list(rs) + list(r64s)
             if t is not None]
-    cfg = zoo_config({"POLICY": "strict", "CONFIG": {}})
+    # Hashing every window of its process is CPU and memory traffic: 7 s alone, past the
+    # default 300 s twice in full suites on the 2-core machine (suites 13 and 17, loaded)
+    cfg = zoo_config({"POLICY": "strict", "CONFIG": {"timeout_s": 900}})
     cand = tmp_path / "snoop.py"
     cand.write_text(SNOOP.format(mix=MIX, needles=_needle_hashes(refs)))
     v = verify(task, cand, "cpu", cfg, prepared=prep)
