@@ -29,17 +29,17 @@ def main(argv: list[str]) -> int:
 
 
 def _offline_libraries(mod) -> None:
-    """Build each library of a candidate the offline synthesizer wrote before 2026-12-07: those
-    load their libraries (``SOURCES``, through ``_lib(i)``) at the first call only, where nvcc
-    then ran in the verifying worker with the device held; later ones build them at import in
-    build-only mode. Candidates the DAG made earlier are still verified."""
-    sources, lib = getattr(mod, "SOURCES", None), getattr(mod, "_lib", None)
-    if isinstance(sources, tuple) and all(isinstance(s, str) for s in sources) \
-            and callable(lib):
-        from concurrent.futures import ThreadPoolExecutor
+    """Build the libraries of a candidate that declares them as ``SOURCES`` in ``LANG`` (the
+    offline synthesizer's, which loads each at its first call, so its import builds none):
+    without this, nvcc ran in the verifying worker's first call with the device held (first
+    calls were 62% of level 2's worker time on an H200,
+    docs/evidence/2026-12-07-h200-kb-dag-tenth.md)."""
+    from assay.bench.build import LANGS, build_all
 
-        with ThreadPoolExecutor(max_workers=max(1, min(8, (os.cpu_count() or 1) // 4))) as pool:
-            list(pool.map(lib, range(len(sources))))  # (as the later ones do at import)
+    sources, lang = getattr(mod, "SOURCES", None), getattr(mod, "LANG", None)
+    if isinstance(sources, tuple) and all(isinstance(s, str) for s in sources) \
+            and lang in LANGS:
+        build_all(sources, lang)
 
 
 if __name__ == "__main__":

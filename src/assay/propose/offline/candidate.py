@@ -44,7 +44,6 @@ import contextlib
 import ctypes
 import functools
 import math
-import os
 
 import torch
 from torch import nn
@@ -66,7 +65,7 @@ SOURCE = r"""
 {{ sources[0] }}"""
 SOURCES = (SOURCE,)
 {% else %}
-SOURCES = (  # one library per kernel of the chain, loaded at its first call (built below)
+SOURCES = (  # one library per kernel of the chain, loaded at its first call
 {% for source in sources %}
     r"""
 {{ source }}""",
@@ -99,19 +98,6 @@ def _lib(i=0):
 {% endif %}
         _LIBS[i] = lib
     return lib
-
-
-# The verifier's compile service imports a candidate in build-only mode, no GPU, while the GPU
-# verifies others: every library is built now, a few compilers at a time (a level-3 network's
-# plan has dozens; a quarter of the cores, as the service builds up to four candidates at once
-# beside the GPU's timed work), so the worker that verifies this one loads them from the cache.
-# (Built at the first call, nvcc ran in that worker with the device held: 2-38 s a candidate
-# at KernelBench's sizes, its "first call".)
-if os.environ.get("ASSAY_BUILD_ONLY"):
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=max(1, min(8, (os.cpu_count() or 1) // 4))) as _pool:
-        list(_pool.map(_lib, range(len(SOURCES))))
 
 
 def _check(err):
