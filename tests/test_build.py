@@ -148,3 +148,43 @@ def test_the_compile_service_builds_every_library_of_an_offline_candidate(tmp_pa
     finally:
         svc.close()
     assert built.outcome == "ok" and all(is_cached(s, cand.LANG) for s in cand.SOURCES), built
+
+
+def test_a_cuda_verify_step_builds_every_candidate_before_it_takes_the_device(tmp_path,
+                                                                             monkeypatch):
+    """Every candidate of the generation is built (the compile service, on the CPU cores)
+    before the step takes the device: a later candidate's build waited for with the device held
+    would leave it idle while another job waits. Run as on a GPU machine: target=cuda."""
+    from assay import app
+    from assay.layout import write_json
+    from assay.records import Verdict
+    from assay.steps import verify as step
+    from assay.verify import compile_service, harness, sandbox
+
+    cfg = app.compose(["tasks.source=data/tasks", "tasks.size=small",
+                       "tasks.include=[L1_1_ReLU]", "target=cuda", f"results_dir={tmp_path}",
+                       "campaign=order"])
+    c = app.campaign(cfg)
+    write_json(c.task_record("L1_1_ReLU"), {"id": "L1_1_ReLU", "error": None})
+    write_json(c.baseline("L1_1_ReLU"), {"eager_ms": 1.0, "compile_ms": None})
+    todo = ["c0", "c1"]
+    for cid in todo:
+        path = c.candidate("offline", "L1_1_ReLU", 0, cid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("# a candidate\n")
+    order = []
+
+    def built_first(paths, workers, timeout_s, limits):
+        order.append(("built", sorted(p.name for p in paths)))
+        return {str(p): compile_service.Prebuilt(p.stem, "ok", 1.0) for p in paths}
+
+    monkeypatch.setattr(compile_service, "built_first", built_first)
+    monkeypatch.setattr(app, "on_device", lambda cfg: order.append(("device",)))
+    monkeypatch.setattr(step, "this_gpu", lambda cfg, task, b, p, shared: (b, p))
+    monkeypatch.setattr(sandbox, "prestart_worker", lambda: None)
+    monkeypatch.setattr(harness, "prepare", lambda *a, **k: None)
+    monkeypatch.setattr(harness, "verify", lambda task, path, *a, **k: order.append(
+        ("verify", path.name)) or Verdict(task=task.id, candidate=path.stem, device="cuda"))
+    step.judge(cfg.copy(), c, "offline", "L1_1_ReLU", 0, todo)
+    assert order == [("built", ["c0.py", "c1.py"]), ("device",), ("verify", "c0.py"),
+                     ("verify", "c1.py")], order

@@ -79,18 +79,15 @@ def profile(cfg: DictConfig) -> dict:
     def prepared():  # the device taken first: preparing makes the input sets on it
         from assay.verify.harness import prepare  # (torch: only where a worker runs)
 
-        if device == "cuda" and cfg.build.workers > 0:
+        if device == "cuda":
             # Its kernels built on the CPU cores first (the compile service, sandboxed): a
             # candidate judged on another machine has none in this one's cache, and its
             # first call in the profiled worker would build them with the device held.
-            from assay.verify.compile_service import CompileService, pin_cuda_arch
+            from assay.verify.compile_service import built_first
 
-            pin_cuda_arch()
-            builds = CompileService(1, cfg.build.timeout_s, vcfg.limits)
-            try:
-                times["build_s"] = round(builds.wait(path).seconds, 3)
-            finally:
-                builds.close()
+            for built in built_first([path], min(cfg.build.workers, 1), cfg.build.timeout_s,
+                                     vcfg.limits).values():
+                times["build_s"] = round(built.seconds, 3)
         waited = app.on_device(cfg)
         if waited is not None:
             times["device_wait_s"] = round(waited, 3)

@@ -80,7 +80,7 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
         prestart_worker()
     # torch is imported only when there is something to judge: an empty generation (a declined
     # task) costs a second, not the three of a torch import.
-    from assay.verify.compile_service import CompileService, pin_cuda_arch
+    from assay.verify.compile_service import built_first
     from assay.verify.harness import prepare, reportable_times, verify
     from assay.verify.memory import TooLarge
 
@@ -90,7 +90,7 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
     baseline = read_json(c.baseline(task_id))
     peaks = read_json(c.device()) if c.device().exists() else None
     paths = {cid: c.candidate(llm, task_id, gen, cid) for cid in todo}
-    builds = None
+    builds: dict = {}  # path -> its build (cuda: all before the device is taken)
 
     def decide(prepared=None, shared: dict | None = None) -> None:
         """Each verdict, written as soon as it is decided; ``shared``: the seconds spent once
@@ -98,7 +98,8 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
         every verdict's times."""
         for i, cid in enumerate(todo, 1):
             t0 = time.perf_counter()
-            built_s = builds.wait(paths[cid]).seconds if builds else 0.0
+            built = builds.get(str(paths[cid]))
+            built_s = built.seconds if built else 0.0
             times: dict = dict(shared or {})  # where the seconds went, kept in the verdict file
             v = verify(task, paths[cid], device, vcfg, baseline, record, peaks, prepared,
                        times=times)
@@ -113,40 +114,31 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
     if by_record:
         decide()
         return
-    # On cuda, kernels build on the CPU cores while the GPU verifies. On the cpu target the
-    # builds would share the cores being timed, so each worker builds its own, untimed.
-    if device == "cuda" and cfg.build.workers > 0:
-        pin_cuda_arch()
-        builds = CompileService(cfg.build.workers, cfg.build.timeout_s, vcfg.limits)
-        for cid in todo:  # all builds start now; each verification waits for its own
-            builds.submit(paths[cid])
+    # On cuda, kernels build on the CPU cores, every candidate's before the device is taken
+    # (another job uses it meanwhile; a build waited for with it held would leave it idle). On
+    # the cpu target the builds would share the cores being timed, so each worker builds its
+    # own, untimed.
+    if device == "cuda":
+        builds = built_first([paths[cid] for cid in todo], cfg.build.workers,
+                             cfg.build.timeout_s, vcfg.limits)
     # On the cpu target the CPU lease covers the references (float64, memory-bound) and the
     # verifications; the imports above and the teardown run beside another step's timing.
-    try:
-        # On a GPU: the device is taken once the first candidate has built (or failed to), so
-        # the start-up and that build (4-15 s at KernelBench's sizes) run while another job
-        # uses it; the later builds overlap the verifications.
-        if builds and todo:
-            builds.wait(paths[todo[0]])
-        shared = {}
-        if (waited := app.on_device(cfg)) is not None:
-            shared["device_wait_s"] = waited
-        if device == "cuda":  # speedups of one GPU's times only
-            baseline, peaks = this_gpu(cfg, task, baseline, peaks, shared)
-        with app.cpu_timing(cfg):
-            prepared = None
-            if not degenerate:
-                t = time.perf_counter()
-                try:
-                    prepared = prepare(task, device, vcfg)
-                except TooLarge as e:  # each verdict says too_large, with the numbers
-                    log.warning("%s: too large for this machine: %s", task_id, e)
-                # once per generation, before its first candidate (the harness keeps it)
-                shared |= {"prepare_s": time.perf_counter() - t, "prepare_shared_by": len(todo)}
-            decide(prepared, shared)
-    finally:
-        if builds:
-            builds.close()
+    shared = {}
+    if (waited := app.on_device(cfg)) is not None:
+        shared["device_wait_s"] = waited
+    if device == "cuda":  # speedups of one GPU's times only
+        baseline, peaks = this_gpu(cfg, task, baseline, peaks, shared)
+    with app.cpu_timing(cfg):
+        prepared = None
+        if not degenerate:
+            t = time.perf_counter()
+            try:
+                prepared = prepare(task, device, vcfg)
+            except TooLarge as e:  # each verdict says too_large, with the numbers
+                log.warning("%s: too large for this machine: %s", task_id, e)
+            # once per generation, before its first candidate (the harness keeps it)
+            shared |= {"prepare_s": time.perf_counter() - t, "prepare_shared_by": len(todo)}
+        decide(prepared, shared)
 
 
 def this_gpu(cfg: DictConfig, task, baseline: dict, peaks: dict | None, shared: dict

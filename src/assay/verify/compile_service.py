@@ -83,3 +83,21 @@ def pin_cuda_arch() -> None:
             arch = f"sm_{major}{minor}"
     if arch:
         os.environ["ASSAY_CUDA_ARCH"] = arch
+
+
+def built_first(candidates: list[Path], workers: int, timeout_s: float,
+                limits: SandboxLimits) -> dict[str, Prebuilt]:
+    """Every candidate's kernels built before a GPU step takes the device (the arch pinned
+    first): {path: its build}. A build waited for with the device held leaves it idle while
+    another job waits for it, so a step builds all its candidates first; ``workers`` 0 (the
+    config's ``build.workers``): none here, each worker builds its own."""
+    if workers <= 0 or not candidates:
+        return {}
+    pin_cuda_arch()
+    service = CompileService(workers, timeout_s, limits)
+    try:
+        for path in candidates:  # all start now
+            service.submit(path)
+        return {str(path): service.wait(path) for path in candidates}
+    finally:
+        service.close()
