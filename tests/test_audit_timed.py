@@ -242,18 +242,18 @@ def _nested_ops(rng, n, thread=1):
 
 
 def test_the_innermost_op_holding_a_launch_is_found_up_the_chain_of_enclosing_ops():
-    """The chain (_enclosing, _innermost) gives what a search of every op would: the op with
-    the latest start among those whose span holds the time, or none."""
+    """The chain (worker.Nesting) gives what a search of every op would: the op with the
+    latest start among those whose span holds the time, or none."""
     import random
 
-    from assay.verify.worker import _enclosing, _innermost
+    from assay.verify.worker import Nesting
     rng = random.Random(7)
     for _ in range(20):
         ops = sorted(_nested_ops(rng, rng.randint(1, 60)), key=lambda e: (e["start"], -e["end"]))
-        starts, parent = [o["start"] for o in ops], _enclosing(ops)
+        nesting = Nesting(ops)
         for t in range(0, ops[-1]["end"] + 3):
-            holding = [j for j, o in enumerate(ops) if o["start"] <= t <= o["end"]]
-            assert _innermost(ops, starts, parent, t) == (holding[-1] if holding else -1), t
+            holding = [o for o in ops if o["start"] <= t <= o["end"]]
+            assert nesting.innermost(t) is (holding[-1] if holding else None), t
 
 
 def _launch_trace(calls, launches, ops):

@@ -731,25 +731,21 @@ def attribute_trace(events: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
         return i if i >= 0 and t <= ranges[i]["end"] else -1
 
     self_ns = _self_times([e for e in cpu if e["act"] not in ("cuda_runtime", "cuda_driver")])
-    aten: dict[Any, list[dict[str, Any]]] = {}  # thread -> its ATen ops, by start
+    by_thread: dict[Any, list[dict[str, Any]]] = {}
     for e in cpu:
         if e["name"].startswith("aten::"):
-            aten.setdefault(e["thread"], []).append(e)
-    aten_starts = {t: [o["start"] for o in ops] for t, ops in aten.items()}
-    aten_parent = {t: _enclosing(ops) for t, ops in aten.items()}
+            by_thread.setdefault(e["thread"], []).append(e)
+    aten = {t: Nesting(ops) for t, ops in by_thread.items()}  # thread -> its ATen ops
 
     def aten_op_of(by: dict[str, Any]) -> int | None:
         """The innermost ATen op of the launching thread whose span holds a launch (``by``
         itself where it is one), as an id; None outside every ATen op, or where that op is not
-        one of ATen's own (:data:`_ATEN_OPS`). From the last op that started before the launch
-        (:func:`_innermost`)."""
+        one of ATen's own (:data:`_ATEN_OPS`)."""
         if by["name"].startswith("aten::"):
             op: dict[str, Any] | None = by
         else:
-            ops = aten.get(by["thread"], [])
-            k = _innermost(ops, aten_starts.get(by["thread"], []),
-                           aten_parent.get(by["thread"], []), by["start"])
-            op = ops[k] if k >= 0 else None
+            ops = aten.get(by["thread"])
+            op = ops.innermost(by["start"]) if ops is not None else None
         return id(op) if op is not None and op["name"] in _ATEN_OPS else None
     rows: list[dict[str, dict[str, Any]]] = [{} for _ in ranges]
     spans: list[list[int]] = [[] for _ in ranges]  # [first start, last end] of device work
@@ -833,30 +829,30 @@ def launcher_of(cpu: list[dict[str, Any]]
     return of
 
 
-def _enclosing(ops: list[dict[str, Any]]) -> list[int]:
-    """For one thread's ops sorted by start: the index of the innermost earlier op whose span
-    holds each one's start (-1: none). Walking these, a kernel launched outside every op finds
-    that at once; walking back over every earlier op instead, a recurrent candidate's thousands
-    of launches a call outside any ATen op took 30 of its 34 s of verification (KernelBench
-    L3_41 on an H100, the audit's read-back)."""
-    parent, stack = [], []
-    for i, e in enumerate(ops):
-        while stack and ops[stack[-1]]["end"] < e["start"]:
-            stack.pop()
-        parent.append(stack[-1] if stack else -1)
-        stack.append(i)
-    return parent
+class Nesting:
+    """One thread's ops (sorted by start, as :func:`attribute_trace` sorts them) and, for each,
+    the innermost earlier op whose span holds its start (``parent``, -1: none), so that the
+    innermost op holding a time is found up that chain from the last op started by then: any op
+    that holds the time holds that one's start. Walking back over every earlier op instead, a
+    recurrent candidate's thousands of launches a call outside any ATen op took 30 of its 34 s
+    of verification (KernelBench L3_41 on an H100, the audit's read-back)."""
 
+    def __init__(self, ops: list[dict[str, Any]]):
+        self.ops, self.starts = ops, [o["start"] for o in ops]
+        self.parent: list[int] = []
+        stack: list[int] = []
+        for i, e in enumerate(ops):
+            while stack and ops[stack[-1]]["end"] < e["start"]:
+                stack.pop()
+            self.parent.append(stack[-1] if stack else -1)
+            stack.append(i)
 
-def _innermost(ops: list[dict[str, Any]], starts: list[int], parent: list[int], t: int) -> int:
-    """The index of the innermost op of ``ops`` (one thread's, sorted by start; ``starts``
-    their starts, ``parent`` :func:`_enclosing`'s) whose span holds ``t``, -1 for none: from
-    the last op started by ``t`` up its chain of enclosing ops, as any op that holds ``t``
-    holds that one's start."""
-    k = bisect.bisect_right(starts, t) - 1
-    while k >= 0 and ops[k]["end"] < t:
-        k = parent[k]
-    return k
+    def innermost(self, t: int) -> dict[str, Any] | None:
+        """The innermost op whose span holds ``t``, None for none."""
+        k = bisect.bisect_right(self.starts, t) - 1
+        while k >= 0 and self.ops[k]["end"] < t:
+            k = self.parent[k]
+        return self.ops[k] if k >= 0 else None
 
 
 def _self_times(events: list[dict[str, Any]]) -> dict[int, int]:
