@@ -208,12 +208,13 @@ def source(plan: Plan, target: str, knobs: dict[str, Any], summary: str,
     vector = {k for k in leaves_of(plan, elems) if kinds[k] == "full"}
     vnames = Names(plan, sched, vector, hoisted=True)
     snames = Names(plan, sched)
-    uniform, uniform_leaves = vector_uniform(plan, sched, elems)
+    uniform, uniform_leaves = vector_uniform(plan, sched, elems)  # (empty: no such path)
     values.update(
-        uniform_flag=" && ".join(f"bv{k}" for k in uniform_leaves) or "true",
+        uniform_flag=" && ".join(f"bv{k}" for k in uniform_leaves),
         uniform_lines=[vnames.define(j, uniform=True) for j in uniform],
         uniform_body=[vnames.define(j) for j in elems if j not in uniform]
-        + [f"o[u] = {vnames(plan.output)};"] if uniform else [])
+        + [f"o[u] = {vnames(plan.output)};"] if uniform else [],
+    )
     values.update(
         unroll=int(knobs["unroll"]), persistent=bool(knobs["persistent"]),
         prologue=values["prologue"] + vector_flags(plan, kinds),

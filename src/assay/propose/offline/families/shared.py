@@ -515,7 +515,8 @@ def vector_uniform(plan: Plan, sched: "Schedule", elems: list[int]) -> tuple[lis
     those and constants alone compute (BatchNorm's ``rsqrt(running_var + eps)``); and those
     leaves. A vectorized kernel computes them once per vector there, not once per element:
     on an H200 KernelBench's L1_33 BatchNorm ran at 39% of the bandwidth roofline, its square
-    root and division done for every element of a channel. Empty where no op is among them."""
+    root and division done for every element of a channel. Empty where no op of such leaves
+    is among them."""
     uniform: set[int] = set()
     for j in elems:
         n = plan.nodes[j]
@@ -525,10 +526,11 @@ def vector_uniform(plan: Plan, sched: "Schedule", elems: list[int]) -> tuple[lis
         elif n.op not in ("const", "cols") and n.args and all(
                 a in uniform or plan.nodes[a].op == "const" for a in n.args):
             uniform.add(j)
-    if not any(plan.nodes[j].op != "load" for j in uniform):
-        return [], []
     nodes = sorted(uniform)
-    return nodes, leaves_of(plan, [j for j in nodes if plan.nodes[j].op == "load"])
+    leaves = leaves_of(plan, [j for j in nodes if plan.nodes[j].op == "load"])
+    if not leaves or all(plan.nodes[j].op == "load" for j in nodes):
+        return [], []
+    return nodes, leaves
 
 
 class Names:
