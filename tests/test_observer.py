@@ -154,12 +154,12 @@ def test_the_candidates_code_between_timed_calls_is_work_moved_out_of_them():
     assert timing_disagreement(reported, calls, _own_samples(calls, GOMP_SO, True))[0]
 
 
-def test_code_in_no_mapping_seen_between_calls_is_the_candidates_unless_records_were_lost():
+def test_code_in_no_mapping_seen_between_calls_is_the_candidates_whatever_was_lost():
     """Every mapping an attached thread makes is in the kernel's records, so an address in none
     is code a short-lived thread mapped (a library hidden from the harness): between calls it
     counts as the candidate's, lost samples or not (a flood of them cannot switch the rule
-    off: the mappings have a ring of their own), except where the kernel dropped mapping
-    records (a mapping may be among them)."""
+    off: the mappings have a ring of their own), and lost mapping records or not (only a flood
+    of executable mappings loses them: the candidate's own doing)."""
     reported, calls = _timed([0.4] * 40, gap_ns=600_000)
     unseen = _own_samples(calls, MINE_SO, True)
     unseen.maps[7] = [m for m in unseen.maps[7] if m[2] != MINE_SO]
@@ -170,7 +170,7 @@ def test_code_in_no_mapping_seen_between_calls_is_the_candidates_unless_records_
     assert not ok and "390 between them (390 in no mapping seen)" in detail, detail
     unseen.lost_maps = 3
     ok, detail = timing_disagreement(reported, calls, unseen, ("/tmp/kernels",))
-    assert ok and "0 between them" in detail, detail
+    assert not ok and "390 in no mapping seen; 3 mapping records lost" in detail, detail
 
 
 CHILD = """
@@ -234,8 +234,11 @@ double spin(double seconds) {
 """
 
 LATE_CHILD = """
-import ctypes, os, sys, time
+import ctypes, mmap, os, sys, time
 sys.stdin.readline()  # the harness has attached
+# a flood of executable mappings first (the mappings' ring overflows: its records are lost)
+flood = [mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_EXEC)
+         for _ in range(int(sys.argv[2]))]
 lib = ctypes.CDLL(sys.argv[1])
 lib.spin.argtypes, lib.spin.restype = [ctypes.c_double], ctypes.c_double
 t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
@@ -247,22 +250,27 @@ os._exit(0)  # gone at once: no read of its maps after the library came
 
 @pytest.mark.skipif(bool(observer.available()), reason=f"perf_event_open refused here: "
                     f"{observer.available()}")
-@pytest.mark.parametrize("flood", [False, True], ids=["drained", "samples_flooded"])
+@pytest.mark.parametrize("flood", ["", "samples", "mappings"],
+                         ids=["drained", "samples_flooded", "mappings_flooded"])
 def test_a_library_loaded_after_the_attach_is_placed_by_the_kernels_record(tmp_path,
                                                                            monkeypatch, flood):
     """The worker loads a library after the harness attached and exits right after running it:
     with no read of ``/proc`` at all (a starved polling thread), the kernel's mmap record in the
-    thread's mappings ring still places the samples in that library. Flooded: a sample ring of
-    one page drained every 0.3 s loses most samples, and no mapping record (its ring is
-    another), so the rule for code in no mapping stays on (:func:`observer.between_calls`)."""
+    thread's mappings ring still places the samples in that library. Samples flooded: a sample
+    ring of one page drained every 0.3 s loses most samples, and no mapping record (its ring is
+    another). Mappings flooded (thousands of executable pages mapped right before the library,
+    a mappings ring of one page): the library's record is lost, its samples are in no mapping
+    seen, and they still count as the candidate's code (:func:`observer.between_calls`)."""
     if flood:
-        monkeypatch.setattr(observer, "RING_PAGES", 1)
+        monkeypatch.setattr(observer, "RING_PAGES" if flood == "samples" else "MAP_RING_PAGES",
+                            1)
         monkeypatch.setattr(observer, "POLL_S", 0.3)
     src, lib = tmp_path / "late.c", tmp_path / "liblate.so"
     src.write_text(LATE_LIBRARY)
     subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
     monkeypatch.setattr(observer, "executable_maps", lambda pid: [])
-    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(LATE_CHILD), str(lib)],
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(LATE_CHILD), str(lib),
+                              "3000" if flood == "mappings" else "0"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     sampler = observer.CpuSampler()
     sampler.attach(child.pid)
@@ -274,6 +282,12 @@ def test_a_library_loaded_after_the_attach_is_placed_by_the_kernels_record(tmp_p
     start, end = (int(x) for x in out.split())
     placed = Counter(sampled.where(pid, ip) for t, ip, pid in
                      zip(sampled.times, sampled.ips, sampled.pids) if start <= t <= end)
+    if flood == "mappings":
+        assert sampled.lost_maps > 1000 and placed["?"] > 0.8 * sum(placed.values()) > 100, \
+            (placed, sampled.lost_maps)
+        within, between = observer.between_calls(sampled, [(start, end)])
+        assert within >= placed["?"] and not between, (within, between)
+        return
     assert placed[os.path.realpath(lib)] > 0.8 * sum(placed.values()) > (20 if flood else 100), \
         (placed, sampled.lost)
     assert sampled.lost_maps == 0 and (sampled.lost > 1000 if flood else True), \

@@ -428,13 +428,14 @@ def between_calls(sampled: Sampled, windows: list[tuple[int, int]],
     calls (a window or a clock forged shorter) or a thread of the candidate's working between
     calls.
 
-    An address in no mapping the observer saw ("?") counts as the candidate's where the kernel
-    lost no mapping record: every mapping an attached thread makes is in its mappings' ring
-    (PERF_RECORD_MMAP) and each thread's earlier ones are read from ``/proc`` at its attach,
-    while the trusted libraries are mapped when the worker starts; so such code was mapped by a
-    thread that ended between two polls (a library loaded to be hidden). Where mapping records
-    were lost it is nobody's, as a mapping may be among them; lost samples do not matter here,
-    their ring is another (a flood of samples cannot switch this off)."""
+    An address in no mapping the observer saw ("?") counts as the candidate's: every mapping an
+    attached thread makes is in its mappings' ring (PERF_RECORD_MMAP) and each thread's earlier
+    ones are read from ``/proc`` at its attach, while the trusted libraries are mapped when the
+    worker starts; so such code was mapped by a thread that ended between two polls (a library
+    loaded to be hidden). Mapping records lost change nothing: the ring holds ~1000 of them
+    between two drains and an honest worker makes a few executable mappings, so a loss is the
+    candidate's own flood (its hidden library may be among the records dropped). Lost samples
+    do not matter either: their ring is another."""
     spans = sorted(windows)
     between: Counter[str] = Counter()
     if not spans:
@@ -447,7 +448,7 @@ def between_calls(sampled: Sampled, windows: list[tuple[int, int]],
         if not first <= t <= last:
             continue
         path = sampled.where(pid, ip)
-        if not (own_code(path, roots) or (path == "?" and not sampled.lost_maps)):
+        if not (own_code(path, roots) or path == "?"):
             continue
         i = bisect.bisect_right(starts, t) - 1
         if t <= spans[i][1]:
@@ -579,6 +580,9 @@ def timing_disagreement(reported: dict[str, Any], calls: list[dict[str, Any]],
         if between >= BETWEEN_MIN and between > BETWEEN_SHARE * (within + between):
             files = ", ".join(f"{n} in {'no mapping seen' if p == '?' else os.path.basename(p)}"
                               for p, n in by_file.most_common(3))
-            problems.append(seen + f" ({files}): its work ran outside the windows timed (a "
-                            "window or clock forged shorter, or a thread working between calls)")
+            flood = (f"; {sampled.lost_maps} mapping records lost: a flood of executable "
+                     f"mappings" if sampled.lost_maps and "?" in by_file else "")
+            problems.append(seen + f" ({files}{flood}): its work ran outside the windows timed "
+                            "(a window or clock forged shorter, or a thread working between "
+                            "calls)")
     return not problems, "; ".join(problems) or f"per-call times agree with the windows; {seen}"
