@@ -85,3 +85,41 @@ def test_the_profile_step_builds_the_kernels_before_it_takes_the_device(tmp_path
     out = step.profile(cfg)
     assert order == [("device", True), ("ncu", True)], order
     assert out["times"]["build_s"] > 0
+
+
+def test_ncu_profiles_only_a_best_kernel_as_fast_as_profile_ncu_min_speedup(tmp_path,
+                                                                          monkeypatch):
+    """``profile.ncu_min_speedup``: the step takes neither the device nor ncu's time for a best
+    kernel slower than that over eager (a campaign of hundreds of tasks keeps the device for
+    the kernels worth studying); at 0, the default, every task's best is profiled."""
+    import assay.profile.tools
+    import assay.verify.harness
+    from assay import app
+    import assay.verify.compile_service
+    from assay.evolve.population import rank
+    from assay.evolve.state import load_members
+    from assay.steps import profile as step
+    from fake_results import make_fake_campaign
+
+    c = make_fake_campaign(tmp_path / "results", "unit", llms=("offline",), tasks=1, gens=1)
+    (task,) = [p.name for p in (c.root / "offline").iterdir() if p.is_dir()]
+    best = rank([m for m in load_members(c, "offline", task, 1) if m.accepted])[0].speedup
+    assert best > 0
+    runs = []
+    monkeypatch.setattr(step, "tool_missing",
+                        lambda name, mode, target: None if name == "ncu" else "off")
+    monkeypatch.setattr(app, "on_device", lambda cfg: runs.append("device"))
+    monkeypatch.setattr(assay.verify.harness, "prepare", lambda *a, **k: "prepared")
+    monkeypatch.setattr(assay.profile.tools, "ncu_profile",
+                        lambda prep, path, *a, **k: runs.append("ncu") or "table")
+    monkeypatch.setattr(assay.verify.compile_service, "built_first", lambda *a, **k: {})
+    for least, ran in ((0.0, True), (best * 0.99, True), (best * 1.01, False)):
+        runs.clear()
+        cfg = app.compose([f"results_dir={tmp_path / 'results'}", "campaign=unit",
+                           f"task={task}", "llm=offline", "target=cuda",
+                           "profile.torch_profiler=false", f"profile.ncu_min_speedup={least}"])
+        out = step.profile(cfg)
+        assert (runs, out["ncu"]) == ((["device", "ncu"], "table") if ran else ([], None)), \
+            (least, best, runs)
+    assert step.ncu_skipped(0.45, 1.0) == ("ncu: not run, the best kernel is 0.45x eager, "
+                                           "below profile.ncu_min_speedup=1")

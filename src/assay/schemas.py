@@ -128,6 +128,9 @@ class ProfileConfig:
     top_k: int = 1
     torch_profiler: bool = True
     ncu: Toggle = Toggle.auto
+    # ncu only where the best kernel is at least this many times faster than eager (0: every
+    # task's best): its run holds the device 5-40 s a task, most of a profile step
+    ncu_min_speedup: float = 0.0
     ncu_metrics: list[str] = field(default_factory=list)
     clang_tidy: Toggle = Toggle.auto
     timeout_s: float = 300.0

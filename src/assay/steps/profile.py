@@ -22,6 +22,16 @@ INSTALL_CLANG_TIDY = ("Debian's clang-tidy, and libomp-dev for the OpenMP kernel
                       "apt-get install -y clang-tidy libomp-dev; CI does it in .ci/run")
 
 
+def ncu_skipped(speedup: float, least: float) -> str | None:
+    """Why ncu will not profile a best kernel of ``speedup`` over eager, or None when it will
+    (``profile.ncu_min_speedup``: a campaign of hundreds of tasks may keep the device's time
+    for the kernels worth studying)."""
+    if least > 0 and not speedup >= least:
+        return (f"ncu: not run, the best kernel is {speedup:.2f}x eager, below "
+                f"profile.ncu_min_speedup={least:g}")
+    return None
+
+
 def tool_missing(name: str, mode: str, target: str) -> str | None:
     """Why ``name`` (ncu or clang-tidy) will not run in this step, or None when it will. The
     mode is the profile config's ``auto``/``on``/``off``; ``on`` with the tool missing is an
@@ -104,7 +114,8 @@ def profile(cfg: DictConfig) -> dict:
             prep = prepared()
             log.info("%s/%s: torch profiler on %s", llm, task_id, best.id)
             out["torch_profile"] = timed("torch_profile", torch_profile, prep, path, vcfg)
-    if (why := tool_missing("ncu", p.ncu, tgt)) is None:
+    if (why := tool_missing("ncu", p.ncu, tgt)
+            or ncu_skipped(best.speedup, float(p.ncu_min_speedup))) is None:
         log.info("%s/%s: ncu on %s", llm, task_id, best.id)
         prep = prep if prep is not None else prepared()
         out["ncu"] = timed("ncu", ncu_profile, prep, path, vcfg, list(p.ncu_metrics),
