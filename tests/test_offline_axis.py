@@ -1,5 +1,5 @@
 """The offline synthesizer's axis family: reductions over non-trailing dims, argmax/argmin,
-normalizations over channels, and scans (cumsum, cumprod, reversed, masked).
+normalizations over channels, and scans (cumsum, cumprod, reversed, masked, exclusive).
 
 CPU candidates are compiled with g++ and compared with the reference at several shapes (odd
 sizes, a size-1 dim); a few CUDA sources are compiled with nvcc (nothing runs here); declines
@@ -68,11 +68,23 @@ TASKS = {
     "cumsum_reverse": "torch.cumsum(x.flip(1), dim=1).flip(1)",
     "masked_cumsum": "torch.cumsum(x * mask, dim=2)",
     "scan_chain": "torch.relu(torch.cumsum(torch.sigmoid(x), dim=0)) * x",
+    # exclusive scans as tasks write them (KernelBench's L1_92): the inclusive one of all but
+    # the last element, after the identity
+    "cumsum_exclusive": "torch.cat((torch.zeros_like(x.select(1, 0).unsqueeze(1)), "
+                        "torch.cumsum(x.narrow(dim=1, start=0, length=x.size(1) - 1), dim=1)), "
+                        "dim=1)",
+    "cumprod_exclusive_last": "torch.cat([torch.ones_like(x[..., :1]), torch.narrow(x, -1, 0, "
+                              "x.shape[-1] - 1).cumprod(-1)], -1)",
+    "cumsum_exclusive_reverse": "torch.cat((torch.zeros_like(x[:, :1]), torch.cumsum("
+                                "x.flip(1).narrow(1, 0, x.size(1) - 1), dim=1)), dim=1).flip(1)",
     # declined
     "flip_alone": "x.flip(1) * 2.0",
     "sum_split_dims": "x.sum(dim=(0, 2))",
     "argmax_plus": "torch.argmax(x, dim=1) + 1",
     "mask_elementwise": "x * mask",
+    # not an exclusive scan: the sums of the elements after the first
+    "cumsum_shifted_start": "torch.cat((torch.zeros_like(x[:, :1]), torch.cumsum(x.narrow(1, "
+                            "1, x.size(1) - 1), dim=1)), dim=1)",
 }
 MASKED = {"masked_cumsum", "mask_elementwise"}
 DECLINED = {
@@ -80,6 +92,7 @@ DECLINED = {
     "sum_split_dims": "contiguous block of dims",
     "argmax_plus": "arithmetic on argmax/argmin indices",
     "mask_elementwise": "the bool tensor 'mask'",
+    "cumsum_shifted_start": "torch.zeros_like",
 }
 SUPPORTED = [name for name in TASKS if name not in DECLINED]
 # Odd sizes, a size-1 reduced or scanned dim, a single outer index.
@@ -172,6 +185,10 @@ def test_cuda_sources_compile(task_dir, tmp_path):
         "argmax": syn.with_knobs(task_ctx(task_dir, "argmax_mid", "cuda"), {"split": 4}),
         "rms": syn.with_knobs(task_ctx(task_dir, "rms_channels", "cuda"), {"split": 2}),
         "scan": syn.with_knobs(task_ctx(task_dir, "masked_cumsum", "cuda"), {"form": 0}),
+        "exclusive_lines": syn.with_knobs(task_ctx(task_dir, "cumsum_exclusive", "cuda"),
+                                          {"form": 1}),
+        "exclusive_block": syn.with_knobs(task_ctx(task_dir, "cumprod_exclusive_last", "cuda"),
+                                          {"form": 2, "items": 4}),
     }
     built = {}
     for name, prop in sources.items():
@@ -188,7 +205,7 @@ KB_TASKS = ["36_RMSNorm_", "47_Sum_reduction_over_a_dimension",
             "48_Mean_reduction_over_a_dimension", "49_Max_reduction_over_a_dimension",
             "51_Argmax_over_a_dimension", "52_Argmin_over_a_dimension",
             "53_Min_reduction_over_a_dimension", "89_cumsum", "90_cumprod",
-            "91_cumsum_reverse", "93_masked_cumsum"]
+            "91_cumsum_reverse", "92_cumsum_exclusive", "93_masked_cumsum"]
 
 
 @pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")
@@ -197,10 +214,9 @@ def test_kernelbench_tasks_get_a_plan():
     for stem in KB_TASKS:
         analysis = syn.analyse(TaskContext(Task.from_file(KERNELBENCH / f"{stem}.py"), "cuda"))
         assert analysis.plan.kind == "axis", stem
-    # the exclusive scan (narrow, cat with zeros) is beyond the lowering: declined politely
-    with pytest.raises(Exception, match="cannot express"):
-        syn.analyse(TaskContext(Task.from_file(KERNELBENCH / "92_cumsum_exclusive.py"),
-                                "cuda"))
+        scans = [n for n in analysis.plan.nodes if n.op.startswith("scan_")]
+        assert [n.attr("exclusive", False) for n in scans] == \
+            ([True] if "exclusive" in stem else [False] * len(scans)), stem
 
 
 @pytest.mark.gpu

@@ -87,8 +87,7 @@ def test_the_profile_step_builds_the_kernels_before_it_takes_the_device(tmp_path
     assert out["times"]["build_s"] > 0
 
 
-def test_ncu_profiles_only_a_best_kernel_as_fast_as_profile_ncu_min_speedup(tmp_path,
-                                                                          monkeypatch):
+def test_ncu_profiles_only_a_best_kernel_as_fast_as_ncu_min_speedup(tmp_path, monkeypatch):
     """``profile.ncu_min_speedup``: the step takes neither the device nor ncu's time for a best
     kernel slower than that over eager (a campaign of hundreds of tasks keeps the device for
     the kernels worth studying); at 0, the default, every task's best is profiled."""

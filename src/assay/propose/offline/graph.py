@@ -95,6 +95,15 @@ _CONV_MODULES = {nn.Conv1d: "conv1d", nn.Conv2d: "conv2d", nn.Conv3d: "conv3d",
 _FUNCTIONS: dict[Any, str] = {}
 
 
+def exclusive_scan(x: torch.Tensor, dim: int, kind: str) -> torch.Tensor:
+    """The exclusive scan of ``x`` along ``dim`` (``kind`` sum or prod): each element the sum
+    (product) of those before it, the first the identity. What :func:`_exclusive_scans` puts
+    in a graph for the form tasks write it in (KernelBench's L1_92), with its meaning."""
+    run = torch.cumsum(x, dim) if kind == "sum" else torch.cumprod(x, dim)
+    fill = torch.zeros_like if kind == "sum" else torch.ones_like
+    return torch.cat([fill(x.narrow(dim, 0, 1)), run.narrow(dim, 0, x.size(dim) - 1)], dim)
+
+
 def _register(name: str, *targets: Any) -> None:
     for t in targets:
         if t is not None:
@@ -151,6 +160,7 @@ _register("argmax", torch.argmax)
 _register("argmin", torch.argmin)
 _register("cumsum", torch.cumsum)
 _register("cumprod", torch.cumprod)
+_register("exclusive_scan", exclusive_scan)
 _register("flip", torch.flip)
 _register("triu", torch.triu)
 _register("tensor", torch.tensor)
@@ -239,7 +249,8 @@ _SIGNATURES: dict[str, tuple[str, ...]] = {
     "sum": ("input", "dim", "keepdim"), "mean": ("input", "dim", "keepdim"),
     "prod": ("input", "dim", "keepdim"), "argmax": ("input", "dim", "keepdim"),
     "argmin": ("input", "dim", "keepdim"), "cumsum": ("input", "dim"),
-    "cumprod": ("input", "dim"), "flip": ("input", "dims"),
+    "cumprod": ("input", "dim"), "exclusive_scan": ("input", "dim", "kind"),
+    "flip": ("input", "dims"),
     "triu": ("input", "diagonal"), "tril": ("input", "diagonal"),
     "tensor": ("data", "dtype", "device", "requires_grad", "pin_memory"),
     "softmax": ("input", "dim"), "log_softmax": ("input", "dim"),
@@ -537,9 +548,11 @@ class _Builder:
             raise _Conflict(f"{PREFIX} {what} over different dims in one kernel (or a scan "
                             f"beside a reduction)")
 
-    def scan(self, kind: str, arg: int, dim: int, in_shape: tuple[int, ...]) -> int:
-        """The inclusive scan (cumsum, cumprod) of ``arg`` along ``dim``; a scan of a flip of
-        that dim is the flip of a reversed scan (flip, cumsum, flip: a suffix sum)."""
+    def scan(self, kind: str, arg: int, dim: int, in_shape: tuple[int, ...],
+             exclusive: bool = False) -> int:
+        """The inclusive scan (cumsum, cumprod) of ``arg`` along ``dim``, or with ``exclusive``
+        each element's scan of those before it; a scan of a flip of that dim is the flip of a
+        reversed scan (flip, cumsum, flip: a suffix sum)."""
         node = self.nodes[arg]
         reverse = node.op == "flip" and node.attr("dims") == (dim,)
         if reverse:
@@ -547,7 +560,8 @@ class _Builder:
         if self.nodes[arg].cls != "elem":
             raise _Conflict(f"{PREFIX} a scan of a reduced or uniform value")
         self.over(1, in_shape, (), dim, True, "scans")
-        out = self.add(Node(f"scan_{kind}", (arg,), (("reverse", reverse),), "elem"))
+        attrs = ((("exclusive", True),) if exclusive else ()) + (("reverse", reverse),)
+        out = self.add(Node(f"scan_{kind}", (arg,), attrs, "elem"))
         return self.flip(out, (dim,)) if reverse else out
 
     def flip(self, arg: int, dims: tuple[int, ...]) -> int:
@@ -1303,6 +1317,10 @@ class _Lowering:
                 raise Unsupported(f"{PREFIX} {op} without a dim")
             (d,) = _norm_dims(dim, len(shape), op)
             return b.scan(op.removeprefix("cum"), self.value(x), d, shape)
+        if op == "exclusive_scan":
+            shape = self.shape(x)
+            (d,) = _norm_dims(bound.get("dim"), len(shape), op)
+            return b.scan(bound["kind"], self.value(x), d, shape, exclusive=True)
         if op == "flip":
             return b.flip(self.value(x), _norm_dims(bound.get("dims"), len(self.shape(x)),
                                                     op))
@@ -1744,6 +1762,75 @@ def _decompose(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
+_FILLS = {torch.zeros_like: "sum", torch.ones_like: "prod"}
+_CUMULATIVE = {torch.cumsum: "sum", torch.cumprod: "prod"}
+
+
+def _cumulative(node: Any) -> tuple[str, dict[str, Any]] | None:
+    """(``sum`` or ``prod``, its arguments by name) of a cumsum/cumprod call, else None."""
+    if not isinstance(node, fx.Node):
+        return None
+    if node.op == "call_function" and node.target in _CUMULATIVE:
+        kind = _CUMULATIVE[node.target]
+    elif node.op == "call_method" and str(node.target) in ("cumsum", "cumprod"):
+        kind = str(node.target).removeprefix("cum")
+    else:
+        return None
+    return kind, dict(zip(("input", "dim"), node.args), **node.kwargs)
+
+
+def _exclusive_scans(gm: fx.GraphModule) -> None:
+    """Rewrite the exclusive scans tasks write as an inclusive one shifted by one into
+    :func:`exclusive_scan` nodes: ``torch.cat([zeros_like(Z), torch.cumsum(x.narrow(d, 0, n -
+    1), d)], d)`` with Z of x's shape but 1 along d, n = x.size(d) (cumprod with ones_like),
+    which the lowering could not express (a narrow by a traced size, a join). Needs the shapes
+    (``tensor_meta``); the nodes left unread are dropped."""
+    def shape(n: Any) -> tuple[int, ...] | None:
+        tm = n.meta.get("tensor_meta") if isinstance(n, fx.Node) else None
+        return tuple(int(v) for v in tm.shape) if hasattr(tm, "shape") else None
+
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in CATS:
+            continue
+        bound = dict(zip(("tensors", "dim"), node.args), **node.kwargs)
+        parts, dim = bound.get("tensors"), bound.get("dim", 0)
+        out = shape(node)
+        if set(bound) - {"tensors", "dim"} or not isinstance(parts, (list, tuple)) or \
+                len(parts) != 2 or out is None or not isinstance(dim, int):
+            continue
+        d = dim % len(out)
+        fill, scan = parts
+        fill_kind = _FILLS.get(fill.target) if isinstance(fill, fx.Node) and \
+            fill.op == "call_function" and len(fill.args) == 1 and not fill.kwargs else None
+        cum = _cumulative(scan)
+        if fill_kind is None or cum is None or cum[0] != fill_kind:
+            continue
+        cargs = cum[1]
+        narrow = cargs.get("input")
+        if set(cargs) != {"input", "dim"} or not isinstance(narrow, fx.Node) or \
+                not isinstance(cargs["dim"], int) or cargs["dim"] % len(out) != d or not (
+                    (narrow.op == "call_method" and str(narrow.target) == "narrow")
+                    or (narrow.op == "call_function" and narrow.target is torch.narrow)):
+            continue
+        nargs = dict(zip(("input", "dim", "start", "length"), narrow.args), **narrow.kwargs)
+        x = nargs.get("input")
+        xs = shape(x)
+        if xs != out or nargs.get("start") != 0 or not isinstance(nargs.get("dim"), int) or \
+                nargs["dim"] % len(out) != d or shape(narrow) != out[:d] + (out[d] - 1,) + \
+                out[d + 1:] or shape(fill) != out[:d] + (1,) + out[d + 1:] or \
+                fill.meta["tensor_meta"].dtype != x.meta["tensor_meta"].dtype:
+            continue
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_function(exclusive_scan, (x, d, fill_kind))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        changed = True
+    if changed:
+        _drop_dead(gm)
+
+
 class _Tracer(fx.Tracer):
     """fx's tracer with the module's buffers as graph values (``get_attr``), as its parameters
     are: a forward that slices a buffer by a traced size (a causal mask cut to the sequence,
@@ -1787,6 +1874,7 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
         # ShapeProp prints the failing node's traceback before raising; the decline says why.
         with contextlib.redirect_stderr(io.StringIO()):
             _ShapeProp(gm).propagate(*inputs)
+        _exclusive_scans(gm)
     except Exception as e:  # noqa: BLE001
         # Most often an op without a meta kernel, which v1 could not express anyway: name it.
         unknown = _first_unknown_op(gm)

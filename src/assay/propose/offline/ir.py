@@ -69,7 +69,8 @@ class Node:
     of S's dim ``dim``: kl_div's batchmean, in full reductions only) or
     ``reduce_sum``/``reduce_max``/``reduce_min``; axis plans add ``reduce_prod``,
     ``reduce_argmax``/``reduce_argmin`` (int64 indices, first of ties; only as the output) and
-    the scans ``scan_sum``/``scan_prod`` (``elem`` class; attr ``reverse``: from the end).
+    the scans ``scan_sum``/``scan_prod`` (``elem`` class; attr ``reverse``: from the end;
+    ``exclusive``: each element the scan of those before it, the first the identity).
 
     ``cls``: ``elem`` (per element of S), ``row`` (per row) or ``uniform`` (one value).
     ``attrs`` is a sorted tuple of (name, value) pairs so plans compare and hash by value.

@@ -190,8 +190,13 @@ __global__ void __launch_bounds__({{ block }}) assay_scan_lines({{ kparams }}) {
 {% for line in pre %}
       {{ line }}
 {% endfor %}
+{% if exclusive %}
+      const double run = acc;  // exclusive: what the elements before this one make
+      acc = acc {{ op }} (double){{ arg }};
+{% else %}
       acc = acc {{ op }} (double){{ arg }};
       const double run = acc;
+{% endif %}
 {% for line in post %}
       {{ line }}
 {% endfor %}
@@ -221,6 +226,9 @@ __global__ void __launch_bounds__({{ block }}) assay_scan_block({{ kparams }}) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t q = q0 + (int64_t)threadIdx.x * ITEMS + k;
+{% if exclusive %}
+        runs[k] = total;  // exclusive: the thread's items before this one
+{% endif %}
         if (q < mid) {
           const int64_t m = {{ m }};
           const int64_t i = base + m * inner;
@@ -229,7 +237,9 @@ __global__ void __launch_bounds__({{ block }}) assay_scan_block({{ kparams }}) {
 {% endfor %}
           total = total {{ op }} (double){{ arg }};
         }
+{% if not exclusive %}
         runs[k] = total;
+{% endif %}
       }
       double incl = total;
       #pragma unroll
@@ -391,9 +401,11 @@ def _cpp_passes(plan: Plan, sched: Schedule, tile: int
     if s >= 0:
         ident, op = _SCAN[plan.nodes[s].op.removeprefix("scan_")]
         pre, post = _scan_lines(plan, sched, names)
-        body = ([names.define(j) for j in pre]
-                + [f"acc[t] = acc[t] {op} (double){names(plan.nodes[s].args[0])};",
-                   f"const float v{s} = (float)acc[t];"]
+        step = [f"acc[t] = acc[t] {op} (double){names(plan.nodes[s].args[0])};",
+                f"const float v{s} = (float)acc[t];"]
+        if plan.nodes[s].attr("exclusive"):  # each element's value: the ones before it
+            step.reverse()
+        body = ([names.define(j) for j in pre] + step
                 + [names.define(j) for j in post if j != s and j not in pre]
                 + [f"out[i] = {names(plan.output)};"])
         return [{"comment": plan.nodes[s].op, "m": _m(plan),
@@ -559,7 +571,8 @@ def source(plan: Plan, target: str, knobs: dict[str, Any], summary: str) -> str:
     return head + render(CUDA_SCAN, **values, ident=ident, op=op, m=_m(plan),
                          pre=[names.define(j) for j in pre], arg=names(plan.nodes[s].args[0]),
                          post=post_lines, post_block=again + post_lines,
-                         items=int(knobs["items"]), form=int(knobs["form"]))
+                         items=int(knobs["items"]), form=int(knobs["form"]),
+                         exclusive=bool(plan.nodes[s].attr("exclusive")))
 
 
 FAMILY = Family(name="axis", matches=matches, knob_spaces=KNOB_SPACES, space=space,
