@@ -9,10 +9,11 @@ allocated, no kernel run) before the step takes it would leave the step a cache 
 For each task file, three fresh processes, each with an inductor and Triton cache of its run:
 
 - ``cold``: torch.compile(Model) and its first call on real inputs (cache A);
-- ``fake``: the same under ``FakeTensorMode`` (cache B): its seconds, whether it ran at all,
-  and whether the process made a CUDA context (``torch.cuda.is_initialized()`` and the
-  driver's list of compute processes: a context is device memory another job's plan did not
-  count);
+- ``fake``: the same under ``FakeTensorMode`` (cache B), as the baseline step's prewarm does it
+  (``assay.bench.prewarm.compile_fake``: an error after the compile is reported, the caches are
+  written by then): its seconds, and whether the process made a CUDA context
+  (``torch.cuda.is_initialized()`` and the driver's list of compute processes: a context is
+  device memory another job's plan did not count);
 - ``warm``: the real compile and first call again with cache B.
 
     python benchmarks/probe_compile_prewarm.py TASK.py ... [--out prewarm.json]
@@ -48,15 +49,12 @@ def child(mode: str, task_file: str) -> dict:
     out: dict = {"mode": mode}
     t0 = time.perf_counter()
     try:
-        if mode == "fake":
-            from torch._subclasses.fake_tensor import FakeTensorMode
+        if mode == "fake":  # the baseline step's prewarm (its errors after the compile: kept)
+            from assay.bench.prewarm import compile_fake
 
-            with FakeTensorMode(allow_non_fake_inputs=True):
-                model = reference_model(module, 0, "cuda")
-                inputs = make_inputs(module, 100, "cuda")
-            compiled = torch.compile(model)
-            with torch.no_grad():
-                compiled(*inputs)
+            fake = compile_fake(task_file, "large", "cuda", "default")
+            if fake["error"]:
+                out["error"] = fake["error"]
         else:
             model = reference_model(module, 0, "cuda")
             inputs = make_inputs(module, 100, "cuda")
@@ -68,6 +66,10 @@ def child(mode: str, task_file: str) -> dict:
     except Exception as e:  # noqa: BLE001 - what the probe reports
         out["ok"], out["error"] = False, f"{type(e).__name__}: {e}".splitlines()[0][:300]
     out["seconds"] = round(time.perf_counter() - t0, 2)
+    from torch._dynamo.utils import counters
+
+    out["fxgraph_cache"] = {k: counters["inductor"].get(f"fxgraph_cache_{k}", 0)
+                            for k in ("hit", "miss")}
     out["cuda_initialized"] = torch.cuda.is_initialized()
     smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
                          capture_output=True, text=True)
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.tasks:
         a.error("give task files")
     rows = []
-    print("| task | cold s | fake s (ok, context) | warm s after fake |")
+    print("| task | cold s | fake s (ok, context) | warm s after fake (FX-graph cache) |")
     print("| --- | --- | --- | --- |")
     for i, task in enumerate(args.tasks, 1):
         with tempfile.TemporaryDirectory() as a_dir, tempfile.TemporaryDirectory() as b_dir:
@@ -109,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"| {Path(task).stem} | {cold.get('seconds')} {cold.get('error', '')} | "
               f"{fake.get('seconds')} ({fake.get('ok')}, {fake.get('context')}) "
-              f"{fake.get('error', '')} | {warm.get('seconds')} {warm.get('error', '')} |",
-              flush=True)
+              f"{fake.get('error', '')} | {warm.get('seconds')} {warm.get('fxgraph_cache')} "
+              f"{warm.get('error', '')} |", flush=True)
         print(f"[{i}/{len(args.tasks)}] {Path(task).stem}", file=sys.stderr, flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))

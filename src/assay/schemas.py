@@ -140,6 +140,9 @@ class ProfileConfig:
 class BaselinesConfig:
     compile: bool = True  # also time torch.compile (inductor) as a baseline
     compile_mode: str = "default"  # torch.compile's mode (default, reduce-overhead, ...)
+    # cuda: compile on fake tensors before the device is taken (bench/prewarm.py), so the
+    # compile with it held is a cache hit
+    prewarm: bool = False
 
 
 @dataclass

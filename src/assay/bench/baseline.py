@@ -7,6 +7,7 @@ candidate can touch the baseline's clock, memory or settings.
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any, Callable, ContextManager
 
 import torch
@@ -90,6 +91,10 @@ def time_reference(task: Task, device: str, cfg: TimingConfig, compile_: bool = 
         out["compile_ms"] = None
         compiled = None
         if compile_:
+            from torch._dynamo.utils import counters
+
+            before = dict(counters["inductor"])
+            t0 = time.perf_counter()
             try:
                 compiled = torch.compile(model, mode=compile_mode)
                 for s in sets:
@@ -97,6 +102,14 @@ def time_reference(task: Task, device: str, cfg: TimingConfig, compile_: bool = 
             except Exception as e:  # noqa: BLE001 - inductor failures are recorded, not fatal
                 out["compile_error"] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
                 compiled = None
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            # the compile and its first calls, and whether inductor's FX-graph cache served it
+            # (a prewarmed compile: bench/prewarm.py)
+            out["compile_s"] = round(time.perf_counter() - t0, 3)
+            out["fxgraph_cache"] = {k: counters["inductor"].get(f"fxgraph_cache_{k}", 0)
+                                    - before.get(f"fxgraph_cache_{k}", 0)
+                                    for k in ("hit", "miss")}
         with hold():
             eager, out["eager_timings"] = steady(
                 lambda: time_calls(lambda i: model(*sets[i % rotating]), dev, cfg))

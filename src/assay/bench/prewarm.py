@@ -1,0 +1,92 @@
+"""torch.compile's compile of a task's reference before a GPU step takes the device.
+
+The baseline step times torch.compile's form of the reference, and compiling it (dynamo's
+trace, inductor's code generation, Triton's builds) held the device: KernelBench's L3_16
+DenseNet201 held an H200 84 s for an 18 ms call. Compiled first on fake tensors (shapes, no
+memory, no kernel run), in a process of its own while another job uses the device, the same
+graph leaves inductor's FX-graph cache and Triton's cache filled, so the compile with the device
+held is a cache hit: dynamo's trace and the cache's loads only.
+
+    python -m assay.bench.prewarm TASK.py [--size large] [--device cuda] [--mode default]
+
+prints one JSON line: the seconds it took and the error that stopped it, if any. The fake run
+may fail after its compile (a fake tensor meeting a real one at run time): the caches are
+written by then, so an error is reported, not raised (``benchmarks/probe_compile_prewarm.py``
+measured the effect on a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def compile_fake(task_file: str, size: str, device: str, mode: str) -> dict:
+    """Compile the reference of ``task_file`` under ``FakeTensorMode`` in this process:
+    {"seconds", "error"} ("" when the fake call ran through)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from assay.tasks.instantiate import init_inputs, make_inputs, set_fp32_numerics
+    from assay.tasks.model import Task
+
+    t0 = time.perf_counter()
+    error = ""
+    try:
+        set_fp32_numerics(False)  # the numerics the baseline compiles under (its guards)
+        module = Task.from_file(Path(task_file), size=size).module()
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            # Made on the device, not moved there (a module of fake parameters cannot be
+            # swapped onto another device) and not randomized (values: the graph is the same)
+            with torch.device(device):
+                model = module.Model(*init_inputs(module)).eval()
+            inputs = make_inputs(module, 100, device)
+            compiled = torch.compile(model, mode=mode)
+            with torch.no_grad():
+                compiled(*inputs)
+    except Exception as e:  # noqa: BLE001 - after its compile the caches hold what it made
+        error = f"{type(e).__name__}: {e}".splitlines()[0][:300] if str(e) else type(e).__name__
+    return {"seconds": round(time.perf_counter() - t0, 3), "error": error}
+
+
+def prewarm(task_file: str | Path, size: str, device: str, mode: str = "default",
+            timeout_s: float = 900.0) -> dict:
+    """:func:`compile_fake` in a child process (this one's CUDA state and dynamo's in-memory
+    caches untouched; the caches on disk are shared): {"seconds", "error"}; a child that
+    fails or runs past ``timeout_s`` is an error, never an exception."""
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "assay.bench.prewarm", str(task_file), "--size", size,
+           "--device", device, "--mode", mode]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                           env=dict(os.environ))
+    except subprocess.TimeoutExpired:
+        return {"seconds": round(time.perf_counter() - t0, 3),
+                "error": f"stopped after {timeout_s:.0f} s"}
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode or not lines:
+        last = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+        return {"seconds": round(time.perf_counter() - t0, 3), "error": last[:300]}
+    out = json.loads(lines[-1])
+    out["seconds"] = round(time.perf_counter() - t0, 3)  # the child's start-up included
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("task", help="a KernelBench-format task file")
+    ap.add_argument("--size", default="large", help="the task's size (large | small)")
+    ap.add_argument("--device", default="cuda", help="the device the tensors claim (fake)")
+    ap.add_argument("--mode", default="default", help="torch.compile's mode")
+    args = ap.parse_args(argv)
+    print(json.dumps(compile_fake(args.task, args.size, args.device, args.mode)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
