@@ -41,7 +41,9 @@
 #               one gets ready; 3 kept it no busier: held 91% of the tenth session's DAG time,
 #               93% of the ninth's with 2, benchmarks/dag_left.py); LEVELS (1), CAMPAIGN (kb), CORES (12), TASKS: ids (all),
 #               NCU_MIN: profile.ncu_min_speedup (1: ncu for the kernels faster than eager only,
-#               from the eleventh session on; 5-40 s of the device a task), FORCE:
+#               from the eleventh session on; 5-40 s of the device a task), PREWARM:
+#               baselines.prewarm (true: torch.compile on fake tensors before the device is
+#               taken, from the eleventh session on), FORCE:
 #               files (under $S/dag) or rules made again with what depends on them (a task's
 #               gen_0/proposals.json: all its stages, as `assay run --rerun` forces them);
 #               ends with the call's jobs per rule (benchmarks/dag_times.py)
@@ -171,7 +173,8 @@ for phase in "$@"; do
       run_for "$secs" "$S/dag.log" python3 -m snakemake "${targets[@]}" ${FORCE:+--forcerun $FORCE} \
         --cores "${CORES:-12}" --resources gpu=$((${GPU_JOBS:-2} * (gpus > 0 ? gpus : 1))) \
         --config "overrides=[campaign=${CAMPAIGN:-kb},tasks=kernelbench,tasks.source=$PWD/.kb,\
-tasks.levels=[${LEVELS:-1}],target=cuda,results_dir=$S/dag,profile.ncu_min_speedup=${NCU_MIN:-1}]"
+tasks.levels=[${LEVELS:-1}],target=cuda,results_dir=$S/dag,profile.ncu_min_speedup=${NCU_MIN:-1},\
+baselines.prewarm=${PREWARM:-true}]"
       # this call's jobs per rule (the log's last invocation: this call started it)
       n=$(grep -c "^Building DAG of jobs" "$S/dag.log")
       python3 benchmarks/dag_times.py "$S/dag.log" --from-invocation "$n" ;;

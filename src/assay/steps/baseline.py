@@ -41,7 +41,7 @@ def baseline(cfg: DictConfig) -> dict:
         from assay.bench.prewarm import prewarm
 
         log.info("%s: torch.compile on fake tensors first (no device)", task.id)
-        warm = prewarm(task.path, task.size, device, cfg.baselines.compile_mode)
+        warm = prewarm(task.path, task.size, device, cfg.baselines.compile_mode, timeout_s=300)
         log.info("%s: prewarmed in %.1f s%s", task.id, warm["seconds"],
                  f" ({warm['error']})" if warm.get("error") else "")
     app.on_device(cfg)  # (its imports, torch.compile's among them, ran beside another job)
