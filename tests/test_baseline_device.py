@@ -50,3 +50,33 @@ def test_a_baseline_timed_on_another_gpu_is_timed_again_on_this_one(tmp_path, mo
     assert again is baseline
     retimed, _ = this_gpu(cfg, task, elsewhere, peaks, {})  # (from the baseline cache)
     assert retimed["eager_ms"] == baseline["eager_ms"]
+
+
+def test_the_verify_step_prewarms_only_a_baseline_this_gpu_must_time_again(monkeypatch):
+    """``baselines.prewarm``: before the device is taken, torch.compile on fake tensors for a
+    baseline that ``this_gpu`` will time again (another GPU's, not in this one's cache), and
+    for no other: this GPU's own, a cached one, prewarm off."""
+    import assay.bench.baseline_cache
+    import assay.bench.device
+    import assay.bench.prewarm
+    from assay.steps.verify import prewarmed_baseline
+
+    warmed, cached = [], {"now": False}
+    monkeypatch.setattr(assay.bench.device, "device_name", lambda device: "NVIDIA H100")
+    monkeypatch.setattr(assay.bench.baseline_cache, "baseline_is_cached",
+                        lambda *a, **k: cached["now"])
+    monkeypatch.setattr(assay.bench.prewarm, "prewarm", lambda path, size, device, mode,
+                        timeout_s: warmed.append(device) or {"seconds": 2.5, "error": "x"})
+    cfg = app.compose(["target=cuda", "tasks=ci", "baselines.prewarm=true"])
+    task = app.load_task(cfg, app.task_refs(cfg)[0][0].id, "cuda")
+    h200 = {"eager_ms": 1.0, "device_name": "NVIDIA H200"}
+    shared: dict = {}
+    prewarmed_baseline(cfg, task, h200, shared)
+    assert warmed == ["cuda"] and shared == {"baseline_prewarm_s": 2.5,
+                                             "baseline_prewarm_error": "x"}, shared
+    for baseline, now, config in (({"eager_ms": 1.0, "device_name": "NVIDIA H100"}, False, cfg),
+                                  (h200, True, cfg),
+                                  (h200, False, app.compose(["target=cuda", "tasks=ci"]))):
+        cached["now"], shared = now, {}
+        prewarmed_baseline(config, task, baseline, shared)
+        assert warmed == ["cuda"] and shared == {}, (baseline, now)

@@ -121,9 +121,11 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
     if device == "cuda":
         builds = built_first([paths[cid] for cid in todo], cfg.build.workers,
                              cfg.build.timeout_s, vcfg.limits)
+    shared = {}
+    if device == "cuda":
+        prewarmed_baseline(cfg, task, baseline, shared)
     # On the cpu target the CPU lease covers the references (float64, memory-bound) and the
     # verifications; the imports above and the teardown run beside another step's timing.
-    shared = {}
     if (waited := app.on_device(cfg)) is not None:
         shared["device_wait_s"] = waited
     if device == "cuda":  # speedups of one GPU's times only
@@ -139,6 +141,28 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
             # once per generation, before its first candidate (the harness keeps it)
             shared |= {"prepare_s": time.perf_counter() - t, "prepare_shared_by": len(todo)}
         decide(prepared, shared)
+
+
+def prewarmed_baseline(cfg: DictConfig, task, baseline: dict, shared: dict) -> None:
+    """Before the device is taken: where :func:`this_gpu` will time the task's baseline again
+    (the campaign's was another GPU's, and this one's is not cached), torch.compile's compile
+    of it on fake tensors first (``baselines.prewarm``, as the baseline step does), so that
+    the compile with the device held is a cache hit; what it took in ``shared``."""
+    if not (cfg.baselines.compile and cfg.baselines.prewarm) or baseline.get("eager_ms") is None:
+        return
+    from assay.bench.baseline_cache import baseline_is_cached
+    from assay.bench.device import device_name
+    from assay.bench.prewarm import prewarm
+    from assay.bench.timing import TimingConfig
+
+    if not other_device(baseline.get("device_name"), device_name("cuda")) or \
+            baseline_is_cached(task, "cuda", TimingConfig.of(cfg.verify), cfg.baselines.compile,
+                               cfg.baselines.compile_mode):
+        return
+    warm = prewarm(task.path, task.size, "cuda", cfg.baselines.compile_mode, timeout_s=300)
+    shared["baseline_prewarm_s"] = warm["seconds"]
+    if warm.get("error"):
+        shared["baseline_prewarm_error"] = warm["error"]
 
 
 def this_gpu(cfg: DictConfig, task, baseline: dict, peaks: dict | None, shared: dict
@@ -168,6 +192,9 @@ def this_gpu(cfg: DictConfig, task, baseline: dict, peaks: dict | None, shared: 
                                cfg.baselines.compile_mode), cfg.baselines.compile_mode)
     # (in every verdict's times: which baseline its speedups divide by, and why)
     shared["baseline_here_s"] = time.perf_counter() - t
+    if not cached and isinstance(timed.get("compile_s"), (int, float)):
+        shared["baseline_compile_s"] = timed["compile_s"]  # of it, the compile (held)
+        shared["baseline_compile_cache_hit"] = bool(timed.get("fxgraph_cache", {}).get("hit"))
     shared["baseline_retimed"] = f"the campaign's baseline was {why}"
     log.warning("%s: its baseline was %s: this GPU's is used (%s), eager %s ms", task.id, why,
                 "cached" if cached else "timed now", timed.get("eager_ms"))
