@@ -62,9 +62,13 @@ def prewarm(task_file: str | Path, size: str, device: str, mode: str = "default"
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "assay.bench.prewarm", str(task_file), "--size", size,
            "--device", device, "--mode", mode]
+    env = dict(os.environ)
+    # a quarter of the cores for inductor's and Triton's compile workers (the user's setting
+    # wins): the prewarm runs beside another job timing on the device, whose host side a
+    # machine's worth of compilers would slow
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 4) // 4)))
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                           env=dict(os.environ))
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         return {"seconds": round(time.perf_counter() - t0, 3),
                 "error": f"stopped after {timeout_s:.0f} s"}
