@@ -4,7 +4,8 @@ H100 times for at least 90% of the tasks; explain the rest"). No device: it read
 runs wrote.
 
     python benchmarks/kb_baselines.py --timing KB/timing/H100_Modal \\
-        [--rows selfcheck.jsonl ...] [--gpu-of FILE=GPU ...] [--campaign results/kb ...] [--out DIR]
+        [--rows selfcheck.jsonl ...] [--gpu-of FILE=GPU ...] [--campaign results/kb ...] \\
+        [--cache BASELINE_CACHE ...] [--out DIR]
 
 ``--rows``: JSONL rows of ``benchmarks/kb_selfcheck.py`` (the reference verified as its own
 candidate: its ``runtime_ms`` is the verifier's eager timing of the task, flushed L2, fp32 without
@@ -16,6 +17,9 @@ folder of the DAG with ``tasks=kernelbench`` (``results/<campaign>``): its basel
 ``compile_default_ms`` where set, as above), the GPU each names (``device_name``; a file
 written before baselines named theirs: the campaign's ``device.json``, see
 ``benchmarks/dag_state_gpus.py``); a campaign's rows win over the self-check's.
+``--cache``: baseline caches (``$ASSAY_BASELINE_CACHE``; the GPU state's ``baseline-cache/``):
+the baselines the verify step timed again where the campaign's were another GPU's, each on its
+own GPU (those naming it, ``device_name``). A task is compared once per GPU it was timed on.
 ``--timing``: KernelBench's folder of published times (``baseline_time_torch.json`` and
 ``baseline_time_torch_compile_inductor_default.json``: level -> task file -> mean ms, the
 hardware named per entry); a task is matched by its level and number.
@@ -79,10 +83,10 @@ PUBLISHED = {"eager": "baseline_time_torch.json",
              "torch.compile": "baseline_time_torch_compile_inductor_default.json"}
 
 
-def read_campaigns(folders: list[str]) -> dict[str, dict]:
-    """{task: {"eager": (ms, numerics), "torch.compile": (ms, numerics), "_gpu"}} from the
-    campaigns' baseline files (later folders win)."""
-    out: dict[str, dict] = {}
+def read_campaigns(folders: list[str]) -> dict[tuple[str, str], dict]:
+    """{(task, GPU): {"eager": (ms, numerics), "torch.compile": (ms, numerics), "_gpu"}} from
+    the campaigns' baseline files (later folders win)."""
+    out: dict[tuple[str, str], dict] = {}
     for folder in map(Path, folders):
         device = folder / "device.json"
         if not (folder / "baselines").is_dir():
@@ -96,13 +100,45 @@ def read_campaigns(folders: list[str]) -> dict[str, dict]:
                 b = json.loads(f.read_text())
             except ValueError as e:
                 sys.exit(f"error: {f}: not JSON ({e.msg})")
-            entry: dict = {"_gpu": b.get("device_name") or gpu}  # (a campaign resumed on
-            # another GPU: its later baselines were timed there)
-            for which, fp32, default in (("eager", "eager_ms", "eager_default_ms"),
-                                         ("torch.compile", "compile_ms", "compile_default_ms")):
-                if (t := timed(b, fp32, default)) is not None:
-                    entry[which] = t
-            out[f.stem] = entry
+            entry = _entry(b, b.get("device_name") or gpu)  # (a campaign resumed on another
+            # GPU: its later baselines were timed there)
+            out[(f.stem, entry["_gpu"])] = entry
+    return out
+
+
+def _entry(b: dict, gpu: str) -> dict:
+    entry: dict = {"_gpu": gpu}
+    for which, fp32, default in (("eager", "eager_ms", "eager_default_ms"),
+                                 ("torch.compile", "compile_ms", "compile_default_ms")):
+        if (t := timed(b, fp32, default)) is not None:
+            entry[which] = t
+    return entry
+
+
+# A timed baseline in the baseline cache: <task>-<its key>.json (records and shapes have
+# another word before the key)
+CACHED = re.compile(r"^(L\d+_\d+_.*?)(?<!-record)(?<!-shapes)-([0-9a-f]{20})\.json$")
+
+
+def read_cache(folders: list[str]) -> dict[tuple[str, str], dict]:
+    """:func:`read_campaigns`' form from baseline caches (``$ASSAY_BASELINE_CACHE``, the GPU
+    state's ``baseline-cache/``): the baselines the verify step timed again on its own GPU,
+    where the campaign's were another's. Only those that name their GPU (``device_name``:
+    written since 2026-12-07) are read."""
+    out: dict[tuple[str, str], dict] = {}
+    for folder in map(Path, folders):
+        if not folder.is_dir():
+            sys.exit(f"error: {folder}: not a folder (a baseline cache?)")
+        for f in sorted(folder.glob("*.json")):
+            m = CACHED.match(f.name)
+            if not m:
+                continue
+            try:
+                b = json.loads(f.read_text())
+            except ValueError as e:
+                sys.exit(f"error: {f}: not JSON ({e.msg})")
+            if isinstance(b, dict) and b.get("device_name") and b.get("eager_ms"):
+                out[(m.group(1), b["device_name"])] = _entry(b, b["device_name"])
     return out
 
 
@@ -114,9 +150,10 @@ def timed(b: dict, fp32: str, default: str) -> tuple[float, str] | None:
     return (float(b[fp32]), "fp32") if b.get(fp32) else None
 
 
-def from_rows(rows: dict[str, dict]) -> dict[str, dict]:
+def from_rows(rows: dict[str, dict]) -> dict[tuple[str, str], dict]:
     """The self-check's accepted rows in :func:`read_campaigns`' form (eager only)."""
-    return {task: {"_gpu": r["_gpu"], "eager": timed(r, "runtime_ms", "eager_default_ms")}
+    return {(task, r["_gpu"]): {"_gpu": r["_gpu"],
+                                "eager": timed(r, "runtime_ms", "eager_default_ms")}
             for task, r in rows.items() if r.get("accepted") and r.get("runtime_ms")}
 
 
@@ -131,10 +168,10 @@ def published_time(published: dict, task: str) -> dict | None:
     return None
 
 
-def compare(ours: dict[str, dict], published: dict[str, dict],
+def compare(ours: dict[tuple[str, str], dict], published: dict[str, dict],
             which: str = "eager") -> list[dict]:
     out = []
-    for task, r in sorted(ours.items()):
+    for (task, _gpu), r in sorted(ours.items()):
         ref = published_time(published, task)
         if which not in r or ref is None:
             continue
@@ -172,10 +209,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="the GPU of a file whose rows do not name one")
     a.add_argument("--campaign", nargs="*", default=[], metavar="DIR",
                    help="campaign folders (results/<campaign>) of tasks=kernelbench")
+    a.add_argument("--cache", nargs="*", default=[], metavar="DIR",
+                   help="baseline caches: the verify step's baselines of its own GPU")
     a.add_argument("--out", help="a folder for baselines.md (every task)")
     args = a.parse_args(argv)
-    if not args.rows and not args.campaign:
-        a.error("give --rows, --campaign or both")
+    if not args.rows and not args.campaign and not args.cache:
+        a.error("give --rows, --campaign, --cache or several")
     eager = Path(args.timing) / PUBLISHED["eager"]
     if not eager.is_file():
         print(f"error: {eager}: not found (KernelBench's timing folder?)", file=sys.stderr)
@@ -183,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu_of = dict(x.split("=", 1) for x in args.gpu_of)
     ours = from_rows(read_rows(args.rows, gpu_of)) if args.rows else {}
     ours.update(read_campaigns(args.campaign))
+    ours.update(read_cache(args.cache))
     rows = []
     for which, name in PUBLISHED.items():
         path = Path(args.timing) / name

@@ -122,3 +122,32 @@ def test_what_a_task_computes_is_read_from_its_level_and_name():
     assert kb.kind("L1_97_ScaledDotProductAttention") == "matrix product"
     assert kb.kind("L3_1_MLP") == "matrix product"
     assert kb.kind("L3_10_ResNet101") == kb.kind("L1_50_conv_standard_2D") == "convolution"
+
+
+def test_a_baseline_cache_gives_each_gpu_its_own_comparison(tmp_path, published, capsys):
+    """``--cache``: the verify step's baselines of its own GPU (those naming it), compared
+    beside the campaign's baseline of the same task on another GPU; a record, a shapes file, an
+    unnamed or untimed baseline are not read."""
+    camp = tmp_path / "results" / "kb"
+    (camp / "baselines").mkdir(parents=True)
+    (camp / "device.json").write_text(json.dumps({"name": "NVIDIA H200"}))
+    (camp / "baselines" / "L1_19_ReLU.json").write_text(json.dumps({"eager_ms": 3.0}))
+    cache = tmp_path / "baseline-cache"
+    cache.mkdir()
+    key = "0123456789abcdef0123"
+    files = {f"L1_19_ReLU-{key}.json": {"eager_ms": 4.1, "device_name": "NVIDIA H100"},
+             f"L1_1_Square_matrix_multiplication-{key}.json": {"eager_ms": 2.0},  # unnamed
+             f"L1_54_conv_standard_3D-record-{key}.json": {"eager_ms": 9.0,
+                                                          "device_name": "NVIDIA H100"},
+             f"L1_54_conv_standard_3D-{key}.json": {"device_name": "NVIDIA H100"}}
+    for name, body in files.items():
+        (cache / name).write_text(json.dumps(body))
+    assert kb.main(["--timing", str(published), "--campaign", str(camp), "--cache",
+                    str(cache)]) == 0
+    text = capsys.readouterr().out
+    assert "NVIDIA H100: 1 of 1 tasks within 10% of the published eager time" in text, text
+    assert "NVIDIA H200: 0 of 1 tasks within 10% of the published eager time" in text, text
+    (cache / f"L1_19_ReLU-{key}.json").write_text("{not json")
+    with pytest.raises(SystemExit, match=r"L1_19_ReLU-0123456789abcdef0123\.json: not JSON"):
+        kb.main(["--timing", str(published), "--cache", str(cache)])
+

@@ -188,8 +188,9 @@ def this_gpu(cfg: DictConfig, task, baseline: dict, peaks: dict | None, shared: 
     tcfg = TimingConfig.of(cfg.verify)
     timed, cached = cached_baseline(
         task, "cuda", tcfg, cfg.baselines.compile,
-        lambda: time_reference(task, "cuda", tcfg, cfg.baselines.compile,
-                               cfg.baselines.compile_mode), cfg.baselines.compile_mode)
+        lambda: {**time_reference(task, "cuda", tcfg, cfg.baselines.compile,
+                                  cfg.baselines.compile_mode), "device_name": here},
+        cfg.baselines.compile_mode)  # (named: benchmarks/kb_baselines.py --cache reads it)
     # (in every verdict's times: which baseline its speedups divide by, and why)
     shared["baseline_here_s"] = time.perf_counter() - t
     if not cached and isinstance(timed.get("compile_s"), (int, float)):
