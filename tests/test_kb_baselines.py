@@ -137,8 +137,8 @@ def test_a_baseline_cache_gives_each_gpu_its_own_comparison(tmp_path, published,
     key = "0123456789abcdef0123"
     files = {f"L1_19_ReLU-{key}.json": {"eager_ms": 4.1, "device_name": "NVIDIA H100"},
              f"L1_1_Square_matrix_multiplication-{key}.json": {"eager_ms": 2.0},  # unnamed
-             f"L1_54_conv_standard_3D-record-{key}.json": {"eager_ms": 9.0,
-                                                          "device_name": "NVIDIA H100"},
+             f"L1_54_conv_standard_3D-record-{key}.json": {
+                 "eager_ms": 9.0, "device_name": "NVIDIA H100"},
              f"L1_54_conv_standard_3D-{key}.json": {"device_name": "NVIDIA H100"}}
     for name, body in files.items():
         (cache / name).write_text(json.dumps(body))
@@ -150,4 +150,3 @@ def test_a_baseline_cache_gives_each_gpu_its_own_comparison(tmp_path, published,
     (cache / f"L1_19_ReLU-{key}.json").write_text("{not json")
     with pytest.raises(SystemExit, match=r"L1_19_ReLU-0123456789abcdef0123\.json: not JSON"):
         kb.main(["--timing", str(published), "--cache", str(cache)])
-
