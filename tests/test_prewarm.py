@@ -1,6 +1,6 @@
 """torch.compile on fake tensors before the device is taken (bench/prewarm.py): the real compile
-after it is an FX-graph cache hit. On this machine the tensors claim the cpu; the GPU machine's
-probe (benchmarks/probe_compile_prewarm.py) measures the cuda case."""
+after it is an FX-graph cache hit. On this machine the tensors claim the cpu; the KernelBench DAG
+on the GPU machine measures the cuda case (its baseline logs)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,10 @@ def test_a_compile_on_fake_tensors_leaves_the_real_one_a_cache_hit(tmp_path, mon
         torch._dynamo.reset()
         if warmed:
             warm = prewarm.prewarm(path, "large", "cpu", timeout_s=600)
-            assert warm["seconds"] > 0 and "stopped" not in warm["error"], warm
+            # no error: its compiled graphs are not run (on fake tensors they would launch
+            # kernels on pointers with nothing behind them: a device fault on a GPU; here
+            # fake tensors meeting the compiled code's real ones)
+            assert warm["seconds"] > 0 and warm["error"] == "", warm
         out = baseline.time_reference(task, "cpu", QUICK)
         assert out["compile_ms"] is not None and out["compile_s"] > 0, out
         hits[warmed] = out["fxgraph_cache"]

@@ -9,10 +9,9 @@ held is a cache hit: dynamo's trace and the cache's loads only.
 
     python -m assay.bench.prewarm TASK.py [--size large] [--device cuda] [--mode default]
 
-prints one JSON line: the seconds it took and the error that stopped it, if any. The fake run
-may fail after its compile (a fake tensor meeting a real one at run time): the caches are
-written by then, so an error is reported, not raised (``benchmarks/probe_compile_prewarm.py``
-measured the effect on a GPU).
+prints one JSON line: the seconds it took and the error that stopped it, if any. The compiled
+graphs are not run (:func:`_compile_only`): the fake call runs them op by op on fake tensors.
+A failure after the compile leaves the caches written, so an error is reported, not raised.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def compile_fake(task_file: str, size: str, device: str, mode: str) -> dict:
@@ -46,12 +46,27 @@ def compile_fake(task_file: str, size: str, device: str, mode: str) -> dict:
             with torch.device(device):
                 model = module.Model(*init_inputs(module)).eval()
             inputs = make_inputs(module, 100, device)
-            compiled = torch.compile(model, mode=mode)
+            compiled = torch.compile(model, backend=_compile_only(mode))
             with torch.no_grad():
                 compiled(*inputs)
     except Exception as e:  # noqa: BLE001 - after its compile the caches hold what it made
         error = f"{type(e).__name__}: {e}".splitlines()[0][:300] if str(e) else type(e).__name__
     return {"seconds": round(time.perf_counter() - t0, 3), "error": error}
+
+
+def _compile_only(mode: str) -> Any:
+    """torch.compile's inductor backend for ``mode`` that compiles each graph (filling the
+    caches) and then runs the graph uncompiled: on fake tensors that launches nothing, where
+    the compiled code would launch its kernels with no memory behind their pointers (an H100
+    reported illegal memory accesses from the prewarm's process beside another job's timing)."""
+    import torch
+
+    class CompileOnly(torch._TorchCompileInductorWrapper):
+        def __call__(self, model_: Any, inputs_: Any) -> Any:
+            super().__call__(model_, inputs_)
+            return model_.forward
+
+    return CompileOnly(mode, None, None)
 
 
 def prewarm(task_file: str | Path, size: str, device: str, mode: str = "default",
