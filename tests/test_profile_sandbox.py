@@ -246,6 +246,8 @@ ALLOWED = {
                                                     "(trusted) in a process that never loads a "
                                                     "candidate",
     ("assay/gpu.py", "_nvidia_smi"): "nvidia-smi: the GPUs and their architecture",
+    ("assay/bench/prewarm.py", "prewarm"): "compiles the task's reference (trusted) with "
+                                           "torch.compile on fake tensors; loads no candidate",
 }
 
 
