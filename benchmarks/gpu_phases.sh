@@ -42,15 +42,15 @@
 #               93% of the ninth's with 2, benchmarks/dag_left.py); LEVELS (1), CAMPAIGN (kb), CORES (12), TASKS: ids (all),
 #               NCU_MIN: profile.ncu_min_speedup (1: ncu for the kernels faster than eager only,
 #               from the eleventh session on; 5-40 s of the device a task), PREWARM:
-#               baselines.prewarm (true: torch.compile on fake tensors before the device is
-#               taken, from the eleventh session on), FORCE:
+#               baselines.prewarm (true, the default since the eleventh session), FORCE:
 #               files (under $S/dag) or rules made again with what depends on them (a task's
 #               gen_0/proposals.json: all its stages, as `assay run --rerun` forces them);
 #               ends with the call's jobs per rule (benchmarks/dag_times.py)
 #   joins       benchmarks/probe_joins.py: the stream waits the audit sees of a joined side
 #               stream (issue #19)
 #   prewarm     benchmarks/probe_compile_prewarm.py on PROBE (task files; default KernelBench's
-#               L3_16 DenseNet201, L3_45 UNetSoftmax, L2_34): can torch.compile's compile fill
+#               L2_34, L3_45 UNetSoftmax, L3_16 DenseNet201: the quick ones first; 150 s did
+#               not see DenseNet201 through): can torch.compile's compile fill
 #               its caches with fake tensors, no CUDA context, before a step takes the device
 #               (issue #16), into $S/prewarm.json
 # Needs: the wheels in .whl/ (`python3 benchmarks/device_wheels.py`, with --pipeline for the
@@ -182,7 +182,7 @@ baselines.prewarm=${PREWARM:-true}]"
       run_for "$secs" "$S/joins.log" python3 benchmarks/probe_joins.py --out "$S/joins.md" ;;
     prewarm)
       run_for "$secs" "$S/prewarm.log" python3 benchmarks/probe_compile_prewarm.py \
-        ${PROBE:-.kb/level3/16_DenseNet201.py .kb/level3/45_UNetSoftmax.py .kb/level2/34_ConvTranspose3d_LayerNorm_GELU_Scaling.py} \
+        ${PROBE:-.kb/level2/34_ConvTranspose3d_LayerNorm_GELU_Scaling.py .kb/level3/45_UNetSoftmax.py .kb/level3/16_DenseNet201.py} \
         --out "$S/prewarm.json" ;;
     streams)
       run_for "$secs" "$S/streams.md" python3 benchmarks/probe_streams.py \

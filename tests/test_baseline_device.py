@@ -76,7 +76,8 @@ def test_the_verify_step_prewarms_only_a_baseline_this_gpu_must_time_again(monke
                                              "baseline_prewarm_error": "x"}, shared
     for baseline, now, config in (({"eager_ms": 1.0, "device_name": "NVIDIA H100"}, False, cfg),
                                   (h200, True, cfg),
-                                  (h200, False, app.compose(["target=cuda", "tasks=ci"]))):
+                                  (h200, False, app.compose(["target=cuda", "tasks=ci",
+                                                             "baselines.prewarm=false"]))):
         cached["now"], shared = now, {}
         prewarmed_baseline(config, task, baseline, shared)
         assert warmed == ["cuda"] and shared == {}, (baseline, now)

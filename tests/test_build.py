@@ -181,6 +181,7 @@ def test_a_cuda_verify_step_builds_every_candidate_before_it_takes_the_device(tm
     monkeypatch.setattr(compile_service, "built_first", built_first)
     monkeypatch.setattr(app, "on_device", lambda cfg: order.append(("device",)))
     monkeypatch.setattr(step, "this_gpu", lambda cfg, task, b, p, shared: (b, p))
+    monkeypatch.setattr(step, "prewarmed_baseline", lambda cfg, task, b, shared: None)
     monkeypatch.setattr(sandbox, "prestart_worker", lambda: None)
     monkeypatch.setattr(harness, "prepare", lambda *a, **k: None)
     monkeypatch.setattr(harness, "verify", lambda task, path, *a, **k: order.append(

@@ -142,7 +142,7 @@ class BaselinesConfig:
     compile_mode: str = "default"  # torch.compile's mode (default, reduce-overhead, ...)
     # cuda: compile on fake tensors before the device is taken (bench/prewarm.py), so the
     # compile with it held is a cache hit
-    prewarm: bool = False
+    prewarm: bool = True
 
 
 @dataclass
