@@ -75,7 +75,8 @@ from assay.propose.offline.ir import (ARG_REDUCTIONS, CONV_OPS, PREFIX, Analysis
                                       NeedsCut, Node, Plan, Pool, Unsupported, conv_args,
                                       describe, needed_nodes)
 from assay.propose.offline.own_kernels import (CATS, PERMUTE_FUNCTIONS, RECURRENT_MODULES,
-                                               concat_of, module_of, permute_node, permute_of,
+                                               attention_of, concat_of, module_of,
+                                               packed_attention, permute_node, permute_of,
                                                recurrent_of, xent_of)
 from assay.tasks.instantiate import init_inputs, make_inputs
 
@@ -770,6 +771,8 @@ class _Lowering:
                 return
             if node.target in CATS:  # a kernel of its own (concat_of), after a boundary
                 raise self.cut(f"{PREFIX} torch.cat beside other work in one kernel")
+            if node.target is packed_attention:  # a kernel of its own (attention_of)
+                raise self.cut(f"{PREFIX} attention beside other work in one kernel")
             if node.target in _GEMM_FUNCTIONS:
                 self.env[node] = self.gemm_call(node, _GEMM_FUNCTIONS[node.target],
                                                 node.args, dict(node.kwargs))
@@ -1831,6 +1834,207 @@ def _exclusive_scans(gm: fx.GraphModule) -> None:
         _drop_dead(gm)
 
 
+def _method_or_function(node: Any, method: str, functions: tuple[Any, ...]) -> bool:
+    return isinstance(node, fx.Node) and (
+        (node.op == "call_method" and str(node.target) == method)
+        or (node.op == "call_function" and node.target in functions))
+
+
+def _only_user(node: fx.Node, user: fx.Node) -> bool:
+    return list(node.users) == [user]
+
+
+def _meta_shape(node: Any) -> tuple[int, ...] | None:
+    tm = node.meta.get("tensor_meta") if isinstance(node, fx.Node) else None
+    return tuple(int(v) for v in tm.shape) if hasattr(tm, "shape") else None
+
+
+def _transposed(node: Any, dims: tuple[set[int], ...]) -> fx.Node | None:
+    """The tensor ``node`` transposes (``x.transpose(a, b)``/``torch.transpose``) when its two
+    dims, taken modulo 4, are one of ``dims``' pairs, else None."""
+    if not _method_or_function(node, "transpose", (torch.transpose,)) or node.kwargs or \
+            len(node.args) != 3 or not all(isinstance(a, int) for a in node.args[1:]):
+        return None
+    return node.args[0] if {node.args[1] % 4, node.args[2] % 4} in dims else None
+
+
+def _number(node: Any, shape_of: Any) -> float | None:
+    """A number argument as its value: a constant, or + - * / ** of those, ``math.sqrt`` and
+    sizes of tensors (their shapes at the analysed size), else None."""
+    if isinstance(node, (int, float)) and not isinstance(node, bool):
+        return float(node)
+    if not isinstance(node, fx.Node) or node.kwargs:
+        return None
+    if node.op == "call_method" and str(node.target) == "size" and len(node.args) == 2:
+        shape = shape_of(node.args[0])
+        return float(shape[node.args[1]]) if shape and isinstance(node.args[1], int) else None
+    ops = {operator.truediv: operator.truediv, operator.mul: operator.mul,
+           operator.add: operator.add, operator.sub: operator.sub, operator.pow: operator.pow}
+    args = [_number(a, shape_of) for a in node.args]
+    if any(a is None for a in args):
+        return None
+    if node.target in ops and len(args) == 2:
+        return float(ops[node.target](*args))
+    if node.target is math.sqrt and len(args) == 1:
+        return math.sqrt(args[0])
+    return None
+
+
+_NUMBER_OPS = {math.sqrt, operator.truediv, operator.mul, operator.add, operator.sub,
+               operator.pow, operator.floordiv}
+
+
+def _sizes_within(node: fx.Node, block: set[fx.Node]) -> bool:
+    """Whether ``node`` is a size read (``k.size(-1)``, arithmetic of sizes) whose values end
+    in ``block`` alone (the attention's scale), so the block can go with it."""
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        if n in block or n in seen:
+            continue
+        number = n.op == "call_function" and n.target in _NUMBER_OPS and not any(
+            _meta_shape(a) is not None for a in n.args)  # arithmetic of numbers, no tensor
+        if not (shape_value(n) or number):
+            return False
+        seen.add(n)
+        todo += list(n.users)
+    return True
+
+
+def _attention_blocks(gm: fx.GraphModule) -> None:
+    """Rewrite multi-head self-attention written out as minGPT does into one
+    :func:`packed_attention` node, a kernel of its own: from ``qkv.split(C, dim=2)`` through
+    ``q.view(B, T, nh, C // nh).transpose(1, 2)`` (k and v alike), ``(q @ k.transpose(-2, -1))
+    * scale``, an optional ``masked_fill(buf[:, :, :T, :T] == 0, -inf)`` of a model buffer,
+    softmax over the keys or ReLU, an eval-mode dropout, ``@ v``, to ``.transpose(1, 2)
+    .contiguous().view(B, T, C)``. Each value of the block read by the next step alone; the
+    scale a number at the analysed size. Needs the shapes (``tensor_meta``)."""
+    graph = gm.graph
+    changed = False
+    for out in list(graph.nodes):
+        # the end: y.transpose(1, 2).contiguous().view(B, T, C)
+        if not (out.op == "call_method" and str(out.target) in ("view", "reshape")):
+            continue
+        cont = out.args[0]
+        if not (isinstance(cont, fx.Node) and cont.op == "call_method"
+                and str(cont.target) == "contiguous" and len(cont.args) == 1
+                and _only_user(cont, out)):
+            continue
+        y = _transposed(cont.args[0], ({1, 2},))
+        tr_out = cont.args[0]
+        if y is None or not _only_user(tr_out, cont) or not _only_user(y, tr_out):
+            continue
+        if not _method_or_function(y, "matmul", (torch.matmul, operator.matmul)) or \
+                len(y.args) != 2 or y.kwargs:
+            continue
+        p, v4 = y.args
+        # the probabilities: [dropout] <- act <- [masked_fill] <- [scale] <- q @ k^T
+        chain = [p]
+        if isinstance(p, fx.Node) and p.op == "call_module" and isinstance(
+                gm.get_submodule(str(p.target)), nn.modules.dropout._DropoutNd):
+            p = p.args[0]
+            chain.append(p)
+        act = None
+        if _method_or_function(p, "softmax", (torch.softmax, F.softmax)):
+            dim = dict(zip(("input", "dim"), p.args), **{k: v for k, v in p.kwargs.items()
+                                                          if k != "_stacklevel"}).get("dim")
+            if dim in (-1, 3) and p.kwargs.get("dtype") is None:
+                act = "softmax"
+        elif _method_or_function(p, "relu", (torch.relu, F.relu)) and len(p.args) == 1 \
+                and not p.kwargs.get("inplace"):
+            act = "relu"
+        elif isinstance(p, fx.Node) and p.op == "call_module" and isinstance(
+                gm.get_submodule(str(p.target)), nn.ReLU):
+            act = "relu"
+        if act is None:
+            continue
+        s = p.args[0]
+        mask = None
+        if _method_or_function(s, "masked_fill", ()) and len(s.args) == 3 and not s.kwargs \
+                and s.args[2] == float("-inf"):
+            cond = s.args[1]
+            sliced = cond.args[0] if isinstance(cond, fx.Node) and cond.op == "call_function" \
+                and cond.target in (operator.eq, torch.eq) and len(cond.args) == 2 \
+                and cond.args[1] == 0 else None
+            buf = sliced.args[0] if isinstance(sliced, fx.Node) and \
+                sliced.op == "call_function" and sliced.target is operator.getitem else None
+            if not (isinstance(buf, fx.Node) and buf.op == "get_attr"):
+                continue
+            items = sliced.args[1]
+            if not (isinstance(items, tuple) and len(items) == 4 and all(
+                    isinstance(i, slice) and i.start in (None, 0) and i.step is None
+                    for i in items) and items[0].stop is None and items[1].stop is None):
+                continue
+            chain += [s, cond, sliced]
+            mask = buf
+            s = s.args[0]
+        scale = 1.0
+        if isinstance(s, fx.Node) and s.op == "call_function" and s.target in (
+                operator.mul, operator.truediv) and len(s.args) == 2 and not s.kwargs:
+            factor = _number(s.args[1], _meta_shape)
+            if factor is None or factor == 0:
+                continue
+            scale = factor if s.target is operator.mul else 1.0 / factor
+            chain.append(s)
+            s = s.args[0]
+        if not _method_or_function(s, "matmul", (torch.matmul, operator.matmul)) or \
+                len(s.args) != 2:
+            continue
+        q4, kt = s.args
+        k4 = _transposed(kt, ({2, 3},))
+        if k4 is None:
+            continue
+        # q, k, v: views of the thirds of one split, in that order
+        thirds = []
+        for x4 in (q4, k4, v4):
+            x3 = _transposed(x4, ({1, 2},))
+            view = x3
+            third = view.args[0] if isinstance(view, fx.Node) and \
+                view.op == "call_method" and str(view.target) in ("view", "reshape") else None
+            if not (isinstance(third, fx.Node) and third.op == "call_function"
+                    and third.target is operator.getitem and isinstance(third.args[1], int)):
+                thirds = None
+                break
+            thirds.append((third.args[0], third.args[1], _meta_shape(view)))
+        if not thirds or len({t[0] for t in thirds}) != 1 or [t[1] for t in thirds] != [0, 1, 2]:
+            continue
+        split = thirds[0][0]
+        if not (split.op == "call_method" and str(split.target) == "split"):
+            continue
+        sargs = dict(zip(("split_size", "dim"), split.args[1:]), **split.kwargs)
+        qkv = split.args[0]
+        qs, views = _meta_shape(qkv), [t[2] for t in thirds]
+        width = sargs.get("split_size")
+        if qs is None or len(qs) != 3 or sargs.get("dim") not in (2, -1) or \
+                not isinstance(width, int) or qs[2] != 3 * width or \
+                len(set(views)) != 1 or views[0] is None or len(views[0]) != 4 or \
+                views[0][:2] != qs[:2] or views[0][2] * views[0][3] != width or \
+                _meta_shape(out) != (qs[0], qs[1], width):
+            continue
+        heads = views[0][2]
+        if mask is not None:
+            ms = _meta_shape(mask)
+            if ms is None or len(ms) != 4 or ms[:2] != (1, 1) or min(ms[2:]) < qs[1]:
+                continue
+        # every value between the split and the end is read inside the block only
+        block = {out, cont, tr_out, y, *chain, s, kt} | {a for x4 in (q4, k4, v4)
+                                                          for a in (x4, x4.args[0],
+                                                                    x4.args[0].args[0])}
+        block |= {split}
+        if any(u not in block and not _sizes_within(u, block)
+               for n in block - {out} for u in n.users):
+            continue
+        with graph.inserting_before(out):
+            new = graph.call_function(packed_attention,
+                                      (qkv, mask, width, heads, float(scale), act))
+        new.meta = dict(out.meta)
+        out.replace_all_uses_with(new)
+        graph.erase_node(out)
+        changed = True
+    if changed:
+        _drop_dead(gm)
+
+
 class _Tracer(fx.Tracer):
     """fx's tracer with the module's buffers as graph values (``get_attr``), as its parameters
     are: a forward that slices a buffer by a traced size (a causal mask cut to the sequence,
@@ -1875,6 +2079,7 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
         with contextlib.redirect_stderr(io.StringIO()):
             _ShapeProp(gm).propagate(*inputs)
         _exclusive_scans(gm)
+        _attention_blocks(gm)
     except Exception as e:  # noqa: BLE001
         # Most often an op without a meta kernel, which v1 could not express anyway: name it.
         unknown = _first_unknown_op(gm)
@@ -1888,7 +2093,8 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
 def analyze_graph(gm: fx.GraphModule) -> Analysis:
     """One plan of a traced graph whose nodes carry their shapes (``tensor_meta``); raises
     :class:`NeedsCut` where one kernel would have to end, Unsupported for the rest."""
-    own = concat_of(gm) or permute_of(gm) or recurrent_of(gm) or xent_of(gm)
+    own = (concat_of(gm) or permute_of(gm) or recurrent_of(gm) or xent_of(gm)
+           or attention_of(gm))
     if own is not None:
         return own
     low = _Lowering(gm)

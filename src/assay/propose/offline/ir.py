@@ -271,6 +271,25 @@ class Recurrent(OwnKernel):
 
 
 @dataclass(frozen=True)
+class Attention(OwnKernel):
+    """Multi-head self-attention from one packed projection ``qkv`` [B, T, 3C] (q, k and v its
+    thirds, each [B, T, heads, C / heads] seen as [B, heads, T, C / heads]), as minGPT writes
+    it: ``act(masked(q @ k^T * scale)) @ v`` with the heads put back side by side, [B, T, C].
+    ``act`` is the softmax over the keys or ReLU; ``mask`` a buffer of the model (its top-left
+    T x T block, broadcast over batch and heads) whose zeros make a score -inf. A kernel of its
+    own in a multi-kernel plan: the projections before and after it are stages of their own."""
+
+    inputs: tuple[str, ...]  # the stage's arguments, in order
+    qkv: str  # the packed projection (a name among ``inputs``)
+    split: int  # C: each of q, k and v's width
+    heads: int
+    scale: float
+    act: str = "softmax"  # or "relu"
+    mask: str = ""  # the mask buffer's path in the model ("": none)
+    kind: ClassVar[str] = "attention"
+
+
+@dataclass(frozen=True)
 class CrossEntropy(OwnKernel):
     """``F.cross_entropy(x, target)`` (or ``nn.CrossEntropyLoss``) of float32 logits ``[N, C]``
     and int64 class indices ``[N]``: per row, the logsumexp minus the target's logit (0 where

@@ -1,8 +1,10 @@
 """The ops that are a kernel of their own in a multi-kernel plan, on the fx graph: ``torch.cat``
 (:class:`~assay.propose.offline.ir.Concat`), a permutation or basic indexing made contiguous
 (:class:`~assay.propose.offline.ir.Permute`), ``nn.GRU``/``nn.LSTM``
-(:class:`~assay.propose.offline.ir.Recurrent`) and the cross-entropy loss
-(:class:`~assay.propose.offline.ir.CrossEntropy`). The ``*_node`` predicates say where
+(:class:`~assay.propose.offline.ir.Recurrent`), the cross-entropy loss
+(:class:`~assay.propose.offline.ir.CrossEntropy`) and multi-head self-attention of a packed
+projection (:class:`~assay.propose.offline.ir.Attention`: a :func:`packed_attention` node, which
+``graph._attention_blocks`` writes for the block). The ``*_node`` predicates say where
 :mod:`stages` cuts around them; the ``*_of`` functions plan a stage that is one of them.
 """
 
@@ -16,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from assay.propose.offline.ir import (PERMUTE_MAX_DIMS, PREFIX, Analysis, Concat, CrossEntropy,
-                                      Permute, Recurrent, Unsupported)
+from assay.propose.offline.ir import (PERMUTE_MAX_DIMS, PREFIX, Analysis, Attention, Concat,
+                                      CrossEntropy, Permute, Recurrent, Unsupported)
 
 
 CATS = {torch.cat, torch.concat, torch.concatenate}
@@ -96,7 +98,8 @@ def xent_node(node: fx.Node) -> bool:
 
 def own_kernel(node: fx.Node) -> bool:
     """A node that is a kernel of its own in a multi-kernel plan (the ``*_of`` below)."""
-    return concat_node(node) or permute_node(node) or recurrent_node(node) or xent_node(node)
+    return (concat_node(node) or permute_node(node) or recurrent_node(node) or xent_node(node)
+            or attention_node(node))
 
 
 def selections(node: fx.Node) -> list[fx.Node]:
@@ -113,6 +116,27 @@ def selections(node: fx.Node) -> list[fx.Node]:
         at = users[0]
         chain.append(at)
     return chain
+
+
+def packed_attention(qkv: torch.Tensor, mask: torch.Tensor | None, split: int, heads: int,
+                     scale: float, act: str) -> torch.Tensor:
+    """Multi-head self-attention of a packed projection, as :func:`_attention_blocks` finds it
+    in a graph (minGPT's form: KernelBench's L3_43, 44, 50), with its meaning: q, k, v the
+    thirds of ``qkv`` [B, T, 3 * split], each split into ``heads``; the scores scaled, -inf
+    where ``mask``'s top-left T x T block is 0, softmax over the keys (or ReLU), times v, the
+    heads side by side again: [B, T, split]."""
+    b, t, _ = qkv.shape
+    q, k, v = (x.view(b, t, heads, split // heads).transpose(1, 2)
+               for x in qkv.split(split, dim=2))
+    att = (q @ k.transpose(-2, -1)) * scale
+    if mask is not None:
+        att = att.masked_fill(mask[:, :, :t, :t] == 0, float("-inf"))
+    att = torch.softmax(att, dim=-1) if act == "softmax" else torch.relu(att)
+    return (att @ v).transpose(1, 2).contiguous().view(b, t, split)
+
+
+def attention_node(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is packed_attention
 
 
 def _computed(gm: fx.GraphModule) -> list[fx.Node]:
@@ -312,3 +336,26 @@ def xent_of(gm: fx.GraphModule) -> Analysis | None:
     return Analysis(plan, tuple(int(d) for d in xm.shape), ("cross_entropy",),
                     f"cross_entropy({x.target}, {t.target}, reduction={reduction!r})"
                     + (f" of {shape}" if shape else ""))
+
+
+def attention_of(gm: fx.GraphModule) -> Analysis | None:
+    """The plan of a graph that computes one :func:`packed_attention` of its argument (a
+    multi-kernel plan's stage), or None for any other graph."""
+    computed = [n for n in _computed(gm) if n.op != "get_attr"]
+    if len(computed) != 1 or not attention_node(computed[0]):
+        return None
+    node = computed[0]
+    qkv, mask, split, heads, scale, act = node.args
+    tm = qkv.meta.get("tensor_meta") if isinstance(qkv, fx.Node) else None
+    if not isinstance(qkv, fx.Node) or qkv.op != "placeholder" or tm is None \
+            or tm.dtype != torch.float32:
+        raise Unsupported(f"{PREFIX} attention of other than a float32 stage argument")
+    mm = mask.meta.get("tensor_meta") if isinstance(mask, fx.Node) else None
+    if mask is not None and (mm is None or mm.dtype != torch.float32):
+        raise Unsupported(f"{PREFIX} attention with a mask buffer of other than float32")
+    plan = Attention(_arguments(gm), str(qkv.target), int(split), int(heads), float(scale),
+                     str(act), str(mask.target) if mask is not None else "")
+    shape = tuple(int(d) for d in node.meta["tensor_meta"].shape)
+    return Analysis(plan, shape, ("attention",),
+                    f"{act} attention of {qkv.target} ({heads} heads of {split // heads}"
+                    f"{', masked by ' + plan.mask if plan.mask else ''})")

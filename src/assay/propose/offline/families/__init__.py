@@ -8,8 +8,9 @@ templates may keep each in a module of its own (``gemm``: ``gemm_tiled``, ``gemm
 
 from __future__ import annotations
 
-from assay.propose.offline.families import (axis, concat, elementwise, gemm, permute,
-                                            pipeline, pool, recurrent, row, total, xent)
+from assay.propose.offline.families import (attention, axis, concat, elementwise, gemm,
+                                            permute, pipeline, pool, recurrent, row, total,
+                                            xent)
 from assay.propose.offline.families.family import Family, Space
 from assay.propose.offline.ir import Plan
 
@@ -17,7 +18,7 @@ from assay.propose.offline.ir import Plan
 # (stages.Pipeline) is the pipeline family's, its stages' plans the others'.
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     elementwise.FAMILY, row.FAMILY, total.FAMILY, pool.FAMILY, gemm.FAMILY, axis.FAMILY,
-    concat.FAMILY, permute.FAMILY, recurrent.FAMILY, xent.FAMILY)}
+    concat.FAMILY, permute.FAMILY, recurrent.FAMILY, xent.FAMILY, attention.FAMILY)}
 
 # (target, template) -> the values each knob of that template may take.
 KNOB_SPACES: dict[tuple[str, str], Space] = {
