@@ -8,7 +8,8 @@ C++: OpenMP over (batch, head, query row); per row the scores (float dot product
 the mask and the activation (the softmax in double), then the weighted sum of v in double.
 
 CUDA: a block per (batch x head, BQ query rows), its query rows in shared memory; the keys and
-values in tiles of 32 rows through shared memory (k's rows padded by one float, so the 32
+values in tiles of 32 rows through shared memory (a tile the mask zeroes for all the block's
+rows skipped: a causal mask's upper half) (k's rows padded by one float, so the 32
 lanes each reading a key's element d hit 32 banks); a lane per key of a tile for the scores,
 the softmax kept online per row (running maximum and sum, earlier terms rescaled), and a lane
 per output element d (D / 32 of them each) for the sum of p * v. Head sizes up to 128.
@@ -116,6 +117,14 @@ assay_attention_rows(const float* __restrict__ qkv, const float* __restrict__ ma
   }
   for (int64_t k0 = 0; k0 < T; k0 += BK) {
     __syncthreads();  // the tiles before are read
+    if (has_mask) {  // a tile the mask zeroes for every row of the block adds nothing: skipped
+      int open = 0;  // (a causal mask: half the tiles)
+      for (int e = threadIdx.x; e < BQ * BK; e += WARPS * 32) {
+        const int64_t i = q0 + e / BK, j = k0 + e % BK;
+        if (i < T && j < T && mask[i * mask_ld + j * mask_lc] != 0.0f) open = 1;
+      }
+      if (!__syncthreads_or(open)) continue;
+    }
     for (int64_t e = threadIdx.x; e < (int64_t)BK * D; e += WARPS * 32) {
       const int64_t j = e / D, d = e - j * D;
       const bool in = k0 + j < T;
