@@ -73,8 +73,9 @@ TASKS = {  # name: (mask line, activation, output)
     "causal_softmax": (_MASK, "F.softmax(att, dim=-1)", "self.c_proj(y)"),
     "causal_relu": (_MASK, "F.relu(att)", "y"),
     "softmax_unmasked": ("", "att.softmax(dim=-1)", "self.c_proj(y) + x"),
-    # not attention's pattern: the scores' softmax over the queries
+    # not attention's pattern: the scores' softmax over the queries; a mask of one row for all
     "softmax_over_queries": (_MASK, "F.softmax(att, dim=-2)", "y"),
+    "mask_one_row": (_MASK.replace(":, :T, :T]", ":, :1, :T]"), "F.softmax(att, dim=-1)", "y"),
 }
 # (batch, sequence): odd, one token, and long enough that a causal mask zeroes whole tiles of
 # keys for a block of query rows (the CUDA kernel skips them); the mask is 80 x 80
@@ -140,8 +141,9 @@ def test_cpu_candidates_match_reference(task_dir, tmp_path, name):
     _check(serial.code, ctx, tmp_path / "cand_serial.py")
 
 
-def test_what_is_not_the_pattern_is_not_taken_for_it(task_dir):
-    prop = OfflineSynthesizer("cpu").translate(task_ctx(task_dir, "softmax_over_queries"), 1,
+@pytest.mark.parametrize("name", ["softmax_over_queries", "mask_one_row"])
+def test_what_is_not_the_pattern_is_not_taken_for_it(task_dir, name):
+    prop = OfflineSynthesizer("cpu").translate(task_ctx(task_dir, name), 1,
                                                random.Random(0))[0]
     assert prop.code is None or "assay_attention" not in prop.code, prop.declined
 

@@ -1765,6 +1765,12 @@ def _decompose(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
+def _meta_shape(node: Any) -> tuple[int, ...] | None:
+    """The shape a node's value had at the analysed size (its ``tensor_meta``), else None."""
+    tm = node.meta.get("tensor_meta") if isinstance(node, fx.Node) else None
+    return tuple(int(v) for v in tm.shape) if hasattr(tm, "shape") else None
+
+
 _FILLS = {torch.zeros_like: "sum", torch.ones_like: "prod"}
 _CUMULATIVE = {torch.cumsum: "sum", torch.cumprod: "prod"}
 
@@ -1788,10 +1794,7 @@ def _exclusive_scans(gm: fx.GraphModule) -> None:
     1), d)], d)`` with Z of x's shape but 1 along d, n = x.size(d) (cumprod with ones_like),
     which the lowering could not express (a narrow by a traced size, a join). Needs the shapes
     (``tensor_meta``); the nodes left unread are dropped."""
-    def shape(n: Any) -> tuple[int, ...] | None:
-        tm = n.meta.get("tensor_meta") if isinstance(n, fx.Node) else None
-        return tuple(int(v) for v in tm.shape) if hasattr(tm, "shape") else None
-
+    shape = _meta_shape
     changed = False
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in CATS:
@@ -1842,11 +1845,6 @@ def _method_or_function(node: Any, method: str, functions: tuple[Any, ...]) -> b
 
 def _only_user(node: fx.Node, user: fx.Node) -> bool:
     return list(node.users) == [user]
-
-
-def _meta_shape(node: Any) -> tuple[int, ...] | None:
-    tm = node.meta.get("tensor_meta") if isinstance(node, fx.Node) else None
-    return tuple(int(v) for v in tm.shape) if hasattr(tm, "shape") else None
 
 
 def _transposed(node: Any, dims: tuple[set[int], ...]) -> fx.Node | None:
@@ -1949,7 +1947,7 @@ def _attention_blocks(gm: fx.GraphModule) -> None:
         if act is None:
             continue
         s = p.args[0]
-        mask = None
+        mask = mask_view = None
         if _method_or_function(s, "masked_fill", ()) and len(s.args) == 3 and not s.kwargs \
                 and s.args[2] == float("-inf"):
             cond = s.args[1]
@@ -1966,7 +1964,7 @@ def _attention_blocks(gm: fx.GraphModule) -> None:
                     for i in items) and items[0].stop is None and items[1].stop is None):
                 continue
             chain += [s, cond, sliced]
-            mask = buf
+            mask, mask_view = buf, sliced
             s = s.args[0]
         scale = 1.0
         if isinstance(s, fx.Node) and s.op == "call_function" and s.target in (
@@ -2012,9 +2010,10 @@ def _attention_blocks(gm: fx.GraphModule) -> None:
                 _meta_shape(out) != (qs[0], qs[1], width):
             continue
         heads = views[0][2]
-        if mask is not None:
+        if mask is not None:  # its top-left T x T block, over every batch and head
             ms = _meta_shape(mask)
-            if ms is None or len(ms) != 4 or ms[:2] != (1, 1) or min(ms[2:]) < qs[1]:
+            if ms is None or len(ms) != 4 or ms[:2] != (1, 1) or min(ms[2:]) < qs[1] or \
+                    _meta_shape(mask_view) != (1, 1, qs[1], qs[1]):
                 continue
         # every value between the split and the end is read inside the block only
         block = {out, cont, tr_out, y, *chain, s, kt} | {a for x4 in (q4, k4, v4)
