@@ -230,3 +230,21 @@ def test_cuda_candidates_match_reference(task_dir, tmp_path, name):
     for prop in props:
         assert prop.code is not None, prop.declined
         _check(prop.code, ctx, tmp_path / f"cuda_{prop.id}.py", SHAPES, "cuda")
+
+
+def test_exclusive_scan_means_what_the_tasks_write():
+    """The node the exclusive forms become computes what they did (its function is their
+    meaning), sum and product, along an inner dim, a size-1 dim included."""
+    from assay.propose.offline.graph import exclusive_scan
+
+    x = torch.randn(3, 5, 4)
+    for dim in (1, 2):
+        n = x.size(dim)
+        want = torch.cat((torch.zeros_like(x.narrow(dim, 0, 1)),
+                          torch.cumsum(x.narrow(dim, 0, n - 1), dim)), dim)
+        torch.testing.assert_close(exclusive_scan(x, dim, "sum"), want)
+        want = torch.cat((torch.ones_like(x.narrow(dim, 0, 1)),
+                          torch.cumprod(x.narrow(dim, 0, n - 1), dim)), dim)
+        torch.testing.assert_close(exclusive_scan(x, dim, "prod"), want)
+    one = torch.randn(2, 1, 3)
+    assert torch.equal(exclusive_scan(one, 1, "sum"), torch.zeros_like(one))

@@ -1847,18 +1847,23 @@ def _only_user(node: fx.Node, user: fx.Node) -> bool:
     return list(node.users) == [user]
 
 
-def _transposed(node: Any, dims: tuple[set[int], ...]) -> fx.Node | None:
+def _transposed(node: Any, dims: set[int]) -> fx.Node | None:
     """The tensor ``node`` transposes (``x.transpose(a, b)``/``torch.transpose``) when its two
-    dims, taken modulo 4, are one of ``dims``' pairs, else None."""
+    dims, taken modulo 4, are ``dims``, else None."""
     if not _method_or_function(node, "transpose", (torch.transpose,)) or node.kwargs or \
             len(node.args) != 3 or not all(isinstance(a, int) for a in node.args[1:]):
         return None
-    return node.args[0] if {node.args[1] % 4, node.args[2] % 4} in dims else None
+    return node.args[0] if {node.args[1] % 4, node.args[2] % 4} == dims else None
+
+
+# Arithmetic of numbers in a traced forward (an attention's ``1.0 / math.sqrt(k.size(-1))``)
+_NUMBER_OPS = {math.sqrt, operator.truediv, operator.mul, operator.add, operator.sub,
+               operator.pow, operator.floordiv}
 
 
 def _number(node: Any, shape_of: Any) -> float | None:
-    """A number argument as its value: a constant, or + - * / ** of those, ``math.sqrt`` and
-    sizes of tensors (their shapes at the analysed size), else None."""
+    """A number argument as its value: a constant, a size of a tensor (its shape at the analysed
+    size), or :data:`_NUMBER_OPS` of those, else None."""
     if isinstance(node, (int, float)) and not isinstance(node, bool):
         return float(node)
     if not isinstance(node, fx.Node) or node.kwargs:
@@ -1866,20 +1871,11 @@ def _number(node: Any, shape_of: Any) -> float | None:
     if node.op == "call_method" and str(node.target) == "size" and len(node.args) == 2:
         shape = shape_of(node.args[0])
         return float(shape[node.args[1]]) if shape and isinstance(node.args[1], int) else None
-    ops = {operator.truediv: operator.truediv, operator.mul: operator.mul,
-           operator.add: operator.add, operator.sub: operator.sub, operator.pow: operator.pow}
     args = [_number(a, shape_of) for a in node.args]
-    if any(a is None for a in args):
+    if node.op != "call_function" or node.target not in _NUMBER_OPS or \
+            any(a is None for a in args) or len(args) != (1 if node.target is math.sqrt else 2):
         return None
-    if node.target in ops and len(args) == 2:
-        return float(ops[node.target](*args))
-    if node.target is math.sqrt and len(args) == 1:
-        return math.sqrt(args[0])
-    return None
-
-
-_NUMBER_OPS = {math.sqrt, operator.truediv, operator.mul, operator.add, operator.sub,
-               operator.pow, operator.floordiv}
+    return float(node.target(*args))
 
 
 def _sizes_within(node: fx.Node, block: set[fx.Node]) -> bool:
@@ -1918,7 +1914,7 @@ def _attention_blocks(gm: fx.GraphModule) -> None:
                 and str(cont.target) == "contiguous" and len(cont.args) == 1
                 and _only_user(cont, out)):
             continue
-        y = _transposed(cont.args[0], ({1, 2},))
+        y = _transposed(cont.args[0], {1, 2})
         tr_out = cont.args[0]
         if y is None or not _only_user(tr_out, cont) or not _only_user(y, tr_out):
             continue
@@ -1979,14 +1975,13 @@ def _attention_blocks(gm: fx.GraphModule) -> None:
                 len(s.args) != 2:
             continue
         q4, kt = s.args
-        k4 = _transposed(kt, ({2, 3},))
+        k4 = _transposed(kt, {2, 3})
         if k4 is None:
             continue
         # q, k, v: views of the thirds of one split, in that order
         thirds = []
         for x4 in (q4, k4, v4):
-            x3 = _transposed(x4, ({1, 2},))
-            view = x3
+            view = _transposed(x4, {1, 2})
             third = view.args[0] if isinstance(view, fx.Node) and \
                 view.op == "call_method" and str(view.target) in ("view", "reshape") else None
             if not (isinstance(third, fx.Node) and third.op == "call_function"
