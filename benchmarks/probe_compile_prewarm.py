@@ -54,7 +54,7 @@ def child(mode: str, task_file: str) -> dict:
 
             fake = compile_fake(task_file, "large", "cuda", "default")
             if fake["error"]:
-                out["error"] = fake["error"]
+                raise RuntimeError(fake["error"])  # (reported as the run's error, ok false)
         else:
             model = reference_model(module, 0, "cuda")
             inputs = make_inputs(module, 100, "cuda")

@@ -66,7 +66,7 @@ def test_the_verify_step_prewarms_only_a_baseline_this_gpu_must_time_again(monke
     monkeypatch.setattr(assay.bench.baseline_cache, "baseline_is_cached",
                         lambda *a, **k: cached["now"])
     monkeypatch.setattr(assay.bench.prewarm, "prewarm", lambda path, size, device, mode,
-                        timeout_s: warmed.append(device) or {"seconds": 2.5, "error": "x"})
+                        **kw: warmed.append(device) or {"seconds": 2.5, "error": "x"})
     cfg = app.compose(["target=cuda", "tasks=ci", "baselines.prewarm=true"])
     task = app.load_task(cfg, app.task_refs(cfg)[0][0].id, "cuda")
     h200 = {"eager_ms": 1.0, "device_name": "NVIDIA H200"}

@@ -70,7 +70,7 @@ def _compile_only(mode: str) -> Any:
 
 
 def prewarm(task_file: str | Path, size: str, device: str, mode: str = "default",
-            timeout_s: float = 900.0) -> dict:
+            timeout_s: float = 300.0) -> dict:
     """:func:`compile_fake` in a child process (this one's CUDA state and dynamo's in-memory
     caches untouched; the caches on disk are shared): {"seconds", "error"}; a child that
     fails or runs past ``timeout_s`` is an error, never an exception."""

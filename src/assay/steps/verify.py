@@ -118,11 +118,10 @@ def judge(cfg: DictConfig, c: Campaign, llm: str, task_id: str, gen: int,
     # (another job uses it meanwhile; a build waited for with it held would leave it idle). On
     # the cpu target the builds would share the cores being timed, so each worker builds its
     # own, untimed.
+    shared = {}
     if device == "cuda":
         builds = built_first([paths[cid] for cid in todo], cfg.build.workers,
                              cfg.build.timeout_s, vcfg.limits)
-    shared = {}
-    if device == "cuda":
         prewarmed_baseline(cfg, task, baseline, shared)
     # On the cpu target the CPU lease covers the references (float64, memory-bound) and the
     # verifications; the imports above and the teardown run beside another step's timing.
@@ -159,7 +158,7 @@ def prewarmed_baseline(cfg: DictConfig, task, baseline: dict, shared: dict) -> N
             baseline_is_cached(task, "cuda", TimingConfig.of(cfg.verify), cfg.baselines.compile,
                                cfg.baselines.compile_mode):
         return
-    warm = prewarm(task.path, task.size, "cuda", cfg.baselines.compile_mode, timeout_s=300)
+    warm = prewarm(task.path, task.size, "cuda", cfg.baselines.compile_mode)
     shared["baseline_prewarm_s"] = warm["seconds"]
     if warm.get("error"):
         shared["baseline_prewarm_error"] = warm["error"]
