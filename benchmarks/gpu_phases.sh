@@ -38,8 +38,10 @@
 #               into $S/synthkb-phases_0
 #   dag         the campaign's Snakemake DAG with tasks=kernelbench on .kb (issue #16) up to
 #               profile, resumable (results in $S/dag), GPU_JOBS jobs per GPU (2: one uses it,
-#               one gets ready; 3 kept it no busier: held 91% of the tenth session's DAG time,
-#               93% of the ninth's with 2, benchmarks/dag_left.py); LEVELS (1), CAMPAIGN (kb), CORES (12), TASKS: ids (all),
+#               one gets ready; 3 kept it no busier in the tenth session, 91% of its DAG time
+#               held; the eleventh's steps do most of their work before taking it, 66% held
+#               with 2: try 3 again; benchmarks/dag_left.py); LEVELS (1), CAMPAIGN (kb),
+#               CORES (12), TASKS: ids (all),
 #               NCU_MIN: profile.ncu_min_speedup (1: ncu for the kernels faster than eager only,
 #               from the eleventh session on; 5-40 s of the device a task), PREWARM:
 #               baselines.prewarm (true, the default since the eleventh session), FORCE:
