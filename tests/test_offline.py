@@ -470,6 +470,11 @@ GEMM_TASKS = {
     "bmm_scale": ("", "pass", "a, c", "return torch.bmm(a, c) * 0.5 + 1.0",
                   "torch.randn(b, m, k), torch.randn(b, k, n)",
                   {"b": 3, "m": 17, "k": 40, "n": 24}),
+    # attention's scores: a batch of products over two leading dims, k read with its last two
+    # dims swapped (in place: no copy of k.transpose(-2, -1))
+    "scores_bt_relu": ("", "pass", "q, c", "return torch.relu(q @ c.transpose(-2, -1) * 0.25)",
+                       "torch.randn(b, h, m, k), torch.randn(b, h, n, k)",
+                       {"b": 2, "h": 3, "m": 9, "k": 20, "n": 12}),
     "linear_softmax": ("k, n", "self.linear = nn.Linear(k, n)", "x",
                        "return torch.softmax(self.linear(x), dim=-1)", "torch.randn(m, k)",
                        {"m": 24, "k": 50, "n": 130}),
@@ -583,6 +588,7 @@ GEMM_SIZES = {
     "linear3d_gelu": [{}, {"b": 3, "m": 5, "k": 131, "n": 67}],
     "matmul_bias_sigmoid": [{}, {"m": 1, "k": 5, "n": 7}, {"m": 70, "k": 257, "n": 129}],
     "bmm_scale": [{}, {"b": 2, "m": 65, "k": 130, "n": 66}],
+    "scores_bt_relu": [{}, {"b": 1, "h": 2, "m": 65, "k": 131, "n": 66}],
     "linear_softmax": [{}, {"m": 3, "k": 7, "n": 9}],
     "linear_residual_ln": [{}, {"m": 5, "k": 130, "n": 130}],
     "matmul_sigmoid_sum": [{}, {"m": 9, "k": 300, "n": 5}],
@@ -747,10 +753,7 @@ def test_low_precision_gemm_is_cuda_only(gemm_dir):
 
 
 # The bundled suite: what the synthesizer writes, what it declines and why.
-BUNDLED_DECLINES = {
-    "L3_2_MultiHead_SelfAttention": "",
-    "L3_3_Transformer_Block": "",
-}
+BUNDLED_DECLINES: dict[str, str] = {}  # (every bundled task has a plan)
 # Products and convolutions (L3_4, L3_5: multi-kernel plans, tests/test_offline_stages.py); the
 # lone ones of level 1 have no library form.
 BUNDLED_PRODUCTS = {"L1_14_Square_Matmul", "L1_15_Batched_Matmul", "L1_17_Conv2d",
@@ -759,6 +762,9 @@ BUNDLED_PRODUCTS = {"L1_14_Square_Matmul", "L1_15_Batched_Matmul", "L1_17_Conv2d
                     "L2_1_Linear_Bias_ReLU", "L2_2_Linear_GELU_Scale", "L2_3_Matmul_Sigmoid_Sum",
                     "L2_6_Linear_Softmax", "L2_7_Linear_Residual_LayerNorm",
                     "L2_10_Linear_LayerNorm_Mean_Degenerate", "L3_1_MLP"}
+# Attention written out (L3_2, L3_3): multi-kernel plans whose first kernel is a lone product
+# (no library form of its own): both candidates tile it.
+BUNDLED_ATTENTION = {"L3_2_MultiHead_SelfAttention", "L3_3_Transformer_Block"}
 
 
 def _bundled(target: str = "cpu") -> dict[str, TaskContext]:
@@ -780,6 +786,8 @@ def test_bundled_suite_coverage():
         kinds = {p.strategy for p in props}
         if tid in BUNDLED_PRODUCTS:
             assert kinds == {"tiling", "epilogue"} or tid.startswith("L1_1"), (tid, kinds)
+        elif tid in BUNDLED_ATTENTION:
+            assert kinds == {"tiling"} and "bmm" in props[0].code, (tid, kinds)
         else:
             assert kinds <= {"vectorize", "fusion", "rowreduce", "pooling"}, (tid, kinds)
 

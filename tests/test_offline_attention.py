@@ -6,6 +6,10 @@ CPU candidates are compiled and compared with the reference at odd sizes (a sequ
 than the mask, a head size not a multiple of anything); the CUDA source is compiled with nvcc
 (nothing runs here; the gpu test runs it); what is not the pattern is not taken for it;
 KernelBench's L3_43, 44 and 50 get a plan.
+
+``F.scaled_dot_product_attention`` (no mask, no dropout, not causal) is planned as what it
+computes: the scores' product with k read in place (its last two dims swapped) and the softmax in
+one kernel, then the product with v, for heads of any width (KernelBench's L1_97: 1024).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from assay.propose.offline.own_kernels import packed_attention
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO, build_cuda_sources, task_ctx
+from helpers import REPO, assert_matches_reference, build_cuda_sources, task_ctx
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
@@ -152,7 +156,8 @@ def test_what_is_not_the_pattern_is_not_taken_for_it(task_dir, name):
 def test_cuda_sources_compile(task_dir, tmp_path):
     syn = OfflineSynthesizer("cuda")
     built = {}
-    for name, knobs in (("causal_softmax", {"s1.rows": 4}), ("causal_relu", {"s1.rows": 1})):
+    for name, knobs in (("causal_softmax", {"s1.rows": 4}), ("causal_relu", {"s1.rows": 1}),
+                        ("causal_softmax", {"s1.tile": 1}), ("causal_relu", {"s1.tile": 1})):
         prop = syn.with_knobs(task_ctx(task_dir, name, "cuda"), knobs)
         assert prop.code is not None, prop.declined
         cand = import_file(prop.code, tmp_path / f"cuda_{name}.py")
@@ -176,9 +181,222 @@ def test_kernelbench_attention_tasks_get_a_plan(stem):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", ["causal_softmax", "causal_relu", "softmax_unmasked"])
-@pytest.mark.parametrize("rows", [1, 2, 4])
-def test_cuda_candidates_match_reference(task_dir, tmp_path, name, rows):
+@pytest.mark.parametrize("knobs", [{"s1.rows": 1}, {"s1.rows": 2}, {"s1.rows": 4},
+                                   {"s1.tile": 1}], ids=["rows1", "rows2", "rows4", "tiles"])
+def test_cuda_candidates_match_reference(task_dir, tmp_path, name, knobs):
+    """Both forms; 70 tokens: two blocks of query rows and of keys in the tiled form, the
+    second partial, a key tile of the first block all masked."""
     ctx = task_ctx(task_dir, name, "cuda")
-    prop = OfflineSynthesizer("cuda").with_knobs(ctx, {"s1.rows": rows})
+    prop = OfflineSynthesizer("cuda").with_knobs(ctx, knobs)
     assert prop.code is not None, prop.declined
-    _check(prop.code, ctx, tmp_path / f"cuda_{name}_{rows}.py", "cuda")
+    _check(prop.code, ctx, tmp_path / f"cuda_{name}.py", "cuda")
+
+
+# ---------------------------------------------------------------------------------------------
+# F.scaled_dot_product_attention: two kernels
+
+_SDPA = """import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+b, h, l, s, e, ev = 2, 3, 9, 13, 24, 20
+
+
+class Model(nn.Module):
+    def forward(self, q, k, v):
+        return {call}
+
+
+def get_inputs():
+    return [torch.randn({lead}l, e), torch.randn({lead}s, e), torch.randn({lead}s, ev)]
+
+
+def get_init_inputs():
+    return []
+"""
+SDPA = {  # name: (the forward's expression, the leading dims)
+    "sdpa": ("F.scaled_dot_product_attention(q, k, v)", "b, h, "),
+    "sdpa_scale_3d": ("F.scaled_dot_product_attention(q, k, v, scale=0.3) * 2.0", "b, "),
+}
+SDPA_DECLINED = {
+    "sdpa_causal": ("F.scaled_dot_product_attention(q, k, v, is_causal=True)", "b, h, "),
+    "sdpa_dropout": ("F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)", "b, h, "),
+}
+# other sizes of every dim but e (the default scale is 1 / sqrt(e) at the analysed size)
+SDPA_SIZES = [{}, {"b": 1, "h": 2, "l": 65, "s": 70, "ev": 33}]
+
+
+@pytest.fixture(scope="module")
+def sdpa_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sdpa_tasks")
+    for name, (call, lead) in {**SDPA, **SDPA_DECLINED}.items():
+        (root / f"{name}.py").write_text(_SDPA.format(call=call, lead=lead))
+    return root
+
+
+def test_sdpa_is_the_scores_product_and_softmax_then_the_product_with_v(sdpa_dir):
+    """Two kernels, k never copied: its transpose is the first product's B read in place."""
+    analysis = OfflineSynthesizer("cpu").analyse(task_ctx(sdpa_dir, "sdpa"))
+    first, second = (s.plan for s in analysis.plan.stages)
+    assert first.kind == "row" and first.gemm.op == "bmm" and first.gemm.trans_b
+    assert first.gemm.a_ndim == 4 and (first.gemm.a.name, first.gemm.b.name) == ("q", "k")
+    assert second.gemm.op == "bmm" and not second.gemm.trans_b and second.gemm.b.name == "v"
+
+
+@pytest.mark.parametrize("name", sorted(SDPA))
+def test_sdpa_cpu_candidates_match_reference(sdpa_dir, tmp_path, name):
+    """Both forms (own GEMMs; the library's, permissive) at two sizes."""
+    ctx = task_ctx(sdpa_dir, name)
+    props = OfflineSynthesizer("cpu").translate(ctx, n=2, rng=random.Random(0))
+    assert [p.strategy for p in props] == ["tiling", "epilogue"], [p.declined for p in props]
+    for prop in props:
+        assert_matches_reference(prop.code, tmp_path / f"cand_{prop.id}.py", ctx, SDPA_SIZES,
+                                 seeds=(1, 2))
+
+
+@pytest.mark.parametrize("name", sorted(SDPA_DECLINED))
+def test_sdpa_with_a_mask_or_dropout_is_declined(sdpa_dir, name):
+    prop = OfflineSynthesizer("cpu").translate(task_ctx(sdpa_dir, name), 1,
+                                               random.Random(0))[0]
+    assert prop.code is None and "scaled_dot_product_attention" in prop.declined
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_sdpa_cuda_source_compiles(sdpa_dir, tmp_path):
+    prop = OfflineSynthesizer("cuda").translate(task_ctx(sdpa_dir, "sdpa", "cuda"), 1,
+                                                random.Random(0))[0]
+    assert prop.code is not None, prop.declined
+    cand = import_file(prop.code, tmp_path / "cuda_sdpa.py")
+    build_cuda_sources({source: "sdpa" for source in cand.SOURCES})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", sorted(SDPA))
+def test_sdpa_cuda_candidates_match_reference(sdpa_dir, tmp_path, name):
+    ctx = task_ctx(sdpa_dir, name, "cuda")
+    for prop in OfflineSynthesizer("cuda").translate(ctx, n=2, rng=random.Random(0)):
+        assert prop.code is not None, prop.declined
+        assert_matches_reference(prop.code, tmp_path / f"cuda_{prop.id}.py", ctx, SDPA_SIZES,
+                                 "cuda", seeds=(1, 2))
+
+
+@pytest.mark.skipif(not (KERNELBENCH.parent / "level1").is_dir(),
+                    reason="KernelBench checkout not present")
+def test_kernelbench_sdpa_gets_a_plan():
+    (path,) = (KERNELBENCH.parent / "level1").glob("97_*.py")
+    analysis = OfflineSynthesizer("cuda").analyse(TaskContext(Task.from_file(path), "cuda"))
+    assert len(analysis.plan.stages) == 2 and "softmax" in analysis.ops, analysis.summary
+
+
+# ---------------------------------------------------------------------------------------------
+# nn.MultiheadAttention (self-attention, weights unread): projections and the attention kernel
+
+_MHA = """import torch
+import torch.nn as nn
+
+embed_dim, num_heads, batch_size, image_height, image_width = 16, 4, 2, 3, 5
+
+
+class Model(nn.Module):
+    def __init__(self, embed_dim, num_heads):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(embed_dim, num_heads{kwargs})
+        self.norm = nn.LayerNorm(embed_dim)
+
+    def forward(self, x{extra}):
+{body}
+
+
+def get_inputs():
+    return [torch.rand(batch_size, embed_dim, image_height, image_width){extra_input}]
+
+
+def get_init_inputs():
+    return [embed_dim, num_heads]
+"""
+_VIT_BODY = """        B, C, H, W = x.shape
+        x = x.view(B, C, H * W).permute(2, 0, 1)
+        attn_output, _ = self.attn(x, x, x)
+        x = self.norm(attn_output + x)
+        return x.permute(1, 2, 0).view(B, C, H, W)"""
+_TOKENS_BODY = """        t = x.flatten(2).permute(2, 0, 1).contiguous()
+        y = self.attn(t, t, t, need_weights=False)[0]
+        return torch.relu(y + t)"""
+MHA = {  # name: (module kwargs, forward body, extra argument, extra input)
+    "mha_vit": ("", _VIT_BODY, "", ""),
+    "mha_no_bias": (", bias=False", _TOKENS_BODY, "", ""),
+}
+MHA_DECLINED = {  # what is not self-attention with its weights unread
+    "mha_weights_read": ("", _VIT_BODY.replace("attn_output, _ =", "attn_output, w =")
+                         .replace("attn_output + x)", "attn_output + x) + w.mean()"), "", ""),
+    "mha_cross": ("", """        B, C, H, W = x.shape
+        x = x.view(B, C, H * W).permute(2, 0, 1)
+        m = y.view(B, C, H * W).permute(2, 0, 1)
+        return self.attn(x, m, m)[0]""", ", y",
+                  ", torch.rand(batch_size, embed_dim, image_height, image_width)"),
+    # torch returns a transposed view here, whose strides what follows keeps
+    "mha_batch_first": (", batch_first=True",
+                        _TOKENS_BODY.replace("permute(2, 0, 1)", "transpose(1, 2)"), "", ""),
+}
+MHA_SIZES = [{}, {"batch_size": 3, "image_height": 7, "image_width": 9}]
+
+
+@pytest.fixture(scope="module")
+def mha_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mha_tasks")
+    for name, (kwargs, body, extra, extra_input) in {**MHA, **MHA_DECLINED}.items():
+        (root / f"{name}.py").write_text(_MHA.format(kwargs=kwargs, body=body, extra=extra,
+                                                     extra_input=extra_input))
+    return root
+
+
+def test_multihead_attention_is_the_projections_around_the_attention_kernel(mha_dir):
+    """ViT's block: the input's view made by the forward, permuted to tokens, to batch-first,
+    the packed projection, the attention kernel, back to sequence-first, the output projection
+    with the residual and LayerNorm fused, and the task's own permuted view of that returned
+    (no copy: the reference returns a view with those strides)."""
+    analysis = OfflineSynthesizer("cpu").analyse(task_ctx(mha_dir, "mha_vit"))
+    pipe = analysis.plan
+    assert pipe.prelude == ("view0 = x.reshape(x.size(0), x.size(1), (x.size(2) * x.size(3)))",)
+    kinds = [type(s.plan).__name__ for s in pipe.stages]
+    assert kinds == ["Permute", "Permute", "Plan", "Attention", "Permute", "Plan"], kinds
+    assert pipe.views[-1].startswith("{t}.permute(1, 2, 0).reshape("), pipe.views
+    att = pipe.stages[3].plan
+    assert (att.split, att.heads, att.act) == (16, 4, "softmax")
+    assert att.scale == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("name", sorted(MHA))
+def test_multihead_attention_cpu_candidates_match_reference(mha_dir, tmp_path, name):
+    ctx = task_ctx(mha_dir, name)
+    prop = OfflineSynthesizer("cpu").translate(ctx, n=1, rng=random.Random(0))[0]
+    assert prop.code is not None, prop.declined
+    assert "assay_attention" in prop.code
+    assert_matches_reference(prop.code, tmp_path / f"cand_{name}.py", ctx, MHA_SIZES,
+                             seeds=(1, 2))
+
+
+@pytest.mark.parametrize("name", sorted(MHA_DECLINED))
+def test_multihead_attention_that_is_not_the_pattern_is_declined(mha_dir, name):
+    prop = OfflineSynthesizer("cpu").translate(task_ctx(mha_dir, name), 1,
+                                               random.Random(0))[0]
+    assert prop.code is None and "MultiheadAttention" in prop.declined, prop.declined
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", sorted(MHA))
+def test_multihead_attention_cuda_candidates_match_reference(mha_dir, tmp_path, name):
+    ctx = task_ctx(mha_dir, name, "cuda")
+    prop = OfflineSynthesizer("cuda").translate(ctx, n=1, rng=random.Random(0))[0]
+    assert prop.code is not None, prop.declined
+    assert_matches_reference(prop.code, tmp_path / f"cuda_{name}.py", ctx, MHA_SIZES, "cuda",
+                             seeds=(1, 2))
+
+
+@pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")
+def test_kernelbench_vision_attention_gets_a_plan():
+    analysis = OfflineSynthesizer("cuda").analyse(
+        TaskContext(Task.from_file(KERNELBENCH / "31_VisionAttention.py"), "cuda"))
+    assert "attention" in analysis.ops, analysis.summary

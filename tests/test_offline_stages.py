@@ -316,8 +316,6 @@ def test_strict_policy_writes_every_convolution_with_its_own_kernel(task_dir):
     ("z = torch.relu(x) + torch.sigmoid(x)\n"
      "return torch.mean(z, dim=1, keepdim=True).view(z.size(0), -1)",
      "a value inside another kernel"),
-    # a view of a forward input as a product's operand: no kernel before it to end
-    ("return torch.relu(torch.matmul(x.view(x.size(0), -1), self.w))", "computes nothing"),
 ])
 def test_boundaries_that_cannot_be_cut_are_declined(tmp_path, body, reason):
     src = _source("relu_then_matmul").replace(
@@ -326,6 +324,21 @@ def test_boundaries_that_cannot_be_cut_are_declined(tmp_path, body, reason):
     (tmp_path / "t.py").write_text(src)
     props = OfflineSynthesizer("cpu").translate(task_ctx(tmp_path, "t"), 1, random.Random(0))
     assert props[0].code is None and reason in props[0].declined, props[0].declined
+
+
+def test_a_view_of_an_input_before_the_first_kernel_is_made_by_the_forward(tmp_path):
+    """A view of a forward input as a product's operand (no kernel before it to end): the
+    forward makes the view (size-generic) and the one kernel reads it."""
+    src = _source("relu_then_matmul").replace(
+        "        return torch.matmul(torch.relu(x), self.w) * 2.0",
+        "        return torch.relu(torch.matmul(x.view(x.size(0), -1), self.w))")
+    (tmp_path / "t.py").write_text(src)
+    ctx = task_ctx(tmp_path, "t")
+    prop = OfflineSynthesizer("cpu").translate(ctx, 1, random.Random(0))[0]
+    assert prop.code is not None, prop.declined
+    assert "view0 = x.reshape(x.size(0), -1)" in prop.code
+    assert_matches_reference(prop.code, tmp_path / "cand.py", ctx,
+                             [{}, {"b": 9, "k": 33, "n": 2}])
 
 
 def test_triton_declines_multi_kernel_plans(task_dir):

@@ -189,6 +189,7 @@ def verify_candidate(task, path, cfg, rec, peaks, prep):
 from test_offline import GEMM_TASKS, _check_gemm, _gemm_source  # noqa: E402
 
 TRITON_GEMM = ("linear_relu", "linear3d_gelu", "matmul_bias_sigmoid", "bmm_scale",
+               "scores_bt_relu",
                "linear_softmax",
                "linear_residual_ln", "matmul_sigmoid_sum", "bmm_scale_float16",
                "bmm_scale_bfloat16")
@@ -224,10 +225,10 @@ def test_triton_gemm_candidates_match_the_reference_in_the_interpreter(gemm_dir,
         assert all("tl.dot(a, b)" in p.code for p in props)
         pytest.skip("bfloat16 tl.dot is wrong in Triton's interpreter; checked on the GPU")
     props.append(syn.with_knobs(ctx, {"block_m": 32, "block_n": 32, "block_k": 16}))
-    # a Linear's weight as [BN, BK] tiles in its own row order, then tl.trans (knob b_rows, a
-    # knob of Linear products only: another product has no transposed operand)
+    # a Linear's weight (or a batched B^T) as [BN, BK] tiles in its own row order, then
+    # tl.trans (knob b_rows, a knob of such products only: another has no transposed operand)
     rows = {"block_m": 32, "block_n": 64, "block_k": 16, "b_rows": 1}
-    if name.startswith("linear"):
+    if name.startswith(("linear", "scores_bt")):
         props.append(syn.with_knobs(ctx, rows))
         assert "tl.trans(bt)" in props[-1].code
     else:

@@ -77,9 +77,14 @@ def test_plans_only_reports_coverage_and_declines_without_a_device(tmp_path):
     its declines by reason; nothing is built or verified."""
     source = tmp_path / "kb"
     for level, name in ((1, "1_ReLU.py"), (1, "17_Conv2d.py"), (3, "1_MLP.py"),
-                        (3, "2_MultiHead_SelfAttention.py"), (3, "4_ResNet_BasicBlock.py")):
+                        (3, "4_ResNet_BasicBlock.py")):
         (source / f"level{level}").mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / f"data/tasks/level{level}" / name, source / f"level{level}" / name)
+    (source / "level3" / "2_Sort_Rows.py").write_text(  # what no template writes: sorting
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+        "    def forward(self, x):\n        return torch.sort(x, dim=-1).values\n\n\n"
+        "def get_inputs():\n    return [torch.randn(4, 33)]\n\n\n"
+        "def get_init_inputs():\n    return []\n")
     out = tmp_path / "out"
     rc = suite.main(["--source", str(source), "--out", str(out), "--plans-only",
                      "--size", "small", "--variants", "2", "--mutations", "0"])
@@ -87,7 +92,7 @@ def test_plans_only_reports_coverage_and_declines_without_a_device(tmp_path):
     md = (out / "plans.md").read_text()
     assert "target cuda" in md and "nothing built or verified" in md
     assert "Level 1: a plan for 2/2 tasks" in md and "Level 3: a plan for 2/3 tasks" in md
-    assert "| 1 | offline synthesizer v1 cannot express" in md and "L3_2_MultiHead" in md
+    assert "| 1 | offline synthesizer v1 cannot express" in md and "L3_2_Sort_Rows" in md
     assert "| L3_1_MLP | 3 | 3 |" in md and "| L3_4_ResNet_BasicBlock | 3 |" in md
     assert not (out / "results.json").exists() and not (out / "tasks").exists()
 

@@ -298,7 +298,7 @@ def _stages(plan: Pipeline, target: str, knobs: dict[str, Any]
             ) -> tuple[list[str], list[str], list[list[Entry]], list[tuple]]:
     """A multi-kernel plan's forward (one method call per stage), its kernel sources, their
     entry points and the stage methods ``(name, arguments, body)``."""
-    forward: list[str] = []
+    forward: list[str] = list(plan.prelude)
     sources: list[str] = []
     entries: list[list[Entry]] = []
     methods: list[tuple] = []

@@ -366,11 +366,14 @@ _DEVICE = object()
 
 @dataclass
 class _Transposed:
-    """``t.T`` of a 2-D tensor: only a matmul operand can take it (read as the other layout of
-    the product: ``A @ B.T`` is ``F.linear(A, B)``)."""
+    """``t.T`` of a 2-D tensor, or a tensor of 3 or more dims with its last two swapped
+    (``batched``, ``k.transpose(-2, -1)``): only a matmul operand can take it (read as the
+    other layout of the product: ``A @ B.T`` is ``F.linear(A, B)``; ``q @ k.transpose(-2, -1)``
+    a batch of products reading k's rows along K)."""
 
     of: Any  # the fx node transposed
     what: str
+    batched: bool = False
 
 
 @dataclass
@@ -734,6 +737,10 @@ class _Lowering:
         if shape_only(node):
             self.env[node] = None  # a size read by views alone: their boundary computes it
             return
+        batched = self.batched_transpose(node)
+        if batched is not None:  # read in place by the product(s) that take it
+            self.env[node] = batched
+            return
         if permute_node(node):  # a kernel of its own (copy_of), after a boundary
             raise self.cut(f"{PREFIX} a permutation of a computed value beside other work in "
                            f"one kernel")
@@ -815,6 +822,34 @@ class _Lowering:
         elif node.op == "call_module":
             self.env[node] = self.module(node)
 
+    def batched_transpose(self, node: fx.Node) -> _Transposed | None:
+        """``b.transpose(-2, -1)`` (``swapaxes``, ``swapdims``, ``torch.transpose``) of a forward
+        input or parameter of 3 or more dims whose every reader is a batched product taking it
+        as its second operand: that product reads b in place, K along its rows (no copy); else
+        None (the permutation is a kernel of its own)."""
+        if not (_method_or_function(node, "transpose", (torch.transpose,))
+                or _method_or_function(node, "swapaxes", (torch.swapaxes,))
+                or _method_or_function(node, "swapdims", (torch.swapdims,))):
+            return None
+        src = node.args[0] if node.args else None
+        if node.kwargs or len(node.args) != 3 or not isinstance(src, fx.Node) or \
+                src.op not in ("placeholder", "get_attr") or \
+                not all(isinstance(a, int) and not isinstance(a, bool) for a in node.args[1:]):
+            return None
+        shape = _meta_shape(src)
+        if shape is None or len(shape) < 3 or \
+                {node.args[1] % len(shape), node.args[2] % len(shape)} != \
+                {len(shape) - 2, len(shape) - 1}:
+            return None
+        products = {torch.matmul, operator.matmul, torch.bmm}
+        if not node.users or not all(
+                ((u.op == "call_function" and u.target in products)
+                 or (u.op == "call_method" and str(u.target) in ("matmul", "bmm")))
+                and len(u.args) == 2 and u.args[1] is node and u.args[0] is not node
+                for u in node.users):
+            return None
+        return _Transposed(src, f"the transpose {src.name}.transpose(-2, -1)", batched=True)
+
     def leaf_view(self, node: fx.Node) -> bool:
         """A view of a forward input or parameter (``a.unsqueeze(1) * b``): the same tensor
         read in the view's shape, which the kernel's broadcast follows (the candidate hands the
@@ -866,13 +901,19 @@ class _Lowering:
                 "linear": "F.linear"}.get(op, f"F.{op}")
         tx, tw = (self.env.get(v) if isinstance(v, fx.Node) else None for v in (x, w))
         trans_a = isinstance(tx, _Transposed)
-        if (trans_a or isinstance(tw, _Transposed)) and op not in ("matmul", "mm"):
+        # B's last two dims swapped in a batched product: read in place ([..., N, K])
+        trans_b = isinstance(tw, _Transposed) and tw.batched
+        if (trans_a and (op not in ("matmul", "mm") or tx.batched)) or (
+                isinstance(tw, _Transposed) and op not in ("matmul", "mm", "bmm")) or (
+                isinstance(tw, _Transposed) and op == "mm" and trans_b):
             raise Unsupported(f"{PREFIX} {what} of a transpose (matmul)")
         if trans_a:  # A.T @ B with A of shape [K, M]: the product reads A column-wise
             x = tx.of
-        if isinstance(tw, _Transposed):
+        if isinstance(tw, _Transposed) and not trans_b:
             # A @ B.T with B of shape [N, K]: a linear layer's product, B read as its weight
             op, w = "linear", tw.of
+        elif trans_b:
+            w = tw.of
         if op in CONV_OPS:
             conv = ("const",) + tuple(bound.get(k, d) for k, d in conv_args(op))
             if any(isinstance(v, fx.Node) for v in conv) or isinstance(conv[1], str):
@@ -884,7 +925,8 @@ class _Lowering:
             ws, xs = self.shape(w), self.shape(x)
             if len(xs) == 2 and (len(ws) == 1 or (len(ws) == 2 and ws[1] == 1)):
                 return self.matvec(x, w, xs, ws)
-        return self.head(node, op, x, w, bound.get("bias"), what, trans_a=trans_a)
+        return self.head(node, op, x, w, bound.get("bias"), what, trans_a=trans_a,
+                         trans_b=trans_b)
 
     def triangle(self, x: Any, upper: bool, diagonal: Any) -> int:
         """torch.triu / torch.tril: the element where its column minus its row (the last two
@@ -951,10 +993,12 @@ class _Lowering:
         return self.b.reduce("sum", prod, (1,), len(ws) == 2, xs)
 
     def head(self, node: fx.Node, op: str, x: Any, w: Any, bias: Any, what: str,
-             conv: tuple = (), trans_a: bool = False) -> int:
+             conv: tuple = (), trans_a: bool = False, trans_b: bool = False) -> int:
         """The GEMM/convolution: its operands, checks, and a leaf for its result. ``x``, ``w``
         and ``bias`` are fx nodes, or (Leaf, meta) pairs for a module's parameters;
-        ``trans_a``: ``x`` is the product's first operand transposed (2-D, [K, M])."""
+        ``trans_a``: ``x`` is the product's first operand transposed (2-D, [K, M]);
+        ``trans_b``: ``w`` is a batched product's second operand with its last two dims
+        swapped ([..., N, K])."""
         if self.b.gemm is not None or self.b.pool is not None:
             raise self.cut(f"{PREFIX} a second matmul/convolution ({what}) in one task (v1 "
                            f"fuses one GEMM or library call with the chain after it)")
@@ -966,19 +1010,23 @@ class _Lowering:
                 raise Unsupported(f"{PREFIX} {what} of a transposed {len(xs)}-D operand "
                                   f"(matmul)")
             xs = (xs[1], xs[0])
+        if trans_b:  # the checks below read the product's own B, [..., K, N]
+            ws = ws[:-2] + (ws[-1], ws[-2])
         if ma.dtype != mb.dtype:
             raise Unsupported(f"{PREFIX} {what} of mixed dtypes")
         if op == "matmul":
-            if len(xs) >= 2 and len(ws) == 2:
+            if len(xs) >= 2 and len(ws) == 2 and not trans_b:
                 op = "mm"
-            elif len(xs) == 3 and len(ws) == 3 and xs[0] == ws[0]:
-                op = "bmm"
+            elif len(xs) == len(ws) >= 3 and xs[:-2] == ws[:-2]:
+                op = "bmm"  # the same leading dims: a batch of products
             else:
                 raise Unsupported(f"{PREFIX} torch.matmul of shapes {list(xs)} and {list(ws)} "
-                                  f"(v1: an N-D by 2-D or a batched 3-D product; matmul)")
+                                  f"(v1: an N-D by 2-D product, or a batch of products with "
+                                  f"the same leading dims, none broadcast; matmul)")
         if op == "mm" and (len(xs) < 2 or len(ws) != 2 or xs[-1] != ws[0]):
             raise Unsupported(f"{PREFIX} {what} of shapes {list(xs)} and {list(ws)} (matmul)")
-        if op == "bmm" and (len(xs) != 3 or len(ws) != 3 or xs[0] != ws[0] or xs[2] != ws[1]):
+        if op == "bmm" and (len(xs) < 3 or len(ws) != len(xs) or xs[:-2] != ws[:-2]
+                            or xs[-1] != ws[-2]):
             raise Unsupported(f"{PREFIX} {what} of shapes {list(xs)} and {list(ws)} (matmul)")
         if op == "linear" and (len(xs) < 1 or len(ws) != 2 or xs[-1] != ws[1]):
             raise Unsupported(f"{PREFIX} {what} of shapes {list(xs)} and {list(ws)} (matmul)")
@@ -994,7 +1042,8 @@ class _Lowering:
         self.b.dtype_of(ma.dtype, "the matmul operands")
         self.b.ops.append(op)
         leaf = self.b.leaf("gemm", "gemm", -1, self.meta(node))
-        self.b.gemm = Gemm(op, a, b, len(xs), conv, what=what, trans_a=trans_a)
+        self.b.gemm = Gemm(op, a, b, len(xs), conv, what=what, trans_a=trans_a,
+                           trans_b=trans_b)
         self.b.gemm_node = leaf
         if bias is None:
             self.b.own_bias = leaf
@@ -1724,6 +1773,63 @@ def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
     return None
 
 
+def _multihead_attention(gm: fx.GraphModule) -> None:
+    """Rewrite ``nn.MultiheadAttention`` self-attention whose weights are not read (``out, _ =
+    attn(x, x, x)``) into what it computes in eval mode: the packed input projection
+    (``F.linear`` of ``in_proj_weight``), :func:`packed_attention` over batch-first tokens
+    (softmax of the scores scaled by 1 / sqrt(head width), the heads side by side), the
+    output projection. The sequence-first input is transposed to batch-first before the
+    attention and back after it (kernels of their own: copies). Masks, separate
+    k/v projections, ``bias_k``/``add_zero_attn`` or different query/key/value are left to the
+    lowering, which declines the module. So is ``batch_first``: torch's result is then a
+    transposed view (and its eval fast path another computation), whose strides the ops after
+    it keep."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_module":
+            continue
+        m = gm.get_submodule(str(node.target))
+        if not isinstance(m, nn.MultiheadAttention) or m.batch_first:
+            continue
+        names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
+                 "average_attn_weights", "is_causal")
+        if len(node.args) > len(names) or any(k not in names for k in node.kwargs):
+            continue
+        bound = dict(zip(names, node.args), **node.kwargs)
+        users = list(node.users)
+        if not (bound.get("query") is bound.get("key") is bound.get("value")
+                and isinstance(bound.get("query"), fx.Node)
+                and all(bound.get(k) is None for k in ("key_padding_mask", "attn_mask"))
+                and not bound.get("is_causal", False)
+                and m._qkv_same_embed_dim and m.bias_k is None and m.bias_v is None
+                and not m.add_zero_attn and m.in_proj_weight is not None
+                and users and all(u.op == "call_function" and u.target is operator.getitem
+                                  and u.args[1] == 0 for u in users)):
+            continue
+        path, x = str(node.target), bound["query"]
+        width, heads = int(m.embed_dim), int(m.num_heads)
+        with graph.inserting_before(node):
+            tokens = graph.call_method("transpose", (x, 0, 1))
+            bias = graph.get_attr(f"{path}.in_proj_bias") if m.in_proj_bias is not None \
+                else None
+            qkv = graph.call_function(F.linear, (tokens, graph.get_attr(
+                f"{path}.in_proj_weight"), bias))
+            y = graph.call_function(packed_attention, (qkv, None, width, heads,
+                                                       1.0 / math.sqrt(width // heads),
+                                                       "softmax"))
+            out_bias = graph.get_attr(f"{path}.out_proj.bias") \
+                if m.out_proj.bias is not None else None
+            y = graph.call_method("transpose", (y, 0, 1))  # sequence-first again
+            out = graph.call_function(F.linear, (y, graph.get_attr(f"{path}.out_proj.weight"),
+                                                 out_bias))
+        for u in users:
+            u.replace_all_uses_with(out)
+            graph.erase_node(u)
+        graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+
+
 def _decompose(gm: fx.GraphModule) -> None:
     """Rewrite composite ops whose lowering would need a kernel boundary inside them into the
     primitive ops they are made of, so that the stages can cut between those: the triplet
@@ -2029,6 +2135,52 @@ def _attention_blocks(gm: fx.GraphModule) -> None:
         _drop_dead(gm)
 
 
+def _attention_products(gm: fx.GraphModule) -> bool:
+    """Rewrite ``F.scaled_dot_product_attention(q, k, v)`` (no mask, no dropout, not causal, no
+    grouped heads) into what it computes, ``softmax(q @ k.transpose(-2, -1) * scale, -1) @ v``
+    (scale: the call's, else 1 / sqrt of q's last dim at the analysed size), so that the
+    stages plan it as products and a row kernel: heads of any width, where the attention
+    family's kernel keeps a head's values in registers. Whether anything changed (the new
+    nodes need their shapes). Needs the shapes (``tensor_meta``)."""
+    graph = gm.graph
+    changed = False
+    for node in list(graph.nodes):
+        if not (node.op == "call_function" and node.target is F.scaled_dot_product_attention):
+            continue
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                 "enable_gqa")
+        if len(node.args) > len(names) or any(k not in names for k in node.kwargs):
+            continue
+        bound = dict(zip(names, node.args), **node.kwargs)
+        q, k, v = (bound.get(n) for n in names[:3])
+        shapes = [_meta_shape(x) for x in (q, k, v)]
+        if (bound.get("attn_mask") is not None or bound.get("dropout_p", 0.0) != 0
+                or bound.get("is_causal", False) is not False or bound.get("enable_gqa", False)
+                or any(sh is None or len(sh) < 3 for sh in shapes)
+                or len({len(sh) for sh in shapes}) != 1
+                or len({sh[:-2] for sh in shapes}) != 1
+                or shapes[0][-1] != shapes[1][-1] or shapes[1][-2] != shapes[2][-2]):
+            continue  # declined by the lowering, which names the op
+        scale = bound.get("scale")
+        if scale is None:
+            scale = 1.0 / math.sqrt(shapes[0][-1])
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            continue
+        with graph.inserting_before(node):
+            kt = graph.call_method("transpose", (k, -2, -1))
+            scores = graph.call_function(torch.matmul, (q, kt))
+            scaled = graph.call_function(operator.mul, (scores, float(scale)))
+            probs = graph.call_function(torch.softmax, (scaled, -1))
+            out = graph.call_function(torch.matmul, (probs, v))
+        node.replace_all_uses_with(out)
+        graph.erase_node(node)
+        changed = True
+    if changed:
+        graph.lint()
+        gm.recompile()
+    return changed
+
+
 class _Tracer(fx.Tracer):
     """fx's tracer with the module's buffers as graph values (``get_attr``), as its parameters
     are: a forward that slices a buffer by a traced size (a causal mask cut to the sequence,
@@ -2068,12 +2220,16 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
     _follow_writes(gm)
     _drop_dead(gm)
     _decompose(gm)
+    _multihead_attention(gm)
     try:
         # ShapeProp prints the failing node's traceback before raising; the decline says why.
         with contextlib.redirect_stderr(io.StringIO()):
             _ShapeProp(gm).propagate(*inputs)
         _exclusive_scans(gm)
         _attention_blocks(gm)
+        if _attention_products(gm):  # its new nodes' shapes
+            with contextlib.redirect_stderr(io.StringIO()):
+                _ShapeProp(gm).propagate(*inputs)
     except Exception as e:  # noqa: BLE001
         # Most often an op without a meta kernel, which v1 could not express anyway: name it.
         unknown = _first_unknown_op(gm)

@@ -89,7 +89,9 @@ class Node:
 class Gemm:
     """The matrix product or convolution at the head of a plan (see the module doc).
 
-    ``op``: ``mm`` (``A[..., M, K] @ B[K, N]``), ``bmm`` (``A[b, M, K] @ B[b, K, N]``),
+    ``op``: ``mm`` (``A[..., M, K] @ B[K, N]``), ``bmm`` (``A[..., M, K] @ B[..., K, N]``, the
+    same leading dims: a batch of products; with ``trans_b``, B given as its transpose
+    ``[..., N, K]``, as ``q @ k.transpose(-2, -1)`` reads k),
     ``linear`` (``A[..., K] @ W[N, K]^T``) or a convolution of :data:`CONV_OPS` (``conv2d``:
     NCHW; ``conv_transpose3d``: NCDHW, ...). ``a`` and ``b`` say where the operands come from (a
     forward input or a model attribute; ``bcast`` is unused). ``conv``: ``("module", path)``
@@ -109,6 +111,13 @@ class Gemm:
     trivial: bool = False
     what: str = ""
     trans_a: bool = False  # mm/linear: A given as its transpose (``A.T @ B``), stored [K, M]
+    trans_b: bool = False  # bmm: B given as its transpose, stored [..., N, K]
+
+    @property
+    def b_rows(self) -> bool:
+        """Whether B is stored with K along its rows (``[..., N, K]``): a linear layer's
+        weight, or a batched product's transposed B."""
+        return self.op == "linear" or self.trans_b
 
     @property
     def matmul(self) -> bool:
@@ -330,7 +339,8 @@ def needed_nodes(nodes: list[Node] | tuple[Node, ...], j: int) -> set[int]:
 def structure(plan: Any) -> Any:
     """What of a plan (or a multi-kernel plan's stages) must not depend on the task's size."""
     stages = getattr(plan, "stages", None)
-    return plan if stages is None else (tuple(s.plan for s in stages), plan.views)
+    return plan if stages is None else (tuple(s.plan for s in stages), plan.views,
+                                        getattr(plan, "prelude", ()))
 
 
 def describe(plan: Plan) -> str:
@@ -351,6 +361,8 @@ def describe(plan: Plan) -> str:
             elif lf.source == "gemm" and plan.gemm is not None:
                 g = plan.gemm
                 ops = [o.name if o.source == "input" else f"self.{o.name}" for o in (g.a, g.b)]
+                if g.trans_b:
+                    ops[1] += ".transpose(-2, -1)"
                 names[i] = f"{g.op}({', '.join(ops)})"
             else:
                 names[i] = lf.name if lf.source == "input" else f"self.{lf.name}"

@@ -179,6 +179,37 @@ def concat_of(gm: fx.GraphModule) -> Analysis | None:
                     f"cat({', '.join(plan.parts)}, dim={plan.dim})")
 
 
+def permutation(node: fx.Node) -> tuple[int, ...] | None:
+    """The dims that a permutation node (``permute``, ``transpose``, ... of PERMUTE_METHODS
+    and PERMUTE_FUNCTIONS; not indexing) takes its first argument's in, each in
+    ``range(ndim)``; None for arguments it cannot read (computed, not a permutation) or an
+    argument whose shape is unknown."""
+    name = (str(node.target) if node.op == "call_method"
+            else PERMUTE_FUNCTIONS.get(node.target, ""))
+    src, *rest = node.args
+    tm = src.meta.get("tensor_meta") if isinstance(src, fx.Node) else None
+    if tm is None or not hasattr(tm, "shape"):
+        return None
+    nd = len(tm.shape)
+    kwargs = dict(node.kwargs)
+    if name == "permute":
+        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else \
+            tuple(rest) or kwargs.get("dims")
+        perm = tuple(dims) if isinstance(dims, (tuple, list)) else None
+    else:
+        bound = dict(zip(("dim0", "dim1"), rest), **kwargs)
+        perm = None
+        if set(bound) == {"dim0", "dim1"} and all(isinstance(v, int) for v in bound.values()):
+            swapped = list(range(nd))
+            a, b = bound["dim0"] % max(nd, 1), bound["dim1"] % max(nd, 1)
+            swapped[a], swapped[b] = swapped[b], swapped[a]
+            perm = tuple(swapped)
+    if (perm is None or any(not isinstance(d, int) or isinstance(d, bool) for d in perm)
+            or sorted(d % max(nd, 1) for d in perm) != list(range(nd))):
+        return None
+    return tuple(d % max(nd, 1) for d in perm)
+
+
 def permute_of(gm: fx.GraphModule) -> Analysis | None:
     """The plan of a graph that permutes one of its arguments (a multi-kernel plan's stage),
     or None for any other graph."""
@@ -200,34 +231,19 @@ def permute_of(gm: fx.GraphModule) -> Analysis | None:
         return Analysis(Permute(names, str(src.target), tuple(range(nd)), index),
                         tuple(int(d) for d in out.shape), ("index",),
                         f"{src.target}{index}.contiguous()")
-    name = (str(node.target) if node.op == "call_method"
-            else PERMUTE_FUNCTIONS[node.target])
-    src, *rest = node.args
+    src = node.args[0]
     if not isinstance(src, fx.Node) or src.op != "placeholder":
         raise Unsupported(f"{PREFIX} a permutation of a model attribute")
     tm = src.meta.get("tensor_meta")
     if tm is None or not hasattr(tm, "shape") or tm.dtype != torch.float32:
         raise Unsupported(f"{PREFIX} a permutation of a non-float32 value")
     nd = len(tm.shape)
-    kwargs = dict(node.kwargs)
-    if name == "permute":
-        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else \
-            tuple(rest) or kwargs.get("dims")
-        perm = tuple(dims) if isinstance(dims, (tuple, list)) else None
-    else:
-        bound = dict(zip(("dim0", "dim1"), rest), **kwargs)
-        perm = None
-        if set(bound) == {"dim0", "dim1"} and all(isinstance(v, int) for v in bound.values()):
-            perm = list(range(nd))
-            a, b = bound["dim0"] % max(nd, 1), bound["dim1"] % max(nd, 1)
-            perm[a], perm[b] = perm[b], perm[a]
-            perm = tuple(perm)
-    if (perm is None or any(not isinstance(d, int) or isinstance(d, bool) for d in perm)
-            or sorted(d % max(nd, 1) for d in perm) != list(range(nd))):
+    perm = permutation(node)
+    if perm is None:
+        name = str(node.target) if node.op == "call_method" else PERMUTE_FUNCTIONS[node.target]
         raise Unsupported(f"{PREFIX} Tensor.{name} called with unusual arguments")
     if nd > PERMUTE_MAX_DIMS:
         raise Unsupported(f"{PREFIX} a permutation of {nd} dims (at most {PERMUTE_MAX_DIMS})")
-    perm = tuple(d % nd for d in perm)
     names = _arguments(gm)
     out = node.meta.get("tensor_meta")
     shape = tuple(int(d) for d in out.shape) if out is not None else ()

@@ -29,7 +29,8 @@ from torch import fx
 from assay.propose.offline.graph import (RESHAPE_FUNCTIONS, SHAPE_ARITH, SIZE_METHODS, is_reshape,
                                          same_shape_source, shape_only, shape_value)
 from assay.propose.offline.ir import PREFIX, Analysis, NeedsCut, Unsupported
-from assay.propose.offline.own_kernels import own_kernel, recurrent_node, selections
+from assay.propose.offline.own_kernels import (index_source, own_kernel, permutation,
+                                               permute_node, recurrent_node, selections)
 
 # A stage's output, as the next stages' argument; and, where a view follows the stage, its
 # output before the view (a later view's size queries may read it).
@@ -50,6 +51,9 @@ class Pipeline:
     # Python expression of ``{t}`` (the output), e.g. ``{t}.view({t}.size(0), -1)``; its size
     # queries may also read forward inputs and earlier stages' outputs by their names.
     views: tuple[str, ...] = ()
+    # Views of the forward's inputs that the first kernels read (``view0 = x.view(x.size(0),
+    # x.size(1), -1)`` before a permutation): assignments ModelNew.forward runs first.
+    prelude: tuple[str, ...] = ()
 
     @property
     def dtype(self) -> str:
@@ -230,6 +234,46 @@ def _own_stage(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]
     return stage, view, mine[-1], carried, rest
 
 
+def _output_permutation(at: fx.Node, todo: list[fx.Node], out: fx.Node,
+                        names: dict[fx.Node, str]) -> str | None:
+    """Where ``at`` permutes a value and only views of that follow it up to the task's output
+    ``out`` (ViT's ``x.permute(1, 2, 0).view(B, C, H, W)``): the permutation and the views as
+    one expression of ``{t}`` (the value permuted), else None. No ``.contiguous()`` among
+    them: after a permutation that is a copy with other strides."""
+    perm = permutation(at) if permute_node(at) and index_source(at) is None else None
+    if perm is None:
+        return None
+    expr, carried = f"{{t}}.permute{perm}", at
+    for n in todo[todo.index(at) + 1:]:
+        if shape_only(n):
+            continue
+        more = view_expr(n, names) if n.args and n.args[0] is carried else None
+        if more is None or any(u is not n and not shape_only(u) for u in carried.users):
+            return None
+        expr, carried = more.format(t=expr), n
+    return expr if carried is out else None
+
+
+def _input_views(nodes: list[fx.Node], names: dict[fx.Node, str], first: int
+                 ) -> list[str] | None:
+    """``nodes`` (views and size queries of the forward's inputs) as assignments of
+    size-generic views (``view<k> = x.view(x.size(0), -1)``), each view named in ``names`` for
+    the stages that read it; None where one is not a view of a named tensor that view_expr can
+    write."""
+    lines = []
+    for n in nodes:
+        if not is_reshape(n):
+            continue  # a size query: the views' expressions read the sizes themselves
+        src = n.args[0] if n.args else None
+        expr = view_expr(n, names) if src in names else None
+        if expr is None:
+            return None
+        name = f"view{first + len(lines)}"
+        lines.append(f"{name} = {expr.format(t=names[src])}")
+        names[n] = name
+    return lines or None
+
+
 def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> Analysis:
     """Cut ``gm`` (traced, shapes propagated) into stages; ``analyze`` lowers one stage's
     graph into an :class:`Analysis`, raising :class:`NeedsCut` where it must end."""
@@ -244,6 +288,7 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
     names: dict[fx.Node, str] = {n: str(n.target) for n in forward_inputs}
     stages: list[Analysis] = []
     views: list[str] = []
+    prelude: list[str] = []
     todo = [n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
     while True:
         sub, original = _subgraph(gm, todo, out, names)
@@ -259,6 +304,12 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
             # Sizes read by views belong to the views, not to a kernel.
             sizes = [n for n in todo if shape_only(n)]
             before = [n for n in todo[:todo.index(at)] if n not in sizes]
+            tail = _output_permutation(at, todo, out, names) if not before and stages else None
+            if tail is not None and names.get(at.args[0]) == STAGE_INPUT.format(len(stages) - 1):
+                # the task returns a permuted view of the last kernel's output: so does the
+                # candidate (its strides are the reference's; a copy's would not be)
+                views[-1] = tail.format(t=views[-1]) if views[-1] else tail
+                break
             if not before and own_kernel(at):  # a join, a permutation, an RNN
                 stage, view, end, carried, todo = _own_stage(gm, analyze, names, todo, at)
                 stages.append(stage)
@@ -272,8 +323,15 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
             if not before:
                 raise Unsupported(str(cut)) from None
             if all(is_reshape(n) or str(n.target) in SIZE_METHODS for n in before):
-                raise Unsupported(f"{cut} (what precedes it views the forward's inputs and "
-                                  f"computes nothing: v1 has no kernel to end there)") from None
+                # views of the inputs only: the forward makes them, the kernels read them
+                made = _input_views(before, names, len(prelude))
+                if made is None:
+                    raise Unsupported(f"{cut} (what precedes it views the forward's inputs "
+                                      f"and computes nothing: v1 has no kernel to end "
+                                      f"there)") from None
+                prelude += made
+                todo = [n for n in todo if n not in before]
+                continue
             live = [n for n in _live_across(forward_inputs + todo + [output], at)
                     if n not in sizes]
             if view is not None and live != [at.args[0]]:
@@ -306,10 +364,10 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
             names[carried] = STAGE_INPUT.format(len(stages) - 1)
             if carried is out:  # the task returns the view: the last stage was the last kernel
                 break
-    if len(stages) == 1 and not views[0]:  # pragma: no cover - tried whole by analyze_module
+    if len(stages) == 1 and not views[0] and not prelude:  # pragma: no cover - tried whole
         raise Unsupported(f"{PREFIX} this task")
     pipeline = Pipeline(tuple(stages), tuple(str(n.target) for n in forward_inputs),
-                        tuple(views))
+                        tuple(views), tuple(prelude))
     ops = tuple(dict.fromkeys(op for st in stages for op in st.ops))
     summary = f"{len(stages)} kernels: " + "; ".join(st.summary for st in stages)
     if len(summary) > 160:

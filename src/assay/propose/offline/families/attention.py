@@ -7,12 +7,22 @@ transposes cost nothing; the [T, T] scores never reach memory.
 C++: OpenMP over (batch, head, query row); per row the scores (float dot products over D),
 the mask and the activation (the softmax in double), then the weighted sum of v in double.
 
-CUDA: a block per (batch x head, BQ query rows), its query rows in shared memory; the keys and
-values in tiles of 32 rows through shared memory (a tile the mask zeroes for all the block's
-rows skipped: a causal mask's upper half) (k's rows padded by one float, so the 32
-lanes each reading a key's element d hit 32 banks); a lane per key of a tile for the scores,
-the softmax kept online per row (running maximum and sum, earlier terms rescaled), and a lane
-per output element d (D / 32 of them each) for the sum of p * v. Head sizes up to 128.
+CUDA, two forms (knob ``tile``), each a block per (batch x head, a block of query rows) with
+the keys and values in tiles through shared memory (a tile the mask zeroes for all the block's
+rows skipped: a causal mask's upper half) and the softmax kept online per row (running maximum
+and sum, earlier terms rescaled). Head sizes up to 128.
+
+- ``tile`` 0 (rows): 8 warps of ``rows`` query rows, key tiles of 32 (k's rows padded by one
+  float, so the 32 lanes each reading a key's element d hit 32 banks); a lane per key for the
+  scores, then a lane per output element d (D / 32 of them each) for the sum of p * v. Each
+  score's FMA reads two shared-memory values: on an H100 it ran at about 5 TFLOP/s (KernelBench
+  L3_43, 0.67x eager; docs/evidence/2026-12-07-h100-kb-dag-twelfth.md).
+- ``tile`` 1 (register tiles): 64 query rows x 64 keys a tile, 256 threads as 16 x 16, each
+  with a 4 x 4 tile of the scores in registers (q and k stored transposed, one float4 of each
+  per d: 16 FMAs for two shared-memory reads); the scores' row statistics by shuffles among the
+  16 threads of a row (a half-warp); the probabilities through shared memory, transposed, to
+  the same half-warp, which sums p * v for its 4 rows x D / 16 columns (one float4 of p and one
+  value of v per 4 FMAs).
 """
 
 from __future__ import annotations
@@ -31,8 +41,9 @@ MAX_HEAD = 128
 KNOB_SPACES: dict[tuple[str, str], Space] = {
     # threads: 0 = OpenMP's default over (batch, head), 1 = serial
     ("cpu", "attention"): {"threads": (0, 1)},
-    # rows: query rows a warp owns (a block has 8 warps: 8 x rows query rows)
-    ("cuda", "attention"): {"rows": (1, 2, 4)},
+    # tile: the kernel's form (0: rows, 1: register tiles; see the module doc); rows: query
+    # rows a warp owns in the first (a block has 8 warps: 8 x rows query rows)
+    ("cuda", "attention"): {"tile": (0, 1), "rows": (1, 2, 4)},
 }
 
 CPP_ATTENTION = CPP_PREAMBLE + r"""
@@ -188,21 +199,180 @@ assay_attention_rows(const float* __restrict__ qkv, const float* __restrict__ ma
   }
 }
 
+{% if tile %}
+// The register-tiled form: TQ query rows x TK keys a tile; thread (ty, tx) of 16 x 16 holds the
+// scores of rows ty * 4 .. + 3 and keys tx * 4 .. + 3, then the outputs of the same rows at
+// columns tx + 16 t. A row's 16 threads are one half-warp (tid = ty * 16 + tx).
+constexpr int TQ = 64, TK = 64, TPAD = 4;    // rows padded to keep float4 reads aligned
+constexpr int LQ = TQ + TPAD, LK = TK + TPAD;
+constexpr int TDV = {{ max_head }} / 16;       // output columns per thread, at most
+
+// smem: qt [D][LQ], kt [D][LK] (q and k transposed), vs [TK][D], pt [TK][LQ] (p transposed)
+__global__ void __launch_bounds__(256)
+assay_attention_tiles(const float* __restrict__ qkv, const float* __restrict__ mask,
+                      float* __restrict__ out, int64_t B, int64_t T, int64_t H, int64_t D,
+                      int64_t mask_ld, int64_t mask_lc, float scale, int has_mask) {
+  extern __shared__ __align__(16) float smem[];
+  const int Dn = (int)D;
+  float* qt = smem;
+  float* kt = qt + Dn * LQ;
+  float* vs = kt + Dn * LK;
+  float* pt = vs + TK * Dn;
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const int r0 = ty * 4, c0 = tx * 4;
+  const int64_t bh = blockIdx.y, b = bh / H, h = bh - b * H;
+  const int64_t C = H * D, row = 3 * C;
+  const int64_t q0 = (int64_t)blockIdx.x * TQ;
+  const float* base = qkv + b * T * row + h * D;
+  for (int e = tid; e < TQ * Dn; e += 256) {  // along d in memory, transposed in smem
+    const int r = e / Dn, d = e - r * Dn;
+    qt[d * LQ + r] = q0 + r < T ? base[(q0 + r) * row + d] : 0.0f;
+  }
+  float m[4], l[4], acc[4][TDV];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+    #pragma unroll
+    for (int t = 0; t < TDV; ++t) acc[i][t] = 0.0f;
+  }
+  for (int64_t k0 = 0; k0 < T; k0 += TK) {
+    __syncthreads();  // q is written; the tiles before are read
+    if (has_mask) {  // a tile the mask zeroes for every row of the block adds nothing: skipped
+      int open = 0;
+      for (int e = tid; e < TQ * TK; e += 256) {
+        const int64_t i = q0 + e / TK, j = k0 + e % TK;
+        if (i < T && j < T && mask[i * mask_ld + j * mask_lc] != 0.0f) open = 1;
+      }
+      if (!__syncthreads_or(open)) continue;
+    }
+    for (int e = tid; e < TK * Dn; e += 256) {
+      const int j = e / Dn, d = e - j * Dn;
+      const bool in = k0 + j < T;
+      const float* src = base + (k0 + j) * row + d;
+      kt[d * LK + j] = in ? src[C] : 0.0f;
+      vs[j * Dn + d] = in ? src[2 * C] : 0.0f;
+    }
+    __syncthreads();
+    float s[4][4];
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) s[i][j] = 0.0f;
+    }
+    #pragma unroll 4
+    for (int d = 0; d < Dn; ++d) {
+      const float4 a = *reinterpret_cast<const float4*>(qt + d * LQ + r0);
+      const float4 k = *reinterpret_cast<const float4*>(kt + d * LK + c0);
+      const float av[4] = {a.x, a.y, a.z, a.w}, kv[4] = {k.x, k.y, k.z, k.w};
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) s[i][j] += av[i] * kv[j];
+      }
+    }
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t qi = q0 + r0 + i;
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t kj = k0 + c0 + j;
+        float v = s[i][j] * scale;
+        if (kj >= T) v = -INFINITY;  // past the last key: no weight
+        else if (has_mask && qi < T && mask[qi * mask_ld + kj * mask_lc] == 0.0f) v = -INFINITY;
+{% if softmax %}
+        s[i][j] = v;
+{% else %}
+        s[i][j] = v > 0.0f || v != v ? v : 0.0f;
+{% endif %}
+      }
+{% if softmax %}
+      float top = fmaxf(fmaxf(s[i][0], s[i][1]), fmaxf(s[i][2], s[i][3]));
+      #pragma unroll
+      for (int o = 8; o > 0; o >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
+      const float m_new = fmaxf(m[i], top);
+      // a row with no finite score yet keeps weights 0 (not exp(-inf + inf) = NaN)
+      const float keep = m_new == -INFINITY ? 1.0f : expf(m[i] - m_new);
+      float psum = 0.0f;
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        s[i][j] = m_new == -INFINITY ? 0.0f : expf(s[i][j] - m_new);
+        psum += s[i][j];
+      }
+      #pragma unroll
+      for (int o = 8; o > 0; o >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, o);
+      l[i] = l[i] * keep + psum;
+      m[i] = m_new;
+      #pragma unroll
+      for (int t = 0; t < TDV; ++t) acc[i][t] *= keep;
+{% endif %}
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j)  // p transposed: a row's 64 keys are its half-warp's
+      *reinterpret_cast<float4*>(pt + (c0 + j) * LQ + r0) =
+          make_float4(s[0][j], s[1][j], s[2][j], s[3][j]);
+    __syncwarp();  // (each half-warp reads only the rows it wrote)
+    #pragma unroll 4
+    for (int k = 0; k < TK; ++k) {
+      const float4 p = *reinterpret_cast<const float4*>(pt + k * LQ + r0);
+      #pragma unroll
+      for (int t = 0; t < TDV; ++t) {
+        const int c = tx + 16 * t;
+        if (c < Dn) {
+          const float v = vs[k * Dn + c];
+          acc[0][t] += p.x * v;
+          acc[1][t] += p.y * v;
+          acc[2][t] += p.z * v;
+          acc[3][t] += p.w * v;
+        }
+      }
+    }
+  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t qi = q0 + r0 + i;
+    if (qi >= T) continue;
+    float* y = out + (b * T + qi) * C + h * D;
+    #pragma unroll
+    for (int t = 0; t < TDV; ++t) {
+      const int c = tx + 16 * t;
+{% if softmax %}
+      if (c < Dn) y[c] = acc[i][t] / l[i];  // no key at all: 0 / 0, NaN as torch
+{% else %}
+      if (c < Dn) y[c] = acc[i][t];
+{% endif %}
+    }
+  }
+}
+{% endif %}
+
 extern "C" int assay_attention({{ params }}, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (B <= 0 || T <= 0 || H <= 0) return 0;
   if (D <= 0 || D > {{ max_head }} || B * H > 65535) return (int)cudaErrorInvalidValue;
+{% if tile %}
+  const size_t bytes = sizeof(float) * (size_t)(D * LQ + D * LK + TK * D + TK * LQ);
+  const void* kernel = (const void*)assay_attention_tiles;
+{% else %}
   const size_t bytes = sizeof(float) * (size_t)(BQ * D + BK * (D + 1) + BK * D);
+  const void* kernel = (const void*)assay_attention_rows;
+{% endif %}
   if (bytes > 48 * 1024) {
     if ((int)bytes > assay_smem_optin()) return (int)cudaErrorInvalidValue;
-    const cudaError_t e = cudaFuncSetAttribute(assay_attention_rows,
+    const cudaError_t e = cudaFuncSetAttribute(kernel,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)bytes);
     if (e != cudaSuccess) return (int)e;
   }
+{% if tile %}
+  const dim3 grid((unsigned)((T + TQ - 1) / TQ), (unsigned)(B * H));
+  assay_attention_tiles<<<grid, 256, bytes, stream>>>(qkv, mask, out, B, T, H, D,
+                                                      mask_ld, mask_lc, scale, has_mask);
+{% else %}
   const dim3 grid((unsigned)((T + BQ - 1) / BQ), (unsigned)(B * H));
   assay_attention_rows<<<grid, WARPS * 32, bytes, stream>>>(qkv, mask, out, B, T, H, D,
                                                             mask_ld, mask_lc, scale, has_mask);
+{% endif %}
   return (int)cudaGetLastError();
 }
 """
@@ -254,8 +424,8 @@ def forward(plan: Attention, target: str, knobs: dict[str, Any]
 
 FAMILY = standalone_family(
     "attention", Attention, KNOB_SPACES,
-    # Not yet measured on a GPU: 8 warps of 2 query rows (16 rows share each key tile).
-    defaults={"cpu": {"threads": 0}, "cuda": {"rows": 2}},
-    safe={"cpu": {"threads": 1}, "cuda": {"rows": 1}},
+    # The rows form stays the default until the register tiles are measured on a GPU.
+    defaults={"cpu": {"threads": 0}, "cuda": {"tile": 0, "rows": 2}},
+    safe={"cpu": {"threads": 1}, "cuda": {"tile": 0, "rows": 1}},
     strategy="fusion",  # scores, mask, softmax and the weighted sum in one kernel
     source=source, forward=forward)

@@ -171,7 +171,7 @@ def space(target: str, analysis: Analysis, lib: int | None = None, policy: str =
     out.update(KNOB_SPACES[(target, template(plan, {"lib": lib}))])
     if "phases" in out and not plan.gemm.op.startswith("conv_transpose"):
         out["phases"] = (0,)  # stride phases are a transposed convolution's: no variant here
-    if target == "triton" and plan.gemm is not None and plan.gemm.op == "linear":
+    if target == "triton" and plan.gemm is not None and plan.gemm.b_rows:
         out.update(tri.LINEAR_KNOB_SPACE)
     if plan.kind == "row":  # the row kernel after the GEMM has its own knobs
         out.update(row.space(target, analysis))
@@ -264,7 +264,7 @@ def _product_source(plan: Plan, target: str, knobs: dict[str, Any], summary: str
         kparams = ", ".join(f"{p.ctype} {p.name}" for p in params)
         values = dict(common, prologue=prologue, epi_body=body, epi_out=out_expr,
                       bm=int(knobs["tile_m"]), bn=int(knobs["tile_n"]),
-                      bk=int(knobs["k_step"]), trans_b=plan.gemm.op == "linear",
+                      bk=int(knobs["k_step"]), trans_b=plan.gemm.b_rows,
                       trans_a=plan.gemm.trans_a,
                       kparams=kparams, kargs=", ".join(p.name for p in params),
                       params=kparams if target == "cpu" else kparams + ", void* stream_ptr")
@@ -366,12 +366,14 @@ def _gemm_lines(plan: Plan, target: str, template: str, layout: int = 0) -> list
                   "N, K = lB.shape", "M = math.prod(lA.shape[:-1])", "batch, sA, sB = 1, 0, 0",
                   "gshape = tuple(lA.shape[:-1]) + (N,)"]
         lib = "torch.mm(lA.reshape(M, K), lB.t()).view(gshape)"
-    else:  # bmm
-        lines += ["_expect(lA.dim() == 3 and lB.dim() == 3 and lA.shape[0] == lB.shape[0] and "
-                  "lA.shape[2] == lB.shape[1], 'bmm operand shapes')",
-                  "batch, M, K = lA.shape", "N = lB.shape[2]", "sA, sB = M * K, K * N",
-                  "gshape = (batch, M, N)"]
-        lib = "torch.bmm(lA, lB)"
+    else:  # bmm: a batch of products over the same leading dims (B [..., N, K]: trans_b)
+        nd, (kb, nb) = g.a_ndim, ((-1, -2) if g.trans_b else (-2, -1))
+        lines += [f"_expect(lA.dim() == {nd} and lB.dim() == {nd} and lA.shape[:-2] == "
+                  f"lB.shape[:-2] and lA.shape[-1] == lB.shape[{kb}], 'bmm operand shapes')",
+                  "M, K = lA.shape[-2:]", f"N = lB.shape[{nb}]",
+                  "batch, sA, sB = math.prod(lA.shape[:-2]), M * K, K * N",
+                  "gshape = tuple(lA.shape[:-2]) + (M, N)"]
+        lib = f"torch.matmul(lA, lB{'.transpose(-2, -1)' if g.trans_b else ''})"
     lines.append("sC = M * N")
     if template == "epilogue":
         lines.append(f"l{gk} = {lib}")

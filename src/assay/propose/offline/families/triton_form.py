@@ -316,13 +316,15 @@ def assay_gemm({{ params }}, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexp
         rk = k0 + rk0
         a = tl.load(a_rows + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
 {% if trans_b and b_rows %}
-        # B is W[N, K] (a Linear's weight): a [BN, BK] tile in W's row order, transposed
-        bt = tl.load(B + rn[:, None].to(tl.int64) * K + rk[None, :],
+        # B is W[N, K] (a Linear's weight, or a batched B^T): a [BN, BK] tile in W's row
+        # order, transposed
+        bt = tl.load(B + pb * sB + rn[:, None].to(tl.int64) * K + rk[None, :],
                      mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0)
         b = tl.trans(bt)
 {% elif trans_b %}
-        # B is W[N, K] (a Linear's weight): the tile of its transpose, read in place
-        b = tl.load(B + rn[None, :].to(tl.int64) * K + rk[:, None],
+        # B is W[N, K] (a Linear's weight, or a batched B^T): the tile of its transpose,
+        # read in place
+        b = tl.load(B + pb * sB + rn[None, :].to(tl.int64) * K + rk[:, None],
                     mask=(rn[None, :] < N) & (rk[:, None] < K), other=0.0)
 {% else %}
         b = tl.load(B + pb * sB + rk[:, None].to(tl.int64) * N + rn[None, :],
@@ -356,7 +358,7 @@ def gemm_kernel(plan: Plan, knobs: dict[str, Any], summary: str, template: str,
     params += ["out", "M", "N", "K", "sA", "sB", "sC"] + geometry
     return render(TRITON_GEMM, template=template, summary=summary.replace("\n", " "),
                   knob_line=knob_line(knobs), params=", ".join(params), body=body,
-                  result=result, trans_b=plan.gemm.op == "linear",
+                  result=result, trans_b=plan.gemm.b_rows,
                   b_rows=int(knobs.get("b_rows", 0)), ieee=plan.dtype == "float32")
 
 
