@@ -37,10 +37,10 @@
 #               defaults with these knobs too, where its space has them (an A/B of a knob),
 #               into $S/synthkb-phases_0
 #   dag         the campaign's Snakemake DAG with tasks=kernelbench on .kb (issue #16) up to
-#               profile, resumable (results in $S/dag), GPU_JOBS jobs per GPU (2: one uses it,
-#               one gets ready; 3 kept it no busier in the tenth session, 91% of its DAG time
-#               held; the eleventh's steps do most of their work before taking it, 66% held
-#               with 2: try 3 again; benchmarks/dag_left.py); LEVELS (1), CAMPAIGN (kb),
+#               profile, resumable (results in $S/dag), GPU_JOBS jobs per GPU (3: steps do
+#               most of their work before taking the device, so one uses it while two get
+#               ready; the twelfth session held it 84% of its DAG time with 3, the eleventh
+#               66% with 2; benchmarks/dag_left.py); LEVELS (1), CAMPAIGN (kb),
 #               CORES (12), TASKS: ids (all),
 #               NCU_MIN: profile.ncu_min_speedup (1: ncu for the kernels faster than eager only,
 #               from the eleventh session on; 5-40 s of the device a task), PREWARM:
@@ -173,7 +173,7 @@ for phase in "$@"; do
       tasks=${TASKS:-}; [ -n "${tasks//[[:space:]]/}" ] && targets=()
       for t in $tasks; do targets+=("$S/dag/${CAMPAIGN:-kb}/offline/$t/profile.json"); done
       run_for "$secs" "$S/dag.log" python3 -m snakemake "${targets[@]}" ${FORCE:+--forcerun $FORCE} \
-        --cores "${CORES:-12}" --resources gpu=$((${GPU_JOBS:-2} * (gpus > 0 ? gpus : 1))) \
+        --cores "${CORES:-12}" --resources gpu=$((${GPU_JOBS:-3} * (gpus > 0 ? gpus : 1))) \
         --config "overrides=[campaign=${CAMPAIGN:-kb},tasks=kernelbench,tasks.source=$PWD/.kb,\
 tasks.levels=[${LEVELS:-1}],target=cuda,results_dir=$S/dag,profile.ncu_min_speedup=${NCU_MIN:-1},\
 baselines.prewarm=${PREWARM:-true}]"
