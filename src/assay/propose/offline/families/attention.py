@@ -100,6 +100,22 @@ constexpr int BQ = WARPS * ROWS;       // query rows per block
 constexpr int BK = 32;                 // keys per tile: one per lane
 constexpr int DV = {{ max_head }} / 32;  // output elements per lane, at most
 
+// One query row's outputs: acc[t] at column first + step * t of the head's D (a lane's or a
+// thread's share of the row), over the softmax's sum l.
+template <int N>
+__device__ __forceinline__ void assay_attention_store(float* y, const float (&acc)[N], float l,
+                                                      int first, int step, int D) {
+  #pragma unroll
+  for (int t = 0; t < N; ++t) {
+    const int c = first + step * t;
+{% if softmax %}
+    if (c < D) y[c] = acc[t] / l;  // no key at all: 0 / 0, NaN as torch
+{% else %}
+    if (c < D) y[c] = acc[t];
+{% endif %}
+  }
+}
+
 // smem: q [BQ][D], k [BK][D + 1], v [BK][D]
 __global__ void __launch_bounds__(WARPS * 32)
 assay_attention_rows(const float* __restrict__ qkv, const float* __restrict__ mask,
@@ -185,17 +201,7 @@ assay_attention_rows(const float* __restrict__ qkv, const float* __restrict__ ma
   #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
     const int64_t i = q0 + warp * ROWS + r;
-    if (i >= T) continue;
-    float* y = out + (b * T + i) * C + h * D;
-    #pragma unroll
-    for (int t = 0; t < DV; ++t) {
-      const int64_t d = lane + 32 * t;
-{% if softmax %}
-      if (d < D) y[d] = acc[r][t] / l[r];  // no key at all: 0 / 0, NaN as torch
-{% else %}
-      if (d < D) y[d] = acc[r][t];
-{% endif %}
-    }
+    if (i < T) assay_attention_store(out + (b * T + i) * C + h * D, acc[r], l[r], lane, 32, (int)D);
   }
 }
 
@@ -331,17 +337,7 @@ assay_attention_tiles(const float* __restrict__ qkv, const float* __restrict__ m
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t qi = q0 + r0 + i;
-    if (qi >= T) continue;
-    float* y = out + (b * T + qi) * C + h * D;
-    #pragma unroll
-    for (int t = 0; t < TDV; ++t) {
-      const int c = tx + 16 * t;
-{% if softmax %}
-      if (c < Dn) y[c] = acc[i][t] / l[i];  // no key at all: 0 / 0, NaN as torch
-{% else %}
-      if (c < Dn) y[c] = acc[i][t];
-{% endif %}
-    }
+    if (qi < T) assay_attention_store(out + (b * T + qi) * C + h * D, acc[i], l[i], tx, 16, Dn);
   }
 }
 {% endif %}
