@@ -335,6 +335,8 @@ MHA_DECLINED = {  # what is not self-attention with its weights unread
         m = y.view(B, C, H * W).permute(2, 0, 1)
         return self.attn(x, m, m)[0]""", ", y",
                   ", torch.rand(batch_size, embed_dim, image_height, image_width)"),
+    # random attention weights in training mode
+    "mha_dropout": (", dropout=0.1", _VIT_BODY, "", ""),
     # torch returns a transposed view here, whose strides what follows keeps
     "mha_batch_first": (", batch_first=True",
                         _TOKENS_BODY.replace("permute(2, 0, 1)", "transpose(1, 2)"), "", ""),

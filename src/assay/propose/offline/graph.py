@@ -1779,11 +1779,11 @@ def _multihead_attention(gm: fx.GraphModule) -> None:
     (``F.linear`` of ``in_proj_weight``), :func:`packed_attention` over batch-first tokens
     (softmax of the scores scaled by 1 / sqrt(head width), the heads side by side), the
     output projection. The sequence-first input is transposed to batch-first before the
-    attention and back after it (kernels of their own: copies). Masks, separate
-    k/v projections, ``bias_k``/``add_zero_attn`` or different query/key/value are left to the
-    lowering, which declines the module. So is ``batch_first``: torch's result is then a
-    transposed view (and its eval fast path another computation), whose strides the ops after
-    it keep."""
+    attention and back after it (kernels of their own: copies). Masks, separate k/v
+    projections, ``bias_k``/``add_zero_attn``, attention dropout or different query/key/value
+    are left to the lowering, which declines the module. So is ``batch_first``: torch's result
+    is then a transposed view (and its eval fast path another computation), whose strides the
+    ops after it keep."""
     graph = gm.graph
     for node in list(graph.nodes):
         if node.op != "call_module":
@@ -1802,6 +1802,7 @@ def _multihead_attention(gm: fx.GraphModule) -> None:
                 and all(bound.get(k) is None for k in ("key_padding_mask", "attn_mask"))
                 and not bound.get("is_causal", False)
                 and m._qkv_same_embed_dim and m.bias_k is None and m.bias_v is None
+                and not m.dropout  # (random weights in training mode: not this kernel)
                 and not m.add_zero_attn and m.in_proj_weight is not None
                 and users and all(u.op == "call_function" and u.target is operator.getitem
                                   and u.args[1] == 0 for u in users)):
