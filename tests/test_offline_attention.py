@@ -402,3 +402,98 @@ def test_kernelbench_vision_attention_gets_a_plan():
     analysis = OfflineSynthesizer("cuda").analyse(
         TaskContext(Task.from_file(KERNELBENCH / "31_VisionAttention.py"), "cuda"))
     assert "attention" in analysis.ops, analysis.summary
+
+
+# ---------------------------------------------------------------------------------------------
+# nn.TransformerEncoderLayer: its self-attention, feed-forward block and norms
+
+_ENCODER = """import torch
+import torch.nn as nn
+
+batch_size, tokens, embed_dim = 2, 5, 16
+
+
+class Model(nn.Module):
+    def __init__(self, embed_dim):
+        super().__init__()
+        self.proj = nn.Linear(embed_dim, embed_dim)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, embed_dim))
+        self.layers = nn.ModuleList([nn.TransformerEncoderLayer(
+            d_model=embed_dim, nhead=4, dim_feedforward=2 * embed_dim{kwargs})
+            for _ in range(2)])
+
+    def forward(self, x):
+        B = x.size(0)
+        x = torch.cat((self.cls_token.expand(B, -1, -1), self.proj(x)), dim=1)
+        for layer in self.layers:
+            x = layer(x{call})
+        return x[:, 0]
+
+
+def get_inputs():
+    return [torch.rand(batch_size, tokens, embed_dim)]
+
+
+def get_init_inputs():
+    return [embed_dim]
+"""
+ENCODER = {  # name: (layer kwargs, call arguments)
+    "encoder_post_norm_relu": (", dropout=0.0, batch_first=True", ""),
+    "encoder_pre_norm_gelu": (", dropout=0.0, batch_first=True, norm_first=True, "
+                              "activation='gelu'", ""),
+}
+ENCODER_DECLINED = {
+    "encoder_sequence_first": (", dropout=0.0", ""),
+    "encoder_dropout": (", dropout=0.1, batch_first=True", ""),
+    "encoder_mask": (", dropout=0.0, batch_first=True",
+                     ", src_mask=torch.zeros(x.size(1), x.size(1))"),
+}
+ENCODER_SIZES = [{}, {"batch_size": 3, "tokens": 9}]
+
+
+@pytest.fixture(scope="module")
+def encoder_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("encoder_tasks")
+    for name, (kwargs, call) in {**ENCODER, **ENCODER_DECLINED}.items():
+        (root / f"{name}.py").write_text(_ENCODER.format(kwargs=kwargs, call=call))
+    return root
+
+
+@pytest.mark.parametrize("name", sorted(ENCODER))
+def test_encoder_layer_cpu_candidates_match_reference(encoder_dir, tmp_path, name):
+    """Both layers' attention kernels, projections, feed-forward blocks and norms; the class
+    token expanded by the forward (``Pipeline.prelude``) and joined by the concat kernel.
+    (The reference in eval mode runs torch's fused encoder-layer path.)"""
+    ctx = task_ctx(encoder_dir, name)
+    analysis = OfflineSynthesizer("cpu").analyse(ctx)
+    assert analysis.plan.prelude == ("view0 = _attr(self, 'cls_token').expand(x.size(0), -1, -1)",)
+    assert sum(type(s.plan).__name__ == "Attention" for s in analysis.plan.stages) == 2
+    prop = OfflineSynthesizer("cpu").translate(ctx, n=1, rng=random.Random(0))[0]
+    assert prop.code is not None, prop.declined
+    assert_matches_reference(prop.code, tmp_path / f"cand_{name}.py", ctx, ENCODER_SIZES,
+                             seeds=(1, 2))
+
+
+@pytest.mark.parametrize("name", sorted(ENCODER_DECLINED))
+def test_encoder_layers_that_are_not_the_pattern_are_declined(encoder_dir, name):
+    prop = OfflineSynthesizer("cpu").translate(task_ctx(encoder_dir, name), 1,
+                                               random.Random(0))[0]
+    assert prop.code is None, name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", sorted(ENCODER))
+def test_encoder_layer_cuda_candidates_match_reference(encoder_dir, tmp_path, name):
+    ctx = task_ctx(encoder_dir, name, "cuda")
+    prop = OfflineSynthesizer("cuda").translate(ctx, n=1, rng=random.Random(0))[0]
+    assert prop.code is not None, prop.declined
+    assert_matches_reference(prop.code, tmp_path / f"cuda_{name}.py", ctx, ENCODER_SIZES,
+                             "cuda", seeds=(1, 2))
+
+
+@pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")
+def test_kernelbench_convolutional_vision_transformer_gets_a_plan():
+    analysis = OfflineSynthesizer("cuda").analyse(
+        TaskContext(Task.from_file(KERNELBENCH / "32_ConvolutionalVisionTransformer.py"), "cuda"))
+    assert "attention" in analysis.ops and "cat" in analysis.ops, analysis.summary

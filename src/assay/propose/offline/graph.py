@@ -75,7 +75,7 @@ from assay.propose.offline.ir import (ARG_REDUCTIONS, CONV_OPS, PREFIX, Analysis
                                       NeedsCut, Node, Plan, Pool, Unsupported, conv_args,
                                       describe, needed_nodes)
 from assay.propose.offline.own_kernels import (CATS, PERMUTE_FUNCTIONS, RECURRENT_MODULES,
-                                               attention_of, concat_of, module_of,
+                                               attention_of, concat_node, concat_of, module_of,
                                                packed_attention, permute_node, permute_of,
                                                recurrent_of, xent_of)
 from assay.tasks.instantiate import init_inputs, make_inputs
@@ -736,6 +736,9 @@ class _Lowering:
             raise self.cut(f"{PREFIX} {what} (layout/indexing op) inside one kernel")
         if shape_only(node):
             self.env[node] = None  # a size read by views alone: their boundary computes it
+            return
+        if joined_expand(node):
+            self.env[node] = None  # made by the forward for the join after a boundary
             return
         batched = self.batched_transpose(node)
         if batched is not None:  # read in place by the product(s) that take it
@@ -1773,6 +1776,71 @@ def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
     return None
 
 
+def _self_attention_ok(m: nn.MultiheadAttention) -> bool:
+    """Whether ``m``'s self-attention is :func:`packed_attention` between its projections: one
+    packed in-projection, no key/value biases or zero attention, no attention dropout."""
+    return (m._qkv_same_embed_dim and m.bias_k is None and m.bias_v is None
+            and not m.add_zero_attn and m.in_proj_weight is not None and not m.dropout)
+
+
+def _self_attention(graph: fx.Graph, path: str, m: nn.MultiheadAttention, tokens: fx.Node,
+                    sequence_first: bool = False) -> fx.Node:
+    """The nodes of ``m``'s self-attention (module ``path``) over batch-first ``tokens``:
+    the packed projection, :func:`packed_attention`, the output projection; with
+    ``sequence_first`` the attention's result is transposed back before that projection (a
+    row op, so the residual and norm after it fuse into its kernel)."""
+    width, heads = int(m.embed_dim), int(m.num_heads)
+    bias = graph.get_attr(f"{path}.in_proj_bias") if m.in_proj_bias is not None else None
+    qkv = graph.call_function(F.linear, (tokens, graph.get_attr(f"{path}.in_proj_weight"), bias))
+    y = graph.call_function(packed_attention, (qkv, None, width, heads,
+                                               1.0 / math.sqrt(width // heads), "softmax"))
+    if sequence_first:
+        y = graph.call_method("transpose", (y, 0, 1))
+    out_bias = graph.get_attr(f"{path}.out_proj.bias") if m.out_proj.bias is not None else None
+    return graph.call_function(F.linear, (y, graph.get_attr(f"{path}.out_proj.weight"),
+                                          out_bias))
+
+
+def _encoder_layers(gm: fx.GraphModule) -> None:
+    """Rewrite ``nn.TransformerEncoderLayer`` (batch-first, no masks, no dropout, ReLU or GELU,
+    its attention as :func:`_self_attention_ok` says) into what it computes in eval mode: the
+    self-attention and the feed-forward block, each added to its input, with the layer's
+    LayerNorms after (or, ``norm_first``, before) them. Its eval fast path
+    (``torch._transformer_encoder_layer_fwd``) computes the same. Other layers are left to
+    the lowering, which declines them."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_module":
+            continue
+        m = gm.get_submodule(str(node.target))
+        if not isinstance(m, nn.TransformerEncoderLayer):
+            continue
+        if (len(node.args) != 1 or node.kwargs or not isinstance(node.args[0], fx.Node)
+                or not m.self_attn.batch_first or not _self_attention_ok(m.self_attn)
+                or m.activation_relu_or_gelu not in (1, 2)
+                or any(d.p for d in (m.dropout, m.dropout1, m.dropout2))):
+            continue
+        path, x = str(node.target), node.args[0]
+        act = torch.relu if m.activation_relu_or_gelu == 1 else F.gelu
+        with graph.inserting_before(node):
+            def sublayer(v: fx.Node, block: str) -> fx.Node:
+                if block == "attention":
+                    return _self_attention(graph, f"{path}.self_attn", m.self_attn, v)
+                hidden = graph.call_function(act, (graph.call_module(f"{path}.linear1", (v,)),))
+                return graph.call_module(f"{path}.linear2", (hidden,))
+            for block, norm in (("attention", "norm1"), ("feed_forward", "norm2")):
+                if m.norm_first:
+                    x = graph.call_function(operator.add, (x, sublayer(
+                        graph.call_module(f"{path}.{norm}", (x,)), block)))
+                else:
+                    x = graph.call_module(f"{path}.{norm}", (
+                        graph.call_function(operator.add, (x, sublayer(x, block))),))
+        node.replace_all_uses_with(x)
+        graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+
+
 def _multihead_attention(gm: fx.GraphModule) -> None:
     """Rewrite ``nn.MultiheadAttention`` self-attention whose weights are not read (``out, _ =
     attn(x, x, x)``) into what it computes in eval mode: the packed input projection
@@ -1800,29 +1868,14 @@ def _multihead_attention(gm: fx.GraphModule) -> None:
         if not (bound.get("query") is bound.get("key") is bound.get("value")
                 and isinstance(bound.get("query"), fx.Node)
                 and all(bound.get(k) is None for k in ("key_padding_mask", "attn_mask"))
-                and not bound.get("is_causal", False)
-                and m._qkv_same_embed_dim and m.bias_k is None and m.bias_v is None
-                and not m.dropout  # (random weights in training mode: not this kernel)
-                and not m.add_zero_attn and m.in_proj_weight is not None
+                and not bound.get("is_causal", False) and _self_attention_ok(m)
                 and users and all(u.op == "call_function" and u.target is operator.getitem
                                   and u.args[1] == 0 for u in users)):
             continue
         path, x = str(node.target), bound["query"]
-        width, heads = int(m.embed_dim), int(m.num_heads)
-        with graph.inserting_before(node):
-            tokens = graph.call_method("transpose", (x, 0, 1))
-            bias = graph.get_attr(f"{path}.in_proj_bias") if m.in_proj_bias is not None \
-                else None
-            qkv = graph.call_function(F.linear, (tokens, graph.get_attr(
-                f"{path}.in_proj_weight"), bias))
-            y = graph.call_function(packed_attention, (qkv, None, width, heads,
-                                                       1.0 / math.sqrt(width // heads),
-                                                       "softmax"))
-            out_bias = graph.get_attr(f"{path}.out_proj.bias") \
-                if m.out_proj.bias is not None else None
-            y = graph.call_method("transpose", (y, 0, 1))  # sequence-first again
-            out = graph.call_function(F.linear, (y, graph.get_attr(f"{path}.out_proj.weight"),
-                                                 out_bias))
+        with graph.inserting_before(node):  # batch-first for the attention kernel
+            out = _self_attention(graph, path, m, graph.call_method("transpose", (x, 0, 1)),
+                                  sequence_first=True)
         for u in users:
             u.replace_all_uses_with(out)
             graph.erase_node(u)
@@ -2221,6 +2274,7 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
     _follow_writes(gm)
     _drop_dead(gm)
     _decompose(gm)
+    _encoder_layers(gm)
     _multihead_attention(gm)
     try:
         # ShapeProp prints the failing node's traceback before raising; the decline says why.
@@ -2444,7 +2498,16 @@ def same_shape_source(node: fx.Node) -> fx.Node | None:
 def shape_only(node: fx.Node) -> bool:
     """A shape value that only views and other such values read (so no kernel computes it)."""
     return (shape_value(node) and bool(node.users)
-            and all(is_reshape(u) or shape_only(u) for u in node.users))
+            and all(is_reshape(u) or shape_only(u) or joined_expand(u) for u in node.users))
+
+
+def joined_expand(node: fx.Node) -> bool:
+    """``self.p.expand(sizes)`` of a model attribute whose every reader is a torch.cat: a
+    view the forward makes for the join (ViT's class token), no kernel's work."""
+    return (node.op == "call_method" and str(node.target) == "expand" and not node.kwargs
+            and len(node.args) >= 2 and isinstance(node.args[0], fx.Node)
+            and node.args[0].op == "get_attr" and bool(node.users)
+            and all(concat_node(u) for u in node.users))
 
 
 def _row_groups(plan: Plan, model: Any) -> int:

@@ -27,7 +27,8 @@ from typing import Any
 from torch import fx
 
 from assay.propose.offline.graph import (RESHAPE_FUNCTIONS, SHAPE_ARITH, SIZE_METHODS, is_reshape,
-                                         same_shape_source, shape_only, shape_value)
+                                         joined_expand, same_shape_source, shape_only,
+                                         shape_value)
 from assay.propose.offline.ir import PREFIX, Analysis, NeedsCut, Unsupported
 from assay.propose.offline.own_kernels import (index_source, own_kernel, permutation,
                                                permute_node, recurrent_node, selections)
@@ -234,16 +235,20 @@ def _own_stage(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]
     return stage, view, mine[-1], carried, rest
 
 
-def _output_permutation(at: fx.Node, todo: list[fx.Node], out: fx.Node,
-                        names: dict[fx.Node, str]) -> str | None:
-    """Where ``at`` permutes a value and only views of that follow it up to the task's output
-    ``out`` (ViT's ``x.permute(1, 2, 0).view(B, C, H, W)``): the permutation and the views as
-    one expression of ``{t}`` (the value permuted), else None. No ``.contiguous()`` among
-    them: after a permutation that is a copy with other strides."""
-    perm = permutation(at) if permute_node(at) and index_source(at) is None else None
-    if perm is None:
+def _output_view(at: fx.Node, todo: list[fx.Node], out: fx.Node, names: dict[fx.Node, str]
+                 ) -> str | None:
+    """Where ``at`` permutes or indexes a value (``x.permute(1, 2, 0)``, ``x[:, 0]``) and only
+    views of that follow it up to the task's output ``out`` (ViT's ``x.permute(1, 2, 0).view(B,
+    C, H, W)``): the permutation or index and the views as one expression of ``{t}`` (the value
+    permuted), else None. No ``.contiguous()`` among them: after a permutation that is a copy
+    with other strides."""
+    if not permute_node(at):
         return None
-    expr, carried = f"{{t}}.permute{perm}", at
+    index = index_source(at)
+    perm = permutation(at) if index is None else None
+    if index is None and perm is None:
+        return None
+    expr, carried = (f"{{t}}{index}" if index is not None else f"{{t}}.permute{perm}"), at
     for n in todo[todo.index(at) + 1:]:
         if shape_only(n):
             continue
@@ -252,6 +257,23 @@ def _output_permutation(at: fx.Node, todo: list[fx.Node], out: fx.Node,
             return None
         expr, carried = more.format(t=expr), n
     return expr if carried is out else None
+
+
+def _joined_parameters(todo: list[fx.Node], names: dict[fx.Node, str]) -> list[str]:
+    """Parameters expanded over sizes of the forward's inputs and joined by a torch.cat
+    (ViT's class token, ``self.cls_token.expand(x.size(0), -1, -1)``): each as the expression
+    the forward computes, its node named in ``names`` (``view<k>``) for the join to read as
+    an argument. A join reads only arguments, and such a part is no kernel's output."""
+    made = []
+    for n in todo:
+        if not joined_expand(n):
+            continue
+        sizes = [shape_expr(a, n.args[0], names) for a in n.args[1:]]
+        if any(e is None or "{t}" in e for e in sizes):
+            continue
+        names[n] = f"view{len(made)}"
+        made.append(f"_attr(self, {str(n.args[0].target)!r}).expand({', '.join(sizes)})")
+    return made
 
 
 def _input_views(nodes: list[fx.Node], names: dict[fx.Node, str], first: int
@@ -290,7 +312,17 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
     views: list[str] = []
     prelude: list[str] = []
     todo = [n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
+    for n in _joined_parameters(todo, names):  # the forward expands them: a join's parts
+        prelude.append(f"view{len(prelude)} = {n}")
+    todo = [n for n in todo if not (n in names and names[n].startswith("view"))]
     while True:
+        first = next((n for n in todo if not shape_only(n)), None)
+        tail = _output_view(first, todo, out, names) if first is not None and stages else None
+        if tail is not None and names.get(first.args[0]) == STAGE_INPUT.format(len(stages) - 1):
+            # the task returns a permuted or indexed view of the last kernel's output: so does
+            # the candidate (its strides are the reference's; a copy's would not be)
+            views[-1] = tail.format(t=views[-1]) if views[-1] else tail
+            break
         sub, original = _subgraph(gm, todo, out, names)
         try:
             stages.append(analyze(sub))
@@ -304,12 +336,6 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
             # Sizes read by views belong to the views, not to a kernel.
             sizes = [n for n in todo if shape_only(n)]
             before = [n for n in todo[:todo.index(at)] if n not in sizes]
-            tail = _output_permutation(at, todo, out, names) if not before and stages else None
-            if tail is not None and names.get(at.args[0]) == STAGE_INPUT.format(len(stages) - 1):
-                # the task returns a permuted view of the last kernel's output: so does the
-                # candidate (its strides are the reference's; a copy's would not be)
-                views[-1] = tail.format(t=views[-1]) if views[-1] else tail
-                break
             if not before and own_kernel(at):  # a join, a permutation, an RNN
                 stage, view, end, carried, todo = _own_stage(gm, analyze, names, todo, at)
                 stages.append(stage)
