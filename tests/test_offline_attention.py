@@ -10,6 +10,8 @@ KernelBench's L3_43, 44 and 50 get a plan.
 ``F.scaled_dot_product_attention`` (no mask, no dropout, not causal) is planned as what it
 computes: the scores' product with k read in place (its last two dims swapped) and the softmax in
 one kernel, then the product with v, for heads of any width (KernelBench's L1_97: 1024).
+``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` become the attention kernel between
+their projections (KernelBench's L3_31 and L3_32).
 """
 
 from __future__ import annotations
@@ -193,7 +195,10 @@ def test_cuda_candidates_match_reference(task_dir, tmp_path, name, knobs):
 
 
 # ---------------------------------------------------------------------------------------------
-# F.scaled_dot_product_attention: two kernels
+# Attention as torch's function and modules write it: F.scaled_dot_product_attention (two
+# kernels), nn.MultiheadAttention and nn.TransformerEncoderLayer (the attention kernel between
+# the projections). One table of tasks: each checked against torch at two sizes on the CPU
+# (and on the GPU), the declined ones declined, KernelBench's planned.
 
 _SDPA = """import torch
 import torch.nn as nn
@@ -214,83 +219,8 @@ def get_inputs():
 def get_init_inputs():
     return []
 """
-SDPA = {  # name: (the forward's expression, the leading dims)
-    "sdpa": ("F.scaled_dot_product_attention(q, k, v)", "b, h, "),
-    "sdpa_scale_3d": ("F.scaled_dot_product_attention(q, k, v, scale=0.3) * 2.0", "b, "),
-}
-SDPA_DECLINED = {
-    "sdpa_causal": ("F.scaled_dot_product_attention(q, k, v, is_causal=True)", "b, h, "),
-    "sdpa_dropout": ("F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)", "b, h, "),
-}
 # other sizes of every dim but e (the default scale is 1 / sqrt(e) at the analysed size)
 SDPA_SIZES = [{}, {"b": 1, "h": 2, "l": 65, "s": 70, "ev": 33}]
-
-
-@pytest.fixture(scope="module")
-def sdpa_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sdpa_tasks")
-    for name, (call, lead) in {**SDPA, **SDPA_DECLINED}.items():
-        (root / f"{name}.py").write_text(_SDPA.format(call=call, lead=lead))
-    return root
-
-
-def test_sdpa_is_the_scores_product_and_softmax_then_the_product_with_v(sdpa_dir):
-    """Two kernels, k never copied: its transpose is the first product's B read in place."""
-    analysis = OfflineSynthesizer("cpu").analyse(task_ctx(sdpa_dir, "sdpa"))
-    first, second = (s.plan for s in analysis.plan.stages)
-    assert first.kind == "row" and first.gemm.op == "bmm" and first.gemm.trans_b
-    assert first.gemm.a_ndim == 4 and (first.gemm.a.name, first.gemm.b.name) == ("q", "k")
-    assert second.gemm.op == "bmm" and not second.gemm.trans_b and second.gemm.b.name == "v"
-
-
-@pytest.mark.parametrize("name", sorted(SDPA))
-def test_sdpa_cpu_candidates_match_reference(sdpa_dir, tmp_path, name):
-    """Both forms (own GEMMs; the library's, permissive) at two sizes."""
-    ctx = task_ctx(sdpa_dir, name)
-    props = OfflineSynthesizer("cpu").translate(ctx, n=2, rng=random.Random(0))
-    assert [p.strategy for p in props] == ["tiling", "epilogue"], [p.declined for p in props]
-    for prop in props:
-        assert_matches_reference(prop.code, tmp_path / f"cand_{prop.id}.py", ctx, SDPA_SIZES,
-                                 seeds=(1, 2))
-
-
-@pytest.mark.parametrize("name", sorted(SDPA_DECLINED))
-def test_sdpa_with_a_mask_or_dropout_is_declined(sdpa_dir, name):
-    prop = OfflineSynthesizer("cpu").translate(task_ctx(sdpa_dir, name), 1,
-                                               random.Random(0))[0]
-    assert prop.code is None and "scaled_dot_product_attention" in prop.declined
-
-
-@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
-def test_sdpa_cuda_source_compiles(sdpa_dir, tmp_path):
-    prop = OfflineSynthesizer("cuda").translate(task_ctx(sdpa_dir, "sdpa", "cuda"), 1,
-                                                random.Random(0))[0]
-    assert prop.code is not None, prop.declined
-    cand = import_file(prop.code, tmp_path / "cuda_sdpa.py")
-    build_cuda_sources({source: "sdpa" for source in cand.SOURCES})
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name", sorted(SDPA))
-def test_sdpa_cuda_candidates_match_reference(sdpa_dir, tmp_path, name):
-    ctx = task_ctx(sdpa_dir, name, "cuda")
-    for prop in OfflineSynthesizer("cuda").translate(ctx, n=2, rng=random.Random(0)):
-        assert prop.code is not None, prop.declined
-        assert_matches_reference(prop.code, tmp_path / f"cuda_{prop.id}.py", ctx, SDPA_SIZES,
-                                 "cuda", seeds=(1, 2))
-
-
-@pytest.mark.skipif(not (KERNELBENCH.parent / "level1").is_dir(),
-                    reason="KernelBench checkout not present")
-def test_kernelbench_sdpa_gets_a_plan():
-    (path,) = (KERNELBENCH.parent / "level1").glob("97_*.py")
-    analysis = OfflineSynthesizer("cuda").analyse(TaskContext(Task.from_file(path), "cuda"))
-    assert len(analysis.plan.stages) == 2 and "softmax" in analysis.ops, analysis.summary
-
-
-# ---------------------------------------------------------------------------------------------
-# nn.MultiheadAttention (self-attention, weights unread): projections and the attention kernel
 
 _MHA = """import torch
 import torch.nn as nn
@@ -323,89 +253,11 @@ _VIT_BODY = """        B, C, H, W = x.shape
 _TOKENS_BODY = """        t = x.flatten(2).permute(2, 0, 1).contiguous()
         y = self.attn(t, t, t, need_weights=False)[0]
         return torch.relu(y + t)"""
-MHA = {  # name: (module kwargs, forward body, extra argument, extra input)
-    "mha_vit": ("", _VIT_BODY, "", ""),
-    "mha_no_bias": (", bias=False", _TOKENS_BODY, "", ""),
-}
-MHA_DECLINED = {  # what is not self-attention with its weights unread
-    "mha_weights_read": ("", _VIT_BODY.replace("attn_output, _ =", "attn_output, w =")
-                         .replace("attn_output + x)", "attn_output + x) + w.mean()"), "", ""),
-    "mha_cross": ("", """        B, C, H, W = x.shape
+_CROSS_BODY = """        B, C, H, W = x.shape
         x = x.view(B, C, H * W).permute(2, 0, 1)
         m = y.view(B, C, H * W).permute(2, 0, 1)
-        return self.attn(x, m, m)[0]""", ", y",
-                  ", torch.rand(batch_size, embed_dim, image_height, image_width)"),
-    # random attention weights in training mode
-    "mha_dropout": (", dropout=0.1", _VIT_BODY, "", ""),
-    # torch returns a transposed view here, whose strides what follows keeps
-    "mha_batch_first": (", batch_first=True",
-                        _TOKENS_BODY.replace("permute(2, 0, 1)", "transpose(1, 2)"), "", ""),
-}
+        return self.attn(x, m, m)[0]"""
 MHA_SIZES = [{}, {"batch_size": 3, "image_height": 7, "image_width": 9}]
-
-
-@pytest.fixture(scope="module")
-def mha_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mha_tasks")
-    for name, (kwargs, body, extra, extra_input) in {**MHA, **MHA_DECLINED}.items():
-        (root / f"{name}.py").write_text(_MHA.format(kwargs=kwargs, body=body, extra=extra,
-                                                     extra_input=extra_input))
-    return root
-
-
-def test_multihead_attention_is_the_projections_around_the_attention_kernel(mha_dir):
-    """ViT's block: the input's view made by the forward, permuted to tokens, to batch-first,
-    the packed projection, the attention kernel, back to sequence-first, the output projection
-    with the residual and LayerNorm fused, and the task's own permuted view of that returned
-    (no copy: the reference returns a view with those strides)."""
-    analysis = OfflineSynthesizer("cpu").analyse(task_ctx(mha_dir, "mha_vit"))
-    pipe = analysis.plan
-    assert pipe.prelude == ("view0 = x.reshape(x.size(0), x.size(1), (x.size(2) * x.size(3)))",)
-    kinds = [type(s.plan).__name__ for s in pipe.stages]
-    assert kinds == ["Permute", "Permute", "Plan", "Attention", "Permute", "Plan"], kinds
-    assert pipe.views[-1].startswith("{t}.permute(1, 2, 0).reshape("), pipe.views
-    att = pipe.stages[3].plan
-    assert (att.split, att.heads, att.act) == (16, 4, "softmax")
-    assert att.scale == pytest.approx(0.5)
-
-
-@pytest.mark.parametrize("name", sorted(MHA))
-def test_multihead_attention_cpu_candidates_match_reference(mha_dir, tmp_path, name):
-    ctx = task_ctx(mha_dir, name)
-    prop = OfflineSynthesizer("cpu").translate(ctx, n=1, rng=random.Random(0))[0]
-    assert prop.code is not None, prop.declined
-    assert "assay_attention" in prop.code
-    assert_matches_reference(prop.code, tmp_path / f"cand_{name}.py", ctx, MHA_SIZES,
-                             seeds=(1, 2))
-
-
-@pytest.mark.parametrize("name", sorted(MHA_DECLINED))
-def test_multihead_attention_that_is_not_the_pattern_is_declined(mha_dir, name):
-    prop = OfflineSynthesizer("cpu").translate(task_ctx(mha_dir, name), 1,
-                                               random.Random(0))[0]
-    assert prop.code is None and "MultiheadAttention" in prop.declined, prop.declined
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name", sorted(MHA))
-def test_multihead_attention_cuda_candidates_match_reference(mha_dir, tmp_path, name):
-    ctx = task_ctx(mha_dir, name, "cuda")
-    prop = OfflineSynthesizer("cuda").translate(ctx, n=1, rng=random.Random(0))[0]
-    assert prop.code is not None, prop.declined
-    assert_matches_reference(prop.code, tmp_path / f"cuda_{name}.py", ctx, MHA_SIZES, "cuda",
-                             seeds=(1, 2))
-
-
-@pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")
-def test_kernelbench_vision_attention_gets_a_plan():
-    analysis = OfflineSynthesizer("cuda").analyse(
-        TaskContext(Task.from_file(KERNELBENCH / "31_VisionAttention.py"), "cuda"))
-    assert "attention" in analysis.ops, analysis.summary
-
-
-# ---------------------------------------------------------------------------------------------
-# nn.TransformerEncoderLayer: its self-attention, feed-forward block and norms
 
 _ENCODER = """import torch
 import torch.nn as nn
@@ -437,63 +289,149 @@ def get_inputs():
 def get_init_inputs():
     return [embed_dim]
 """
-ENCODER = {  # name: (layer kwargs, call arguments)
-    "encoder_post_norm_relu": (", dropout=0.0, batch_first=True", ""),
-    "encoder_pre_norm_gelu": (", dropout=0.0, batch_first=True, norm_first=True, "
-                              "activation='gelu'", ""),
-}
-ENCODER_DECLINED = {
-    "encoder_sequence_first": (", dropout=0.0", ""),
-    "encoder_dropout": (", dropout=0.1, batch_first=True", ""),
-    "encoder_mask": (", dropout=0.0, batch_first=True",
-                     ", src_mask=torch.zeros(x.size(1), x.size(1))"),
-}
 ENCODER_SIZES = [{}, {"batch_size": 3, "tokens": 9}]
 
 
+def _sdpa(call: str, lead: str = "b, h, ") -> str:
+    return _SDPA.format(call=call, lead=lead)
+
+
+def _mha(kwargs: str, body: str, extra: str = "", extra_input: str = "") -> str:
+    return _MHA.format(kwargs=kwargs, body=body, extra=extra, extra_input=extra_input)
+
+
+def _encoder(kwargs: str, call: str = "") -> str:
+    return _ENCODER.format(kwargs=kwargs, call=call)
+
+
+FORMS = {  # name: (task source, sizes checked, candidates checked: the forms translate makes)
+    "sdpa": (_sdpa("F.scaled_dot_product_attention(q, k, v)"), SDPA_SIZES, 2),
+    "sdpa_scale_3d": (_sdpa("F.scaled_dot_product_attention(q, k, v, scale=0.3) * 2.0", "b, "),
+                      SDPA_SIZES, 2),
+    "mha_vit": (_mha("", _VIT_BODY), MHA_SIZES, 1),
+    "mha_no_bias": (_mha(", bias=False", _TOKENS_BODY), MHA_SIZES, 1),
+    "encoder_post_norm_relu": (_encoder(", dropout=0.0, batch_first=True"), ENCODER_SIZES, 1),
+    "encoder_pre_norm_gelu": (_encoder(", dropout=0.0, batch_first=True, norm_first=True, "
+                                       "activation='gelu'"), ENCODER_SIZES, 1),
+}
+DECLINED_FORMS = {  # name: (task source, what the decline names)
+    "sdpa_causal": (_sdpa("F.scaled_dot_product_attention(q, k, v, is_causal=True)"),
+                    "scaled_dot_product_attention"),
+    "sdpa_dropout": (_sdpa("F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)"),
+                     "scaled_dot_product_attention"),
+    # not self-attention with its weights unread, or not what the kernel computes
+    "mha_weights_read": (_mha("", _VIT_BODY.replace("attn_output, _ =", "attn_output, w =")
+                              .replace("attn_output + x)", "attn_output + x) + w.mean()")),
+                         "MultiheadAttention"),
+    "mha_cross": (_mha("", _CROSS_BODY, ", y",
+                       ", torch.rand(batch_size, embed_dim, image_height, image_width)"),
+                  "MultiheadAttention"),
+    "mha_dropout": (_mha(", dropout=0.1", _VIT_BODY), "MultiheadAttention"),
+    # torch returns a transposed view here, whose strides what follows keeps
+    "mha_batch_first": (_mha(", batch_first=True",
+                             _TOKENS_BODY.replace("permute(2, 0, 1)", "transpose(1, 2)")),
+                        "MultiheadAttention"),
+    "encoder_sequence_first": (_encoder(", dropout=0.0"), "TransformerEncoderLayer"),
+    "encoder_dropout": (_encoder(", dropout=0.1, batch_first=True"), "TransformerEncoderLayer"),
+    "encoder_mask": (_encoder(", dropout=0.0, batch_first=True",
+                              ", src_mask=torch.zeros(x.size(1), x.size(1))"), ""),
+}
+
+
 @pytest.fixture(scope="module")
-def encoder_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("encoder_tasks")
-    for name, (kwargs, call) in {**ENCODER, **ENCODER_DECLINED}.items():
-        (root / f"{name}.py").write_text(_ENCODER.format(kwargs=kwargs, call=call))
+def forms_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attention_forms")
+    for name, (source, *_) in {**FORMS, **DECLINED_FORMS}.items():
+        (root / f"{name}.py").write_text(source)
     return root
 
 
-@pytest.mark.parametrize("name", sorted(ENCODER))
-def test_encoder_layer_cpu_candidates_match_reference(encoder_dir, tmp_path, name):
-    """Both layers' attention kernels, projections, feed-forward blocks and norms; the class
-    token expanded by the forward (``Pipeline.prelude``) and joined by the concat kernel.
-    (The reference in eval mode runs torch's fused encoder-layer path.)"""
-    ctx = task_ctx(encoder_dir, name)
-    analysis = OfflineSynthesizer("cpu").analyse(ctx)
-    assert analysis.plan.prelude == ("view0 = _attr(self, 'cls_token').expand(x.size(0), -1, -1)",)
-    assert sum(type(s.plan).__name__ == "Attention" for s in analysis.plan.stages) == 2
-    prop = OfflineSynthesizer("cpu").translate(ctx, n=1, rng=random.Random(0))[0]
-    assert prop.code is not None, prop.declined
-    assert_matches_reference(prop.code, tmp_path / f"cand_{name}.py", ctx, ENCODER_SIZES,
-                             seeds=(1, 2))
+def test_sdpa_is_the_scores_product_and_softmax_then_the_product_with_v(forms_dir):
+    """Two kernels, k never copied: its transpose is the first product's B read in place."""
+    analysis = OfflineSynthesizer("cpu").analyse(task_ctx(forms_dir, "sdpa"))
+    first, second = (s.plan for s in analysis.plan.stages)
+    assert first.kind == "row" and first.gemm.op == "bmm" and first.gemm.trans_b
+    assert first.gemm.a_ndim == 4 and (first.gemm.a.name, first.gemm.b.name) == ("q", "k")
+    assert second.gemm.op == "bmm" and not second.gemm.trans_b and second.gemm.b.name == "v"
 
 
-@pytest.mark.parametrize("name", sorted(ENCODER_DECLINED))
-def test_encoder_layers_that_are_not_the_pattern_are_declined(encoder_dir, name):
-    prop = OfflineSynthesizer("cpu").translate(task_ctx(encoder_dir, name), 1,
+def test_multihead_attention_is_the_projections_around_the_attention_kernel(forms_dir):
+    """ViT's block: the input's view made by the forward, permuted to tokens, to batch-first,
+    the packed projection, the attention kernel, back to sequence-first, the output projection
+    with the residual and LayerNorm fused, and the task's own permuted view of that returned
+    (no copy: the reference returns a view with those strides)."""
+    pipe = OfflineSynthesizer("cpu").analyse(task_ctx(forms_dir, "mha_vit")).plan
+    assert pipe.prelude == ("view0 = x.reshape(x.size(0), x.size(1), (x.size(2) * x.size(3)))",)
+    kinds = [type(s.plan).__name__ for s in pipe.stages]
+    assert kinds == ["Permute", "Permute", "Plan", "Attention", "Permute", "Plan"], kinds
+    assert pipe.views[-1].startswith("{t}.permute(1, 2, 0).reshape("), pipe.views
+    att = pipe.stages[3].plan
+    assert (att.split, att.heads, att.act) == (16, 4, "softmax")
+    assert att.scale == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("name", ["encoder_post_norm_relu", "encoder_pre_norm_gelu"])
+def test_encoder_layers_are_attention_feed_forward_and_norms(forms_dir, name):
+    """Each layer's attention kernel between its projections; the class token expanded by
+    the forward (``Pipeline.prelude``) for the concat kernel; the returned ``x[:, 0]`` a view
+    of the last kernel's output, as the reference's is."""
+    pipe = OfflineSynthesizer("cpu").analyse(task_ctx(forms_dir, name)).plan
+    assert pipe.prelude == ("view0 = _attr(self, 'cls_token').expand(x.size(0), -1, -1)",)
+    assert [type(s.plan).__name__ for s in pipe.stages].count("Attention") == 2
+    assert pipe.views[-1] == "{t}[:, 0]"
+
+
+@pytest.mark.parametrize("name", sorted(FORMS))
+def test_written_attention_cpu_candidates_match_reference(forms_dir, tmp_path, name):
+    """Every form translate makes (SDPA: its own GEMMs, and the library's under permissive)
+    at two sizes; the reference of an encoder layer in eval mode is torch's fused path."""
+    source, sizes, forms = FORMS[name]
+    ctx = task_ctx(forms_dir, name)
+    props = OfflineSynthesizer("cpu").translate(ctx, n=forms, rng=random.Random(0))
+    assert len(props) == forms and all(p.code is not None for p in props), props[0].declined
+    if name.startswith("sdpa"):
+        assert [p.strategy for p in props] == ["tiling", "epilogue"]
+    else:
+        assert "assay_attention" in props[0].code
+    for prop in props:
+        assert_matches_reference(prop.code, tmp_path / f"cand_{prop.id}.py", ctx, sizes,
+                                 seeds=(1, 2))
+
+
+@pytest.mark.parametrize("name", sorted(DECLINED_FORMS))
+def test_what_the_attention_kernels_do_not_compute_is_declined(forms_dir, name):
+    prop = OfflineSynthesizer("cpu").translate(task_ctx(forms_dir, name), 1,
                                                random.Random(0))[0]
-    assert prop.code is None, name
+    assert prop.code is None and DECLINED_FORMS[name][1] in prop.declined, prop.declined
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_sdpa_cuda_source_compiles(forms_dir, tmp_path):
+    prop = OfflineSynthesizer("cuda").translate(task_ctx(forms_dir, "sdpa", "cuda"), 1,
+                                                random.Random(0))[0]
+    assert prop.code is not None, prop.declined
+    cand = import_file(prop.code, tmp_path / "cuda_sdpa.py")
+    build_cuda_sources({source: "sdpa" for source in cand.SOURCES})
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name", sorted(ENCODER))
-def test_encoder_layer_cuda_candidates_match_reference(encoder_dir, tmp_path, name):
-    ctx = task_ctx(encoder_dir, name, "cuda")
-    prop = OfflineSynthesizer("cuda").translate(ctx, n=1, rng=random.Random(0))[0]
-    assert prop.code is not None, prop.declined
-    assert_matches_reference(prop.code, tmp_path / f"cuda_{name}.py", ctx, ENCODER_SIZES,
-                             "cuda", seeds=(1, 2))
+@pytest.mark.parametrize("name", sorted(FORMS))
+def test_written_attention_cuda_candidates_match_reference(forms_dir, tmp_path, name):
+    source, sizes, forms = FORMS[name]
+    ctx = task_ctx(forms_dir, name, "cuda")
+    for prop in OfflineSynthesizer("cuda").translate(ctx, n=forms, rng=random.Random(0)):
+        assert prop.code is not None, prop.declined
+        assert_matches_reference(prop.code, tmp_path / f"cuda_{prop.id}.py", ctx, sizes,
+                                 "cuda", seeds=(1, 2))
 
 
 @pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")
-def test_kernelbench_convolutional_vision_transformer_gets_a_plan():
-    analysis = OfflineSynthesizer("cuda").analyse(
-        TaskContext(Task.from_file(KERNELBENCH / "32_ConvolutionalVisionTransformer.py"), "cuda"))
-    assert "attention" in analysis.ops and "cat" in analysis.ops, analysis.summary
+@pytest.mark.parametrize("level, stem, op", [
+    ("level1", "97_ScaledDotProductAttention", "softmax"),
+    ("level3", "31_VisionAttention", "attention"),
+    ("level3", "32_ConvolutionalVisionTransformer", "attention")])
+def test_kernelbench_written_attention_gets_a_plan(level, stem, op):
+    path = KERNELBENCH.parent / level / f"{stem}.py"
+    analysis = OfflineSynthesizer("cuda").analyse(TaskContext(Task.from_file(path), "cuda"))
+    assert op in analysis.ops and len(analysis.plan.stages) > 1, analysis.summary
