@@ -42,8 +42,9 @@ rerun: install
 lint: install
 	PATH=$(abspath $(BIN)):$$PATH snakemake --lint
 
-# Tests marked `alone` time cpu kernels: they run after the others, with the cores to themselves
-# (beside another test worker, a 0.1 ms kernel measured 1.02x, then 0.014x). --dist loadgroup:
+# Tests marked `alone` time cpu kernels or load the whole machine (the zoo's memory scan): they
+# run after the others, with the cores to themselves (beside another test worker, a 0.1 ms
+# kernel measured 1.02x, then 0.014x; the scan ran past 900 s). --dist loadgroup:
 # tests of one xdist_group share a worker (test_pipeline.py's two DAG tests share one campaign).
 # --durations: the slowest tests in CI's log, where the suite's time goes.
 test: install
