@@ -335,6 +335,9 @@ DECLINED_FORMS = {  # name: (task source, what the decline names)
     "encoder_dropout": (_encoder(", dropout=0.1, batch_first=True"), "TransformerEncoderLayer"),
     "encoder_mask": (_encoder(", dropout=0.0, batch_first=True",
                               ", src_mask=torch.zeros(x.size(1), x.size(1))"), ""),
+    "encoder_tanh_gelu": (_encoder(", dropout=0.0, batch_first=True, "
+                                   "activation=nn.GELU(approximate='tanh')"),
+                          "TransformerEncoderLayer"),
 }
 
 

@@ -1801,6 +1801,13 @@ def _self_attention(graph: fx.Graph, path: str, m: nn.MultiheadAttention, tokens
                                           out_bias))
 
 
+def _plain_activation(act: Any) -> bool:
+    """ReLU or GELU (erf) as a function or module: what :func:`_encoder_layers` writes (an
+    ``nn.GELU(approximate='tanh')`` counts as GELU to torch's fast path, not to its module)."""
+    return (act is F.relu or act is F.gelu or isinstance(act, nn.ReLU)
+            or (isinstance(act, nn.GELU) and act.approximate == "none"))
+
+
 def _encoder_layers(gm: fx.GraphModule) -> None:
     """Rewrite ``nn.TransformerEncoderLayer`` (batch-first, no masks, no dropout, ReLU or GELU,
     its attention as :func:`_self_attention_ok` says) into what it computes in eval mode: the
@@ -1817,7 +1824,7 @@ def _encoder_layers(gm: fx.GraphModule) -> None:
             continue
         if (len(node.args) != 1 or node.kwargs or not isinstance(node.args[0], fx.Node)
                 or not m.self_attn.batch_first or not _self_attention_ok(m.self_attn)
-                or m.activation_relu_or_gelu not in (1, 2)
+                or not _plain_activation(m.activation)
                 or any(d.p for d in (m.dropout, m.dropout1, m.dropout2))):
             continue
         path, x = str(node.target), node.args[0]
