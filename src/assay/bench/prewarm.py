@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -94,6 +95,22 @@ def prewarm(task_file: str | Path, size: str, device: str, mode: str = "default"
     out = json.loads(lines[-1])
     out["seconds"] = round(time.perf_counter() - t0, 3)  # the child's start-up included
     return out
+
+
+def prewarm_before_lease(task: Any, device: str, mode: str, log: logging.Logger) -> dict:
+    """:func:`prewarm` of ``task``'s baseline by a step, before it takes the device, logged.
+    A prewarm that fails is a warning saying what that costs and how to turn it off; the step
+    goes on (what it compiled before the error is cached all the same)."""
+    log.info("%s: torch.compile on fake tensors first (no device)", task.id)
+    warm = prewarm(task.path, task.size, device, mode)
+    if warm.get("error"):
+        log.warning("%s: the compile on fake tensors stopped after %.1f s (%s): the compile "
+                    "with the device held may miss inductor's cache; turn it off with "
+                    "baselines.prewarm=false if it keeps failing", task.id, warm["seconds"],
+                    warm["error"])
+    else:
+        log.info("%s: prewarmed in %.1f s", task.id, warm["seconds"])
+    return warm
 
 
 def main(argv: list[str] | None = None) -> int:

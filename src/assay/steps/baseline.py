@@ -38,17 +38,9 @@ def baseline(cfg: DictConfig) -> dict:
     if device == "cuda" and cfg.baselines.compile and cfg.baselines.prewarm:
         # inductor's and Triton's caches filled by a compile on fake tensors, beside another
         # job's use of the device: the compile below, with the device held, loads them
-        from assay.bench.prewarm import prewarm
+        from assay.bench.prewarm import prewarm_before_lease
 
-        log.info("%s: torch.compile on fake tensors first (no device)", task.id)
-        warm = prewarm(task.path, task.size, device, cfg.baselines.compile_mode)
-        if warm.get("error"):  # (what it compiled before the error is cached all the same)
-            log.warning("%s: the compile on fake tensors stopped after %.1f s (%s): the compile "
-                        "with the device held may miss inductor's cache; turn it off with "
-                        "baselines.prewarm=false if it keeps failing", task.id,
-                        warm["seconds"], warm["error"])
-        else:
-            log.info("%s: prewarmed in %.1f s", task.id, warm["seconds"])
+        warm = prewarm_before_lease(task, device, cfg.baselines.compile_mode, log)
     app.on_device(cfg)  # (its imports, torch.compile's among them, ran beside another job)
     log.info("%s: timing eager%s on %s", task.id,
              " and torch.compile" if cfg.baselines.compile else "", device)

@@ -151,14 +151,14 @@ def prewarmed_baseline(cfg: DictConfig, task, baseline: dict, shared: dict) -> N
         return
     from assay.bench.baseline_cache import baseline_is_cached
     from assay.bench.device import device_name
-    from assay.bench.prewarm import prewarm
+    from assay.bench.prewarm import prewarm_before_lease
     from assay.bench.timing import TimingConfig
 
     if not other_device(baseline.get("device_name"), device_name("cuda")) or \
             baseline_is_cached(task, "cuda", TimingConfig.of(cfg.verify), cfg.baselines.compile,
                                cfg.baselines.compile_mode):
         return
-    warm = prewarm(task.path, task.size, "cuda", cfg.baselines.compile_mode)
+    warm = prewarm_before_lease(task, "cuda", cfg.baselines.compile_mode, log)
     shared["baseline_prewarm_s"] = warm["seconds"]
     if warm.get("error"):
         shared["baseline_prewarm_error"] = warm["error"]
