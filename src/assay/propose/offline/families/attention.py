@@ -94,11 +94,28 @@ extern "C" int assay_attention({{ params }}) {
 """
 
 CUDA_ATTENTION = r"""
-constexpr int ROWS = {{ rows }};        // query rows per warp
-constexpr int WARPS = 8;
-constexpr int BQ = WARPS * ROWS;       // query rows per block
-constexpr int BK = 32;                 // keys per tile: one per lane
-constexpr int DV = {{ max_head }} / 32;  // output elements per lane, at most
+// Whether the mask leaves any of the tile's scores (query rows q0.., keys k0..) standing, for
+// the whole block (every thread calls it): a tile it zeroes adds nothing and is skipped (a
+// causal mask: half the tiles).
+__device__ __forceinline__ bool assay_tile_open(const float* mask, int64_t q0, int64_t k0,
+                                                int rows, int keys, int64_t T, int64_t mask_ld,
+                                                int64_t mask_lc) {
+  int open = 0;
+  for (int e = threadIdx.x; e < rows * keys; e += blockDim.x) {
+    const int64_t i = q0 + e / keys, j = k0 + e % keys;
+    if (i < T && j < T && mask[i * mask_ld + j * mask_lc] != 0.0f) open = 1;
+  }
+  return __syncthreads_or(open);
+}
+
+// The score of query row i and key j: -inf past the last key or where the mask is 0.
+__device__ __forceinline__ float assay_masked(float s, int64_t i, int64_t j, int64_t T,
+                                             const float* mask, int64_t mask_ld,
+                                             int64_t mask_lc, int has_mask) {
+  if (j >= T) return -INFINITY;  // past the last key: no weight
+  if (has_mask && i < T && mask[i * mask_ld + j * mask_lc] == 0.0f) return -INFINITY;
+  return s;
+}
 
 // One query row's outputs: acc[t] at column first + step * t of the head's D (a lane's or a
 // thread's share of the row), over the softmax's sum l.
@@ -115,6 +132,13 @@ __device__ __forceinline__ void assay_attention_store(float* y, const float (&ac
 {% endif %}
   }
 }
+
+{% if not tile %}
+constexpr int ROWS = {{ rows }};        // query rows per warp
+constexpr int WARPS = 8;
+constexpr int BQ = WARPS * ROWS;       // query rows per block
+constexpr int BK = 32;                 // keys per tile: one per lane
+constexpr int DV = {{ max_head }} / 32;  // output elements per lane, at most
 
 // smem: q [BQ][D], k [BK][D + 1], v [BK][D]
 __global__ void __launch_bounds__(WARPS * 32)
@@ -144,14 +168,7 @@ assay_attention_rows(const float* __restrict__ qkv, const float* __restrict__ ma
   }
   for (int64_t k0 = 0; k0 < T; k0 += BK) {
     __syncthreads();  // the tiles before are read
-    if (has_mask) {  // a tile the mask zeroes for every row of the block adds nothing: skipped
-      int open = 0;  // (a causal mask: half the tiles)
-      for (int e = threadIdx.x; e < BQ * BK; e += WARPS * 32) {
-        const int64_t i = q0 + e / BK, j = k0 + e % BK;
-        if (i < T && j < T && mask[i * mask_ld + j * mask_lc] != 0.0f) open = 1;
-      }
-      if (!__syncthreads_or(open)) continue;
-    }
+    if (has_mask && !assay_tile_open(mask, q0, k0, BQ, BK, T, mask_ld, mask_lc)) continue;
     for (int64_t e = threadIdx.x; e < (int64_t)BK * D; e += WARPS * 32) {
       const int64_t j = e / D, d = e - j * D;
       const bool in = k0 + j < T;
@@ -166,9 +183,7 @@ assay_attention_rows(const float* __restrict__ qkv, const float* __restrict__ ma
       const int64_t i = q0 + qr;
       float dot = 0.0f;
       for (int64_t d = 0; d < D; ++d) dot += sq[qr * D + d] * sk[lane * (D + 1) + d];
-      float s = dot * scale;
-      if (j >= T) s = -INFINITY;  // past the last key: no weight
-      else if (has_mask && i < T && mask[i * mask_ld + j * mask_lc] == 0.0f) s = -INFINITY;
+      const float s = assay_masked(dot * scale, i, j, T, mask, mask_ld, mask_lc, has_mask);
 {% if softmax %}
       float top = s;
       #pragma unroll
@@ -204,8 +219,7 @@ assay_attention_rows(const float* __restrict__ qkv, const float* __restrict__ ma
     if (i < T) assay_attention_store(out + (b * T + i) * C + h * D, acc[r], l[r], lane, 32, (int)D);
   }
 }
-
-{% if tile %}
+{% else %}
 // The register-tiled form: TQ query rows x TK keys a tile; thread (ty, tx) of 16 x 16 holds the
 // scores of rows ty * 4 .. + 3 and keys tx * 4 .. + 3, then the outputs of the same rows at
 // columns tx + 16 t. A row's 16 threads are one half-warp (tid = ty * 16 + tx).
@@ -244,14 +258,7 @@ assay_attention_tiles(const float* __restrict__ qkv, const float* __restrict__ m
   }
   for (int64_t k0 = 0; k0 < T; k0 += TK) {
     __syncthreads();  // q is written; the tiles before are read
-    if (has_mask) {  // a tile the mask zeroes for every row of the block adds nothing: skipped
-      int open = 0;
-      for (int e = tid; e < TQ * TK; e += 256) {
-        const int64_t i = q0 + e / TK, j = k0 + e % TK;
-        if (i < T && j < T && mask[i * mask_ld + j * mask_lc] != 0.0f) open = 1;
-      }
-      if (!__syncthreads_or(open)) continue;
-    }
+    if (has_mask && !assay_tile_open(mask, q0, k0, TQ, TK, T, mask_ld, mask_lc)) continue;
     for (int e = tid; e < TK * Dn; e += 256) {
       const int j = e / Dn, d = e - j * Dn;
       const bool in = k0 + j < T;
@@ -282,10 +289,8 @@ assay_attention_tiles(const float* __restrict__ qkv, const float* __restrict__ m
       const int64_t qi = q0 + r0 + i;
       #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int64_t kj = k0 + c0 + j;
-        float v = s[i][j] * scale;
-        if (kj >= T) v = -INFINITY;  // past the last key: no weight
-        else if (has_mask && qi < T && mask[qi * mask_ld + kj * mask_lc] == 0.0f) v = -INFINITY;
+        const float v = assay_masked(s[i][j] * scale, qi, k0 + c0 + j, T, mask, mask_ld,
+                                     mask_lc, has_mask);
 {% if softmax %}
         s[i][j] = v;
 {% else %}
@@ -342,33 +347,28 @@ assay_attention_tiles(const float* __restrict__ qkv, const float* __restrict__ m
 }
 {% endif %}
 
+{% if tile %}
+{% set kernel, block_rows, threads = "assay_attention_tiles", "TQ", "256" %}
+{% set smem = "D * LQ + D * LK + TK * D + TK * LQ" %}
+{% else %}
+{% set kernel, block_rows, threads = "assay_attention_rows", "BQ", "WARPS * 32" %}
+{% set smem = "BQ * D + BK * (D + 1) + BK * D" %}
+{% endif %}
 extern "C" int assay_attention({{ params }}, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (B <= 0 || T <= 0 || H <= 0) return 0;
   if (D <= 0 || D > {{ max_head }} || B * H > 65535) return (int)cudaErrorInvalidValue;
-{% if tile %}
-  const size_t bytes = sizeof(float) * (size_t)(D * LQ + D * LK + TK * D + TK * LQ);
-  const void* kernel = (const void*)assay_attention_tiles;
-{% else %}
-  const size_t bytes = sizeof(float) * (size_t)(BQ * D + BK * (D + 1) + BK * D);
-  const void* kernel = (const void*)assay_attention_rows;
-{% endif %}
+  const size_t bytes = sizeof(float) * (size_t)({{ smem }});
   if (bytes > 48 * 1024) {
     if ((int)bytes > assay_smem_optin()) return (int)cudaErrorInvalidValue;
-    const cudaError_t e = cudaFuncSetAttribute(kernel,
+    const cudaError_t e = cudaFuncSetAttribute({{ kernel }},
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)bytes);
     if (e != cudaSuccess) return (int)e;
   }
-{% if tile %}
-  const dim3 grid((unsigned)((T + TQ - 1) / TQ), (unsigned)(B * H));
-  assay_attention_tiles<<<grid, 256, bytes, stream>>>(qkv, mask, out, B, T, H, D,
-                                                      mask_ld, mask_lc, scale, has_mask);
-{% else %}
-  const dim3 grid((unsigned)((T + BQ - 1) / BQ), (unsigned)(B * H));
-  assay_attention_rows<<<grid, WARPS * 32, bytes, stream>>>(qkv, mask, out, B, T, H, D,
-                                                            mask_ld, mask_lc, scale, has_mask);
-{% endif %}
+  const dim3 grid((unsigned)((T + {{ block_rows }} - 1) / {{ block_rows }}), (unsigned)(B * H));
+  {{ kernel }}<<<grid, {{ threads }}, bytes, stream>>>(qkv, mask, out, B, T, H, D, mask_ld,
+                                                      mask_lc, scale, has_mask);
   return (int)cudaGetLastError();
 }
 """
