@@ -273,7 +273,7 @@ class Model(nn.Module):
         self.layers = nn.ModuleList([nn.TransformerEncoderLayer(
             d_model=embed_dim, nhead=4, dim_feedforward=2 * embed_dim{kwargs})
             for _ in range(2)])
-
+{init}
     def forward(self, x):
         B = x.size(0)
         x = torch.cat((self.cls_token.expand(B, -1, -1), self.proj(x)), dim=1)
@@ -300,8 +300,8 @@ def _mha(kwargs: str, body: str, extra: str = "", extra_input: str = "") -> str:
     return _MHA.format(kwargs=kwargs, body=body, extra=extra, extra_input=extra_input)
 
 
-def _encoder(kwargs: str, call: str = "") -> str:
-    return _ENCODER.format(kwargs=kwargs, call=call)
+def _encoder(kwargs: str, call: str = "", init: str = "") -> str:
+    return _ENCODER.format(kwargs=kwargs, call=call, init=init)
 
 
 FORMS = {  # name: (task source, sizes checked, candidates checked: the forms translate makes)
@@ -314,30 +314,36 @@ FORMS = {  # name: (task source, sizes checked, candidates checked: the forms tr
     "encoder_pre_norm_gelu": (_encoder(", dropout=0.0, batch_first=True, norm_first=True, "
                                        "activation='gelu'"), ENCODER_SIZES, 1),
 }
-DECLINED_FORMS = {  # name: (task source, what the decline names)
+DECLINED_FORMS = {  # name: (task source, what the decline says)
     "sdpa_causal": (_sdpa("F.scaled_dot_product_attention(q, k, v, is_causal=True)"),
                     "scaled_dot_product_attention"),
     "sdpa_dropout": (_sdpa("F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)"),
                      "scaled_dot_product_attention"),
-    # not self-attention with its weights unread, or not what the kernel computes
+    # not self-attention with its weights unread, or not what the kernel computes: the
+    # decline says which
     "mha_weights_read": (_mha("", _VIT_BODY.replace("attn_output, _ =", "attn_output, w =")
                               .replace("attn_output + x)", "attn_output + x) + w.mean()")),
-                         "MultiheadAttention"),
+                         "nn.MultiheadAttention with its attention weights read"),
     "mha_cross": (_mha("", _CROSS_BODY, ", y",
                        ", torch.rand(batch_size, embed_dim, image_height, image_width)"),
-                  "MultiheadAttention"),
-    "mha_dropout": (_mha(", dropout=0.1", _VIT_BODY), "MultiheadAttention"),
+                  "nn.MultiheadAttention as cross-attention"),
+    "mha_dropout": (_mha(", dropout=0.1", _VIT_BODY),
+                    "nn.MultiheadAttention with attention dropout"),
     # torch returns a transposed view here, whose strides what follows keeps
     "mha_batch_first": (_mha(", batch_first=True",
                              _TOKENS_BODY.replace("permute(2, 0, 1)", "transpose(1, 2)")),
-                        "MultiheadAttention"),
-    "encoder_sequence_first": (_encoder(", dropout=0.0"), "TransformerEncoderLayer"),
-    "encoder_dropout": (_encoder(", dropout=0.1, batch_first=True"), "TransformerEncoderLayer"),
-    "encoder_mask": (_encoder(", dropout=0.0, batch_first=True",
-                              ", src_mask=torch.zeros(x.size(1), x.size(1))"), ""),
+                        "nn.MultiheadAttention with batch_first=True"),
+    "encoder_sequence_first": (_encoder(", dropout=0.0"),
+                               "nn.TransformerEncoderLayer sequence-first"),
+    "encoder_dropout": (_encoder(", dropout=0.1, batch_first=True"),
+                        "nn.TransformerEncoderLayer with dropout"),
+    "encoder_mask": (_encoder(", dropout=0.0, batch_first=True", ", src_mask=self.mask",
+                              "        self.register_buffer('mask', torch.zeros(tokens + 1, "
+                              "tokens + 1))\n"),
+                     "nn.TransformerEncoderLayer called with a mask"),
     "encoder_tanh_gelu": (_encoder(", dropout=0.0, batch_first=True, "
                                    "activation=nn.GELU(approximate='tanh')"),
-                          "TransformerEncoderLayer"),
+                          "nn.TransformerEncoderLayer with an activation other than"),
 }
 
 

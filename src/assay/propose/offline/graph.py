@@ -76,8 +76,8 @@ from assay.propose.offline.ir import (ARG_REDUCTIONS, CONV_OPS, PREFIX, Analysis
                                       describe, needed_nodes)
 from assay.propose.offline.own_kernels import (CATS, PERMUTE_FUNCTIONS, RECURRENT_MODULES,
                                                attention_of, concat_node, concat_of, module_of,
-                                               packed_attention, permute_node, permute_of,
-                                               recurrent_of, xent_of)
+                                               packed_attention, permutation, permute_node,
+                                               permute_of, recurrent_of, xent_of)
 from assay.tasks.instantiate import init_inputs, make_inputs
 
 
@@ -826,30 +826,20 @@ class _Lowering:
             self.env[node] = self.module(node)
 
     def batched_transpose(self, node: fx.Node) -> _Transposed | None:
-        """``b.transpose(-2, -1)`` (``swapaxes``, ``swapdims``, ``torch.transpose``) of a forward
-        input or parameter of 3 or more dims whose every reader is a batched product taking it
-        as its second operand: that product reads b in place, K along its rows (no copy); else
-        None (the permutation is a kernel of its own)."""
-        if not (_method_or_function(node, "transpose", (torch.transpose,))
-                or _method_or_function(node, "swapaxes", (torch.swapaxes,))
-                or _method_or_function(node, "swapdims", (torch.swapdims,))):
+        """``b.transpose(-2, -1)`` (or any view swapping b's last two dims) of a forward input
+        or parameter of 3 or more dims whose every reader is a batched product taking it as its
+        second operand: that product reads b in place, K along its rows (no copy); else None
+        (the permutation is a kernel of its own)."""
+        src = _swapped(node, -2, -1)
+        if not (isinstance(src, fx.Node) and src.op in ("placeholder", "get_attr")
+                and len(_meta_shape(src) or ()) >= 3 and node.users):
             return None
-        src = node.args[0] if node.args else None
-        if node.kwargs or len(node.args) != 3 or not isinstance(src, fx.Node) or \
-                src.op not in ("placeholder", "get_attr") or \
-                not all(isinstance(a, int) and not isinstance(a, bool) for a in node.args[1:]):
-            return None
-        shape = _meta_shape(src)
-        if shape is None or len(shape) < 3 or \
-                {node.args[1] % len(shape), node.args[2] % len(shape)} != \
-                {len(shape) - 2, len(shape) - 1}:
-            return None
-        products = {torch.matmul, operator.matmul, torch.bmm}
-        if not node.users or not all(
-                ((u.op == "call_function" and u.target in products)
-                 or (u.op == "call_method" and str(u.target) in ("matmul", "bmm")))
-                and len(u.args) == 2 and u.args[1] is node and u.args[0] is not node
-                for u in node.users):
+        if not all(_GEMM_FUNCTIONS.get(u.target) in ("matmul", "bmm")
+                   if u.op == "call_function" else
+                   u.op == "call_method" and str(u.target) in ("matmul", "bmm")
+                   for u in node.users) or \
+                any(len(u.args) != 2 or u.args[1] is not node or u.args[0] is node
+                    for u in node.users):
             return None
         return _Transposed(src, f"the transpose {src.name}.transpose(-2, -1)", batched=True)
 
@@ -906,9 +896,10 @@ class _Lowering:
         trans_a = isinstance(tx, _Transposed)
         # B's last two dims swapped in a batched product: read in place ([..., N, K])
         trans_b = isinstance(tw, _Transposed) and tw.batched
-        if (trans_a and (op not in ("matmul", "mm") or tx.batched)) or (
-                isinstance(tw, _Transposed) and op not in ("matmul", "mm", "bmm")) or (
-                isinstance(tw, _Transposed) and op == "mm" and trans_b):
+        # (a batched transpose is only ever a second operand: batched_transpose)
+        if (trans_a and op not in ("matmul", "mm")) or (isinstance(tw, _Transposed) and op not in
+                                                        (("matmul", "bmm") if trans_b
+                                                         else ("matmul", "mm"))):
             raise Unsupported(f"{PREFIX} {what} of a transpose (matmul)")
         if trans_a:  # A.T @ B with A of shape [K, M]: the product reads A column-wise
             x = tx.of
@@ -1206,6 +1197,8 @@ class _Lowering:
                              {**node.kwargs, **kw})
         if type(m) in RECURRENT_MODULES:  # a kernel of its own (recurrent_of)
             raise self.cut(f"{PREFIX} nn.{type(m).__name__} beside other work in one kernel")
+        if node.meta.get(_WHY_KEPT):  # a module of torch's attention the rewrites left
+            raise Unsupported(f"{PREFIX} nn.{type(m).__name__} {node.meta[_WHY_KEPT]}")
         if len(node.args) != 1 or node.kwargs:
             raise _unsupported(f"nn.{type(m).__name__} called with extra arguments")
         x = node.args[0]
@@ -1776,11 +1769,22 @@ def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
     return None
 
 
-def _self_attention_ok(m: nn.MultiheadAttention) -> bool:
-    """Whether ``m``'s self-attention is :func:`packed_attention` between its projections: one
-    packed in-projection, no key/value biases or zero attention, no attention dropout."""
-    return (m._qkv_same_embed_dim and m.bias_k is None and m.bias_v is None
-            and not m.add_zero_attn and m.in_proj_weight is not None and not m.dropout)
+# Where a rewrite of torch's attention modules left a call to the lowering: why (the lowering's
+# decline says it, rather than that the module is not in its table).
+_WHY_KEPT = "assay_why_not_rewritten"
+
+
+def _self_attention_why_not(m: nn.MultiheadAttention) -> str | None:
+    """Why ``m``'s self-attention is not :func:`packed_attention` between its projections (one
+    packed in-projection, no key/value biases or zero attention, no attention dropout), or
+    None."""
+    if not m._qkv_same_embed_dim or m.in_proj_weight is None:
+        return "with separate q, k and v projections"
+    if m.bias_k is not None or m.bias_v is not None or m.add_zero_attn:
+        return "with bias_k/bias_v or add_zero_attn"
+    if m.dropout:
+        return "with attention dropout (random weights in training mode)"
+    return None
 
 
 def _self_attention(graph: fx.Graph, path: str, m: nn.MultiheadAttention, tokens: fx.Node,
@@ -1801,34 +1805,47 @@ def _self_attention(graph: fx.Graph, path: str, m: nn.MultiheadAttention, tokens
                                           out_bias))
 
 
-def _plain_activation(act: Any) -> bool:
-    """ReLU or GELU (erf) as a function or module: what :func:`_encoder_layers` writes (an
-    ``nn.GELU(approximate='tanh')`` counts as GELU to torch's fast path, not to its module)."""
-    return (act is F.relu or act is F.gelu or isinstance(act, nn.ReLU)
-            or (isinstance(act, nn.GELU) and act.approximate == "none"))
+def _activation(act: Any) -> Any:
+    """ReLU or GELU (erf), given as a function or module, as the function
+    :func:`_encoder_layers` writes; else None (an ``nn.GELU(approximate='tanh')`` is GELU to
+    torch's fast path, not to its module)."""
+    if act is F.relu or isinstance(act, nn.ReLU):
+        return torch.relu
+    if act is F.gelu or (isinstance(act, nn.GELU) and act.approximate == "none"):
+        return F.gelu
+    return None
+
+
+def _encoder_layer_why_not(node: fx.Node, m: nn.TransformerEncoderLayer) -> str | None:
+    """Why :func:`_encoder_layers` leaves this call of ``m`` to the lowering, or None."""
+    if len(node.args) != 1 or node.kwargs or not isinstance(node.args[0], fx.Node):
+        return "called with a mask or other arguments"
+    if not m.self_attn.batch_first:
+        return "sequence-first (batch_first=False)"
+    if _activation(m.activation) is None:
+        return "with an activation other than ReLU or GELU (erf)"
+    if any(d.p for d in (m.dropout, m.dropout1, m.dropout2)):
+        return "with dropout (random in training mode)"
+    return _self_attention_why_not(m.self_attn)
 
 
 def _encoder_layers(gm: fx.GraphModule) -> None:
     """Rewrite ``nn.TransformerEncoderLayer`` (batch-first, no masks, no dropout, ReLU or GELU,
-    its attention as :func:`_self_attention_ok` says) into what it computes in eval mode: the
-    self-attention and the feed-forward block, each added to its input, with the layer's
-    LayerNorms after (or, ``norm_first``, before) them. Its eval fast path
+    its attention as :func:`_self_attention_why_not` allows) into what it computes in eval
+    mode: the self-attention and the feed-forward block, each added to its input, with the
+    layer's LayerNorms after (or, ``norm_first``, before) them. Its eval fast path
     (``torch._transformer_encoder_layer_fwd``) computes the same. Other layers are left to
-    the lowering, which declines them."""
+    the lowering, which declines them with the reason (``_WHY_KEPT``)."""
     graph = gm.graph
     for node in list(graph.nodes):
-        if node.op != "call_module":
-            continue
-        m = gm.get_submodule(str(node.target))
+        m = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
         if not isinstance(m, nn.TransformerEncoderLayer):
             continue
-        if (len(node.args) != 1 or node.kwargs or not isinstance(node.args[0], fx.Node)
-                or not m.self_attn.batch_first or not _self_attention_ok(m.self_attn)
-                or not _plain_activation(m.activation)
-                or any(d.p for d in (m.dropout, m.dropout1, m.dropout2))):
+        why = _encoder_layer_why_not(node, m)
+        if why is not None:
+            node.meta[_WHY_KEPT] = why
             continue
-        path, x = str(node.target), node.args[0]
-        act = torch.relu if m.activation_relu_or_gelu == 1 else F.gelu
+        path, x, act = str(node.target), node.args[0], _activation(m.activation)
         with graph.inserting_before(node):
             def sublayer(v: fx.Node, block: str) -> fx.Node:
                 if block == "attention":
@@ -1848,38 +1865,47 @@ def _encoder_layers(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
+def _multihead_attention_why_not(node: fx.Node, m: nn.MultiheadAttention) -> str | None:
+    """Why :func:`_multihead_attention` leaves this call of ``m`` to the lowering, or None."""
+    if m.batch_first:  # torch returns a transposed view, whose strides the ops after it keep
+        return "with batch_first=True (its result is a transposed view)"
+    names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
+             "average_attn_weights", "is_causal")
+    if len(node.args) > len(names) or any(k not in names for k in node.kwargs):
+        return "called with unusual arguments"
+    bound = dict(zip(names, node.args), **node.kwargs)
+    if not (isinstance(bound.get("query"), fx.Node)
+            and bound.get("query") is bound.get("key") is bound.get("value")):
+        return "as cross-attention (query, key and value differ)"
+    if any(bound.get(k) is not None for k in ("key_padding_mask", "attn_mask")) or \
+            bound.get("is_causal", False):
+        return "with a mask"
+    if not node.users or not all(u.op == "call_function" and u.target is operator.getitem
+                                 and u.args[1] == 0 for u in node.users):
+        return "with its attention weights read"
+    return _self_attention_why_not(m)
+
+
 def _multihead_attention(gm: fx.GraphModule) -> None:
     """Rewrite ``nn.MultiheadAttention`` self-attention whose weights are not read (``out, _ =
     attn(x, x, x)``) into what it computes in eval mode: the packed input projection
     (``F.linear`` of ``in_proj_weight``), :func:`packed_attention` over batch-first tokens
     (softmax of the scores scaled by 1 / sqrt(head width), the heads side by side), the
     output projection. The sequence-first input is transposed to batch-first before the
-    attention and back after it (kernels of their own: copies). Masks, separate k/v
-    projections, ``bias_k``/``add_zero_attn``, attention dropout or different query/key/value
-    are left to the lowering, which declines the module. So is ``batch_first``: torch's result
-    is then a transposed view (and its eval fast path another computation), whose strides the
-    ops after it keep."""
+    attention and back after it (kernels of their own: copies). Other calls (masks, cross-
+    attention, weights read, ``batch_first``, ...) are left to the lowering, which declines
+    them with the reason (``_WHY_KEPT``)."""
     graph = gm.graph
     for node in list(graph.nodes):
-        if node.op != "call_module":
+        m = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+        if not isinstance(m, nn.MultiheadAttention):
             continue
-        m = gm.get_submodule(str(node.target))
-        if not isinstance(m, nn.MultiheadAttention) or m.batch_first:
+        why = _multihead_attention_why_not(node, m)
+        if why is not None:
+            node.meta[_WHY_KEPT] = why
             continue
-        names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
-                 "average_attn_weights", "is_causal")
-        if len(node.args) > len(names) or any(k not in names for k in node.kwargs):
-            continue
-        bound = dict(zip(names, node.args), **node.kwargs)
-        users = list(node.users)
-        if not (bound.get("query") is bound.get("key") is bound.get("value")
-                and isinstance(bound.get("query"), fx.Node)
-                and all(bound.get(k) is None for k in ("key_padding_mask", "attn_mask"))
-                and not bound.get("is_causal", False) and _self_attention_ok(m)
-                and users and all(u.op == "call_function" and u.target is operator.getitem
-                                  and u.args[1] == 0 for u in users)):
-            continue
-        path, x = str(node.target), bound["query"]
+        path, users = str(node.target), list(node.users)
+        x = node.args[0] if node.args else node.kwargs["query"]
         with graph.inserting_before(node):  # batch-first for the attention kernel
             out = _self_attention(graph, path, m, graph.call_method("transpose", (x, 0, 1)),
                                   sequence_first=True)
@@ -1961,14 +1987,13 @@ def _exclusive_scans(gm: fx.GraphModule) -> None:
     1), d)], d)`` with Z of x's shape but 1 along d, n = x.size(d) (cumprod with ones_like),
     which the lowering could not express (a narrow by a traced size, a join). Needs the shapes
     (``tensor_meta``); the nodes left unread are dropped."""
-    shape = _meta_shape
     changed = False
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in CATS:
             continue
         bound = dict(zip(("tensors", "dim"), node.args), **node.kwargs)
         parts, dim = bound.get("tensors"), bound.get("dim", 0)
-        out = shape(node)
+        out = _meta_shape(node)
         if set(bound) - {"tensors", "dim"} or not isinstance(parts, (list, tuple)) or \
                 len(parts) != 2 or out is None or not isinstance(dim, int):
             continue
@@ -1988,11 +2013,12 @@ def _exclusive_scans(gm: fx.GraphModule) -> None:
             continue
         nargs = dict(zip(("input", "dim", "start", "length"), narrow.args), **narrow.kwargs)
         x = nargs.get("input")
-        xs = shape(x)
-        if xs != out or nargs.get("start") != 0 or not isinstance(nargs.get("dim"), int) or \
-                nargs["dim"] % len(out) != d or shape(narrow) != out[:d] + (out[d] - 1,) + \
-                out[d + 1:] or shape(fill) != out[:d] + (1,) + out[d + 1:] or \
-                fill.meta["tensor_meta"].dtype != x.meta["tensor_meta"].dtype:
+        xs = _meta_shape(x)
+        if (xs != out or nargs.get("start") != 0 or not isinstance(nargs.get("dim"), int)
+                or nargs["dim"] % len(out) != d
+                or _meta_shape(narrow) != out[:d] + (out[d] - 1,) + out[d + 1:]
+                or _meta_shape(fill) != out[:d] + (1,) + out[d + 1:]
+                or fill.meta["tensor_meta"].dtype != x.meta["tensor_meta"].dtype):
             continue
         with gm.graph.inserting_before(node):
             new = gm.graph.call_function(exclusive_scan, (x, d, fill_kind))
@@ -2014,13 +2040,16 @@ def _only_user(node: fx.Node, user: fx.Node) -> bool:
     return list(node.users) == [user]
 
 
-def _transposed(node: Any, dims: set[int]) -> fx.Node | None:
-    """The tensor ``node`` transposes (``x.transpose(a, b)``/``torch.transpose``) when its two
-    dims, taken modulo 4, are ``dims``, else None."""
-    if not _method_or_function(node, "transpose", (torch.transpose,)) or node.kwargs or \
-            len(node.args) != 3 or not all(isinstance(a, int) for a in node.args[1:]):
+def _swapped(node: Any, a: int, b: int) -> fx.Node | None:
+    """The tensor that ``node`` views with its dims ``a`` and ``b`` swapped and the others in
+    place (``x.transpose(a, b)``, ``swapaxes``, ``permute``; negative dims from the end), else
+    None. Needs the shapes (``tensor_meta``)."""
+    perm = permutation(node) if isinstance(node, fx.Node) and permute_node(node) else None
+    if perm is None or a % len(perm) == b % len(perm):
         return None
-    return node.args[0] if {node.args[1] % 4, node.args[2] % 4} == dims else None
+    want = list(range(len(perm)))
+    want[a % len(perm)], want[b % len(perm)] = want[b % len(perm)], want[a % len(perm)]
+    return node.args[0] if perm == tuple(want) else None
 
 
 # Arithmetic of numbers in a traced forward (an attention's ``1.0 / math.sqrt(k.size(-1))``)
@@ -2081,7 +2110,7 @@ def _attention_blocks(gm: fx.GraphModule) -> None:
                 and str(cont.target) == "contiguous" and len(cont.args) == 1
                 and _only_user(cont, out)):
             continue
-        y = _transposed(cont.args[0], {1, 2})
+        y = _swapped(cont.args[0], 1, 2)
         tr_out = cont.args[0]
         if y is None or not _only_user(tr_out, cont) or not _only_user(y, tr_out):
             continue
@@ -2142,13 +2171,13 @@ def _attention_blocks(gm: fx.GraphModule) -> None:
                 len(s.args) != 2:
             continue
         q4, kt = s.args
-        k4 = _transposed(kt, {2, 3})
+        k4 = _swapped(kt, 2, 3)
         if k4 is None:
             continue
         # q, k, v: views of the thirds of one split, in that order
         thirds = []
         for x4 in (q4, k4, v4):
-            view = _transposed(x4, {1, 2})
+            view = _swapped(x4, 1, 2)
             third = view.args[0] if isinstance(view, fx.Node) and \
                 view.op == "call_method" and str(view.target) in ("view", "reshape") else None
             if not (isinstance(third, fx.Node) and third.op == "call_function"
@@ -2283,15 +2312,18 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
     _decompose(gm)
     _encoder_layers(gm)
     _multihead_attention(gm)
-    try:
+
+    def propagate() -> None:
         # ShapeProp prints the failing node's traceback before raising; the decline says why.
         with contextlib.redirect_stderr(io.StringIO()):
             _ShapeProp(gm).propagate(*inputs)
+
+    try:
+        propagate()
         _exclusive_scans(gm)
         _attention_blocks(gm)
-        if _attention_products(gm):  # its new nodes' shapes
-            with contextlib.redirect_stderr(io.StringIO()):
-                _ShapeProp(gm).propagate(*inputs)
+        if _attention_products(gm):
+            propagate()  # the new nodes' shapes
     except Exception as e:  # noqa: BLE001
         # Most often an op without a meta kernel, which v1 could not express anyway: name it.
         unknown = _first_unknown_op(gm)
