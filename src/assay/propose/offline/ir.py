@@ -339,8 +339,7 @@ def needed_nodes(nodes: list[Node] | tuple[Node, ...], j: int) -> set[int]:
 def structure(plan: Any) -> Any:
     """What of a plan (or a multi-kernel plan's stages) must not depend on the task's size."""
     stages = getattr(plan, "stages", None)
-    return plan if stages is None else (tuple(s.plan for s in stages), plan.views,
-                                        getattr(plan, "prelude", ()))
+    return plan if stages is None else (tuple(s.plan for s in stages), plan.views, plan.prelude)
 
 
 def describe(plan: Plan) -> str:

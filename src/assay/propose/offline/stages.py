@@ -259,11 +259,20 @@ def _output_view(at: fx.Node, todo: list[fx.Node], out: fx.Node, names: dict[fx.
     return expr if carried is out else None
 
 
-def _joined_parameters(todo: list[fx.Node], names: dict[fx.Node, str]) -> list[str]:
+def _forward_view(node: fx.Node, expr: str, names: dict[fx.Node, str], prelude: list[str]
+                  ) -> None:
+    """``node`` made by ModelNew.forward before the first kernel, as ``view<k> = expr``, and
+    named so in ``names`` for the stages that read it."""
+    names[node] = f"view{len(prelude)}"
+    prelude.append(f"{names[node]} = {expr}")
+
+
+def _joined_parameters(todo: list[fx.Node], names: dict[fx.Node, str], prelude: list[str]
+                       ) -> list[fx.Node]:
     """Parameters expanded over sizes of the forward's inputs and joined by a torch.cat
-    (ViT's class token, ``self.cls_token.expand(x.size(0), -1, -1)``): each as the expression
-    the forward computes, its node named in ``names`` (``view<k>``) for the join to read as
-    an argument. A join reads only arguments, and such a part is no kernel's output."""
+    (ViT's class token, ``self.cls_token.expand(x.size(0), -1, -1)``), made by the forward
+    (:func:`_forward_view`): a join reads only arguments, and such a part is no kernel's
+    output. The nodes made."""
     made = []
     for n in todo:
         if not joined_expand(n):
@@ -271,29 +280,26 @@ def _joined_parameters(todo: list[fx.Node], names: dict[fx.Node, str]) -> list[s
         sizes = [shape_expr(a, n.args[0], names) for a in n.args[1:]]
         if any(e is None or "{t}" in e for e in sizes):
             continue
-        names[n] = f"view{len(made)}"
-        made.append(f"_attr(self, {str(n.args[0].target)!r}).expand({', '.join(sizes)})")
+        _forward_view(n, f"_attr(self, {str(n.args[0].target)!r}).expand({', '.join(sizes)})",
+                      names, prelude)
+        made.append(n)
     return made
 
 
-def _input_views(nodes: list[fx.Node], names: dict[fx.Node, str], first: int
-                 ) -> list[str] | None:
-    """``nodes`` (views and size queries of the forward's inputs) as assignments of
-    size-generic views (``view<k> = x.view(x.size(0), -1)``), each view named in ``names`` for
-    the stages that read it; None where one is not a view of a named tensor that view_expr can
-    write."""
-    lines = []
-    for n in nodes:
-        if not is_reshape(n):
-            continue  # a size query: the views' expressions read the sizes themselves
-        src = n.args[0] if n.args else None
-        expr = view_expr(n, names) if src in names else None
+def _input_views(nodes: list[fx.Node], names: dict[fx.Node, str], prelude: list[str]) -> bool:
+    """``nodes`` (views and size queries of the forward's inputs), their views made by the
+    forward (:func:`_forward_view`, size-generic); False, and nothing made, where one is not a
+    view of a named tensor that view_expr can write."""
+    views = [n for n in nodes if is_reshape(n)]  # (the views' expressions read the sizes)
+    exprs = []
+    for n in views:
+        expr = view_expr(n, names) if n.args and n.args[0] in names else None
         if expr is None:
-            return None
-        name = f"view{first + len(lines)}"
-        lines.append(f"{name} = {expr.format(t=names[src])}")
-        names[n] = name
-    return lines or None
+            return False
+        exprs.append(expr)
+    for n, expr in zip(views, exprs):
+        _forward_view(n, expr.format(t=names[n.args[0]]), names, prelude)
+    return bool(views)
 
 
 def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> Analysis:
@@ -312,9 +318,8 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
     views: list[str] = []
     prelude: list[str] = []
     todo = [n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
-    for n in _joined_parameters(todo, names):  # the forward expands them: a join's parts
-        prelude.append(f"view{len(prelude)} = {n}")
-    todo = [n for n in todo if not (n in names and names[n].startswith("view"))]
+    joined = set(_joined_parameters(todo, names, prelude))  # the forward expands them
+    todo = [n for n in todo if n not in joined]
     while True:
         first = next((n for n in todo if not shape_only(n)), None)
         tail = _output_view(first, todo, out, names) if first is not None and stages else None
@@ -350,12 +355,10 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
                 raise Unsupported(str(cut)) from None
             if all(is_reshape(n) or str(n.target) in SIZE_METHODS for n in before):
                 # views of the inputs only: the forward makes them, the kernels read them
-                made = _input_views(before, names, len(prelude))
-                if made is None:
+                if not _input_views(before, names, prelude):
                     raise Unsupported(f"{cut} (what precedes it views the forward's inputs "
                                       f"and computes nothing: v1 has no kernel to end "
                                       f"there)") from None
-                prelude += made
                 todo = [n for n in todo if n not in before]
                 continue
             live = [n for n in _live_across(forward_inputs + todo + [output], at)
