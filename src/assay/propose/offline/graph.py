@@ -1774,6 +1774,21 @@ def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
 _WHY_KEPT = "assay_why_not_rewritten"
 
 
+def _calls_to_rewrite(gm: fx.GraphModule, cls: type, why_not: Any) -> Any:
+    """The calls of ``cls`` modules in ``gm`` that a rewrite takes, as (node, module); each
+    other call marked with ``why_not(node, module)`` (``_WHY_KEPT``) for the lowering's
+    decline."""
+    for node in list(gm.graph.nodes):
+        m = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+        if not isinstance(m, cls):
+            continue
+        why = why_not(node, m)
+        if why is None:
+            yield node, m
+        else:
+            node.meta[_WHY_KEPT] = why
+
+
 def _self_attention_why_not(m: nn.MultiheadAttention) -> str | None:
     """Why ``m``'s self-attention is not :func:`packed_attention` between its projections (one
     packed in-projection, no key/value biases or zero attention, no attention dropout), or
@@ -1837,14 +1852,7 @@ def _encoder_layers(gm: fx.GraphModule) -> None:
     (``torch._transformer_encoder_layer_fwd``) computes the same. Other layers are left to
     the lowering, which declines them with the reason (``_WHY_KEPT``)."""
     graph = gm.graph
-    for node in list(graph.nodes):
-        m = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
-        if not isinstance(m, nn.TransformerEncoderLayer):
-            continue
-        why = _encoder_layer_why_not(node, m)
-        if why is not None:
-            node.meta[_WHY_KEPT] = why
-            continue
+    for node, m in _calls_to_rewrite(gm, nn.TransformerEncoderLayer, _encoder_layer_why_not):
         path, x, act = str(node.target), node.args[0], _activation(m.activation)
         with graph.inserting_before(node):
             def sublayer(v: fx.Node, block: str) -> fx.Node:
@@ -1896,14 +1904,7 @@ def _multihead_attention(gm: fx.GraphModule) -> None:
     attention, weights read, ``batch_first``, ...) are left to the lowering, which declines
     them with the reason (``_WHY_KEPT``)."""
     graph = gm.graph
-    for node in list(graph.nodes):
-        m = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
-        if not isinstance(m, nn.MultiheadAttention):
-            continue
-        why = _multihead_attention_why_not(node, m)
-        if why is not None:
-            node.meta[_WHY_KEPT] = why
-            continue
+    for node, m in _calls_to_rewrite(gm, nn.MultiheadAttention, _multihead_attention_why_not):
         path, users = str(node.target), list(node.users)
         x = node.args[0] if node.args else node.kwargs["query"]
         with graph.inserting_before(node):  # batch-first for the attention kernel
