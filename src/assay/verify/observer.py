@@ -32,6 +32,7 @@ from __future__ import annotations
 import array
 import bisect
 import ctypes
+import errno
 import math
 import mmap
 import os
@@ -294,7 +295,9 @@ class CpuSampler:
                         self.out.threads += 1
                         attached = True
                     except OSError as e:
-                        if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                        # ESRCH: the thread is gone or exiting (its /proc entry can outlive
+                        # the exit by a moment), never a refusal
+                        if e.errno == errno.ESRCH or not os.path.exists(f"/proc/{pid}/task/{tid}"):
                             continue  # (the thread ended meanwhile)
                         self.out.why_off = str(e.strerror or e)
                 # A thread's code mapped before its event opened is in /proc now (read after
