@@ -28,7 +28,8 @@ cannot average out, from inside it, luck that is fixed for the worker's life.
 So the test has two tiers. Gross: a protocol fault (the lease's thread count: 0.97x, then 0.41x)
 spreads every attempt's five verifications far past any machine's luck; the test fails when
 every attempt spread over GROSS. Fine (the issue's line): up to eight attempts under
-ASSAY_STRICT_TIMING=1, three otherwise (none started after ATTEMPTS_S); it holds on the first
+ASSAY_STRICT_TIMING=1, otherwise up to three, stopping at the first within GROSS (none started
+after ATTEMPTS_S); it holds on the first
 whose five verifications held within 5%, or, beside a control that held within 5%, within twice
 the spread that control measured where that is wider (five draws of the same process luck: the
 verifications' five may fairly spread as far again; at most 10%). Where nothing held and no
@@ -52,7 +53,10 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 ATTEMPTS = 8
-LOOSE_ATTEMPTS = 3  # without ASSAY_STRICT_TIMING=1, where only a gross fault fails
+# Without ASSAY_STRICT_TIMING=1 only a gross fault fails, and the attempts stop at the first
+# that rules one out (spread within GROSS): later ones could only turn a skip into a pass, at
+# 40-80 s each (three attempts were most of the `alone` tests' 220 s in CI on this VM)
+LOOSE_ATTEMPTS = 3
 # No attempt starts after this many seconds (one takes 40-80 s here): the test stays within
 # its timeout on a machine that never holds still.
 ATTEMPTS_S = 720
@@ -121,6 +125,7 @@ cand = Path(tempfile.mkdtemp()) / "c_relu.py"
 cand.write_text(prop.code)
 vcfg = from_cfg(v)
 ATTEMPTS, ATTEMPTS_S = int(sys.argv[1]), float(sys.argv[2])
+STOP_UNDER = float(sys.argv[3])  # stop at an attempt spread within this (0: only if it holds)
 import time
 t0 = time.monotonic()
 
@@ -143,6 +148,8 @@ for _ in range(ATTEMPTS):
     attempts.append({"runs": runs, "control_ms": control})
     if holds([r["speedup"] for r in runs], control):
         break
+    if spread([r["speedup"] for r in runs]) <= STOP_UNDER:
+        break
 print("RESULT " + json.dumps({"threads": threads, "size": task.size, "eager_ms": base["eager_ms"],
                               "attempts": attempts}), flush=True)
 """
@@ -158,7 +165,9 @@ def test_five_verifications_of_one_cpu_kernel_agree_within_5_percent_or_the_mach
     # Outside the strict measurement a miss only skips: fewer attempts decide as much (a gross
     # fault spreads every one of them), in minutes of CI's time rather than up to twelve.
     attempts_n = ATTEMPTS if strict else LOOSE_ATTEMPTS
-    proc = subprocess.run([sys.executable, "-c", STEPS, str(attempts_n), str(ATTEMPTS_S)],
+    stop_under = 0.0 if strict else GROSS
+    proc = subprocess.run([sys.executable, "-c", STEPS, str(attempts_n), str(ATTEMPTS_S),
+                           str(stop_under)],
                           env=env, capture_output=True, text=True, timeout=1150)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]

@@ -16,7 +16,10 @@ from redteam.check import run
 from redteam.generate import FAULTS, METHODS, TRIGGERS, generate, sample, write
 from test_zoo_cuda import _GLOBAL
 
-CI_SAMPLE = sample(generate("cpu", seed=0), per_group=2, seed=19)
+# One variant of each group (22 verifications, ~60 s of CI's two cores fewer than two of each):
+# every method and every harmless change still meets the verifier on every run
+PER_GROUP = 1
+CI_SAMPLE = sample(generate("cpu", seed=0), per_group=PER_GROUP, seed=19)
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
@@ -43,7 +46,7 @@ def test_sample_covers_every_group():
     groups = {v.method or v.mods[0] for v in CI_SAMPLE}
     every = {v.method or v.mods[0] for v in generate("cpu")}
     assert groups == every
-    assert [v.id for v in CI_SAMPLE] == [v.id for v in sample(generate("cpu"), 2, 19)]
+    assert [v.id for v in CI_SAMPLE] == [v.id for v in sample(generate("cpu"), PER_GROUP, 19)]
 
 
 @pytest.fixture(scope="module")
