@@ -63,6 +63,7 @@ def copies_dir(tmp_path_factory):
             stem = STEMS["no_ghost" if name.startswith("no_ghost") else "ghost"]
             (root / f"{name}.py").write_text(_small_copy(stem, sizes))
     (root / "branch_on_value.py").write_text(_BRANCH_ON_VALUE)
+    (root / "guards.py").write_text(_GUARDS)
     return root
 
 
@@ -90,6 +91,25 @@ def get_inputs():
 def get_init_inputs():
     return [6]
 """
+
+
+# guards of devices and dtypes, decided while tracing: the branches not taken are not traced
+_GUARDS = _BRANCH_ON_VALUE.replace(
+    """        if x.sum() > 0:  # a branch on the data: not
+            return x * self.w
+        return x - self.w""",
+    """        if x.dtype != self.w.dtype or x.dtype != torch.float32:
+            x = x.double()
+        assert (x * 2).device == self.w.device
+        return x - self.w""")
+
+
+def test_device_and_dtype_guards_are_decided_while_tracing(copies_dir, tmp_path):
+    ctx = task_ctx(copies_dir, "guards")
+    prop = OfflineSynthesizer("cpu").translate(ctx, 1, random.Random(0))[0]
+    assert prop.code is not None, prop.declined
+    assert "double" not in prop.code
+    assert_matches_reference(prop.code, tmp_path / "cand_guards.py", ctx, [{}])
 
 
 @needs_kernelbench
