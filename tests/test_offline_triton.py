@@ -66,11 +66,14 @@ TASKS = {
                  "+ torch.sqrt(torch.abs(x) + 1.0) + torch.exp(x * 0.1) "
                  "+ torch.erf(x) + F.relu6(x) + torch.rsqrt(x * x + 1.0) + torch.sin(x)"),
     "two_inputs": ("", "return (x - y) * torch.log(torch.abs(y) + 1.0) + torch.cos(x)"),
+    # x (batch, 1, dim) against w (3, dim): two runs of broadcast dims (ir.Leaf's block2)
+    "two_runs": ("self.w = nn.Parameter(torch.randn(3, dim))", "return x * self.w + 1.0"),
     # tanh without libdevice (Cephes' tanhf: a polynomial near 0), and tanh-GELU built on it
     "tanh_gelu": ("self.g = nn.GELU(approximate='tanh')",
                   "return torch.tanh(x * 0.3) + self.g(x) + torch.tanh(x * 40.0)"),
 }
-ARGS = {"two_inputs": ("x, y", "torch.randn(batch, dim), torch.randn(batch, dim)")}
+ARGS = {"two_inputs": ("x, y", "torch.randn(batch, dim), torch.randn(batch, dim)"),
+        "two_runs": ("x", "torch.randn(batch, 1, dim)")}
 # (batch, dim): sizes under a block, across blocks, and not a multiple of anything
 SHAPES = [(3, 7), (5, 1030), (4, 64)]
 

@@ -244,6 +244,13 @@ def _forward_lines(plan: Plan, target: str, knobs: dict[str, Any], family: Famil
             lines.append(f"inner{j} = math.prod(shape[{lf.b + 1}:])")
             lines.append(f"mid{j} = math.prod(shape[{lf.a}:{lf.b + 1}])")
             lines.append(f"_expect(l{j}.numel() == mid{j}, {name + ' does not broadcast'!r})")
+        elif lf.bcast == "block2":
+            lines.append(f"inner{j} = math.prod(shape[{lf.b + 1}:])")
+            lines.append(f"mid{j} = math.prod(shape[{lf.a}:{lf.b + 1}])")
+            lines.append(f"inner2_{j} = math.prod(shape[{lf.b2 + 1}:])")
+            lines.append(f"mid2_{j} = math.prod(shape[{lf.a2}:{lf.b2 + 1}])")
+            lines.append(f"_expect(l{j}.numel() == mid{j} * mid2_{j}, "
+                         f"{name + ' does not broadcast'!r})")
     if plan.kind == "row":
         lines.append(f"cols = math.prod(shape[{nd - k}:])")
         if plan.groups:

@@ -1565,24 +1565,35 @@ class _Lowering:
 # From the lowered graph to a Plan
 
 
-def _classify(shape: tuple[int, ...], s: tuple[int, ...], name: str) -> tuple[str, int, int]:
-    """How a leaf of ``shape`` broadcasts onto the iteration shape ``s``."""
+def _classify(shape: tuple[int, ...], s: tuple[int, ...], name: str
+              ) -> tuple[str, int, int, int, int]:
+    """How a leaf of ``shape`` broadcasts onto the iteration shape ``s``: (bcast, a, b, a2, b2)
+    of :class:`ir.Leaf`."""
     nd = len(s)
     if len(shape) > nd:
         raise Unsupported(f"{PREFIX} {name} of shape {list(shape)} broadcast to {list(s)}")
     padded = (1,) * (nd - len(shape)) + tuple(shape)
     if padded == tuple(s):
-        return "full", 0, max(nd - 1, 0)
+        return "full", 0, max(nd - 1, 0), 0, 0
     if math.prod(padded) == 1:
-        return "scalar", 0, 0
+        return "scalar", 0, 0, 0, 0
     dims = [j for j in range(nd) if padded[j] != 1]
     if any(padded[j] != s[j] for j in dims):
         raise Unsupported(f"{PREFIX} {name} of shape {list(shape)} broadcast to {list(s)}")
-    a, bb = dims[0], dims[-1]
-    if any(padded[j] != s[j] for j in range(a, bb + 1)):
-        raise Unsupported(f"{PREFIX} {name} of shape {list(shape)} broadcast to {list(s)} "
-                          f"(non-contiguous broadcast dims)")
-    return "block", a, bb
+    # The runs of S's dims the leaf has; S's dims of size 1 join either side.
+    runs: list[list[int]] = []
+    for j in range(dims[0], dims[-1] + 1):
+        if padded[j] == s[j]:
+            if runs and runs[-1][1] == j - 1:
+                runs[-1][1] = j
+            else:
+                runs.append([j, j])
+    if len(runs) == 1:
+        return "block", runs[0][0], runs[0][1], 0, 0
+    if len(runs) == 2:
+        return "block2", runs[0][0], runs[0][1], runs[1][0], runs[1][1]
+    raise Unsupported(f"{PREFIX} {name} of shape {list(shape)} broadcast to {list(s)} "
+                      f"(more than two runs of broadcast dims)")
 
 
 def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int, ...]
@@ -1634,8 +1645,13 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
     leaves = []
     for old in used_leaves:
         lf, shape = builder.leaves[old]
-        bcast, a, bb = _classify(shape, tuple(s), repr(lf.name))
-        leaves.append(dataclasses.replace(lf, bcast=bcast, a=a, b=bb,
+        bcast, a, bb, a2, b2 = _classify(shape, tuple(s), repr(lf.name))
+        if bcast == "block2" and (kind != "elementwise" or builder.gemm is not None
+                                  or builder.pool is not None):
+            raise Unsupported(f"{PREFIX} {lf.name!r} of shape {list(shape)} broadcast to "
+                              f"{list(s)} in a {kind} plan (two runs of broadcast dims: "
+                              f"elementwise plans only)")
+        leaves.append(dataclasses.replace(lf, bcast=bcast, a=a, b=bb, a2=a2, b2=b2,
                                           dtype="bool" if lf.name in masks else ""))
     anchors = [j for j, (lf, old) in enumerate(zip(leaves, used_leaves))
                if lf.bcast == "full" and old not in builder.viewed]
@@ -2272,12 +2288,107 @@ def _attention_products(gm: fx.GraphModule) -> bool:
     return changed
 
 
+# Tensor factories: a value made by one lives where its ``device=`` says, else on the CPU,
+# whatever device the module and the inputs are on.
+_FACTORIES = frozenset((torch.zeros, torch.ones, torch.empty, torch.full, torch.arange,
+                        torch.rand, torch.randn, torch.randint, torch.randperm, torch.tensor,
+                        torch.as_tensor, torch.eye, torch.linspace, torch.logspace))
+# Tensor methods that may move a value to another device (or change its dtype).
+_MOVES = frozenset(("to", "cpu", "cuda", "type"))
+
+
 class _Tracer(fx.Tracer):
     """fx's tracer with the module's buffers as graph values (``get_attr``), as its parameters
     are: a forward that slices a buffer by a traced size (a causal mask cut to the sequence,
-    ``self.bias[:, :, :T, :T]``) traces, where a plain tensor cannot take a traced index."""
+    ``self.bias[:, :, :T, :T]``) traces, where a plain tensor cannot take a traced index.
+
+    A branch on a comparison of devices or dtypes (a guard such as NetVLAD's ``if x.device !=
+    self.clusters.device: raise ...``) is decided while tracing, so that the branch not taken
+    is not traced: the verifier runs the module and its inputs on one device, so two values
+    computed from them share it; the dtypes of the forward's inputs (``inputs``, in the
+    forward's order) and of the module's tensors are known. Any other branch on a traced value
+    is a :class:`fx.proxy.TraceError` that says so."""
 
     proxy_buffer_attributes = True
+
+    def __init__(self, inputs: list | tuple = ()) -> None:
+        super().__init__()
+        self._inputs = list(inputs)
+
+    def to_bool(self, obj: fx.Proxy) -> bool:
+        node = obj.node
+        if (node.op == "call_function" and node.target in (operator.eq, operator.ne)
+                and len(node.args) == 2 and not node.kwargs):
+            sides = [self._known(a) for a in node.args]
+            if None not in sides and sides[0][0] == sides[1][0]:
+                return (sides[0] == sides[1]) == (node.target is operator.eq)
+        raise fx.proxy.TraceError(
+            f"control flow on a traced value ({_written(node)}): only a comparison of two "
+            f"tensors' devices, or of the forward's inputs' and the module's tensors' dtypes, "
+            f"is decided while tracing")
+
+    def _known(self, arg: Any) -> tuple[str, Any] | None:
+        """``("device", None)`` for ``t.device`` of a value on the module's and inputs' device
+        (all are one), ``("dtype", dtype)`` for a known dtype; None where it is not known."""
+        if isinstance(arg, torch.dtype):
+            return ("dtype", arg)
+        if not (isinstance(arg, fx.Node) and arg.op == "call_function" and arg.target is getattr
+                and len(arg.args) == 2 and arg.args[1] in ("device", "dtype")):
+            return None
+        tensor, attr = arg.args
+        if attr == "device":
+            return ("device", None) if self._on_common_device(tensor) else None
+        value = self._concrete(tensor)
+        return ("dtype", value.dtype) if isinstance(value, torch.Tensor) else None
+
+    def _concrete(self, node: Any) -> Any:
+        """The forward's input or the module's tensor that ``node`` is, else None."""
+        if not isinstance(node, fx.Node):
+            return None
+        if node.op == "placeholder":
+            index = [n for n in node.graph.nodes if n.op == "placeholder"].index(node)
+            return self._inputs[index] if index < len(self._inputs) else None
+        if node.op == "get_attr":
+            # through the modules' own tables: while tracing, the tracer's patched
+            # ``Module.__getattr__`` would hand back the proxy of a parameter
+            *path, name = str(node.target).split(".")
+            owner = functools.reduce(lambda m, part: m._modules[part], path, self.root)
+            for table in (owner._parameters, owner._buffers, vars(owner)):
+                if name in table:
+                    return table[name]
+        return None
+
+    def _on_common_device(self, node: fx.Node) -> bool:
+        """Whether ``node`` is computed from the inputs or the module's tensors through no
+        tensor factory without a ``device=`` and no move (``.to``, ``.cpu``, ...)."""
+        seen, todo, rooted = set(), [node], False
+        while todo:
+            n = todo.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n.op in ("placeholder", "get_attr"):
+                rooted = rooted or isinstance(self._concrete(n), torch.Tensor)
+                continue
+            if ((n.op == "call_method" and n.target in _MOVES)
+                    or (n.op == "call_function" and n.target in _FACTORIES
+                        and "device" not in n.kwargs)):
+                return False
+            todo += n.all_input_nodes
+        return rooted
+
+
+def _written(node: Any) -> str:
+    """A traced value as the forward wrote it, near enough to find it: ``gt(sum_1, 0)``,
+    ``x.device``."""
+    if not isinstance(node, fx.Node):
+        return repr(node)
+    if node.op == "call_function" and node.target is getattr:
+        return f"{_written(node.args[0])}.{node.args[1]}"
+    if node.op in ("call_function", "call_method"):
+        name = getattr(node.target, "__name__", str(node.target))
+        return f"{name}({', '.join(_written(a) for a in node.args)})"
+    return node.name
 
 
 def trace(mod: Any, real: bool = False) -> fx.GraphModule:
@@ -2301,7 +2412,7 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
         raise Unsupported(f"{PREFIX} an augmented assignment to {aliased!r} while another name "
                           f"for that tensor is read after it (fx records it as a new value)")
     try:
-        gm = fx.GraphModule(model, _Tracer().trace(model))
+        gm = fx.GraphModule(model, _Tracer(inputs).trace(model))
     except Exception as e:  # noqa: BLE001
         raise Unsupported(f"{PREFIX} a forward that torch.fx cannot trace "
                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
@@ -2309,7 +2420,7 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             node.meta[NUMBER_ARG] = True
     _follow_writes(gm)
-    _drop_dead(gm)
+    _drop_dead(gm, passed=len(inputs))
     _decompose(gm)
     _encoder_layers(gm)
     _multihead_attention(gm)
@@ -2475,11 +2586,19 @@ class _ShapeProp(ShapeProp):
         return (out, (state, state.clone())) if isinstance(m, nn.LSTM) else (out, state)
 
 
-def _drop_dead(gm: fx.GraphModule) -> None:
+def _drop_dead(gm: fx.GraphModule, passed: int | None = None) -> None:
     """Remove the values no output depends on (KernelBench's LSTM tasks compute a linear layer
-    on the output sequence, then return the state), keeping whatever may write in place."""
+    on the output sequence, then return the state), keeping whatever may write in place; with
+    ``passed`` (how many arguments ``get_inputs`` gives), also the forward's optional arguments
+    past those that nothing reads (NetVLAD's ``mask=None``): the forward is never given them."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node in reversed(list(gm.graph.nodes)):
-        if node.op not in ("placeholder", "output") and not node.users and not _in_place(node):
+        if node.op == "output" or node.users:
+            continue
+        if node.op == "placeholder":
+            if passed is not None and placeholders.index(node) >= passed and node.args:
+                gm.graph.erase_node(node)  # args: (its default,)
+        elif not _in_place(node):
             gm.graph.erase_node(node)
     gm.recompile()
 

@@ -49,7 +49,10 @@ class Leaf:
     ``bcast`` is how it maps onto the iteration shape S (``ndim`` dims): ``"full"`` (same shape),
     ``"scalar"`` (one element) or ``"block"``: its non-1 dims are S's dims ``a..b`` inclusive, so
     element ``i`` of S reads ``(i // inner) % mid`` with ``inner = prod(S[b+1:])`` and
-    ``mid = prod(S[a:b+1])`` (a bias ``(C,)`` is the block of the last dim).
+    ``mid = prod(S[a:b+1])`` (a bias ``(C,)`` is the block of the last dim); ``"block2"``: its
+    non-1 dims are two such blocks, ``a..b`` and ``a2..b2`` (``a2 > b + 1``), element ``i``
+    reading ``((i // inner) % mid) * mid2 + (i // inner2) % mid2`` (a sum over a middle dim
+    kept, ``(B, 1, K)``, against ``(B, D, K)``; elementwise plans only).
     ``dtype``: "" (the plan's dtype) or "bool" (a mask, read as 0/1; axis plans only).
     """
 
@@ -60,6 +63,8 @@ class Leaf:
     a: int = 0
     b: int = 0
     dtype: str = ""
+    a2: int = 0
+    b2: int = 0
 
 
 @dataclass(frozen=True)

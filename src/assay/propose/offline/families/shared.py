@@ -393,13 +393,16 @@ def leaf_kind(plan: Plan, k: int) -> str:
     """How the kernel indexes leaf ``k`` (see ir.Leaf for the block convention).
 
     elementwise: full ``[i]``, scalar ``[0]``, mod ``[i % mid]``, general
-    ``[(i / inner) % mid]``; row plans add col ``[c]`` (a weight over the whole row), colmod
+    ``[(i / inner) % mid]``, general2 (a leaf of two blocks: each block's index so, the first
+    times the second's size); row plans add col ``[c]`` (a weight over the whole row), colmod
     ``[c % mid]`` and rowconst (one value per row, loaded once per row); rows of channel groups
     use mod and general for what varies within the row.
     """
     lf = plan.leaves[k]
     if lf.bcast in ("full", "scalar"):
         return lf.bcast
+    if lf.bcast == "block2":  # elementwise plans only (graph._finish)
+        return "general2"
     nd = plan.ndim
     if plan.kind == "row":
         first_col = nd - plan.k
@@ -423,6 +426,8 @@ def _access(kind: str, k: int) -> str:
         "scalar": f"t{k}[0]",
         "mod": f"t{k}[assay_bmod(i, mid{k}, bc{k})]",
         "general": f"t{k}[assay_bidx(i, inner{k}, mid{k}, bc{k})]",
+        "general2": f"t{k}[assay_bidx(i, inner{k}, mid{k}, bc{k}) * mid2_{k}"
+                    f" + assay_bidx(i, inner2_{k}, mid2_{k}, bc2_{k})]",
         "col": f"t{k}[c]",
         "colmod": f"t{k}[assay_bmod(c, mid{k}, bc{k})]",
         # inner is a multiple of cols here, so (base + c) / inner == base / inner.
@@ -619,19 +624,28 @@ def pointer(target: str, name: str, py: str, elt: str = "float", const: bool = T
 def leaf_params(plan: Plan, target: str, skip: int = -1, elt: str = "float"
                  ) -> tuple[list[Param], list[Param]]:
     """The leaves' pointers (``t<k>``; a bool mask's are ``bool*``) and the block-broadcast
-    leaves' geometry (``inner<k>``, ``mid<k>``), leaf ``skip`` left out (a head op's result
+    leaves' geometry (``inner<k>``, ``mid<k>``; a second block's ``inner2_<k>``, ``mid2_<k>``),
+    leaf ``skip`` left out (a head op's result
     that the kernel gets otherwise)."""
     ptrs = [pointer(target, f"t{k}", f"l{k}.data_ptr()", lf.dtype or elt)
             for k, lf in enumerate(plan.leaves) if k != skip]
     geometry = []
     for k, lf in enumerate(plan.leaves):
-        if lf.bcast == "block" and k != skip:
-            geometry += [Param("int64_t", f"inner{k}", f"inner{k}", "ctypes.c_int64"),
-                         Param("int64_t", f"mid{k}", f"mid{k}", "ctypes.c_int64")]
+        if k == skip:
+            continue
+        for name in geometry_names(lf, k):
+            geometry.append(Param("int64_t", name, name, "ctypes.c_int64"))
     if any(n.op == "tri" for n in plan.nodes):  # S's last two dims, for the triangle masks
         geometry += [Param("int64_t", "tri_m", "shape[-2]", "ctypes.c_int64"),
                      Param("int64_t", "tri_n", "shape[-1]", "ctypes.c_int64")]
     return ptrs, geometry
+
+
+def geometry_names(lf: Leaf, k: int) -> list[str]:
+    """The names of leaf ``k``'s broadcast geometry (see ir.Leaf), as the candidate computes
+    them (candidate._forward_lines) and the kernel takes them."""
+    one = [f"inner{k}", f"mid{k}"]
+    return {"block": one, "block2": one + [f"inner2_{k}", f"mid2_{k}"]}.get(lf.bcast, [])
 
 
 def size_params(*names: str) -> list[Param]:
@@ -707,8 +721,14 @@ def leaf_tensor(lf: Leaf) -> str:
 
 def _dividers(plan: Plan) -> list[str]:
     """Per-thread set-up of the broadcast operands' index dividers (see assay_bidx)."""
-    return [f"const AssayBcast bc{k} = assay_bcast(inner{k}, mid{k});"
-            for k, lf in enumerate(plan.leaves) if lf.bcast == "block" and k != plan.head_leaf]
+    lines = []
+    for k, lf in enumerate(plan.leaves):
+        if k == plan.head_leaf or lf.bcast not in ("block", "block2"):
+            continue
+        lines.append(f"const AssayBcast bc{k} = assay_bcast(inner{k}, mid{k});")
+        if lf.bcast == "block2":
+            lines.append(f"const AssayBcast bc2_{k} = assay_bcast(inner2_{k}, mid2_{k});")
+    return lines
 
 
 def _prologue(plan: Plan, sched: Schedule) -> list[str]:

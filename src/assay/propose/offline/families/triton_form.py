@@ -21,7 +21,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from assay.propose.offline.families.shared import PY_ARG_HELPERS, knob_line, render
+from assay.propose.offline.families.shared import (PY_ARG_HELPERS, geometry_names, knob_line,
+                                                   render)
 from assay.propose.offline.ir import PREFIX, Plan, needed_nodes
 
 
@@ -135,6 +136,8 @@ def load_expr(plan: Plan, k: int, index: str = "offs", mask: str = "mask") -> st
         return f"tl.load(t{k})"
     if lf.bcast == "full":
         at = index
+    elif lf.bcast == "block2":  # two blocks: the first's index times the second's size
+        at = f"(({index} // inner{k}) % mid{k}) * mid2_{k} + ({index} // inner2_{k}) % mid2_{k}"
     elif lf.b == plan.ndim - 1:  # a block of the trailing dims: i % mid
         at = f"{index} % mid{k}"
     else:
@@ -188,10 +191,7 @@ def leaf_args(plan: Plan) -> tuple[list[str], list[str]]:
     """The kernel's parameters for the leaves (``t<k>``, then ``inner<k>``/``mid<k>`` of the
     block-broadcast ones) and ModelNew's arguments for them."""
     params = [f"t{k}" for k in range(len(plan.leaves))]
-    geometry = []
-    for k, lf in enumerate(plan.leaves):
-        if lf.bcast == "block":
-            geometry += [f"inner{k}", f"mid{k}"]
+    geometry = [name for k, lf in enumerate(plan.leaves) for name in geometry_names(lf, k)]
     return params, geometry
 
 

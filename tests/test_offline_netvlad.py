@@ -1,0 +1,173 @@
+"""NetVLAD (KernelBench's L3_46 with ghost clusters, L3_47 without): a forward with a device
+guard (``if x.device != self.clusters.device: raise ...``), decided while tracing, then planned
+as kernels: the product with the clusters, BatchNorm and softmax in one; the ghost clusters
+sliced off; the assignments' sum over the features, times the visual words (a (B, 1, K) value
+broadcast against (1, D, K): two runs of broadcast dims); the batched product of the
+assignments with the features; the residuals' L2 norms over D, then over the flattened rows.
+
+Small copies of the KernelBench files (sizes edited down) are synthesized for the CPU, compared
+with the reference at two sizes and accepted by the verifier under strict; the CUDA candidate
+is compiled with nvcc. Any other branch on a traced value is still declined, with its reason.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from assay.bench.build import nvcc_path
+from assay.propose.base import TaskContext
+from assay.propose.offline import OfflineSynthesizer
+from assay.tasks.model import Task
+from conftest import import_file
+from helpers import REPO, assert_matches_reference, build_cuda_sources, task_ctx
+
+pytestmark = pytest.mark.usefixtures("offline_builds")
+
+KERNELBENCH = REPO.parent / "shared" / "kernelbench" / "level3"
+STEMS = {"ghost": "46_NetVladWithGhostClusters", "no_ghost": "47_NetVladNoGhostClusters"}
+# per copy: the module's sizes (odd, not multiples of anything), and the other sizes of the
+# forward's input checked with the same candidate (the clusters' sizes are the constructor's)
+COPIES = {
+    "ghost": ({"batch_size": 3, "num_features": 7, "num_clusters": 5, "feature_size": 12,
+               "ghost_clusters": 3}, {"batch_size": 2, "num_features": 13}),
+    "ghost_wide": ({"batch_size": 2, "num_features": 9, "num_clusters": 8, "feature_size": 33,
+                    "ghost_clusters": 1}, {"batch_size": 5, "num_features": 4}),
+    "no_ghost": ({"batch_size": 3, "num_features": 7, "num_clusters": 5, "feature_size": 12,
+                  "ghost_clusters": 0}, {"batch_size": 2, "num_features": 13}),
+    "no_ghost_wide": ({"batch_size": 2, "num_features": 9, "num_clusters": 8,
+                       "feature_size": 33, "ghost_clusters": 0},
+                      {"batch_size": 5, "num_features": 4}),
+}
+
+needs_kernelbench = pytest.mark.skipif(not KERNELBENCH.is_dir(),
+                                       reason="KernelBench checkout not present")
+
+
+def _small_copy(stem: str, sizes: dict[str, int]) -> str:
+    """The KernelBench file with its module-level sizes set to ``sizes``."""
+    source = (KERNELBENCH / f"{stem}.py").read_text()
+    for name, value in sizes.items():
+        source, n = re.subn(rf"^{name} = .*$", f"{name} = {value}", source, flags=re.M)
+        assert n == 1, name
+    return source
+
+
+@pytest.fixture(scope="module")
+def copies_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("netvlad")
+    if KERNELBENCH.is_dir():
+        for name, (sizes, _) in COPIES.items():
+            stem = STEMS["no_ghost" if name.startswith("no_ghost") else "ghost"]
+            (root / f"{name}.py").write_text(_small_copy(stem, sizes))
+    (root / "branch_on_value.py").write_text(_BRANCH_ON_VALUE)
+    (root / "guards.py").write_text(_GUARDS)
+    return root
+
+
+_BRANCH_ON_VALUE = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        if x.device != self.w.device:  # decided while tracing
+            raise ValueError("devices differ")
+        if x.sum() > 0:  # a branch on the data: not
+            return x * self.w
+        return x - self.w
+
+
+def get_inputs():
+    return [torch.randn(4, 6)]
+
+
+def get_init_inputs():
+    return [6]
+"""
+
+
+# guards of devices and dtypes, decided while tracing: the branches not taken are not traced
+_GUARDS = _BRANCH_ON_VALUE.replace(
+    """        if x.sum() > 0:  # a branch on the data: not
+            return x * self.w
+        return x - self.w""",
+    """        if x.dtype != self.w.dtype or x.dtype != torch.float32:
+            x = x.double()
+        assert (x * 2).device == self.w.device
+        return x - self.w""")
+
+
+def test_device_and_dtype_guards_are_decided_while_tracing(copies_dir, tmp_path):
+    ctx = task_ctx(copies_dir, "guards")
+    prop = OfflineSynthesizer("cpu").translate(ctx, 1, random.Random(0))[0]
+    assert prop.code is not None, prop.declined
+    assert "double" not in prop.code
+    assert_matches_reference(prop.code, tmp_path / "cand_guards.py", ctx, [{}])
+
+
+@needs_kernelbench
+@pytest.mark.parametrize("name", sorted(COPIES))
+def test_cpu_candidate_matches_reference_and_the_verifier_accepts_it(
+        copies_dir, tmp_path, name):
+    from assay.verify.harness import verify
+    from assay.verify.settings import VerifyConfig
+
+    ctx = task_ctx(copies_dir, name)
+    syn = OfflineSynthesizer("cpu", policy="strict")
+    analysis = syn.analyse(ctx)
+    kinds = [type(s.plan).__name__ for s in analysis.plan.stages]
+    # the ghost clusters' slice (all of the clusters without them), the assignments'
+    # transpose and the product's: copies of their own
+    assert kinds.count("Permute") == 3, kinds
+    assert "bmm" in analysis.ops and "normalize" in analysis.ops, analysis.ops
+    prop = syn.translate(ctx, n=1, rng=random.Random(0))[0]
+    assert prop.code is not None, prop.declined
+    assert 'POLICY = "strict"' in prop.code
+    sizes, other = COPIES[name]
+    assert_matches_reference(prop.code, tmp_path / f"cand_{name}.py", ctx, [{}, other],
+                             seeds=(1, 2))
+    path = tmp_path / f"verified_{name}.py"
+    path.write_text(prop.code)
+    cfg = VerifyConfig(policy="strict", budget_s=0.05, min_runs=3, max_runs=10,
+                       max_library_time_frac=0.0)
+    verdict = verify(ctx.task, path, "cpu", cfg)
+    assert verdict.accepted, (verdict.reasons,
+                              {r: verdict.checks[r]["detail"][:300] for r in verdict.reasons})
+
+
+def test_a_branch_on_a_traced_value_is_declined_with_its_reason(copies_dir):
+    """The device guard is decided; the branch on ``x.sum() > 0`` is not, and the decline
+    names it."""
+    prop = OfflineSynthesizer("cpu").translate(task_ctx(copies_dir, "branch_on_value"), 1,
+                                               random.Random(0))[0]
+    assert prop.code is None
+    assert "control flow on a traced value (gt(sum(x), 0))" in prop.declined, prop.declined
+
+
+@needs_kernelbench
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_cuda_sources_compile(copies_dir, tmp_path):
+    built = {}
+    for name in ("ghost", "no_ghost"):
+        prop = OfflineSynthesizer("cuda").translate(task_ctx(copies_dir, name, "cuda"), 1,
+                                                    random.Random(0))[0]
+        assert prop.code is not None, prop.declined
+        cand = import_file(prop.code, tmp_path / f"cuda_{name}.py")
+        for source in cand.SOURCES:
+            built[source] = name
+    build_cuda_sources(built)
+
+
+@needs_kernelbench
+@pytest.mark.parametrize("stem", sorted(STEMS.values()))
+def test_kernelbench_netvlad_tasks_get_a_plan(stem):
+    analysis = OfflineSynthesizer("cuda").analyse(
+        TaskContext(Task.from_file(KERNELBENCH / f"{stem}.py"), "cuda"))
+    assert "bmm" in analysis.ops and "normalize" in analysis.ops, analysis.summary
