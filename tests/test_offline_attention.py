@@ -307,7 +307,7 @@ class Model(nn.Module):
                                              norm=nn.LayerNorm(embed_dim))
 {init}
     def forward(self, x):
-        return self.encoder(torch.tanh(x){call}) * 2.0
+        return self.encoder(src=torch.tanh(x){call}) * 2.0
 
 
 def get_inputs():

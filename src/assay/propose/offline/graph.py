@@ -1898,9 +1898,16 @@ def _encoder_layers(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
+_ENCODER_ARGS = ("src", "mask", "src_key_padding_mask", "is_causal")
+
+
 def _encoder_why_not(node: fx.Node, m: nn.TransformerEncoder) -> str | None:
     """Why :func:`_encoders` leaves this call of ``m`` to the lowering, or None."""
-    if len(node.args) != 1 or node.kwargs or not isinstance(node.args[0], fx.Node):
+    bound = dict(zip(_ENCODER_ARGS, node.args), **node.kwargs)
+    if len(node.args) > len(_ENCODER_ARGS) or set(bound) - set(_ENCODER_ARGS) \
+            or not isinstance(bound.get("src"), fx.Node) \
+            or any(bound.get(k) is not None for k in ("mask", "src_key_padding_mask")) \
+            or bound.get("is_causal"):
         return "called with a mask or other arguments"
     return None
 
@@ -1912,7 +1919,7 @@ def _encoders(gm: fx.GraphModule) -> None:
     are then :func:`_encoder_layers`'s."""
     graph = gm.graph
     for node, m in _calls_to_rewrite(gm, nn.TransformerEncoder, _encoder_why_not):
-        path, x = str(node.target), node.args[0]
+        path, x = str(node.target), dict(zip(_ENCODER_ARGS, node.args), **node.kwargs)["src"]
         with graph.inserting_before(node):
             for i in range(len(m.layers)):
                 x = graph.call_module(f"{path}.layers.{i}", (x,))
