@@ -291,6 +291,97 @@ def get_init_inputs():
 """
 ENCODER_SIZES = [{}, {"batch_size": 3, "tokens": 9}]
 
+_STACK = """import torch
+import torch.nn as nn
+
+batch_size, tokens, embed_dim = 2, 5, 16
+
+
+class Model(nn.Module):
+    def __init__(self, embed_dim):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d_model=embed_dim, nhead=2,
+                                           dim_feedforward=3 * embed_dim, dropout=0.0,
+                                           activation="gelu")
+        self.encoder = nn.TransformerEncoder(layer, num_layers=3,
+                                             norm=nn.LayerNorm(embed_dim))
+{init}
+    def forward(self, x):
+        return self.encoder(src=torch.tanh(x){call}) * 2.0
+
+
+def get_inputs():
+    return [torch.rand(batch_size, tokens, embed_dim)]
+
+
+def get_init_inputs():
+    return [embed_dim]
+"""
+
+
+def _stack(call: str = "", init: str = "") -> str:
+    return _STACK.format(call=f", {call}" if call else "", init=init)
+
+
+# KernelBench's L3_28 (its module and forward as they are) with the sizes edited down: 12 x 12
+# images of 4 x 4 patches, 2 layers of width 16. Sequence-first, its attention runs across the
+# batch: x[:, 0] (the class token's row) does not depend on the image, a degenerate task that
+# the verifier flags; the candidate must compute it all the same.
+VIT_SMALL = """import torch
+import torch.nn as nn
+
+image_size, patch_size, num_classes, dim, depth, heads, mlp_dim = 12, 4, 10, 16, 2, 4, 24
+channels, dropout, emb_dropout, batch_size = 3, 0.0, 0.0, 2
+
+
+class Model(nn.Module):
+    def __init__(self, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
+                 channels=3, dropout=0.1, emb_dropout=0.1):
+        super(Model, self).__init__()
+        num_patches = (image_size // patch_size) ** 2
+        patch_dim = channels * patch_size ** 2
+        self.patch_size = patch_size
+        self.pos_embedding = nn.Parameter(torch.randn(1, num_patches + 1, dim))
+        self.patch_to_embedding = nn.Linear(patch_dim, dim)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, dim))
+        self.dropout = nn.Dropout(emb_dropout)
+        self.transformer = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(d_model=dim, nhead=heads, dim_feedforward=mlp_dim,
+                                       dropout=dropout),
+            num_layers=depth
+        )
+        self.to_cls_token = nn.Identity()
+        self.mlp_head = nn.Sequential(
+            nn.Linear(dim, mlp_dim),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(mlp_dim, num_classes)
+        )
+
+    def forward(self, img):
+        p = self.patch_size
+        x = img.unfold(2, p, p).unfold(3, p, p).reshape(img.shape[0], -1, p*p*img.shape[1])
+        x = self.patch_to_embedding(x)
+        cls_tokens = self.cls_token.expand(img.shape[0], -1, -1)
+        x = torch.cat((cls_tokens, x), dim=1)
+        x += self.pos_embedding
+        x = self.dropout(x)
+        x = self.transformer(x)
+        x = self.to_cls_token(x[:, 0])
+        return self.mlp_head(x)
+
+
+def get_inputs():
+    return [torch.rand(batch_size, channels, image_size, image_size)]
+
+
+def get_init_inputs():
+    return [image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels, dropout,
+            emb_dropout]
+"""
+# other batch and image sizes (the patch count follows)
+VIT_SIZES = [{}, {"batch_size": 3, "image_size": 8}]
+
 
 def _sdpa(call: str, lead: str = "b, h, ") -> str:
     return _SDPA.format(call=call, lead=lead)
@@ -313,6 +404,15 @@ FORMS = {  # name: (task source, sizes checked, candidates checked: the forms tr
     "encoder_post_norm_relu": (_encoder(", dropout=0.0, batch_first=True"), ENCODER_SIZES, 1),
     "encoder_pre_norm_gelu": (_encoder(", dropout=0.0, batch_first=True, norm_first=True, "
                                        "activation='gelu'"), ENCODER_SIZES, 1),
+    # sequence-first ([S, N, E], attention over dim 0): between transposes, x[:, 0] a view of
+    # the contiguous result, as torch's
+    "encoder_sequence_first": (_encoder(", dropout=0.0"), ENCODER_SIZES, 1),
+    # nn.TransformerEncoder: its layers (sequence-first, transposed once in and once out) and
+    # its final norm
+    "encoder_stack_sequence_first": (_stack(), ENCODER_SIZES, 1),
+    # KernelBench's L3_28 at a small size: patches by unfold, the class token joined, the
+    # sequence-first encoder stack, the MLP head
+    "vision_transformer": (VIT_SMALL, VIT_SIZES, 1),
 }
 DECLINED_FORMS = {  # name: (task source, what the decline says)
     "sdpa_causal": (_sdpa("F.scaled_dot_product_attention(q, k, v, is_causal=True)"),
@@ -333,8 +433,10 @@ DECLINED_FORMS = {  # name: (task source, what the decline says)
     "mha_batch_first": (_mha(", batch_first=True",
                              _TOKENS_BODY.replace("permute(2, 0, 1)", "transpose(1, 2)")),
                         "nn.MultiheadAttention with batch_first=True"),
-    "encoder_sequence_first": (_encoder(", dropout=0.0"),
-                               "nn.TransformerEncoderLayer sequence-first"),
+    "encoder_stack_mask": (_stack("mask=self.mask",
+                                  "        self.register_buffer('mask', torch.zeros(batch_size, "
+                                  "batch_size))\n"),
+                           "nn.TransformerEncoder called with a mask"),
     "encoder_dropout": (_encoder(", dropout=0.1, batch_first=True"),
                         "nn.TransformerEncoderLayer with dropout"),
     "encoder_mask": (_encoder(", dropout=0.0, batch_first=True", ", src_mask=self.mask",
@@ -390,6 +492,29 @@ def test_encoder_layers_are_attention_feed_forward_and_norms(forms_dir, name):
     assert pipe.views[-1] == "{t}[:, 0]"
 
 
+def test_a_sequence_first_stack_is_transposed_once_in_and_once_out(forms_dir):
+    """nn.TransformerEncoder's three sequence-first layers run batch-first: one transpose
+    (a copy) before the first, one after the final norm; none between the layers."""
+    pipe = OfflineSynthesizer("cpu").analyse(task_ctx(forms_dir,
+                                                      "encoder_stack_sequence_first")).plan
+    kinds = [type(s.plan).__name__ for s in pipe.stages]
+    assert kinds.count("Attention") == 3 and kinds.count("Permute") == 2, kinds
+    assert kinds[1] == "Permute" and kinds[-2] == "Permute", kinds
+    assert "layer_norm" in pipe.stages[-3].ops  # the encoder's norm, before the transpose
+
+
+def test_vision_transformer_patches_are_one_copy_of_the_unfolded_view(forms_dir):
+    """L3_28's patches: the two unfolds of the image one strided view, copied by one kernel,
+    its reshape a view of the copy; the class token expanded by the forward for the join."""
+    pipe = OfflineSynthesizer("cpu").analyse(task_ctx(forms_dir, "vision_transformer")).plan
+    first = pipe.stages[0]
+    assert type(first.plan).__name__ == "Permute" and first.ops == ("unfold",)
+    assert first.plan.view == ".unfold(2, 4, 4).unfold(3, 4, 4)"
+    assert pipe.views[0] == "{t}.reshape(img.size(0), -1, (16 * img.size(1)))", pipe.views
+    assert pipe.prelude == ("view0 = _attr(self, 'cls_token').expand(img.size(0), -1, -1)",)
+    assert [type(s.plan).__name__ for s in pipe.stages].count("Attention") == 2
+
+
 @pytest.mark.parametrize("name", sorted(FORMS))
 def test_written_attention_cpu_candidates_match_reference(forms_dir, tmp_path, name):
     """Every form translate makes (SDPA: its own GEMMs, and the library's under permissive)
@@ -423,6 +548,17 @@ def test_sdpa_cuda_source_compiles(forms_dir, tmp_path):
     build_cuda_sources({source: "sdpa" for source in cand.SOURCES})
 
 
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
+def test_vision_transformer_cuda_sources_compile(forms_dir, tmp_path):
+    """Every kernel of the small L3_28's CUDA candidate (the unfolded patches' copy, the
+    transposes, attention, GEMMs, norms, the join) builds with nvcc."""
+    prop = OfflineSynthesizer("cuda").translate(task_ctx(forms_dir, "vision_transformer",
+                                                         "cuda"), 1, random.Random(0))[0]
+    assert prop.code is not None, prop.declined
+    cand = import_file(prop.code, tmp_path / "cuda_vit.py")
+    build_cuda_sources({source: "vision_transformer" for source in cand.SOURCES})
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", sorted(FORMS))
@@ -439,7 +575,8 @@ def test_written_attention_cuda_candidates_match_reference(forms_dir, tmp_path, 
 @pytest.mark.parametrize("level, stem, op", [
     ("level1", "97_ScaledDotProductAttention", "softmax"),
     ("level3", "31_VisionAttention", "attention"),
-    ("level3", "32_ConvolutionalVisionTransformer", "attention")])
+    ("level3", "32_ConvolutionalVisionTransformer", "attention"),
+    ("level3", "28_VisionTransformer", "unfold")])
 def test_kernelbench_written_attention_gets_a_plan(level, stem, op):
     path = KERNELBENCH.parent / level / f"{stem}.py"
     analysis = OfflineSynthesizer("cuda").analyse(TaskContext(Task.from_file(path), "cuda"))

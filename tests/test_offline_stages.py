@@ -175,10 +175,11 @@ TASKS = {
                         "y = y.transpose(1, 2).contiguous().view(n, -1, hh, ww)\n"
                         "return self.conv2(y) + x", "torch.randn(b, c, h, w)",
                         {"b": 2, "c": 6, "h": 5, "w": 4}, {"b": 1, "c": 9, "h": 3, "w": 7}, 3),
-    # permutations that move the last dim (each output element gathers its source)
+    # permutations that move the last dim (each output element gathers its source), the
+    # second of the first: one copy
     "permute_last": ("pass", "y = torch.relu(x).transpose(-1, -2)\n"
                      "return y.permute(1, 0, 2).contiguous() * 2.0", "torch.randn(b, m, k)",
-                     {"b": 3, "m": 5, "k": 7}, {"b": 2, "m": 1, "k": 4}, 4),
+                     {"b": 3, "m": 5, "k": 7}, {"b": 2, "m": 1, "k": 4}, 3),
     # a view whose size reads a value fused into the kernel before it: the size of what that
     # value was computed from (DenseNet121's relu(bn(x)).size(0) is x's)
     "fused_size": ("self.pool = nn.MaxPool2d(2)\nself.bn = nn.BatchNorm2d(c)" + _STATS,
@@ -190,6 +191,21 @@ TASKS = {
     "index_step_none": ("pass", "y = torch.relu(x)\nreturn y[:, 1::2, None, -1] * 2.0",
                         "torch.randn(b, m, k)", {"b": 3, "m": 7, "k": 5},
                         {"b": 2, "m": 4, "k": 1}, 3),
+    # sliding windows (Tensor.unfold): a forward input's patches (a chain of unfolds copied
+    # once; the other size drops a trailing row and column), the copy's reshape a view
+    "unfold_patches": ("self.fc = nn.Linear(c * 4, n)",
+                       "y = x.unfold(2, 2, 2).unfold(3, 2, 2)\n"
+                       "return self.fc(y.reshape(x.size(0), -1, x.size(1) * 4))",
+                       "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 6, "w": 4, "n": 5},
+                       {"b": 1, "c": 2, "h": 5, "w": 7, "n": 3}, 2),
+    # overlapping windows of a computed value over a negative dim, reduced
+    "unfold_overlap": ("pass", "return torch.relu(x).unfold(-1, 3, 1).sum(-1) * 2.0",
+                       "torch.randn(b, m, k)", {"b": 3, "m": 4, "k": 7},
+                       {"b": 2, "m": 1, "k": 3}, 3),
+    # windows that skip elements (step > size), permuted: one copy of the chain
+    "unfold_skip": ("pass", "return x.unfold(1, 2, 3).permute(0, 3, 1, 2).contiguous() * 2.0",
+                    "torch.randn(b, m, k)", {"b": 2, "m": 8, "k": 3},
+                    {"b": 1, "m": 5, "k": 4}, 2),
     # a view whose size reads an earlier stage's output by its name
     "pool_named_size": ("self.conv = nn.Conv2d(c, n, 3)",
                         "z = torch.relu(self.conv(x))\n"
@@ -316,6 +332,12 @@ def test_strict_policy_writes_every_convolution_with_its_own_kernel(task_dir):
     ("z = torch.relu(x) + torch.sigmoid(x)\n"
      "return torch.mean(z, dim=1, keepdim=True).view(z.size(0), -1)",
      "a value inside another kernel"),
+    # windows whose size the forward computes: unfold's arguments are ints only
+    ("return torch.matmul(x.unfold(0, x.size(0), 1).sum(-1), self.w)",
+     "Tensor.unfold with a dim, size or step other than an int"),
+    # a view of more dims than the permute kernel's geometry
+    ("y = torch.relu(x).view(x.size(0), 2, 5, 1, 1)\n"
+     "return y.unfold(1, 1, 1).unfold(2, 5, 5).sum() * 2.0", "a view of 7 dims (at most 6)"),
 ])
 def test_boundaries_that_cannot_be_cut_are_declined(tmp_path, body, reason):
     src = _source("relu_then_matmul").replace(
@@ -400,7 +422,8 @@ def test_views_of_inputs_are_read_in_their_shape(tmp_path):
 
 
 JOINS = ("inception", "dense_block", "pool_then_join", "join_last_view")
-PERMUTES = ("channel_shuffle", "permute_last", "index_step_none")
+PERMUTES = ("channel_shuffle", "permute_last", "index_step_none", "unfold_patches",
+            "unfold_overlap", "unfold_skip")
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda"])

@@ -91,6 +91,14 @@ def test_compute_ops_leaves_out_memory_ops_and_odd_rows():
     assert compute_ops(rows) == {"aten::softmax"}
 
 
+def test_views_a_candidate_makes_for_its_kernels_are_memory_ops():
+    """A permuted, indexed or unfolded view (sizes and strides only: ViT's patches) is no
+    compute under strict; a copy of an unfold (``unfold_copy``) computes."""
+    views = [op("aten::permute"), op("aten::select"), op("aten::unfold")]
+    assert audit(MOVEMENT + views, "cpu", Policy.strict).ok
+    assert compute_ops(views + [op("aten::unfold_copy")]) == {"aten::unfold_copy"}
+
+
 def test_reference_fallback_refuses_a_call_running_every_reference_op():
     ref = ["aten::mm", "aten::relu"]
     ok, why = reference_fallback(MOVEMENT + [op("aten::mm"), op("aten::relu")], ref)

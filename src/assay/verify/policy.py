@@ -31,6 +31,7 @@ ALLOWED_OPS = {
     "aten::_local_scalar_dense", "aten::is_nonzero", "aten::set_", "aten::record_stream",
     "aten::resolve_conj", "aten::resolve_neg", "aten::empty_permuted", "aten::new_empty",
     "aten::new_empty_strided", "aten::new_zeros", "aten::expand_as", "aten::as_strided_",
+    "aten::unfold",  # Tensor.unfold: sliding windows as a view (sizes and strides only)
 }
 # The audit's row for torch.compile's code (assay.verify.worker.COMPILED_MARKS): a compute op
 # like ATen's, since inductor wrote what it runs (its cpu kernels are C++ no ATen op shows).

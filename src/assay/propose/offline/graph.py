@@ -77,7 +77,8 @@ from assay.propose.offline.ir import (ARG_REDUCTIONS, CONV_OPS, PREFIX, Analysis
 from assay.propose.offline.own_kernels import (CATS, PERMUTE_FUNCTIONS, RECURRENT_MODULES,
                                                attention_of, concat_node, concat_of, module_of,
                                                packed_attention, permutation, permute_node,
-                                               permute_of, recurrent_of, xent_of)
+                                               permute_of, recurrent_of, unfold_source,
+                                               xent_of)
 from assay.tasks.instantiate import init_inputs, make_inputs
 
 
@@ -815,6 +816,9 @@ class _Lowering:
             base = str(node.target)
             name = base[:-1] if base.endswith("_") and base[:-1] in _METHODS else base
             inplace = name != base
+            if base == "unfold":  # with ints, a strided view copied (own_kernels.permute_node)
+                raise Unsupported(f"{PREFIX} Tensor.unfold with a dim, size or step other than "
+                                  f"an int (the forward computes it)")
             if name not in _METHODS:
                 raise _unsupported(f"Tensor.{base}")
             name = _METHOD_ALIASES.get(name, name)
@@ -1776,10 +1780,13 @@ def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
                                                    _GLOBAL_POOLS, RESHAPE_FUNCTIONS))):
             return _unsupported(_callable_name(node.target))
         if (node.op == "call_method" and str(node.target).rstrip("_") not in _METHODS
-                and str(node.target) not in _GEMM_METHODS | RESHAPE_METHODS | SIZE_METHODS):
+                and str(node.target) not in _GEMM_METHODS | RESHAPE_METHODS | SIZE_METHODS
+                and unfold_source(node) is None):  # windows by ints: a strided view copied
             return _unsupported(f"Tensor.{node.target}")
         if node.op == "call_module":
             m = gm.get_submodule(str(node.target))
+            if node.meta.get(_WHY_KEPT):  # a module of torch's attention the rewrites left
+                return Unsupported(f"{PREFIX} nn.{type(m).__name__} {node.meta[_WHY_KEPT]}")
             if not isinstance(m, _KNOWN_MODULES):
                 return _unsupported(f"nn.{type(m).__name__}")
     return None
@@ -1851,8 +1858,6 @@ def _encoder_layer_why_not(node: fx.Node, m: nn.TransformerEncoderLayer) -> str 
     """Why :func:`_encoder_layers` leaves this call of ``m`` to the lowering, or None."""
     if len(node.args) != 1 or node.kwargs or not isinstance(node.args[0], fx.Node):
         return "called with a mask or other arguments"
-    if not m.self_attn.batch_first:
-        return "sequence-first (batch_first=False)"
     if _activation(m.activation) is None:
         return "with an activation other than ReLU or GELU (erf)"
     if any(d.p for d in (m.dropout, m.dropout1, m.dropout2)):
@@ -1861,16 +1866,27 @@ def _encoder_layer_why_not(node: fx.Node, m: nn.TransformerEncoderLayer) -> str 
 
 
 def _encoder_layers(gm: fx.GraphModule) -> None:
-    """Rewrite ``nn.TransformerEncoderLayer`` (batch-first, no masks, no dropout, ReLU or GELU,
-    its attention as :func:`_self_attention_why_not` allows) into what it computes in eval
-    mode: the self-attention and the feed-forward block, each added to its input, with the
-    layer's LayerNorms after (or, ``norm_first``, before) them. Its eval fast path
-    (``torch._transformer_encoder_layer_fwd``) computes the same. Other layers are left to
-    the lowering, which declines them with the reason (``_WHY_KEPT``)."""
+    """Rewrite ``nn.TransformerEncoderLayer`` (no masks, no dropout, ReLU or GELU, its
+    attention as :func:`_self_attention_why_not` allows) into what it computes in eval mode:
+    the self-attention and the feed-forward block, each added to its input, with the layer's
+    LayerNorms after (or, ``norm_first``, before) them. Its eval fast path
+    (``torch._transformer_encoder_layer_fwd``) computes the same. A sequence-first layer
+    (``batch_first=False``: [S, N, E], attention over dim 0) is the batch-first one between
+    transposes (everything but the attention is per token); its output made contiguous, as
+    torch's is. Where one such layer reads another's output, the transposes between them
+    cancel: a stack is transposed once in, once out. Other layers are left to the lowering,
+    which declines them with the reason (``_WHY_KEPT``)."""
     graph = gm.graph
+    back: set[fx.Node] = set()  # the written outputs of sequence-first layers (contiguous)
     for node, m in _calls_to_rewrite(gm, nn.TransformerEncoderLayer, _encoder_layer_why_not):
         path, x, act = str(node.target), node.args[0], _activation(m.activation)
+        sequence_first = not m.self_attn.batch_first
         with graph.inserting_before(node):
+            if sequence_first and x in back:  # the previous layer's batch-first output
+                x = x.args[0].args[0]
+            elif sequence_first:
+                x = graph.call_method("transpose", (x, 0, 1))
+
             def sublayer(v: fx.Node, block: str) -> fx.Node:
                 if block == "attention":
                     return _self_attention(graph, f"{path}.self_attn", m.self_attn, v)
@@ -1883,6 +1899,48 @@ def _encoder_layers(gm: fx.GraphModule) -> None:
                 else:
                     x = graph.call_module(f"{path}.{norm}", (
                         graph.call_function(operator.add, (x, sublayer(x, block))),))
+            if sequence_first:
+                x = graph.call_method("contiguous", (graph.call_method("transpose",
+                                                                       (x, 0, 1)),))
+                back.add(x)
+        node.replace_all_uses_with(x)
+        graph.erase_node(node)
+    for x in back:  # those the next layer read in its batch-first form
+        if not x.users:
+            transposed = x.args[0]
+            graph.erase_node(x)
+            graph.erase_node(transposed)
+    graph.lint()
+    gm.recompile()
+
+
+_ENCODER_ARGS = ("src", "mask", "src_key_padding_mask", "is_causal")
+
+
+def _encoder_why_not(node: fx.Node, m: nn.TransformerEncoder) -> str | None:
+    """Why :func:`_encoders` leaves this call of ``m`` to the lowering, or None."""
+    bound = dict(zip(_ENCODER_ARGS, node.args), **node.kwargs)
+    if len(node.args) > len(_ENCODER_ARGS) or set(bound) - set(_ENCODER_ARGS) \
+            or not isinstance(bound.get("src"), fx.Node) \
+            or any(bound.get(k) is not None for k in ("mask", "src_key_padding_mask")) \
+            or bound.get("is_causal"):
+        return "called with a mask or other arguments"
+    return None
+
+
+def _encoders(gm: fx.GraphModule) -> None:
+    """Rewrite ``nn.TransformerEncoder`` (a leaf to fx, as torch.nn's modules are) called
+    without masks into what it computes in eval mode: its layers in order, then its final norm
+    if it has one (without a padding mask its nested-tensor fast path is not taken). The layers
+    are then :func:`_encoder_layers`'s."""
+    graph = gm.graph
+    for node, m in _calls_to_rewrite(gm, nn.TransformerEncoder, _encoder_why_not):
+        path, x = str(node.target), dict(zip(_ENCODER_ARGS, node.args), **node.kwargs)["src"]
+        with graph.inserting_before(node):
+            for i in range(len(m.layers)):
+                x = graph.call_module(f"{path}.layers.{i}", (x,))
+            if m.norm is not None:
+                x = graph.call_module(f"{path}.norm", (x,))
         node.replace_all_uses_with(x)
         graph.erase_node(node)
     graph.lint()
@@ -2422,6 +2480,7 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
     _follow_writes(gm)
     _drop_dead(gm, passed=len(inputs))
     _decompose(gm)
+    _encoders(gm)
     _encoder_layers(gm)
     _multihead_attention(gm)
 
@@ -2657,7 +2716,9 @@ def same_shape_source(node: fx.Node) -> fx.Node | None:
 def shape_only(node: fx.Node) -> bool:
     """A shape value that only views and other such values read (so no kernel computes it)."""
     return (shape_value(node) and bool(node.users)
-            and all(is_reshape(u) or shape_only(u) or joined_expand(u) for u in node.users))
+            and all(is_reshape(u) or shape_only(u) or joined_expand(u)
+                    or (u.op == "call_method" and str(u.target) == "unfold")
+                    for u in node.users))
 
 
 def joined_expand(node: fx.Node) -> bool:

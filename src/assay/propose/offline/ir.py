@@ -253,19 +253,17 @@ PERMUTE_MAX_DIMS = 6  # the permute kernel's geometry: sizes and strides of at m
 
 @dataclass(frozen=True)
 class Permute(OwnKernel):
-    """``x[index].permute(perm)`` of a stage's argument (a permutation, ``transpose``, or basic
-    indexing such as ``out[:, -1, :]``), made contiguous: a kernel of its own in a multi-kernel
-    plan (a ShuffleNet's channel shuffle, the last step of an RNN's output)."""
+    """A strided view of a stage's argument made contiguous: a kernel of its own in a
+    multi-kernel plan (a ShuffleNet's channel shuffle, the last step of an RNN's output, ViT's
+    patches). The view is a chain of permutations (``permute``, ``transpose``), basic indexing
+    (``out[:, -1, :]``) and sliding windows (``unfold``), which the candidate makes (metadata
+    only) and the kernel copies."""
 
     inputs: tuple[str, ...]  # the stage's arguments, in order
     src: str  # the tensor read (a name among ``inputs``)
-    perm: tuple[int, ...]  # output dim j is the indexed view's dim perm[j]
-    index: str = ""  # basic indexing applied first, as Python source ("[:, -1, :]")
+    view: str  # the view of ``src``, as Python source after it (".permute(0, 2, 1)[:, -1]")
+    ndim: int  # the view's dims
     kind: ClassVar[str] = "permute"
-
-    @property
-    def ndim(self) -> int:
-        return len(self.perm)
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,53 @@ def concat_node(node: fx.Node) -> bool:
 
 
 def permute_node(node: fx.Node) -> bool:
-    """A permutation, or basic indexing of a tensor (``x[:, -1]``): a strided view copied."""
+    """A strided view copied: a permutation, basic indexing of a tensor (``x[:, -1]``), sliding
+    windows (``x.unfold(2, 4, 4)``)."""
     return ((node.op == "call_method" and str(node.target) in PERMUTE_METHODS)
             or (node.op == "call_function" and node.target in PERMUTE_FUNCTIONS)
-            or index_source(node) is not None)
+            or index_source(node) is not None or unfold_source(node) is not None)
+
+
+def unfold_source(node: fx.Node) -> str | None:
+    """``.unfold(dim, size, step)`` for ``Tensor.unfold`` of a tensor by ints (a view: dim
+    ``dim`` becomes the windows' starts, every ``step`` elements, and a last dim of ``size``
+    the windows' elements; windows may overlap or skip elements), else None."""
+    if node.op != "call_method" or str(node.target) != "unfold" or not node.args \
+            or not isinstance(node.args[0], fx.Node):
+        return None
+    bound = dict(zip(("dimension", "size", "step"), node.args[1:]), **node.kwargs)
+    if len(node.args) > 4 or set(bound) != {"dimension", "size", "step"} or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in bound.values()):
+        return None
+    return f".unfold({bound['dimension']}, {bound['size']}, {bound['step']})"
+
+
+def view_source(node: fx.Node) -> str | None:
+    """A strided view node (:func:`permute_node`) as Python source after its first argument
+    (``[:, -1]``, ``.permute(1, 0, 2)``, ``.unfold(2, 4, 4)``), else None (arguments it cannot
+    write, or an argument whose shape is unknown)."""
+    index = index_source(node)
+    if index is not None:
+        return index
+    unfold = unfold_source(node)
+    if unfold is not None:
+        return unfold
+    perm = permutation(node) if permute_node(node) else None
+    return None if perm is None else f".permute{perm}"
+
+
+def view_chain(node: fx.Node) -> list[fx.Node]:
+    """``node`` (a strided view) and the strided views that follow it, each the only reader of
+    the one before (``x.unfold(2, p, p).unfold(3, p, p)``): one copy of the last view, not one
+    per view."""
+    chain = [node]
+    while len(chain[-1].users) == 1:
+        nxt = next(iter(chain[-1].users))
+        if not permute_node(nxt) or not nxt.args or nxt.args[0] is not chain[-1] \
+                or view_source(nxt) is None:
+            break
+        chain.append(nxt)
+    return chain
 
 
 def index_source(node: fx.Node) -> str | None:
@@ -186,6 +229,8 @@ def permutation(node: fx.Node) -> tuple[int, ...] | None:
     argument whose shape is unknown."""
     name = (str(node.target) if node.op == "call_method"
             else PERMUTE_FUNCTIONS.get(node.target, ""))
+    if name not in PERMUTE_METHODS:  # an unfold or indexing: no permutation
+        return None
     src, *rest = node.args
     tm = src.meta.get("tensor_meta") if isinstance(src, fx.Node) else None
     if tm is None or not hasattr(tm, "shape"):
@@ -211,44 +256,38 @@ def permutation(node: fx.Node) -> tuple[int, ...] | None:
 
 
 def permute_of(gm: fx.GraphModule) -> Analysis | None:
-    """The plan of a graph that permutes one of its arguments (a multi-kernel plan's stage),
-    or None for any other graph."""
+    """The plan of a graph that makes a strided view of one of its arguments (a chain of
+    permutations, basic indexing and unfolds: :func:`view_chain`) contiguous (a multi-kernel
+    plan's stage), or None for any other graph."""
     computed = _computed(gm)
-    if len(computed) != 1 or not permute_node(computed[0]):
+    if not computed or not all(permute_node(n) for n in computed):
         return None
-    node = computed[0]
-    index = index_source(node)
-    if index is not None:  # basic indexing: the view, copied as it is
-        src = node.args[0]
-        out = node.meta.get("tensor_meta")
-        if not isinstance(src, fx.Node) or src.op != "placeholder" or out is None \
-                or src.meta["tensor_meta"].dtype != torch.float32:
-            raise Unsupported(f"{PREFIX} indexing of other than a float32 stage argument")
-        nd = len(out.shape)
-        if nd > PERMUTE_MAX_DIMS:
-            raise Unsupported(f"{PREFIX} a view of {nd} dims (at most {PERMUTE_MAX_DIMS})")
-        names = _arguments(gm)
-        return Analysis(Permute(names, str(src.target), tuple(range(nd)), index),
-                        tuple(int(d) for d in out.shape), ("index",),
-                        f"{src.target}{index}.contiguous()")
-    src = node.args[0]
+    src = computed[0].args[0]
     if not isinstance(src, fx.Node) or src.op != "placeholder":
-        raise Unsupported(f"{PREFIX} a permutation of a model attribute")
+        raise Unsupported(f"{PREFIX} a strided view (permutation, indexing, unfold) of a model "
+                          f"attribute")
     tm = src.meta.get("tensor_meta")
     if tm is None or not hasattr(tm, "shape") or tm.dtype != torch.float32:
-        raise Unsupported(f"{PREFIX} a permutation of a non-float32 value")
-    nd = len(tm.shape)
-    perm = permutation(node)
-    if perm is None:
-        name = str(node.target) if node.op == "call_method" else PERMUTE_FUNCTIONS[node.target]
-        raise Unsupported(f"{PREFIX} Tensor.{name} called with unusual arguments")
+        raise Unsupported(f"{PREFIX} a strided view (permutation, indexing, unfold) of a "
+                          f"non-float32 value")
+    view, ops = "", []
+    for i, node in enumerate(computed):
+        part = view_source(node)
+        if node.args[0] is not (computed[i - 1] if i else src) or part is None:
+            name = (str(node.target) if node.op == "call_method"
+                    else PERMUTE_FUNCTIONS.get(node.target, "indexing"))
+            raise Unsupported(f"{PREFIX} Tensor.{name} called with unusual arguments")
+        view += part
+        ops.append("index" if part.startswith("[") else part[1:part.index("(")])
+    out = computed[-1].meta.get("tensor_meta")
+    if out is None or not hasattr(out, "shape"):
+        raise Unsupported(f"{PREFIX} a strided view of unknown shape")
+    nd = len(out.shape)
     if nd > PERMUTE_MAX_DIMS:
-        raise Unsupported(f"{PREFIX} a permutation of {nd} dims (at most {PERMUTE_MAX_DIMS})")
-    names = _arguments(gm)
-    out = node.meta.get("tensor_meta")
-    shape = tuple(int(d) for d in out.shape) if out is not None else ()
-    return Analysis(Permute(names, str(src.target), perm), shape, ("permute",),
-                    f"{src.target}.permute{perm}.contiguous()")
+        raise Unsupported(f"{PREFIX} a view of {nd} dims (at most {PERMUTE_MAX_DIMS})")
+    plan = Permute(_arguments(gm), str(src.target), view, nd)
+    return Analysis(plan, tuple(int(d) for d in out.shape), tuple(dict.fromkeys(ops)),
+                    f"{src.target}{view}.contiguous()")
 
 
 def recurrent_of(gm: fx.GraphModule) -> Analysis | None:

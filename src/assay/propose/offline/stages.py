@@ -30,8 +30,8 @@ from assay.propose.offline.graph import (RESHAPE_FUNCTIONS, SHAPE_ARITH, SIZE_ME
                                          joined_expand, same_shape_source, shape_only,
                                          shape_value)
 from assay.propose.offline.ir import PREFIX, Analysis, NeedsCut, Unsupported
-from assay.propose.offline.own_kernels import (index_source, own_kernel, permutation,
-                                               permute_node, recurrent_node, selections)
+from assay.propose.offline.own_kernels import (own_kernel, permute_node, recurrent_node,
+                                               selections, view_chain, view_source)
 
 # A stage's output, as the next stages' argument; and, where a view follows the stage, its
 # output before the view (a later view's size queries may read it).
@@ -226,9 +226,11 @@ def _own_stage(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]
                names: dict[fx.Node, str], todo: list[fx.Node], at: fx.Node
                ) -> tuple[Analysis, str, fx.Node, fx.Node, list[fx.Node]]:
     """The stage of a node that is a kernel of its own (own_kernel), with the items of an
-    RNN's result that select the tensor read and the views of its output folded in: (stage,
+    RNN's result that select the tensor read (or the strided views after a strided view,
+    copied once) and the views of its output folded in: (stage,
     view expression, its output, the value the next stages read, what is left to do)."""
-    mine = [at] + (selections(at) if recurrent_node(at) else [])
+    mine = ([at] + selections(at) if recurrent_node(at)
+            else view_chain(at) if permute_node(at) else [at])
     stage = analyze(_subgraph(gm, mine, mine[-1], names)[0])
     rest = [n for n in todo[todo.index(at) + 1:] if n not in mine]
     view, carried, rest = _more_views("{t}", mine[-1], rest, names)
@@ -237,22 +239,22 @@ def _own_stage(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]
 
 def _output_view(at: fx.Node, todo: list[fx.Node], out: fx.Node, names: dict[fx.Node, str]
                  ) -> str | None:
-    """Where ``at`` permutes or indexes a value (``x.permute(1, 2, 0)``, ``x[:, 0]``) and only
-    views of that follow it up to the task's output ``out`` (ViT's ``x.permute(1, 2, 0).view(B,
-    C, H, W)``): the permutation or index and the views as one expression of ``{t}`` (the value
-    permuted), else None. No ``.contiguous()`` among them: after a permutation that is a copy
-    with other strides."""
-    if not permute_node(at):
+    """Where ``at`` is a strided view of a value (``x.permute(1, 2, 0)``, ``x[:, 0]``,
+    ``x.unfold(1, 4, 2)``) and only views of that follow it up to the task's output ``out``
+    (ViT's ``x.permute(1, 2, 0).view(B, C, H, W)``): those views as one expression of ``{t}``
+    (the value viewed), else None. No ``.contiguous()`` among them: after a permutation that is
+    a copy with other strides."""
+    first = view_source(at) if permute_node(at) else None
+    if first is None:
         return None
-    index = index_source(at)
-    perm = permutation(at) if index is None else None
-    if index is None and perm is None:
-        return None
-    expr, carried = (f"{{t}}{index}" if index is not None else f"{{t}}.permute{perm}"), at
+    expr, carried = "{t}" + first, at
     for n in todo[todo.index(at) + 1:]:
         if shape_only(n):
             continue
-        more = view_expr(n, names) if n.args and n.args[0] is carried else None
+        more = None
+        if n.args and n.args[0] is carried:
+            strided = view_source(n) if permute_node(n) else None
+            more = "{t}" + strided if strided is not None else view_expr(n, names)
         if more is None or any(u is not n and not shape_only(u) for u in carried.users):
             return None
         expr, carried = more.format(t=expr), n

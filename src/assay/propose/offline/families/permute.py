@@ -1,6 +1,7 @@
 """The permute family: a strided view made contiguous, a kernel of its own (ir.Permute:
-``x.permute(...)``/``transpose``, basic indexing such as ``out[:, -1, :]``; a ShuffleNet's channel
-shuffle, an RNN's last step). The candidate makes the view (metadata only); the entry point
+``x.permute(...)``/``transpose``, basic indexing such as ``out[:, -1, :]``, sliding windows
+``x.unfold(dim, size, step)`` and chains of those; a ShuffleNet's channel shuffle, an RNN's last
+step, ViT's patches). The candidate makes the view (metadata only); the entry point
 gets its first element's address, sizes and strides (padded to PERMUTE_MAX_DIMS), drops dims of
 size 1 and merges dims that stay adjacent, so a channel shuffle of [N, G, C/G, H, W] is rows
 of H * W floats to copy. Where the last merged dim is contiguous in the source, rows are copied (CUDA:
@@ -197,15 +198,13 @@ def forward(plan: Permute, target: str, knobs: dict[str, Any]
     shape, one ``assay_permute`` call."""
     calls, entries = forward_call(_params(plan, target), stream_args(target, "out"),
                                   "assay_permute")
-    view = f"src{plan.index}"
-    if plan.perm != tuple(range(plan.ndim)):
-        view += f".permute{plan.perm!r}"
+    view = f"src{plan.view}"
     lines = [
         f"src = _tensor({plan.src}, {plan.src!r}, strided=True)",  # its strides are read
         # the view is metadata (its first element's address, sizes and strides): the kernel
         # copies it
         f"v = {view}",
-        f"_expect(v.dim() == {plan.ndim}, '{plan.src}{plan.index} does not have {plan.ndim} "
+        f"_expect(v.dim() == {plan.ndim}, '{plan.src}{plan.view} does not have {plan.ndim} "
         f"dims')",
         "out = torch.empty(v.shape, dtype=DTYPE, device=src.device)",
         "if out.numel():",
