@@ -130,7 +130,6 @@ import time
 t0 = time.monotonic()
 
 
-
 attempts = []
 for _ in range(ATTEMPTS):
     if attempts and time.monotonic() - t0 > ATTEMPTS_S:

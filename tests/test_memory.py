@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import resource
-from pathlib import Path
 
 import pytest
 
@@ -14,8 +13,8 @@ from assay.verify import memory
 from assay.verify.memory import (CUDA_CONTEXT_B, Protocol, TaskShapes, cached_shapes, plan,
                                  plan_for, shapes_or_none, task_shapes)
 from assay.verify.settings import VerifyConfig
+from helpers import KERNELBENCH
 
-KERNELBENCH = Path("/work/shared/kernelbench")
 GiB = 1 << 30
 
 TASK = """

@@ -29,7 +29,7 @@ from assay.propose.offline.own_kernels import packed_attention
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO, assert_matches_reference, build_cuda_sources, task_ctx
+from helpers import KERNELBENCH as KB, assert_matches_reference, build_cuda_sources, task_ctx
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
@@ -168,7 +168,7 @@ def test_cuda_sources_compile(task_dir, tmp_path):
     build_cuda_sources(built)
 
 
-KERNELBENCH = REPO.parent / "shared" / "kernelbench" / "level3"
+KERNELBENCH = KB / "level3"
 
 
 @pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")

@@ -20,7 +20,7 @@ from assay.propose.offline import OfflineSynthesizer
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO, build_cuda_sources, task_ctx
+from helpers import KERNELBENCH as KB, build_cuda_sources, task_ctx
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
@@ -200,7 +200,7 @@ def test_cuda_sources_compile(task_dir, tmp_path):
     build_cuda_sources(built)
 
 
-KERNELBENCH = REPO.parent / "shared" / "kernelbench" / "level1"
+KERNELBENCH = KB / "level1"
 KB_TASKS = ["36_RMSNorm_", "47_Sum_reduction_over_a_dimension",
             "48_Mean_reduction_over_a_dimension", "49_Max_reduction_over_a_dimension",
             "51_Argmax_over_a_dimension", "52_Argmin_over_a_dimension",

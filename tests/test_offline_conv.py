@@ -26,11 +26,11 @@ from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 import cuda_emulation
 from conftest import import_file
-from helpers import REPO, assert_matches_reference, build_cuda_sources, entry_arities, task_ctx
+from helpers import (KERNELBENCH, assert_matches_reference, build_cuda_sources, entry_arities,
+                     task_ctx)
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
-KERNELBENCH = REPO.parent / "shared" / "kernelbench"
 
 # name: (module, forward body, input shape, sizes, other sizes, knobs over the defaults). Each
 # task's knobs differ (rows per task, threads), one build each.

@@ -7,7 +7,7 @@ assignments with the features; the residuals' L2 norms over D, then over the fla
 
 Small copies of the KernelBench files (sizes edited down) are synthesized for the CPU, compared
 with the reference at two sizes and accepted by the verifier under strict; the CUDA candidate
-is compiled with nvcc. Any other branch on a traced value is still declined, with its reason.
+is compiled with nvcc, and on a GPU compared with the reference (``gpu``). Any other branch on a traced value is still declined, with its reason.
 """
 
 from __future__ import annotations
@@ -16,17 +16,18 @@ import random
 import re
 
 import pytest
+import torch
 
 from assay.bench.build import nvcc_path
 from assay.propose.base import TaskContext
 from assay.propose.offline import OfflineSynthesizer
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO, assert_matches_reference, build_cuda_sources, task_ctx
+from helpers import KERNELBENCH as KB, assert_matches_reference, build_cuda_sources, task_ctx
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
-KERNELBENCH = REPO.parent / "shared" / "kernelbench" / "level3"
+KERNELBENCH = KB / "level3"
 STEMS = {"ghost": "46_NetVladWithGhostClusters", "no_ghost": "47_NetVladNoGhostClusters"}
 # per copy: the module's sizes (odd, not multiples of anything), and the other sizes of the
 # forward's input checked with the same candidate (the clusters' sizes are the constructor's)
@@ -163,6 +164,21 @@ def test_cuda_sources_compile(copies_dir, tmp_path):
         for source in cand.SOURCES:
             built[source] = name
     build_cuda_sources(built)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@needs_kernelbench
+@pytest.mark.parametrize("name", sorted(COPIES))
+def test_cuda_candidates_match_reference(copies_dir, tmp_path, name):
+    """On a GPU: the CUDA candidates (the strict one and the permissive) equal the reference
+    at the copy's sizes and at the other input sizes."""
+    ctx = task_ctx(copies_dir, name, "cuda")
+    _, other = COPIES[name]
+    for prop in OfflineSynthesizer("cuda").translate(ctx, n=2, rng=random.Random(0)):
+        assert prop.code is not None, prop.declined
+        assert_matches_reference(prop.code, tmp_path / f"cuda_{prop.id}.py", ctx, [{}, other],
+                                 "cuda", seeds=(1, 2))
 
 
 @needs_kernelbench

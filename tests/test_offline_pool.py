@@ -23,9 +23,8 @@ from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 
 from conftest import import_file
-from helpers import REPO, build_cuda_sources
+from helpers import KERNELBENCH, REPO, build_cuda_sources
 
-KERNELBENCH = REPO.parent / "shared" / "kernelbench"
 
 # name: (init lines, forward body, input shape expression)
 POOLS = {

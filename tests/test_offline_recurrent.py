@@ -23,12 +23,11 @@ from assay.propose.offline.stages import Pipeline
 from assay.tasks.instantiate import make_inputs
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import (REPO, assert_calls_as_declared, assert_matches_reference,
+from helpers import (KERNELBENCH, assert_calls_as_declared, assert_matches_reference,
                      build_cuda_sources, task_ctx)
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
-KERNELBENCH = REPO.parent / "shared" / "kernelbench"
 
 # name: (init body, forward signature, forward body, inputs, sizes, other sizes, kernels)
 TASKS = {

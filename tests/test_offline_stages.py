@@ -22,12 +22,11 @@ from assay.records import Proposal
 from assay.tasks.instantiate import make_inputs
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import (REPO, assert_calls_as_declared, assert_matches_reference,
+from helpers import (KERNELBENCH, assert_calls_as_declared, assert_matches_reference,
                      build_cuda_sources, task_ctx)
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
-KERNELBENCH = REPO.parent / "shared" / "kernelbench"
 
 _STATS = """
 with torch.no_grad():

@@ -21,7 +21,7 @@ from assay.propose.offline import KNOB_SPACES, OfflineSynthesizer
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import REPO, build_cuda_sources, task_ctx
+from helpers import KERNELBENCH as KB, build_cuda_sources, task_ctx
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
@@ -173,7 +173,7 @@ def test_cuda_sources_compile(task_dir):
 
 
 # KernelBench's level-1 losses and norms (read-only), where this checkout has them.
-KERNELBENCH = REPO.parent / "shared" / "kernelbench" / "level1"
+KERNELBENCH = KB / "level1"
 KB_TASKS = ["94_MSELoss", "100_HingeLoss", "37_FrobeniusNorm_", "96_HuberLoss",
             "98_KLDivLoss"]
 

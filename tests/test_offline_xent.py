@@ -22,12 +22,11 @@ from assay.propose.offline.ir import CrossEntropy
 from assay.propose.offline.stages import Pipeline
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import (REPO, assert_calls_as_declared, assert_matches_reference,
+from helpers import (KERNELBENCH, assert_calls_as_declared, assert_matches_reference,
                      build_cuda_sources, task_ctx)
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
-KERNELBENCH = REPO.parent / "shared" / "kernelbench"
 
 # Class indices with about a third of the rows set to ``ignore``.
 TARGETS = ("torch.where(torch.rand(n) < 0.3, torch.full((n,), {ignore}), "

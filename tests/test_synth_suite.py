@@ -10,7 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from helpers import REPO
+from helpers import KERNELBENCH as KB, REPO
 
 _spec = importlib.util.spec_from_file_location("synth_suite", REPO / "benchmarks/synth_suite.py")
 suite = importlib.util.module_from_spec(_spec)
@@ -132,7 +132,7 @@ def test_knobs_add_each_templates_defaults_with_them_where_its_space_has_them(tm
     gets nothing more; a malformed setting is a usage error naming it."""
     from assay.tasks.model import Task
 
-    kb = REPO.parent / "shared" / "kernelbench" / "level2"
+    kb = KB / "level2"
     files = {"convt": next(kb.glob("5_ConvTranspose2d_*.py")),
              "conv": next(kb.glob("4_Conv2d_*.py")),
              "convt_pool": next(kb.glob("38_ConvTranspose3d_AvgPool_*.py"))}
