@@ -80,8 +80,8 @@ from assay.propose.offline.own_kernels import (CATS, PERMUTE_FUNCTIONS, RECURREN
                                                permute_of, recurrent_of, xent_of,
                                                zero_padded_cat)
 from assay.propose.offline.tensor_algebra import (EINOPS_FUNCTIONS, EINSUMS, einops,
-                                                  einops_calls, einsum_call, einsum_products,
-                                                  product_form)
+                                                  einops_calls, einops_decline, einsum_call,
+                                                  einsum_products, product_form)
 from assay.tasks.instantiate import init_inputs, make_inputs
 
 
@@ -2357,8 +2357,8 @@ def _zero_joins(gm: fx.GraphModule) -> bool:
 def _bool_triangle(node: Any) -> tuple[bool, int] | None:
     """(upper, diagonal) of ``torch.tril``/``triu`` (function or method) of ``torch.ones`` of
     two sizes with ``dtype=torch.bool``, else None."""
-    if not (_method_or_function(node, "tril", (torch.tril,))
-            or _method_or_function(node, "triu", (torch.triu,))):
+    upper = _method_or_function(node, "triu", (torch.triu,))
+    if not (upper or _method_or_function(node, "tril", (torch.tril,))):
         return None
     bound = dict(zip(("input", "diagonal"), node.args), **node.kwargs)
     ones, diagonal = bound.get("input"), bound.get("diagonal", 0)
@@ -2367,7 +2367,7 @@ def _bool_triangle(node: Any) -> tuple[bool, int] | None:
             or not (ones.op == "call_function" and ones.target is torch.ones)
             or ones.kwargs.get("dtype") is not torch.bool or len(_meta_shape(ones) or ()) != 2):
         return None
-    return str(node.target).endswith("triu"), diagonal
+    return upper, diagonal
 
 
 def _triangle_masks(gm: fx.GraphModule) -> bool:
@@ -2602,6 +2602,9 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
     except Unsupported:
         raise  # a rewrite's decline, which says why
     except Exception as e:  # noqa: BLE001
+        einops_failed = einops_decline(e)
+        if einops_failed is not None:
+            raise einops_failed from None
         # Most often an op without a meta kernel, which v1 could not express anyway: name it.
         unknown = _first_unknown_op(gm)
         if unknown is not None:

@@ -120,6 +120,16 @@ def _einops_why_not(node: fx.Node) -> str | None:
     return None
 
 
+def einops_decline(error: BaseException) -> Unsupported | None:
+    """The decline of an einops call that failed while shapes were propagated (a pattern
+    that does not fit its tensor: einops' own message), or None for other errors."""
+    while error is not None:
+        if einops is not None and isinstance(error, einops.EinopsError):
+            return Unsupported(f"{PREFIX} an einops call: {' '.join(str(error).split())}")
+        error = error.__cause__
+    return None
+
+
 def einops_calls(gm: fx.GraphModule) -> bool:
     """Rewrite each einops call recorded while tracing into the torch ops its recipe applies
     at the analysed shapes (see the module's doc). Whether anything changed (the new nodes
