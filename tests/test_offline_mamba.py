@@ -191,6 +191,82 @@ def test_triangle_masks_zero_joins_and_none_defaults_trace_into_plain_ops():
         torch.testing.assert_close(gm(*inputs), Model()(*inputs))
 
 
+_EINSUM_TASK = """import torch
+import torch.nn as nn
+from einops import rearrange
+
+
+class Model(nn.Module):
+    def __init__(self, block, dim):
+        super().__init__()
+        self.block = block
+        self.w = nn.Parameter(torch.randn(dim, 5))
+
+    def forward(self, x, v):
+        xb = rearrange(x, "b (c l) h -> b c l h", l=self.block)
+        y = torch.einsum("bclh,bhc,hp->bclp", xb, v, self.w)
+        return rearrange(y, "b c l p -> b (c l) p")
+
+
+def get_inputs():
+    return [torch.randn(2, 12, 3), torch.randn(2, 3, 4)]
+
+
+def get_init_inputs():
+    return [3, 3]
+"""
+
+_TRANSPOSED_PRODUCT = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(dim, 16))
+
+    def forward(self, x):
+        return torch.einsum("ij,jk->ki", x, self.w)
+
+
+batch = 5
+
+
+def get_inputs():
+    return [torch.randn(batch, 7)]
+
+
+def get_init_inputs():
+    return [7]
+"""
+
+
+@pytest.mark.parametrize("name,source,others", [
+    ("einsum_task", _EINSUM_TASK, []),
+    # no reshape: a candidate for every batch
+    ("transposed_product", _TRANSPOSED_PRODUCT, [{"batch": 3}]),
+])
+def test_einsum_and_einops_tasks_are_accepted_by_the_cpu_verifier(tmp_path, name, source,
+                                                                  others):
+    from assay.verify.harness import verify
+    from assay.verify.settings import VerifyConfig
+
+    (tmp_path / f"{name}.py").write_text(source)
+    ctx = task_ctx(tmp_path, name)
+    prop = OfflineSynthesizer("cpu", policy="strict").translate(ctx, n=1,
+                                                                rng=random.Random(0))[0]
+    assert prop.code is not None, prop.declined
+    assert "einsum" not in prop.code.split("class ModelNew")[1]
+    assert_matches_reference(prop.code, tmp_path / f"cand_{name}.py", ctx, [{}] + others)
+    path = tmp_path / f"verified_{name}.py"
+    path.write_text(prop.code)
+    cfg = VerifyConfig(policy="strict", budget_s=0.05, min_runs=3, max_runs=10,
+                       max_library_time_frac=0.0)
+    verdict = verify(ctx.task, path, "cpu", cfg)
+    assert verdict.accepted, (verdict.reasons,
+                              {r: verdict.checks[r]["detail"][:300] for r in verdict.reasons})
+
+
 @needs_kernelbench
 @pytest.mark.parametrize("name", sorted(COPIES))
 def test_cpu_candidate_matches_reference_and_the_verifier_accepts_it(

@@ -243,6 +243,17 @@ class _Term:
         return p
 
 
+def _permutes(a: _Term, b: _Term, keep: set[str]) -> int:
+    """How many of the two operands :func:`_contract` would permute (a copy each) with ``a``
+    on the left."""
+    batch = "".join(c for c in a.subs if c in b.subs and c in keep)
+    summed = "".join(c for c in a.subs if c in b.subs and c not in keep)
+    m = "".join(c for c in a.subs if c not in b.subs)
+    n = "".join(c for c in b.subs if c not in a.subs)
+    return int(a.subs != batch + m + summed) + int(b.subs not in (batch + summed + n,
+                                                                  batch + n + summed))
+
+
 def _contract(a: _Term, b: _Term, keep: set[str], sizes: dict[str, int]) -> _Term:
     """The product of two terms summed over the subscripts they share that ``keep`` lacks:
     a batched product (``torch.matmul`` over the shared subscripts kept, flattened into one
@@ -313,6 +324,9 @@ def _lower_einsum(graph: fx.Graph, node: fx.Node, equation: str, operands: list[
             pairs = [(i, j) for i in range(len(terms)) for j in range(i + 1, len(terms))]
             # the pair whose result is smallest; among equals, the first
             i, j = min(pairs, key=lambda p: math.prod(sizes[c] for c in kept(*p)))
+            if _permutes(terms[j], terms[i], kept(i, j)) < _permutes(terms[i], terms[j],
+                                                                     kept(i, j)):
+                i, j = j, i  # the order that copies less (a parameter read in place)
             done = _contract(terms[i], terms[j], kept(i, j), sizes)
             terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [done]
         last = _sum_private(terms[0], [], out)
