@@ -78,7 +78,10 @@ from assay.propose.offline.own_kernels import (CATS, PERMUTE_FUNCTIONS, RECURREN
                                                attention_of, concat_node, concat_of, module_of,
                                                packed_attention, permutation, permute_node,
                                                permute_of, recurrent_of, unfold_source,
-                                               xent_of)
+                                               xent_of, zero_padded_cat)
+from assay.propose.offline.tensor_algebra import (EINOPS_FUNCTIONS, EINSUMS, einops,
+                                                  einops_calls, einops_decline, einsum_call,
+                                                  einsum_products, product_form)
 from assay.tasks.instantiate import init_inputs, make_inputs
 
 
@@ -104,6 +107,17 @@ def exclusive_scan(x: torch.Tensor, dim: int, kind: str) -> torch.Tensor:
     run = torch.cumsum(x, dim) if kind == "sum" else torch.cumprod(x, dim)
     fill = torch.zeros_like if kind == "sum" else torch.ones_like
     return torch.cat([fill(x.narrow(dim, 0, 1)), run.narrow(dim, 0, x.size(dim) - 1)], dim)
+
+
+def triangle_fill(input: torch.Tensor, upper: bool, diagonal: int, value: float
+                  ) -> torch.Tensor:
+    """``input`` where its element's column minus row (the last two dims) is >= (``upper``)
+    or <= ``diagonal``, else ``value``: what ``input.masked_fill(~torch.tril(torch.ones(n, m,
+    dtype=bool), diagonal), value)`` computes (and the triu and un-negated forms;
+    :func:`_triangle_masks`), without the mask."""
+    keep = torch.ones(input.shape[-2:], dtype=torch.bool, device=input.device)
+    keep = keep.triu(diagonal) if upper else keep.tril(diagonal)
+    return input.masked_fill(~keep, value)
 
 
 def _register(name: str, *targets: Any) -> None:
@@ -167,6 +181,7 @@ _register("flip", torch.flip)
 _register("triu", torch.triu)
 _register("tensor", torch.tensor)
 _register("tril", torch.tril)
+_register("triangle_fill", triangle_fill)
 _register("softmax", torch.softmax, F.softmax, torch.special.softmax)
 _register("log_softmax", torch.log_softmax, F.log_softmax, torch.special.log_softmax)
 _register("logsumexp", torch.logsumexp, torch.special.logsumexp)
@@ -225,7 +240,6 @@ _GEMM_FUNCTIONS: dict[Any, str] = {
     F.linear: "linear", **{getattr(F, op): op for op in CONV_OPS},
     **{getattr(torch, op): op for op in CONV_OPS if hasattr(torch, op)}}
 _GEMM_METHODS = {"matmul", "mm", "bmm"}
-_EINSUMS = {torch.einsum, getattr(torch.functional, "einsum", torch.einsum)}
 # ints computed from shapes (view arguments: x.size(1) // groups)
 SHAPE_ARITH = {operator.floordiv: "//", operator.mul: "*", operator.add: "+",
                 operator.sub: "-"}
@@ -254,6 +268,7 @@ _SIGNATURES: dict[str, tuple[str, ...]] = {
     "cumprod": ("input", "dim"), "exclusive_scan": ("input", "dim", "kind"),
     "flip": ("input", "dims"),
     "triu": ("input", "diagonal"), "tril": ("input", "diagonal"),
+    "triangle_fill": ("input", "upper", "diagonal", "value"),
     "tensor": ("data", "dtype", "device", "requires_grad", "pin_memory"),
     "softmax": ("input", "dim"), "log_softmax": ("input", "dim"),
     "logsumexp": ("input", "dim", "keepdim"),
@@ -777,7 +792,7 @@ class _Lowering:
         elif node.op == "get_attr":
             self.env[node] = self.b.leaf("attr", str(node.target), -1, self.meta(node))
         elif node.op == "call_function":
-            if node.target in _EINSUMS:
+            if node.target in EINSUMS:
                 self.env[node] = self.einsum(node)
                 return
             if node.target in CATS:  # a kernel of its own (concat_of), after a boundary
@@ -926,10 +941,11 @@ class _Lowering:
         return self.head(node, op, x, w, bound.get("bias"), what, trans_a=trans_a,
                          trans_b=trans_b)
 
-    def triangle(self, x: Any, upper: bool, diagonal: Any) -> int:
+    def triangle(self, x: Any, upper: bool, diagonal: Any, fill: float = 0.0) -> int:
         """torch.triu / torch.tril: the element where its column minus its row (the last two
-        dims) is >= (<=) ``diagonal``, else 0. The kernels read the element's flat index in
-        the iteration shape, so ``x`` must have that shape (checked once it is known)."""
+        dims) is >= (<=) ``diagonal``, else ``fill`` (0; :func:`triangle_fill`: a
+        masked_fill's value). The kernels read the element's flat index in the iteration
+        shape, so ``x`` must have that shape (checked once it is known)."""
         if isinstance(diagonal, bool) or not isinstance(diagonal, int):
             raise Unsupported(f"{PREFIX} torch.{'triu' if upper else 'tril'} with a diagonal "
                               f"computed at run time")
@@ -939,40 +955,18 @@ class _Lowering:
             raise Unsupported(f"{PREFIX} torch.{'triu' if upper else 'tril'} of a "
                               f"{len(shape)}-D, reduced or pooled value")
         self.b.triangles.append(tuple(int(d) for d in shape))
-        return self.b.op("tri", v, upper=bool(upper), diagonal=int(diagonal))
+        attrs = {"fill": float(fill)} if fill != 0 else {}
+        return self.b.op("tri", v, upper=bool(upper), diagonal=int(diagonal), **attrs)
 
     def einsum(self, node: fx.Node) -> int:
-        """torch.einsum of two operands that is one of the products: ``P c, c k -> P k``
-        (``mm`` over the leading subscripts P, e.g. ``bijl,lk->bijk``), ``P c, k c -> P k``
-        (``linear``) or ``b i c, b c k -> b i k`` (``bmm``), subscripts written out (no
-        ``...``), none repeated within an operand."""
-        args = list(node.args)
-        eq = args[0] if args and isinstance(args[0], str) else None
-        ops = args[1:]
-        if len(ops) == 1 and isinstance(ops[0], (list, tuple)):
-            ops = list(ops[0])
-        why = f"torch.einsum {eq!r}"
-        if eq is None or node.kwargs or len(ops) != 2 or "->" not in eq or "." in eq:
-            raise Unsupported(f"{PREFIX} {why} (v1: two operands, explicit output; matmul)")
-        lhs, out = eq.replace(" ", "").split("->")
-        terms = lhs.split(",")
-        if len(terms) != 2 or any(len(set(t)) != len(t) for t in terms + [out]):
-            raise Unsupported(f"{PREFIX} {why} (matmul)")
-        a, b = terms
-        op = None
-        if len(b) == 2 and len(a) >= 2:
-            c = a[-1]
-            if b == c + out[-1] and out == a[:-1] + b[1] and b[1] not in a:
-                op = "mm"  # P c, c k -> P k
-            elif b == out[-1] + c and out == a[:-1] + b[0] and b[0] not in a:
-                op = "linear"  # P c, k c -> P k
-        elif len(a) == len(b) == len(out) == 3 and a[0] == b[0] == out[0]:
-            if a[2] == b[1] and out == a[:2] + b[2] and len({a[1], a[2], b[2]}) == 3:
-                op = "bmm"  # b i c, b c k -> b i k
-        if op is None:
-            raise Unsupported(f"{PREFIX} {why} (v1: the einsum forms of mm, linear and bmm; "
-                              f"matmul)")
-        return self.head(node, op, ops[0], ops[1], None, why)
+        """torch.einsum that is one library product as it stands
+        (:func:`tensor_algebra.product_form`); the others were rewritten after shape
+        propagation (:func:`tensor_algebra.einsum_products`)."""
+        equation, ops = einsum_call(node) or ("", [])
+        if product_form(equation, len(ops)) is None:
+            raise Unsupported(f"{PREFIX} torch.einsum {equation!r} (matmul)")
+        return self.head(node, product_form(equation, len(ops)), ops[0], ops[1], None,
+                         f"torch.einsum {equation!r}")
 
     def matvec(self, x: fx.Node, w: fx.Node, xs: tuple, ws: tuple) -> int:
         """``A[M, K] @ v`` with ``v`` of shape ``(K,)`` or ``(K, 1)``: a row reduction."""
@@ -1313,6 +1307,8 @@ class _Lowering:
 
         if op in ("triu", "tril"):
             return self.triangle(x, op == "triu", bound.get("diagonal", 0))
+        if op == "triangle_fill":
+            return self.triangle(x, bound["upper"], bound["diagonal"], bound["value"])
         if op in _UNARY_FORMULAS:
             return b.op(op, self.value(x))
         if op in ("add", "sub"):
@@ -2346,11 +2342,140 @@ def _attention_products(gm: fx.GraphModule) -> bool:
     return changed
 
 
+def _zero_fill(node: Any) -> bool:
+    """``torch.zeros_like(t)``, ``t.new_zeros(sizes)`` or ``torch.zeros(sizes)``: zeros of a
+    known shape, no value read."""
+    if not isinstance(node, fx.Node) or set(node.kwargs) - {"device", "dtype"}:
+        return False
+    return ((node.op == "call_function" and node.target in (torch.zeros_like, torch.zeros))
+            or (node.op == "call_method" and str(node.target) == "new_zeros"))
+
+
+def _zero_joins(gm: fx.GraphModule) -> bool:
+    """Rewrite the joins with zeros into :func:`zero_padded_cat`, whose zero parts the concat
+    kernel writes: ``torch.cat`` of a :func:`_zero_fill` part (Mamba2's ``initial_states =
+    torch.zeros_like(states[:, :1])`` before ``torch.cat([initial_states, states], dim=1)``)
+    and ``F.pad`` with zeros (constant mode, no cropping: one join per padded dim). Whether
+    anything changed (a pad of several dims makes joins with no shape yet). Needs the shapes
+    (``tensor_meta``); what it does not match is declined by the lowering."""
+    graph = gm.graph
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        shape = _meta_shape(node)
+        if node.target in (torch.cat, torch.concat, torch.concatenate):
+            bound = dict(zip(("tensors", "dim"), node.args), **node.kwargs)
+            parts, dim = bound.get("tensors"), bound.get("dim", 0)
+            if (set(bound) - {"tensors", "dim"} or not isinstance(parts, (list, tuple))
+                    or not any(_zero_fill(p) for p in parts) or shape is None
+                    or isinstance(dim, bool) or not isinstance(dim, int)
+                    or all(_zero_fill(p) for p in parts)):
+                continue
+            dtype = node.meta["tensor_meta"].dtype
+            if any(_zero_fill(p) and (_meta_shape(p) is None
+                                      or p.meta["tensor_meta"].dtype != dtype) for p in parts):
+                continue
+            dim %= len(shape)
+            joined = [_meta_shape(p)[dim] if _zero_fill(p) else p for p in parts]
+            with graph.inserting_before(node):
+                new = graph.call_function(zero_padded_cat, (joined, dim))
+        elif node.target is F.pad:
+            bound = dict(zip(("input", "pad", "mode", "value"), node.args), **node.kwargs)
+            pad, x = bound.get("pad"), bound.get("input")
+            if (set(bound) - {"input", "pad", "mode", "value"} or shape is None
+                    or bound.get("mode", "constant") != "constant"
+                    or bound.get("value") not in (None, 0) or not isinstance(pad, (list, tuple))
+                    or len(pad) % 2 or len(pad) > 2 * len(shape)
+                    or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0
+                               for p in pad)):
+                continue
+            new = x
+            with graph.inserting_before(node):
+                for i in range(len(pad) // 2):  # pairs from the last dim backwards
+                    before, after = pad[2 * i], pad[2 * i + 1]
+                    if before or after:
+                        joined = [n for n in (before, new, after) if not isinstance(n, int) or n]
+                        new = graph.call_function(zero_padded_cat,
+                                                  (joined, len(shape) - 1 - i))
+        else:
+            continue
+        if new is node.args[0]:  # F.pad by nothing
+            continue
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        changed = True
+    if changed:
+        _drop_dead(gm)
+    return changed
+
+
+def _bool_triangle(node: Any) -> tuple[bool, int] | None:
+    """(upper, diagonal) of ``torch.tril``/``triu`` (function or method) of ``torch.ones`` of
+    two sizes with ``dtype=torch.bool``, else None."""
+    upper = _method_or_function(node, "triu", (torch.triu,))
+    if not (upper or _method_or_function(node, "tril", (torch.tril,))):
+        return None
+    bound = dict(zip(("input", "diagonal"), node.args), **node.kwargs)
+    ones, diagonal = bound.get("input"), bound.get("diagonal", 0)
+    if (set(bound) - {"input", "diagonal"} or isinstance(diagonal, bool)
+            or not isinstance(diagonal, int) or not isinstance(ones, fx.Node)
+            or not (ones.op == "call_function" and ones.target is torch.ones)
+            or ones.kwargs.get("dtype") is not torch.bool or len(_meta_shape(ones) or ()) != 2):
+        return None
+    return upper, diagonal
+
+
+def _triangle_masks(gm: fx.GraphModule) -> bool:
+    """Rewrite ``x.masked_fill(mask, value)`` whose mask is a triangle of a bool ones matrix
+    made in the forward (``~torch.tril(torch.ones(T, T, dtype=bool))``, a causal mask of the
+    last two dims; triu, and not negated, too) into :func:`triangle_fill`, which the kernels
+    compute from the element's index (``ir`` op ``tri`` with a fill): the mask is no tensor any
+    kernel reads. Whether anything changed. Needs the shapes (``tensor_meta``); x's last two
+    dims must be the mask's."""
+    graph = gm.graph
+    changed = False
+    for node in list(graph.nodes):
+        if not _method_or_function(node, "masked_fill", (torch.masked_fill,)) or node.kwargs \
+                or len(node.args) != 3:
+            continue
+        x, mask, value = node.args
+        negated = (isinstance(mask, fx.Node) and mask.op == "call_function"
+                   and mask.target in (operator.invert, torch.logical_not))
+        triangle = _bool_triangle(mask.args[0] if negated else mask)
+        shape = _meta_shape(x)
+        if (triangle is None or isinstance(value, bool) or not isinstance(value, (int, float))
+                or shape is None or len(shape) < 2
+                or shape[-2:] != _meta_shape(mask.args[0] if negated else mask)):
+            continue
+        upper, diagonal = triangle
+        # kept where the mask is False: ~tril(d) keeps col - row <= d, tril(d) keeps >= d + 1,
+        # ~triu(d) keeps >= d, triu(d) keeps <= d - 1
+        if not negated:
+            upper, diagonal = not upper, diagonal + (1 if not upper else -1)
+        with graph.inserting_before(node):
+            fill = graph.call_function(triangle_fill, (x, upper, diagonal, float(value)))
+        fill.meta = dict(node.meta)
+        node.replace_all_uses_with(fill)
+        graph.erase_node(node)
+        changed = True
+    if changed:
+        _drop_dead(gm)
+    return changed
+
+
 # Tensor factories: a value made by one lives where its ``device=`` says, else on the CPU,
 # whatever device the module and the inputs are on.
 _FACTORIES = frozenset((torch.zeros, torch.ones, torch.empty, torch.full, torch.arange,
                         torch.rand, torch.randn, torch.randint, torch.randperm, torch.tensor,
                         torch.as_tensor, torch.eye, torch.linspace, torch.logspace))
+# Factories of the sizes given: traced as a node where a size is a traced value (a constant
+# mask of a traced length, ``torch.ones(T, T)``), as other calls with a traced argument are.
+_SIZED_FACTORIES = (torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.eye)
+# The dtypes torch reads Python's types as (``torch.ones(n, dtype=bool)``).
+_PYTHON_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64,
+                  complex: torch.complex128}
 # Tensor methods that may move a value to another device (or change its dtype).
 _MOVES = frozenset(("to", "cpu", "cuda", "type"))
 
@@ -2370,8 +2495,22 @@ class _Tracer(fx.Tracer):
     proxy_buffer_attributes = True
 
     def __init__(self, inputs: list | tuple = ()) -> None:
-        super().__init__()
+        # einops' functions are recorded as one node each (a traced value has no shape for
+        # einops to read), rewritten once shapes are known (tensor_algebra.einops_calls);
+        # searched for in einops' own namespace too, for ``einops.rearrange(...)``
+        # torch's factories likewise where a size is traced (found in torch's namespace)
+        super().__init__(autowrap_functions=EINOPS_FUNCTIONS + _SIZED_FACTORIES)
+        self._autowrap_search.append(torch)
+        if einops is not None:
+            self._autowrap_search.append(einops)
         self._inputs = list(inputs)
+
+    def create_arg(self, a: Any) -> Any:
+        # ``dtype=bool`` (a Python type, which torch reads as its dtype) as that dtype: fx
+        # records no types
+        if isinstance(a, type) and a in _PYTHON_DTYPES:
+            return _PYTHON_DTYPES[a]
+        return super().create_arg(a)
 
     def to_bool(self, obj: fx.Proxy) -> bool:
         node = obj.node
@@ -2449,6 +2588,20 @@ def _written(node: Any) -> str:
     return node.name
 
 
+def _unpassed_nones(model: nn.Module, inputs: list) -> dict[str, None] | None:
+    """The forward's arguments past those ``get_inputs`` gives whose default is None, each as
+    None: traced so, ``if initial_states is None:`` takes the branch the verifier's calls take
+    (a traced argument is never None); fx checks the value in the graph, a check that
+    ``_drop_dead`` drops with the argument."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    nones = {p.name: None for p in params[len(inputs):]
+             if p.default is None and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    return nones or None
+
+
 def trace(mod: Any, real: bool = False) -> fx.GraphModule:
     """One executed task module (see :meth:`Task.module`) traced, its dead values dropped, its
     composite losses decomposed and every node's shape propagated (``tensor_meta``).
@@ -2470,7 +2623,12 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
         raise Unsupported(f"{PREFIX} an augmented assignment to {aliased!r} while another name "
                           f"for that tensor is read after it (fx records it as a new value)")
     try:
-        gm = fx.GraphModule(model, _Tracer(inputs).trace(model))
+        traced = _Tracer(inputs).trace(model, _unpassed_nones(model, inputs))
+        for node in traced.nodes:
+            # no ``torch.fx.wrap("torch.ones")`` in the module's code: run, it registers a
+            # global name that the next trace's patching cannot find (KeyError)
+            node.meta.pop("is_wrapped", None)
+        gm = fx.GraphModule(model, traced)
     except Exception as e:  # noqa: BLE001
         raise Unsupported(f"{PREFIX} a forward that torch.fx cannot trace "
                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
@@ -2491,11 +2649,20 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
 
     try:
         propagate()
+        if einops_calls(gm):
+            propagate()  # the new nodes' shapes
         _exclusive_scans(gm)
         _attention_blocks(gm)
-        if _attention_products(gm):
-            propagate()  # the new nodes' shapes
+        # every rewrite runs; then the new nodes' shapes
+        if any([_zero_joins(gm), _triangle_masks(gm), _attention_products(gm),
+                einsum_products(gm)]):
+            propagate()
+    except Unsupported:
+        raise  # a rewrite's decline, which says why
     except Exception as e:  # noqa: BLE001
+        einops_failed = einops_decline(e)
+        if einops_failed is not None:
+            raise einops_failed from None
         # Most often an op without a meta kernel, which v1 could not express anyway: name it.
         unknown = _first_unknown_op(gm)
         if unknown is not None:

@@ -242,7 +242,9 @@ class Concat(OwnKernel):
     (forward inputs and earlier stages' outputs), never a value it computes."""
 
     inputs: tuple[str, ...]  # the stage's arguments, in order
-    parts: tuple[str, ...]  # the tensors joined, in order (names among ``inputs``; may repeat)
+    # the tensors joined, in order (names among ``inputs``; may repeat), an int k standing
+    # for k slices of zeros (own_kernels.zero_padded_cat)
+    parts: tuple[str | int, ...]
     dim: int  # the joined dim, non-negative
     ndim: int
     kind: ClassVar[str] = "concat"

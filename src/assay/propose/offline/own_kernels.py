@@ -22,7 +22,18 @@ from assay.propose.offline.ir import (PERMUTE_MAX_DIMS, PREFIX, Analysis, Attent
                                       CrossEntropy, Permute, Recurrent, Unsupported)
 
 
-CATS = {torch.cat, torch.concat, torch.concatenate}
+def zero_padded_cat(tensors: list, dim: int = 0) -> torch.Tensor:
+    """``torch.cat(tensors, dim)`` where an int in ``tensors`` stands for that many slices of
+    zeros along ``dim`` (``graph._zero_joins``: a ``torch.zeros_like`` part, ``F.pad``): the
+    concat kernel writes them, no tensor of zeros is made."""
+    ref = next(t for t in tensors if isinstance(t, torch.Tensor))
+    d = dim % ref.dim()
+    return torch.cat([t if isinstance(t, torch.Tensor) else
+                      ref.new_zeros(ref.shape[:d] + (t,) + ref.shape[d + 1:]) for t in tensors],
+                     dim)
+
+
+CATS = {torch.cat, torch.concat, torch.concatenate, zero_padded_cat}
 
 PERMUTE_METHODS = {"permute", "transpose", "swapaxes", "swapdims"}
 
@@ -203,11 +214,14 @@ def concat_of(gm: fx.GraphModule) -> Analysis | None:
     parts, dim = bound.get("tensors"), bound.get("dim", 0)
     if set(bound) - {"tensors", "dim"} or not isinstance(parts, (list, tuple)) or not parts:
         raise Unsupported(f"{PREFIX} torch.cat called with unusual arguments")
-    if any(not isinstance(a, fx.Node) or a.op != "placeholder" for a in parts):
+    zeros = [a for a in parts if isinstance(a, int) and not isinstance(a, bool) and a >= 0]
+    tensors = [a for a in parts if a not in zeros]
+    if not tensors or any(not isinstance(a, fx.Node) or a.op != "placeholder"
+                          for a in tensors):
         raise Unsupported(f"{PREFIX} torch.cat of a model attribute (only computed values and "
                           f"forward inputs)")
     out = node.meta.get("tensor_meta")
-    metas = [a.meta.get("tensor_meta") for a in parts]
+    metas = [a.meta.get("tensor_meta") for a in tensors]
     if out is None or any(m is None or not hasattr(m, "shape") for m in metas):
         raise Unsupported(f"{PREFIX} torch.cat of non-tensor values")
     if any(m.dtype != torch.float32 for m in metas):
@@ -217,9 +231,10 @@ def concat_of(gm: fx.GraphModule) -> Analysis | None:
             any(len(m.shape) != ndim for m in metas):
         raise Unsupported(f"{PREFIX} torch.cat over dim {dim!r} of tensors of other ranks")
     names = _arguments(gm)
-    plan = Concat(names, tuple(str(a.target) for a in parts), dim % ndim, ndim)
+    plan = Concat(names, tuple(a if a in zeros else str(a.target) for a in parts), dim % ndim,
+                  ndim)
     return Analysis(plan, tuple(int(d) for d in out.shape), ("cat",),
-                    f"cat({', '.join(plan.parts)}, dim={plan.dim})")
+                    f"cat({', '.join(map(str, plan.parts))}, dim={plan.dim})")
 
 
 def permutation(node: fx.Node) -> tuple[int, ...] | None:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import fx
 
 from assay.propose.offline.graph import (RESHAPE_FUNCTIONS, SHAPE_ARITH, SIZE_METHODS, is_reshape,
@@ -116,8 +117,8 @@ def view_expr(node: fx.Node, names: dict[fx.Node, str] | None = None) -> str | N
     if name in ("unsqueeze", "squeeze"):
         bound = dict(zip(("dim",), args), **kwargs)
         dim = bound.get("dim")
-        if set(bound) - {"dim"} or not isinstance(dim, int) or (name == "unsqueeze"
-                                                               and dim is None):
+        if set(bound) - {"dim"} or not isinstance(dim, int) \
+                or (name == "unsqueeze" and dim is None):
             return None
         return f"{{t}}.{name}({dim})"
     if name == "flatten":
@@ -244,21 +245,55 @@ def _output_view(at: fx.Node, todo: list[fx.Node], out: fx.Node, names: dict[fx.
     (ViT's ``x.permute(1, 2, 0).view(B, C, H, W)``): those views as one expression of ``{t}``
     (the value viewed), else None. No ``.contiguous()`` among them: after a permutation that is
     a copy with other strides."""
-    first = view_source(at) if permute_node(at) else None
-    if first is None:
+    expr, carried = _strided_view(at), at
+    if expr is None:
         return None
-    expr, carried = "{t}" + first, at
+    chain = [at]
     for n in todo[todo.index(at) + 1:]:
         if shape_only(n):
             continue
-        more = None
-        if n.args and n.args[0] is carried:
-            strided = view_source(n) if permute_node(n) else None
-            more = "{t}" + strided if strided is not None else view_expr(n, names)
+        # views, and further permutations and indexing (a slice of einsum's permuted result)
+        more = (view_expr(n, names) or _strided_view(n)) if n.args and n.args[0] is carried \
+            else None
         if more is None or any(u is not n and not shape_only(u) for u in carried.users):
             return None
         expr, carried = more.format(t=expr), n
-    return expr if carried is out else None
+        chain.append(n)
+    if carried is not out or not _viewed_as_traced(chain):
+        return None  # a reshape torch could not view copied it: the permutation is a copy
+    return expr
+
+
+def _strided_view(node: fx.Node) -> str | None:
+    """A strided view of its first argument (a permutation, basic indexing, sliding windows:
+    own_kernels.view_source) as an expression of ``{t}``, else None."""
+    source = view_source(node) if permute_node(node) else None
+    return None if source is None else "{t}" + source
+
+
+def _viewed_as_traced(chain: list[fx.Node]) -> bool:
+    """Whether the views, permutations and indexing of ``chain``, applied to a fresh
+    (contiguous) tensor, give the strides the traced graph's last node has: not where a
+    reshape of a permuted value merged dims it had separated (einops' ``b c l p -> b (c l) p``
+    after a permute), which torch copies."""
+    def meta(node: Any) -> Any:
+        tm = node.meta.get("tensor_meta") if isinstance(node, fx.Node) else None
+        return tm if hasattr(tm, "stride") else None
+
+    source, last = meta(chain[0].args[0]), meta(chain[-1])
+    if source is None or last is None:
+        return False
+    t = torch.empty(tuple(source.shape), device="meta")
+    for node in chain:
+        strided = view_source(node) if permute_node(node) else None
+        if strided is not None:
+            # (the view's own source: ints, slices, None and ...)
+            t = eval(f"t{strided}", {"t": t})  # noqa: S307
+        elif meta(node) is not None:
+            t = t.reshape(tuple(meta(node).shape))
+        else:
+            return False
+    return all(a == b for a, b, size in zip(t.stride(), last.stride, last.shape) if size != 1)
 
 
 def _forward_view(node: fx.Node, expr: str, names: dict[fx.Node, str], prelude: list[str]
@@ -295,13 +330,37 @@ def _input_views(nodes: list[fx.Node], names: dict[fx.Node, str], prelude: list[
     views = [n for n in nodes if is_reshape(n)]  # (the views' expressions read the sizes)
     exprs = []
     for n in views:
-        expr = view_expr(n, names) if n.args and n.args[0] in names else None
+        src = n.args[0] if n.args else None
+        # a view of a parameter too (einops' blocks of Mamba2's A, B, C); not of a stage's
+        # output, which the forward has not computed before the first kernel
+        viewed = names.get(src) if src in names else _parameter_expr(src)
+        if viewed is not None and viewed.startswith(STAGE_INPUT.format("")):
+            return False
+        expr = view_expr(n, names) if viewed is not None else None
         if expr is None:
             return False
-        exprs.append(expr)
+        exprs.append(expr.format(t=viewed))
     for n, expr in zip(views, exprs):
-        _forward_view(n, expr.format(t=names[n.args[0]]), names, prelude)
+        _forward_view(n, expr, names, prelude)
     return bool(views)
+
+
+def _parameter_expr(node: Any) -> str | None:
+    """The candidate's expression of a model tensor that ``node`` reads (``get_attr``)."""
+    if isinstance(node, fx.Node) and node.op == "get_attr":
+        return f"_attr(self, {str(node.target)!r})"
+    return None
+
+
+def _views_after_sources(gm: fx.GraphModule) -> None:
+    """Move each view of a computed value whose sizes are numbers right after the value it
+    views (einsum_products reshapes an operand just before the product, the slice of it may
+    be far earlier), so that a stage's view folds into its boundary (:func:`_more_views`)."""
+    for node in list(gm.graph.nodes):
+        src = node.args[0] if node.args else None
+        if (is_reshape(node) and isinstance(src, fx.Node) and node.all_input_nodes == [src]
+                and src.op not in ("placeholder", "get_attr") and src.next is not node):
+            src.append(node)
 
 
 def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> Analysis:
@@ -314,6 +373,7 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
             raise Unsupported(f"{PREFIX} a forward returning {len(out)} tensors (v1 writes one "
                               f"output)")
         out = out[0]
+    _views_after_sources(gm)
     forward_inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     names: dict[fx.Node, str] = {n: str(n.target) for n in forward_inputs}
     stages: list[Analysis] = []

@@ -2,7 +2,9 @@
 in a multi-kernel plan (an Inception module's four, a DenseNet block's growing list). The output
 is seen as ``[outer, C, inner]`` with C the joined dim; each part ``[outer, c_i, inner]`` is
 copied into its slice ``[:, offset_i:offset_i + c_i, :]`` by one launch of the entry point
-``assay_cat_part``. C++: a memcpy per outer row (OpenMP over rows); CUDA: outer rows on the
+``assay_cat_part``; a part of zeros (``own_kernels.zero_padded_cat``: ``F.pad``, a
+``torch.zeros_like`` joined) is written by the same launch with no source (a null ``src``).
+C++: a memcpy (a memset) per outer row (OpenMP over rows); CUDA: outer rows on the
 grid's y (strided past 65535), each row's vectors of VEC floats on x, no index division.
 """
 
@@ -28,14 +30,19 @@ KNOB_SPACES: dict[tuple[str, str], Space] = {
 CPP_CONCAT = CPP_PREAMBLE + r"""
 #include <string.h>
 
-// One part of the join: outer rows of ``part`` floats from src, each to dst + o * row + offset.
+// One part of the join: outer rows of ``part`` floats from src (zeros where src is null),
+// each to dst + o * row + offset.
 extern "C" int assay_cat_part({{ params }}) {
   if (outer <= 0 || part <= 0) return 0;
 {% if parallel %}
   #pragma omp parallel for schedule(static) if(outer > 1 && outer * part > (1 << 16))
 {% endif %}
   for (int64_t o = 0; o < outer; ++o) {
-    memcpy(dst + o * row + offset, src + o * part, (size_t)part * sizeof(float));
+    if (src) {
+      memcpy(dst + o * row + offset, src + o * part, (size_t)part * sizeof(float));
+    } else {
+      memset(dst + o * row + offset, 0, (size_t)part * sizeof(float));
+    }
   }
   return 0;
 }
@@ -50,11 +57,16 @@ assay_cat_part_kernel(const float* __restrict__ src, float* __restrict__ dst, in
                       int64_t part, int64_t row, int64_t offset) {
   const int64_t stride = (int64_t)gridDim.x * {{ block }};
   for (int64_t o = blockIdx.y; o < outer; o += gridDim.y) {
-    const float* s = src + o * part * VEC;
+    const float* s = src ? src + o * part * VEC : src;
     float* d = dst + (o * row + offset) * VEC;
     for (int64_t j = (int64_t)blockIdx.x * {{ block }} + threadIdx.x; j < part; j += stride) {
       float v[VEC];
-      assay_load<VEC>(s, j * VEC, v);
+      if (src) {
+        assay_load<VEC>(s, j * VEC, v);
+      } else {  // a part of zeros
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[k] = 0.0f;
+      }
       assay_store_out<VEC>(d, j * VEC, v);
     }
   }
@@ -85,7 +97,7 @@ extern "C" int assay_cat_part({{ params }}, void* stream_ptr) {
 
 def _params(target: str) -> list[Param]:
     """``assay_cat_part``'s parameters, their Python values those of forward's loop."""
-    return ([pointer(target, "src", "p.data_ptr()"),
+    return ([pointer(target, "src", "src"),
              pointer(target, "dst", "out.data_ptr()", const=False)]
             + size_params("outer", "part", "row", "offset"))
 
@@ -101,24 +113,28 @@ def forward(plan: Concat, target: str, knobs: dict[str, Any]
     """ModelNew.forward's body: the parts checked against each other, the output allocated,
     one ``assay_cat_part`` call per part."""
     d, nd = plan.dim, plan.ndim
-    parts = ", ".join(f"_tensor({name}, {name!r})" for name in plan.parts)
+    # a part of zeros is its int count of slices
+    parts = ", ".join(str(name) if isinstance(name, int) else f"_tensor({name}, {name!r})"
+                      for name in plan.parts)
     calls, entries = forward_call(_params(target), stream_args(target, "out"), "assay_cat_part")
     lines = [
         f"parts = ({parts},)",
-        "ref = parts[0]",
-        f"_expect(all(p.dim() == {nd} for p in parts), 'the joined tensors do not have {nd} "
+        "tensors = [p for p in parts if not isinstance(p, int)]",
+        "ref = tensors[0]",
+        f"_expect(all(p.dim() == {nd} for p in tensors), 'the joined tensors do not have {nd} "
         f"dims')",
         f"_expect(all(p.shape[:{d}] == ref.shape[:{d}] and p.shape[{d + 1}:] == "
-        f"ref.shape[{d + 1}:] for p in parts), 'the joined tensors differ outside dim {d}')",
-        f"shape = tuple(ref.shape[:{d}]) + (sum(p.shape[{d}] for p in parts),) + "
-        f"tuple(ref.shape[{d + 1}:])",
+        f"ref.shape[{d + 1}:] for p in tensors), 'the joined tensors differ outside dim {d}')",
+        f"shape = tuple(ref.shape[:{d}]) + (sum(p if isinstance(p, int) else p.shape[{d}] "
+        f"for p in parts),) + tuple(ref.shape[{d + 1}:])",
         "out = torch.empty(shape, dtype=DTYPE, device=ref.device)",
         f"outer = math.prod(shape[:{d}])",
         f"inner = math.prod(shape[{d + 1}:])",
         f"row = shape[{d}] * inner",
         "offset = 0",
         "for p in parts:",
-        f"    part = p.shape[{d}] * inner",
+        f"    part = (p if isinstance(p, int) else p.shape[{d}]) * inner",
+        "    src = 0 if isinstance(p, int) else p.data_ptr()",
         "    if outer and part:",
         *(f"        {line}" for line in calls),
         "    offset += part",

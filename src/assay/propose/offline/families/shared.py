@@ -378,10 +378,11 @@ FORMULAS: dict[str, Formula] = {
     # The size of dim ``dim`` of S: a kernel parameter (only the total family passes it).
     "size": lambda a, at: f"(float)size{at['dim']}",
     # triu/tril: column minus row of the element's flat index ``i`` in S (S's last two dims,
-    # tri_m x tri_n: kernel parameters, see leaf_params) against the diagonal
+    # tri_m x tri_n: kernel parameters, see leaf_params) against the diagonal; the elements
+    # outside the triangle are ``fill`` (0, or a masked_fill's value: graph.triangle_fill)
     "tri": lambda a, at: (f"((i % tri_n) - ((i / tri_n) % tri_m) "
                           f"{'>=' if at['upper'] else '<='} (int64_t){at['diagonal']} "
-                          f"? {a[0]} : 0.0f)"),
+                          f"? {a[0]} : {c_float(at.get('fill', 0.0))})"),
 }
 
 
