@@ -26,6 +26,16 @@ KERNELBENCH = next((p for p in (REPO.parent / "shared" / "kernelbench", REPO / "
 CI = ("campaign=ci", "tasks=ci", "evolve=ci")  # the CI campaign: three small tasks
 
 
+def small_copy(path: Path, sizes: dict[str, int]) -> str:
+    """A KernelBench file's source with its module-level sizes (``name = value`` lines) set to
+    ``sizes``: a small copy of the task, for the CPU."""
+    source = path.read_text()
+    for name, value in sizes.items():
+        source, n = re.subn(rf"^{name} = .*$", f"{name} = {value}", source, flags=re.M)
+        assert n == 1, f"{path.name}: no single line sets {name}"
+    return source
+
+
 def overrides_arg(overrides: Sequence[str]) -> str:
     """Snakemake's `--config` value carrying these Hydra overrides; each is JSON-quoted, so
     nested lists (`llms=[a,b]`) and commas survive Snakemake's parsing."""

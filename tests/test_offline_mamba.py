@@ -30,7 +30,8 @@ from assay.propose.offline.ir import Unsupported
 from assay.propose.offline.tensor_algebra import EINOPS_FUNCTIONS, EINSUMS
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import KERNELBENCH as KB, assert_matches_reference, build_cuda_sources, task_ctx
+from helpers import (KERNELBENCH as KB, assert_matches_reference, build_cuda_sources,
+                     small_copy, task_ctx)
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
@@ -50,21 +51,12 @@ needs_kernelbench = pytest.mark.skipif(not KERNELBENCH.is_dir(),
                                        reason="KernelBench checkout not present")
 
 
-def _small_copy(stem: str, sizes: dict[str, int]) -> str:
-    """The KernelBench file with its module-level sizes set to ``sizes``."""
-    source = (KERNELBENCH / f"{stem}.py").read_text()
-    for name, value in sizes.items():
-        source, n = re.subn(rf"^{name} = .*$", f"{name} = {value}", source, flags=re.M)
-        assert n == 1, name
-    return source
-
-
 @pytest.fixture(scope="module")
 def copies_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("mamba")
     if KERNELBENCH.is_dir():
         for name, (stem, sizes) in COPIES.items():
-            (root / f"{name}.py").write_text(_small_copy(stem, sizes))
+            (root / f"{name}.py").write_text(small_copy(KERNELBENCH / f"{stem}.py", sizes))
     return root
 
 
@@ -305,6 +297,19 @@ def test_cuda_sources_compile(copies_dir, tmp_path):
         for source in cand.SOURCES:
             built[source] = name
     build_cuda_sources(built)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@needs_kernelbench
+@pytest.mark.parametrize("name", sorted(COPIES))
+def test_cuda_candidates_match_reference(copies_dir, tmp_path, name):
+    """On a GPU: the CUDA candidates (strict and permissive) equal the reference."""
+    ctx = task_ctx(copies_dir, name, "cuda")
+    for prop in OfflineSynthesizer("cuda").translate(ctx, n=2, rng=random.Random(0)):
+        assert prop.code is not None, prop.declined
+        assert_matches_reference(prop.code, tmp_path / f"cuda_{prop.id}.py", ctx, [{}],
+                                 "cuda", seeds=(1, 2))
 
 
 @needs_kernelbench

@@ -7,13 +7,13 @@ assignments with the features; the residuals' L2 norms over D, then over the fla
 
 Small copies of the KernelBench files (sizes edited down) are synthesized for the CPU, compared
 with the reference at two sizes and accepted by the verifier under strict; the CUDA candidate
-is compiled with nvcc, and on a GPU compared with the reference (``gpu``). Any other branch on a traced value is still declined, with its reason.
+is compiled with nvcc, and on a GPU compared with the reference (``gpu``). Any other branch on
+a traced value is still declined, with its reason.
 """
 
 from __future__ import annotations
 
 import random
-import re
 
 import pytest
 import torch
@@ -23,7 +23,8 @@ from assay.propose.base import TaskContext
 from assay.propose.offline import OfflineSynthesizer
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import KERNELBENCH as KB, assert_matches_reference, build_cuda_sources, task_ctx
+from helpers import (KERNELBENCH as KB, assert_matches_reference, build_cuda_sources,
+                     small_copy, task_ctx)
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
@@ -47,22 +48,13 @@ needs_kernelbench = pytest.mark.skipif(not KERNELBENCH.is_dir(),
                                        reason="KernelBench checkout not present")
 
 
-def _small_copy(stem: str, sizes: dict[str, int]) -> str:
-    """The KernelBench file with its module-level sizes set to ``sizes``."""
-    source = (KERNELBENCH / f"{stem}.py").read_text()
-    for name, value in sizes.items():
-        source, n = re.subn(rf"^{name} = .*$", f"{name} = {value}", source, flags=re.M)
-        assert n == 1, name
-    return source
-
-
 @pytest.fixture(scope="module")
 def copies_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("netvlad")
     if KERNELBENCH.is_dir():
         for name, (sizes, _) in COPIES.items():
             stem = STEMS["no_ghost" if name.startswith("no_ghost") else "ghost"]
-            (root / f"{name}.py").write_text(_small_copy(stem, sizes))
+            (root / f"{name}.py").write_text(small_copy(KERNELBENCH / f"{stem}.py", sizes))
     (root / "branch_on_value.py").write_text(_BRANCH_ON_VALUE)
     (root / "guards.py").write_text(_GUARDS)
     return root
