@@ -960,10 +960,10 @@ class _Lowering:
         (:func:`tensor_algebra.product_form`); the others were rewritten after shape
         propagation (:func:`tensor_algebra.einsum_products`)."""
         equation, ops = einsum_call(node) or ("", [])
-        if product_form(equation, len(ops)) is None:
+        form = product_form(equation, len(ops))
+        if form is None:
             raise Unsupported(f"{PREFIX} torch.einsum {equation!r} (matmul)")
-        return self.head(node, product_form(equation, len(ops)), ops[0], ops[1], None,
-                         f"torch.einsum {equation!r}")
+        return self.head(node, form, ops[0], ops[1], None, f"torch.einsum {equation!r}")
 
     def matvec(self, x: fx.Node, w: fx.Node, xs: tuple, ws: tuple) -> int:
         """``A[M, K] @ v`` with ``v`` of shape ``(K,)`` or ``(K, 1)``: a row reduction."""
