@@ -259,6 +259,22 @@ def test_einsum_and_einops_tasks_are_accepted_by_the_cpu_verifier(tmp_path, name
                               {r: verdict.checks[r]["detail"][:300] for r in verdict.reasons})
 
 
+def test_a_random_state_drawn_for_a_none_argument_is_declined():
+    """L3_35's form: the state a forward draws when it is not given one is random."""
+    class Model(nn.Module):
+        def forward(self, x, h0=None):
+            if h0 is None:
+                h0 = torch.randn(x.size(0), x.size(1), device=x.device)
+            return x + h0
+
+    inputs = [torch.randn(2, 3)]
+    mod = types.SimpleNamespace(Model=Model, get_init_inputs=lambda: [],
+                                get_inputs=lambda: inputs)
+    with pytest.raises(Unsupported, match=re.escape("a random tensor made in the forward "
+                                                    "(torch.randn")):
+        trace(mod, real=True)
+
+
 @needs_kernelbench
 @pytest.mark.parametrize("name", sorted(COPIES))
 def test_cpu_candidate_matches_reference_and_the_verifier_accepts_it(

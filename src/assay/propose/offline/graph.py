@@ -963,10 +963,10 @@ class _Lowering:
         (:func:`tensor_algebra.product_form`); the others were rewritten after shape
         propagation (:func:`tensor_algebra.einsum_products`)."""
         equation, ops = einsum_call(node) or ("", [])
-        if product_form(equation, len(ops)) is None:
+        form = product_form(equation, len(ops))
+        if form is None:
             raise Unsupported(f"{PREFIX} torch.einsum {equation!r} (matmul)")
-        return self.head(node, product_form(equation, len(ops)), ops[0], ops[1], None,
-                         f"torch.einsum {equation!r}")
+        return self.head(node, form, ops[0], ops[1], None, f"torch.einsum {equation!r}")
 
     def matvec(self, x: fx.Node, w: fx.Node, xs: tuple, ws: tuple) -> int:
         """``A[M, K] @ v`` with ``v`` of shape ``(K,)`` or ``(K, 1)``: a row reduction."""
@@ -2470,9 +2470,15 @@ def _triangle_masks(gm: fx.GraphModule) -> bool:
 _FACTORIES = frozenset((torch.zeros, torch.ones, torch.empty, torch.full, torch.arange,
                         torch.rand, torch.randn, torch.randint, torch.randperm, torch.tensor,
                         torch.as_tensor, torch.eye, torch.linspace, torch.logspace))
+# Factories of random values: a forward that draws them matches no reference.
+_RANDOM = frozenset((torch.rand, torch.randn, torch.randint, torch.randperm, torch.rand_like,
+                     torch.randn_like, torch.randint_like, torch.normal, torch.bernoulli,
+                     torch.multinomial, torch.poisson))
 # Factories of the sizes given: traced as a node where a size is a traced value (a constant
-# mask of a traced length, ``torch.ones(T, T)``), as other calls with a traced argument are.
-_SIZED_FACTORIES = (torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.eye)
+# mask of a traced length, ``torch.ones(T, T)``), as other calls with a traced argument are;
+# the random ones too, so that the decline names them (_RANDOM).
+_SIZED_FACTORIES = (torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.eye,
+                    torch.rand, torch.randn, torch.randint, torch.randperm)
 # The dtypes torch reads Python's types as (``torch.ones(n, dtype=bool)``).
 _PYTHON_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64,
                   complex: torch.complex128}
@@ -2637,6 +2643,11 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
             node.meta[NUMBER_ARG] = True
     _follow_writes(gm)
     _drop_dead(gm, passed=len(inputs))
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _RANDOM:
+            # (L3_35's LSTM draws its initial states when the forward is not given them)
+            raise Unsupported(f"{PREFIX} a random tensor made in the forward "
+                              f"(torch.{node.target.__name__}: drawn anew at each call)")
     _decompose(gm)
     _encoders(gm)
     _encoder_layers(gm)

@@ -11,7 +11,11 @@ Both run after shape propagation, so that every size is known:
   subscripts one operand alone carries, then pairwise contractions, each a batched product
   (``torch.matmul`` of the operands permuted and reshaped to ``[batch, M, K]`` and
   ``[batch, K, N]``) or, with nothing to contract, a broadcast multiply; the pair contracted
-  next is the one whose result is smallest (greedy), the last result permuted to the output.
+  next is the one whose result is smallest (greedy), the last result laid out as
+  torch.einsum's own (its strides at the analysed size), since the verifier compares strides.
+
+The sizes of the reshapes both make are the analysed size's numbers: the rewritten graph
+serves that size only.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ _REDUCTIONS = ("sum", "mean", "max", "min", "prod")
 
 
 def _tensor_meta(node: fx.Node) -> Any:
+    """``node``'s propagated shape, dtype and strides."""
     tm = node.meta.get("tensor_meta")
     if not hasattr(tm, "shape"):
         raise Unsupported(f"{PREFIX} {node.name}: no shape was propagated to it")
