@@ -141,6 +141,32 @@ def cuda_translation_unit(sources: Sequence[str]) -> str:
     return "\n".join([*(includes or ()), *parts]) + "\n"
 
 
+def build_cuda_candidates(codes: dict[str, str], folder: Path) -> None:
+    """nvcc every CUDA source of the candidates ``codes`` (a name, for failures: the code),
+    imported from ``folder`` (:func:`build_cuda_sources`)."""
+    from conftest import import_file
+
+    built = {}
+    for name, code in codes.items():
+        cand = import_file(code, folder / f"cuda_{name}.py")
+        built.update({source: name for source in cand.SOURCES})
+    build_cuda_sources(built)
+
+
+def assert_accepted_on_cpu(ctx: "TaskContext", code: str, path: Path) -> None:
+    """The verifier accepts ``code`` (written to ``path``) for ``ctx``'s task on the CPU under
+    the strict policy (a short timing budget: the verdict, not the speed, is asked)."""
+    from assay.verify.harness import verify
+    from assay.verify.settings import VerifyConfig
+
+    path.write_text(code)
+    cfg = VerifyConfig(policy="strict", budget_s=0.05, min_runs=3, max_runs=10,
+                       max_library_time_frac=0.0)
+    verdict = verify(ctx.task, path, "cpu", cfg)
+    assert verdict.accepted, (verdict.reasons,
+                              {r: verdict.checks[r]["detail"][:300] for r in verdict.reasons})
+
+
 def build_cuda_sources(sources: dict[str, object] | Sequence[str], per_unit: int = 12,
                        workers: int = 2) -> None:
     """nvcc every CUDA source, ``per_unit`` sources to a translation unit (see above),

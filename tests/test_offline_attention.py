@@ -29,7 +29,8 @@ from assay.propose.offline.own_kernels import packed_attention
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task
 from conftest import import_file
-from helpers import KERNELBENCH as KB, assert_matches_reference, build_cuda_sources, task_ctx
+from helpers import (KERNELBENCH as KB, assert_matches_reference, build_cuda_candidates,
+                     build_cuda_sources, task_ctx)
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
@@ -157,15 +158,13 @@ def test_what_is_not_the_pattern_is_not_taken_for_it(task_dir, name):
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 def test_cuda_sources_compile(task_dir, tmp_path):
     syn = OfflineSynthesizer("cuda")
-    built = {}
+    codes = {}
     for name, knobs in (("causal_softmax", {"s1.rows": 4}), ("causal_relu", {"s1.rows": 1}),
                         ("causal_softmax", {"s1.tile": 1}), ("causal_relu", {"s1.tile": 1})):
         prop = syn.with_knobs(task_ctx(task_dir, name, "cuda"), knobs)
         assert prop.code is not None, prop.declined
-        cand = import_file(prop.code, tmp_path / f"cuda_{name}.py")
-        for source in cand.SOURCES:
-            built[source] = name
-    build_cuda_sources(built)
+        codes[f"{name}_{'_'.join(f'{k}{v}' for k, v in knobs.items())}"] = prop.code
+    build_cuda_candidates(codes, tmp_path)
 
 
 KERNELBENCH = KB / "level3"

@@ -29,9 +29,8 @@ from assay.propose.offline.graph import trace
 from assay.propose.offline.ir import Unsupported
 from assay.propose.offline.tensor_algebra import EINOPS_FUNCTIONS, EINSUMS
 from assay.tasks.model import Task
-from conftest import import_file
-from helpers import (KERNELBENCH as KB, assert_matches_reference, build_cuda_sources,
-                     small_copy, task_ctx)
+from helpers import (KERNELBENCH as KB, assert_accepted_on_cpu, assert_matches_reference,
+                     build_cuda_candidates, small_copy, task_ctx)
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
@@ -240,9 +239,6 @@ def get_init_inputs():
 ])
 def test_einsum_and_einops_tasks_are_accepted_by_the_cpu_verifier(tmp_path, name, source,
                                                                   others):
-    from assay.verify.harness import verify
-    from assay.verify.settings import VerifyConfig
-
     (tmp_path / f"{name}.py").write_text(source)
     ctx = task_ctx(tmp_path, name)
     prop = OfflineSynthesizer("cpu", policy="strict").translate(ctx, n=1,
@@ -250,13 +246,7 @@ def test_einsum_and_einops_tasks_are_accepted_by_the_cpu_verifier(tmp_path, name
     assert prop.code is not None, prop.declined
     assert "einsum" not in prop.code.split("class ModelNew")[1]
     assert_matches_reference(prop.code, tmp_path / f"cand_{name}.py", ctx, [{}] + others)
-    path = tmp_path / f"verified_{name}.py"
-    path.write_text(prop.code)
-    cfg = VerifyConfig(policy="strict", budget_s=0.05, min_runs=3, max_runs=10,
-                       max_library_time_frac=0.0)
-    verdict = verify(ctx.task, path, "cpu", cfg)
-    assert verdict.accepted, (verdict.reasons,
-                              {r: verdict.checks[r]["detail"][:300] for r in verdict.reasons})
+    assert_accepted_on_cpu(ctx, prop.code, tmp_path / f"verified_{name}.py")
 
 
 def test_a_random_state_drawn_for_a_none_argument_is_declined():
@@ -279,9 +269,6 @@ def test_a_random_state_drawn_for_a_none_argument_is_declined():
 @pytest.mark.parametrize("name", sorted(COPIES))
 def test_cpu_candidate_matches_reference_and_the_verifier_accepts_it(
         copies_dir, tmp_path, name):
-    from assay.verify.harness import verify
-    from assay.verify.settings import VerifyConfig
-
     ctx = task_ctx(copies_dir, name)
     syn = OfflineSynthesizer("cpu", policy="strict")
     analysis = syn.analyse(ctx)
@@ -292,27 +279,18 @@ def test_cpu_candidate_matches_reference_and_the_verifier_accepts_it(
     assert prop.code is not None, prop.declined
     assert 'POLICY = "strict"' in prop.code
     assert_matches_reference(prop.code, tmp_path / f"cand_{name}.py", ctx, [{}], seeds=(1, 2))
-    path = tmp_path / f"verified_{name}.py"
-    path.write_text(prop.code)
-    cfg = VerifyConfig(policy="strict", budget_s=0.05, min_runs=3, max_runs=10,
-                       max_library_time_frac=0.0)
-    verdict = verify(ctx.task, path, "cpu", cfg)
-    assert verdict.accepted, (verdict.reasons,
-                              {r: verdict.checks[r]["detail"][:300] for r in verdict.reasons})
+    assert_accepted_on_cpu(ctx, prop.code, tmp_path / f"verified_{name}.py")
 
 
 @needs_kernelbench
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 def test_cuda_sources_compile(copies_dir, tmp_path):
-    built = {}
-    for name in ("y_a", "state_a"):
-        prop = OfflineSynthesizer("cuda").translate(task_ctx(copies_dir, name, "cuda"), 1,
-                                                    random.Random(0))[0]
-        assert prop.code is not None, prop.declined
-        cand = import_file(prop.code, tmp_path / f"cuda_{name}.py")
-        for source in cand.SOURCES:
-            built[source] = name
-    build_cuda_sources(built)
+    syn = OfflineSynthesizer("cuda")
+    props = {name: syn.translate(task_ctx(copies_dir, name, "cuda"), 1, random.Random(0))[0]
+             for name in ("y_a", "state_a")}
+    assert all(p.code is not None for p in props.values()), \
+        {n: p.declined for n, p in props.items()}
+    build_cuda_candidates({name: p.code for name, p in props.items()}, tmp_path)
 
 
 @pytest.mark.gpu

@@ -22,9 +22,8 @@ from assay.bench.build import nvcc_path
 from assay.propose.base import TaskContext
 from assay.propose.offline import OfflineSynthesizer
 from assay.tasks.model import Task
-from conftest import import_file
-from helpers import (KERNELBENCH as KB, assert_matches_reference, build_cuda_sources,
-                     small_copy, task_ctx)
+from helpers import (KERNELBENCH as KB, assert_accepted_on_cpu, assert_matches_reference,
+                     build_cuda_candidates, small_copy, task_ctx)
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
@@ -109,9 +108,6 @@ def test_device_and_dtype_guards_are_decided_while_tracing(copies_dir, tmp_path)
 @pytest.mark.parametrize("name", sorted(COPIES))
 def test_cpu_candidate_matches_reference_and_the_verifier_accepts_it(
         copies_dir, tmp_path, name):
-    from assay.verify.harness import verify
-    from assay.verify.settings import VerifyConfig
-
     ctx = task_ctx(copies_dir, name)
     syn = OfflineSynthesizer("cpu", policy="strict")
     analysis = syn.analyse(ctx)
@@ -126,13 +122,7 @@ def test_cpu_candidate_matches_reference_and_the_verifier_accepts_it(
     sizes, other = COPIES[name]
     assert_matches_reference(prop.code, tmp_path / f"cand_{name}.py", ctx, [{}, other],
                              seeds=(1, 2))
-    path = tmp_path / f"verified_{name}.py"
-    path.write_text(prop.code)
-    cfg = VerifyConfig(policy="strict", budget_s=0.05, min_runs=3, max_runs=10,
-                       max_library_time_frac=0.0)
-    verdict = verify(ctx.task, path, "cpu", cfg)
-    assert verdict.accepted, (verdict.reasons,
-                              {r: verdict.checks[r]["detail"][:300] for r in verdict.reasons})
+    assert_accepted_on_cpu(ctx, prop.code, tmp_path / f"verified_{name}.py")
 
 
 def test_a_branch_on_a_traced_value_is_declined_with_its_reason(copies_dir):
@@ -147,15 +137,12 @@ def test_a_branch_on_a_traced_value_is_declined_with_its_reason(copies_dir):
 @needs_kernelbench
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 def test_cuda_sources_compile(copies_dir, tmp_path):
-    built = {}
-    for name in ("ghost", "no_ghost"):
-        prop = OfflineSynthesizer("cuda").translate(task_ctx(copies_dir, name, "cuda"), 1,
-                                                    random.Random(0))[0]
-        assert prop.code is not None, prop.declined
-        cand = import_file(prop.code, tmp_path / f"cuda_{name}.py")
-        for source in cand.SOURCES:
-            built[source] = name
-    build_cuda_sources(built)
+    syn = OfflineSynthesizer("cuda")
+    props = {name: syn.translate(task_ctx(copies_dir, name, "cuda"), 1, random.Random(0))[0]
+             for name in ("ghost", "no_ghost")}
+    assert all(p.code is not None for p in props.values()), \
+        {n: p.declined for n, p in props.items()}
+    build_cuda_candidates({name: p.code for name, p in props.items()}, tmp_path)
 
 
 @pytest.mark.gpu
