@@ -420,16 +420,28 @@ def window_hash(words: torch.Tensor) -> torch.Tensor:
 
 
 def _needle_hashes(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
-    """(first 8 bytes, hash of 64 bytes) of pieces (start and middle) of each tensor. The
+    """(first 8 bytes, hash of 64 bytes) of pieces of each tensor: the first window of 64 bytes
+    from its start, and from its middle, whose eight words are nonzero and distinct. The
     snooping candidate gets only these, never the 64 bytes, so it cannot find its own copy of
-    what it looks for."""
+    what it looks for. A window of zeros (or of one repeated word) would be no needle: it
+    matches every such run of the process's memory, and the candidate's first-word filter then
+    passes millions of words to a Python loop (the suite's `alone` stage saw the snoop grow to
+    24 GB and be killed, where a reference had zeros at a piece's start). A tensor without such
+    a window gives none: its bytes are everywhere."""
     out = []
     for t in tensors:
         b = t.detach().contiguous().cpu().flatten().view(torch.uint8)
-        mid = b.numel() // 2 // 64 * 64
-        for piece in (b[:64], b[mid:mid + 64]):
-            if piece.numel() == 64:
-                w = piece.clone().view(torch.int64)
+        n = b.numel() // 64
+        if not n:
+            continue
+        windows = b[:n * 64].clone().view(torch.int64).view(n, 8)
+        ordered = windows.sort(dim=1).values
+        good = ((windows != 0).all(dim=1)
+                & (ordered[:, 1:] != ordered[:, :-1]).all(dim=1)).nonzero().flatten()
+        for start in (0, n // 2):
+            after = good[good >= start]
+            if after.numel():
+                w = windows[int(after[0])]
                 out.append((int(w[0]), int(window_hash(w)[0])))
     return out
 
