@@ -56,6 +56,7 @@ def copies_dir(tmp_path_factory):
             (root / f"{name}.py").write_text(small_copy(KERNELBENCH / f"{stem}.py", sizes))
     (root / "branch_on_value.py").write_text(_BRANCH_ON_VALUE)
     (root / "guards.py").write_text(_GUARDS)
+    (root / "fixed_device.py").write_text(_FIXED_DEVICE)
     return root
 
 
@@ -96,6 +97,14 @@ _GUARDS = _BRANCH_ON_VALUE.replace(
         return x - self.w""")
 
 
+# a device guard against a value made on a fixed device: not decided while tracing
+_FIXED_DEVICE = _BRANCH_ON_VALUE.replace(
+    """        if x.sum() > 0:  # a branch on the data: not
+            return x * self.w""",
+    """        if torch.zeros(x.size(0), device="cpu").device != x.device:
+            return x * self.w""")
+
+
 def test_device_and_dtype_guards_are_decided_while_tracing(copies_dir, tmp_path):
     ctx = task_ctx(copies_dir, "guards")
     prop = OfflineSynthesizer("cpu").translate(ctx, 1, random.Random(0))[0]
@@ -125,13 +134,17 @@ def test_cpu_candidate_matches_reference_and_the_verifier_accepts_it(
     assert_accepted_on_cpu(ctx, prop.code, tmp_path / f"verified_{name}.py")
 
 
-def test_a_branch_on_a_traced_value_is_declined_with_its_reason(copies_dir):
-    """The device guard is decided; the branch on ``x.sum() > 0`` is not, and the decline
-    names it."""
-    prop = OfflineSynthesizer("cpu").translate(task_ctx(copies_dir, "branch_on_value"), 1,
+@pytest.mark.parametrize("name, branch", [("branch_on_value", "gt(sum(x), 0)"),
+                                          ("fixed_device",
+                                           "ne(zeros(size(x, 0)).device, x.device)")])
+def test_a_branch_on_a_traced_value_is_declined_with_its_reason(copies_dir, name, branch):
+    """The device guard against the module's tensor is decided; the branch on ``x.sum() > 0``
+    is not, nor a device guard against a value made on a fixed device (``torch.zeros(n,
+    device="cpu")``: on the GPU the branch goes the other way), and the decline names it."""
+    prop = OfflineSynthesizer("cpu").translate(task_ctx(copies_dir, name), 1,
                                                random.Random(0))[0]
     assert prop.code is None
-    assert "control flow on a traced value (gt(sum(x), 0))" in prop.declined, prop.declined
+    assert f"control flow on a traced value ({branch})" in prop.declined, prop.declined
 
 
 @needs_kernelbench

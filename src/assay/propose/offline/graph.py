@@ -2502,9 +2502,10 @@ class _Tracer(fx.Tracer):
 
     def __init__(self, inputs: list | tuple = ()) -> None:
         # einops' functions are recorded as one node each (a traced value has no shape for
-        # einops to read), rewritten once shapes are known (tensor_algebra.einops_calls);
-        # searched for in einops' own namespace too, for ``einops.rearrange(...)``
-        # torch's factories likewise where a size is traced (found in torch's namespace)
+        # einops to read), rewritten once shapes are known (tensor_algebra.einops_calls), and
+        # torch's factories likewise where a size is traced. fx finds the functions to wrap
+        # in the forward's globals; torch's and einops' namespaces are searched too, for
+        # ``torch.ones(...)`` and ``einops.rearrange(...)``.
         super().__init__(autowrap_functions=EINOPS_FUNCTIONS + _SIZED_FACTORIES)
         self._autowrap_search.append(torch)
         if einops is not None:
@@ -2563,7 +2564,9 @@ class _Tracer(fx.Tracer):
 
     def _on_common_device(self, node: fx.Node) -> bool:
         """Whether ``node`` is computed from the inputs or the module's tensors through no
-        tensor factory without a ``device=`` and no move (``.to``, ``.cpu``, ...)."""
+        move (``.to``, ``.cpu``, ...) and no tensor factory but one given a traced device
+        (``device=x.device``; one given none, or a constant such as ``"cpu"``, makes its
+        value on a fixed device, whatever device the verifier runs on)."""
         seen, todo, rooted = set(), [node], False
         while todo:
             n = todo.pop()
@@ -2575,7 +2578,7 @@ class _Tracer(fx.Tracer):
                 continue
             if ((n.op == "call_method" and n.target in _MOVES)
                     or (n.op == "call_function" and n.target in _FACTORIES
-                        and "device" not in n.kwargs)):
+                        and not isinstance(n.kwargs.get("device"), fx.Node))):
                 return False
             todo += n.all_input_nodes
         return rooted
