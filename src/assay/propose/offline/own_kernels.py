@@ -77,7 +77,7 @@ def view_source(node: fx.Node) -> str | None:
     unfold = unfold_source(node)
     if unfold is not None:
         return unfold
-    perm = permutation(node) if permute_node(node) else None
+    perm = permutation(node)
     return None if perm is None else f".permute{perm}"
 
 
@@ -88,8 +88,7 @@ def view_chain(node: fx.Node) -> list[fx.Node]:
     chain = [node]
     while len(chain[-1].users) == 1:
         nxt = next(iter(chain[-1].users))
-        if not permute_node(nxt) or not nxt.args or nxt.args[0] is not chain[-1] \
-                or view_source(nxt) is None:
+        if not nxt.args or nxt.args[0] is not chain[-1] or view_source(nxt) is None:
             break
         chain.append(nxt)
     return chain

@@ -267,7 +267,7 @@ def _output_view(at: fx.Node, todo: list[fx.Node], out: fx.Node, names: dict[fx.
 def _strided_view(node: fx.Node) -> str | None:
     """A strided view of its first argument (a permutation, basic indexing, sliding windows:
     own_kernels.view_source) as an expression of ``{t}``, else None."""
-    source = view_source(node) if permute_node(node) else None
+    source = view_source(node)
     return None if source is None else "{t}" + source
 
 
@@ -285,10 +285,10 @@ def _viewed_as_traced(chain: list[fx.Node]) -> bool:
         return False
     t = torch.empty(tuple(source.shape), device="meta")
     for node in chain:
-        strided = view_source(node) if permute_node(node) else None
+        strided = _strided_view(node)
         if strided is not None:
             # (the view's own source: ints, slices, None and ...)
-            t = eval(f"t{strided}", {"t": t})  # noqa: S307
+            t = eval(strided.format(t="t"), {"t": t})  # noqa: S307
         elif meta(node) is not None:
             t = t.reshape(tuple(meta(node).shape))
         else:

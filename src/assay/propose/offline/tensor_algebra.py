@@ -248,13 +248,19 @@ class _Term:
         return p
 
 
+def _roles(a: _Term, b: _Term, keep: set[str]) -> tuple[str, str, str, str]:
+    """The subscripts of a product of ``a`` and ``b``: (batch: shared and kept, summed: shared
+    and not kept, a's own, b's own), each in the order ``a`` (or ``b``) has them."""
+    return ("".join(c for c in a.subs if c in b.subs and c in keep),
+            "".join(c for c in a.subs if c in b.subs and c not in keep),
+            "".join(c for c in a.subs if c not in b.subs),
+            "".join(c for c in b.subs if c not in a.subs))
+
+
 def _permutes(a: _Term, b: _Term, keep: set[str]) -> int:
     """How many of the two operands :func:`_contract` would permute (a copy each) with ``a``
     on the left."""
-    batch = "".join(c for c in a.subs if c in b.subs and c in keep)
-    summed = "".join(c for c in a.subs if c in b.subs and c not in keep)
-    m = "".join(c for c in a.subs if c not in b.subs)
-    n = "".join(c for c in b.subs if c not in a.subs)
+    batch, summed, m, n = _roles(a, b, keep)
     return int(a.subs != batch + m + summed) + int(b.subs not in (batch + summed + n,
                                                                   batch + n + summed))
 
@@ -265,10 +271,7 @@ def _contract(a: _Term, b: _Term, keep: set[str], sizes: dict[str, int]) -> _Ter
     batch dim, of ``[M, K]`` and ``[K, N]``), or a broadcast multiply where nothing is summed
     (then summed, where each term's subscripts are all shared: a dot product per batch).
     The result's subscripts: the shared ones kept, then a's own, then b's own."""
-    batch = "".join(c for c in a.subs if c in b.subs and c in keep)
-    summed = "".join(c for c in a.subs if c in b.subs and c not in keep)
-    m = "".join(c for c in a.subs if c not in b.subs)
-    n = "".join(c for c in b.subs if c not in a.subs)
+    batch, summed, m, n = _roles(a, b, keep)
     size = (lambda s: math.prod(sizes[c] for c in s))
     if not summed:
         left = a.arranged(batch + m, sizes, [sizes[c] for c in batch + m] + [1] * len(n))
