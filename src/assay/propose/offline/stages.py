@@ -317,8 +317,8 @@ def _joined_parameters(todo: list[fx.Node], names: dict[fx.Node, str], prelude: 
         sizes = [shape_expr(a, n.args[0], names) for a in n.args[1:]]
         if any(e is None or "{t}" in e for e in sizes):
             continue
-        _forward_view(n, f"_attr(self, {str(n.args[0].target)!r}).expand({', '.join(sizes)})",
-                      names, prelude)
+        _forward_view(n, f"{_parameter_expr(n.args[0])}.expand({', '.join(sizes)})", names,
+                      prelude)
         made.append(n)
     return made
 
