@@ -153,6 +153,36 @@ def build_cuda_candidates(codes: dict[str, str], folder: Path) -> None:
     build_cuda_sources(built)
 
 
+def translations(folder: Path, names: Sequence[str], target: str = "cuda") -> dict[str, str]:
+    """The offline synthesizer's first candidate for each task ``folder/<name>.py`` on
+    ``target`` (seeded), by name; none may be declined."""
+    import random
+
+    from assay.propose.offline import OfflineSynthesizer
+
+    syn = OfflineSynthesizer(target)
+    props = {name: syn.translate(task_ctx(folder, name, target), 1, random.Random(0))[0]
+             for name in names}
+    assert all(p.code is not None for p in props.values()), \
+        {n: p.declined for n, p in props.items()}
+    return {name: p.code for name, p in props.items()}
+
+
+def assert_translations_match_reference(ctx: "TaskContext", overrides: list[dict],
+                                        folder: Path, n: int = 2) -> None:
+    """The synthesizer's first ``n`` candidates for ``ctx`` (seeded: the strict one, the
+    permissive one) each equal the reference on ``ctx``'s target (:func:`
+    assert_matches_reference`, two input seeds)."""
+    import random
+
+    from assay.propose.offline import OfflineSynthesizer
+
+    for prop in OfflineSynthesizer(ctx.target).translate(ctx, n=n, rng=random.Random(0)):
+        assert prop.code is not None, prop.declined
+        assert_matches_reference(prop.code, folder / f"{ctx.target}_{prop.id}.py", ctx,
+                                 overrides, ctx.target, seeds=(1, 2))
+
+
 def assert_accepted_on_cpu(ctx: "TaskContext", code: str, path: Path) -> None:
     """The verifier accepts ``code`` (written to ``path``) for ``ctx``'s task on the CPU under
     the strict policy (a short timing budget: the verdict, not the speed, is asked)."""

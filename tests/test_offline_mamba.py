@@ -30,7 +30,8 @@ from assay.propose.offline.ir import Unsupported
 from assay.propose.offline.tensor_algebra import EINOPS_FUNCTIONS, EINSUMS
 from assay.tasks.model import Task
 from helpers import (KERNELBENCH as KB, assert_accepted_on_cpu, assert_matches_reference,
-                     build_cuda_candidates, small_copy, task_ctx)
+                     assert_translations_match_reference, build_cuda_candidates, small_copy,
+                     task_ctx, translations)
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
@@ -285,12 +286,7 @@ def test_cpu_candidate_matches_reference_and_the_verifier_accepts_it(
 @needs_kernelbench
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 def test_cuda_sources_compile(copies_dir, tmp_path):
-    syn = OfflineSynthesizer("cuda")
-    props = {name: syn.translate(task_ctx(copies_dir, name, "cuda"), 1, random.Random(0))[0]
-             for name in ("y_a", "state_a")}
-    assert all(p.code is not None for p in props.values()), \
-        {n: p.declined for n, p in props.items()}
-    build_cuda_candidates({name: p.code for name, p in props.items()}, tmp_path)
+    build_cuda_candidates(translations(copies_dir, ("y_a", "state_a")), tmp_path)
 
 
 @pytest.mark.gpu
@@ -300,10 +296,7 @@ def test_cuda_sources_compile(copies_dir, tmp_path):
 def test_cuda_candidates_match_reference(copies_dir, tmp_path, name):
     """On a GPU: the CUDA candidates (strict and permissive) equal the reference."""
     ctx = task_ctx(copies_dir, name, "cuda")
-    for prop in OfflineSynthesizer("cuda").translate(ctx, n=2, rng=random.Random(0)):
-        assert prop.code is not None, prop.declined
-        assert_matches_reference(prop.code, tmp_path / f"cuda_{prop.id}.py", ctx, [{}],
-                                 "cuda", seeds=(1, 2))
+    assert_translations_match_reference(ctx, [{}], tmp_path)
 
 
 @needs_kernelbench

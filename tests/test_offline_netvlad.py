@@ -23,7 +23,8 @@ from assay.propose.base import TaskContext
 from assay.propose.offline import OfflineSynthesizer
 from assay.tasks.model import Task
 from helpers import (KERNELBENCH as KB, assert_accepted_on_cpu, assert_matches_reference,
-                     build_cuda_candidates, small_copy, task_ctx)
+                     assert_translations_match_reference, build_cuda_candidates, small_copy,
+                     task_ctx, translations)
 
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
@@ -150,12 +151,7 @@ def test_a_branch_on_a_traced_value_is_declined_with_its_reason(copies_dir, name
 @needs_kernelbench
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 def test_cuda_sources_compile(copies_dir, tmp_path):
-    syn = OfflineSynthesizer("cuda")
-    props = {name: syn.translate(task_ctx(copies_dir, name, "cuda"), 1, random.Random(0))[0]
-             for name in ("ghost", "no_ghost")}
-    assert all(p.code is not None for p in props.values()), \
-        {n: p.declined for n, p in props.items()}
-    build_cuda_candidates({name: p.code for name, p in props.items()}, tmp_path)
+    build_cuda_candidates(translations(copies_dir, ("ghost", "no_ghost")), tmp_path)
 
 
 @pytest.mark.gpu
@@ -167,10 +163,7 @@ def test_cuda_candidates_match_reference(copies_dir, tmp_path, name):
     at the copy's sizes and at the other input sizes."""
     ctx = task_ctx(copies_dir, name, "cuda")
     _, other = COPIES[name]
-    for prop in OfflineSynthesizer("cuda").translate(ctx, n=2, rng=random.Random(0)):
-        assert prop.code is not None, prop.declined
-        assert_matches_reference(prop.code, tmp_path / f"cuda_{prop.id}.py", ctx, [{}, other],
-                                 "cuda", seeds=(1, 2))
+    assert_translations_match_reference(ctx, [{}, other], tmp_path)
 
 
 @needs_kernelbench
