@@ -1106,7 +1106,7 @@ def test_buffers_are_graph_values_and_a_traced_size_may_slice_one(tmp_path):
     parameters are), not as constants frozen at trace time: a candidate reads the module's own
     (the verifier loads the reference's state into it), and a forward that slices one by a
     traced size traces."""
-    from assay.propose.offline.graph import trace
+    from assay.propose.offline.tracing import trace
 
     path = tmp_path / "buffers.py"
     path.write_text(BUFFERS)

@@ -1,4 +1,4 @@
-"""In-place writes in a task's forward (graph._follow_writes, graph._augmented_alias): a read of a
+"""In-place writes in a task's forward (rewrites.follow_writes, rewrites.augmented_alias): a read of a
 tensor after an in-place write to it reads the written value, as in eager, or the task is
 declined where the plan cannot say so (a write seen through a view, an augmented assignment
 that fx records as a new value)."""

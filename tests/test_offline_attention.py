@@ -24,7 +24,7 @@ import torch
 from assay.bench.build import nvcc_path
 from assay.propose.base import TaskContext
 from assay.propose.offline import OfflineSynthesizer
-from assay.propose.offline.graph import trace
+from assay.propose.offline.tracing import trace
 from assay.propose.offline.own_kernels import packed_attention
 from assay.tasks.instantiate import make_inputs, reference_model, seeded
 from assay.tasks.model import Task

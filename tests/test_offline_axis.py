@@ -92,7 +92,7 @@ DECLINED = {
     "sum_split_dims": "contiguous block of dims",
     "argmax_plus": "arithmetic on argmax/argmin indices",
     "mask_elementwise": "the bool tensor 'mask'",
-    # the zeros joined are the concat kernel's (graph._zero_joins); the narrow by a size is not
+    # the zeros joined are the concat kernel's (rewrites.zero_joins); the narrow by a size is not
     "cumsum_shifted_start": "Tensor.size",
 }
 SUPPORTED = [name for name in TASKS if name not in DECLINED]

@@ -25,7 +25,7 @@ from torch import nn
 from assay.bench.build import nvcc_path
 from assay.propose.base import TaskContext
 from assay.propose.offline import OfflineSynthesizer
-from assay.propose.offline.graph import trace
+from assay.propose.offline.tracing import trace
 from assay.propose.offline.ir import Unsupported
 from assay.propose.offline.tensor_algebra import EINOPS_FUNCTIONS, EINSUMS
 from assay.tasks.model import Task

@@ -116,7 +116,7 @@ TASKS = {
                        "torch.randn(b, c, h, w)", {"b": 2, "c": 3, "h": 6, "w": 7},
                        {"b": 1, "c": 2, "h": 5, "w": 4}, 2),
     # the triplet margin loss (KernelBench L1_99): per-row distances, then their mean or sum
-    # (decomposed before the cut: graph._decompose)
+    # (decomposed before the cut: rewrites.decompose)
     "triplet_module": ("self.loss = nn.TripletMarginLoss(margin=0.5)",
                        "return self.loss(x, x * 0.5 + 0.1, torch.relu(x))",
                        "torch.randn(b, k)", {"b": 6, "k": 20}, {"b": 3, "k": 130}, 2),

@@ -1,6 +1,6 @@
 """The offline synthesizer's analysis of a task: its plan, one kernel or several.
 
-:func:`analyze_task` traces the task's model (:func:`graph.trace`), lowers it into one plan
+:func:`analyze_task` traces the task's model (:func:`tracing.trace`), lowers it into one plan
 (:func:`graph.analyze_graph`) and, where one kernel would have to end, cuts it into a
 multi-kernel plan (:func:`stages.split`). Anything no plan can express is
 :class:`~assay.propose.offline.ir.Unsupported`, with the reason.
@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from assay.propose.offline.graph import analyze_graph, trace
+from assay.propose.offline.graph import analyze_graph
+from assay.propose.offline.tracing import trace
 from assay.propose.offline.ir import PREFIX, Analysis, NeedsCut, Unsupported, structure
 from assay.propose.offline.stages import split
 from assay.tasks.model import Task

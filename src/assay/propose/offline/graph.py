@@ -1,8 +1,8 @@
 """Graph analysis: what computation is this task, in terms the templates can express?
 
-The task's model is traced with torch.fx (its buffers graph values, as its parameters are:
-:class:`_Tracer`) and shape-propagated on meta tensors
-(no memory, any size), then lowered into a small IR, the :class:`Plan`:
+The task's model is traced with torch.fx, rewritten and shape-propagated on meta tensors (no
+memory, any size: :func:`tracing.trace`, :mod:`rewrites`), then lowered here
+(:func:`analyze_graph`) into a small IR, the :class:`Plan`:
 
 * leaves: the forward's float tensor arguments and the module's parameters/buffers, each with how it
   broadcasts against the iteration shape ``S`` (full, a single value, or a contiguous block of
@@ -25,7 +25,7 @@ those. Composite ops (softmax, layer_norm, rms_norm, logsumexp, normalize, mean,
 mse_loss, l1_loss, smooth_l1_loss, huber_loss and kl_div with their reductions) are lowered
 into reductions and elementwise nodes here so that the code generator only knows three
 reductions (sum, max, min) and scalar formulas. triplet_margin_loss (a loss over rows of a
-per-row reduction) is decomposed into its ops (``_decompose``); cross_entropy is a kernel of its
+per-row reduction) is decomposed into its ops (``rewrites.decompose``); cross_entropy is a kernel of its
 own (``own_kernels.xent_of``: logits and int64 class indices, the rows' losses and their
 reduction in one entry point).
 
@@ -52,16 +52,11 @@ run time, so a plan learned at one size serves every size (``analyze_task`` chec
 
 from __future__ import annotations
 
-import ast
 import builtins
-import contextlib
 import dataclasses
 import functools
-import inspect
-import io
 import math
 import operator
-import textwrap
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,20 +64,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
-from torch.fx.passes.shape_prop import ShapeProp
 
 from assay.propose.offline.ir import (ARG_REDUCTIONS, CONV_OPS, PREFIX, Analysis, Gemm, Leaf,
                                       NeedsCut, Node, Plan, Pool, Unsupported, conv_args,
                                       describe, needed_nodes)
-from assay.propose.offline.own_kernels import (CATS, PERMUTE_FUNCTIONS, RECURRENT_MODULES,
-                                               attention_of, concat_node, concat_of, module_of,
-                                               packed_attention, permutation, permute_node,
-                                               permute_of, recurrent_of, unfold_source,
-                                               xent_of, zero_padded_cat)
-from assay.propose.offline.tensor_algebra import (EINOPS_FUNCTIONS, EINSUMS, einops,
-                                                  einops_calls, einops_decline, einsum_call,
-                                                  einsum_products, product_form)
-from assay.tasks.instantiate import init_inputs, make_inputs
+from assay.propose.offline.own_kernels import (CATS, RECURRENT_MODULES, attention_of,
+                                               concat_node, concat_of, module_of, packed_attention,
+                                               permutation, permute_node, permute_of,
+                                               recurrent_of, unfold_source, xent_of)
+from assay.propose.offline.tensor_algebra import EINSUMS, einsum_call, product_form
 
 
 class _Conflict(Unsupported):
@@ -102,7 +92,7 @@ _FUNCTIONS: dict[Any, str] = {}
 
 def exclusive_scan(x: torch.Tensor, dim: int, kind: str) -> torch.Tensor:
     """The exclusive scan of ``x`` along ``dim`` (``kind`` sum or prod): each element the sum
-    (product) of those before it, the first the identity. What :func:`_exclusive_scans` puts
+    (product) of those before it, the first the identity. What :func:`exclusive_scans` puts
     in a graph for the form tasks write it in (KernelBench's L1_92), with its meaning."""
     run = torch.cumsum(x, dim) if kind == "sum" else torch.cumprod(x, dim)
     fill = torch.zeros_like if kind == "sum" else torch.ones_like
@@ -114,7 +104,7 @@ def triangle_fill(input: torch.Tensor, upper: bool, diagonal: int, value: float
     """``input`` where its element's column minus row (the last two dims) is >= (``upper``)
     or <= ``diagonal``, else ``value``: what ``input.masked_fill(~torch.tril(torch.ones(n, m,
     dtype=bool), diagonal), value)`` computes (and the triu and un-negated forms;
-    :func:`_triangle_masks`), without the mask."""
+    :func:`triangle_masks`), without the mask."""
     keep = torch.ones(input.shape[-2:], dtype=torch.bool, device=input.device)
     keep = keep.triu(diagonal) if upper else keep.tril(diagonal)
     return input.masked_fill(~keep, value)
@@ -246,7 +236,7 @@ SHAPE_ARITH = {operator.floordiv: "//", operator.mul: "*", operator.add: "+",
 
 # Positional parameter names of each canonical op (torch's order); keyword arguments are
 # matched by name. A call with more positional arguments than listed is declined (unusual form).
-_SIGNATURES: dict[str, tuple[str, ...]] = {
+SIGNATURES: dict[str, tuple[str, ...]] = {
     "add": ("input", "other", "alpha"), "sub": ("input", "other", "alpha"),
     "mul": ("input", "other"), "div": ("input", "other"), "neg": ("input",),
     "pos": ("input",), "pow": ("input", "exponent"),
@@ -673,7 +663,7 @@ class _Lowering:
 
     @staticmethod
     def bind(op: str, args: tuple, kwargs: dict) -> dict[str, Any]:
-        positional = _SIGNATURES.get(op, ("input",))  # unary formulas take just the input
+        positional = SIGNATURES.get(op, ("input",))  # unary formulas take just the input
         names = positional + ("inplace",)
         if len(args) > len(positional):
             raise Unsupported(f"{PREFIX} {op} called with {len(args)} positional arguments")
@@ -849,9 +839,9 @@ class _Lowering:
         or parameter of 3 or more dims whose every reader is a batched product taking it as its
         second operand: that product reads b in place, K along its rows (no copy); else None
         (the permutation is a kernel of its own)."""
-        src = _swapped(node, -2, -1)
+        src = swapped(node, -2, -1)
         if not (isinstance(src, fx.Node) and src.op in ("placeholder", "get_attr")
-                and len(_meta_shape(src) or ()) >= 3 and node.users):
+                and len(meta_shape(src) or ()) >= 3 and node.users):
             return None
         if not all(_GEMM_FUNCTIONS.get(u.target) in ("matmul", "bmm")
                    if u.op == "call_function" else
@@ -1195,8 +1185,8 @@ class _Lowering:
                              {**node.kwargs, **kw})
         if type(m) in RECURRENT_MODULES:  # a kernel of its own (recurrent_of)
             raise self.cut(f"{PREFIX} nn.{type(m).__name__} beside other work in one kernel")
-        if node.meta.get(_WHY_KEPT):  # a module of torch's attention the rewrites left
-            raise Unsupported(f"{PREFIX} nn.{type(m).__name__} {node.meta[_WHY_KEPT]}")
+        if node.meta.get(WHY_KEPT):  # a module of torch's attention the rewrites left
+            raise Unsupported(f"{PREFIX} nn.{type(m).__name__} {node.meta[WHY_KEPT]}")
         if len(node.args) != 1 or node.kwargs:
             raise _unsupported(f"nn.{type(m).__name__} called with extra arguments")
         x = node.args[0]
@@ -1735,27 +1725,7 @@ def _finish(builder: _Builder, out: int, inputs: list[str], out_shape: tuple[int
 
 
 # ----------------------------------------------------------------------------------------------
-# Entry points
-
-
-def _meta_model(mod: Any) -> nn.Module:
-    """The task's model with meta parameters (no memory), in eval mode like the verifier's."""
-    args = init_inputs(mod)
-    try:
-        with torch.device("meta"):
-            model = mod.Model(*args)
-    except Exception:  # noqa: BLE001 - an __init__ that needs real data: build it on the CPU
-        model = mod.Model(*args)
-    return model.eval()
-
-
-def _meta_inputs(mod: Any) -> list:
-    try:
-        with torch.device("meta"):
-            values = mod.get_inputs()
-        return list(values)
-    except Exception:  # noqa: BLE001 - fall back to real (small) CPU inputs
-        return make_inputs(mod, seed=0, device="cpu")
+# What the lowering knows, and fx helpers the rewrites share (rewrites.py)
 
 
 _KNOWN_MODULES = (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.Mish, nn.SELU, nn.Softsign,
@@ -1768,7 +1738,7 @@ _KNOWN_MODULES = (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.Mish, nn.SELU, nn.So
                                                      else ())
 
 
-def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
+def first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
     """The decline for the first op outside the v1 tables, found without shapes."""
     for node in gm.graph.nodes:
         if (node.op == "call_function" and not any(
@@ -1781,8 +1751,8 @@ def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
             return _unsupported(f"Tensor.{node.target}")
         if node.op == "call_module":
             m = gm.get_submodule(str(node.target))
-            if node.meta.get(_WHY_KEPT):  # a module of torch's attention the rewrites left
-                return Unsupported(f"{PREFIX} nn.{type(m).__name__} {node.meta[_WHY_KEPT]}")
+            if node.meta.get(WHY_KEPT):  # a module of torch's attention the rewrites left
+                return Unsupported(f"{PREFIX} nn.{type(m).__name__} {node.meta[WHY_KEPT]}")
             if not isinstance(m, _KNOWN_MODULES):
                 return _unsupported(f"nn.{type(m).__name__}")
     return None
@@ -1790,328 +1760,16 @@ def _first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
 
 # Where a rewrite of torch's attention modules left a call to the lowering: why (the lowering's
 # decline says it, rather than that the module is not in its table).
-_WHY_KEPT = "assay_why_not_rewritten"
+WHY_KEPT = "assay_why_not_rewritten"
 
 
-def _calls_to_rewrite(gm: fx.GraphModule, cls: type, why_not: Any) -> Any:
-    """The calls of ``cls`` modules in ``gm`` that a rewrite takes, as (node, module); each
-    other call marked with ``why_not(node, module)`` (``_WHY_KEPT``) for the lowering's
-    decline."""
-    for node in list(gm.graph.nodes):
-        m = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
-        if not isinstance(m, cls):
-            continue
-        why = why_not(node, m)
-        if why is None:
-            yield node, m
-        else:
-            node.meta[_WHY_KEPT] = why
-
-
-def _self_attention_why_not(m: nn.MultiheadAttention) -> str | None:
-    """Why ``m``'s self-attention is not :func:`packed_attention` between its projections (one
-    packed in-projection, no key/value biases or zero attention, no attention dropout), or
-    None."""
-    if not m._qkv_same_embed_dim or m.in_proj_weight is None:
-        return "with separate q, k and v projections"
-    if m.bias_k is not None or m.bias_v is not None or m.add_zero_attn:
-        return "with bias_k/bias_v or add_zero_attn"
-    if m.dropout:
-        return "with attention dropout (random weights in training mode)"
-    return None
-
-
-def _self_attention(graph: fx.Graph, path: str, m: nn.MultiheadAttention, tokens: fx.Node,
-                    sequence_first: bool = False) -> fx.Node:
-    """The nodes of ``m``'s self-attention (module ``path``) over batch-first ``tokens``:
-    the packed projection, :func:`packed_attention`, the output projection; with
-    ``sequence_first`` the attention's result is transposed back before that projection (a
-    row op, so the residual and norm after it fuse into its kernel)."""
-    width, heads = int(m.embed_dim), int(m.num_heads)
-    bias = graph.get_attr(f"{path}.in_proj_bias") if m.in_proj_bias is not None else None
-    qkv = graph.call_function(F.linear, (tokens, graph.get_attr(f"{path}.in_proj_weight"), bias))
-    y = graph.call_function(packed_attention, (qkv, None, width, heads,
-                                               1.0 / math.sqrt(width // heads), "softmax"))
-    if sequence_first:
-        y = graph.call_method("transpose", (y, 0, 1))
-    out_bias = graph.get_attr(f"{path}.out_proj.bias") if m.out_proj.bias is not None else None
-    return graph.call_function(F.linear, (y, graph.get_attr(f"{path}.out_proj.weight"),
-                                          out_bias))
-
-
-def _activation(act: Any) -> Any:
-    """ReLU or GELU (erf), given as a function or module, as the function
-    :func:`_encoder_layers` writes; else None (an ``nn.GELU(approximate='tanh')`` is GELU to
-    torch's fast path, not to its module)."""
-    if act is F.relu or isinstance(act, nn.ReLU):
-        return torch.relu
-    if act is F.gelu or (isinstance(act, nn.GELU) and act.approximate == "none"):
-        return F.gelu
-    return None
-
-
-def _encoder_layer_why_not(node: fx.Node, m: nn.TransformerEncoderLayer) -> str | None:
-    """Why :func:`_encoder_layers` leaves this call of ``m`` to the lowering, or None."""
-    if len(node.args) != 1 or node.kwargs or not isinstance(node.args[0], fx.Node):
-        return "called with a mask or other arguments"
-    if _activation(m.activation) is None:
-        return "with an activation other than ReLU or GELU (erf)"
-    if any(d.p for d in (m.dropout, m.dropout1, m.dropout2)):
-        return "with dropout (random in training mode)"
-    return _self_attention_why_not(m.self_attn)
-
-
-def _encoder_layers(gm: fx.GraphModule) -> None:
-    """Rewrite ``nn.TransformerEncoderLayer`` (no masks, no dropout, ReLU or GELU, its
-    attention as :func:`_self_attention_why_not` allows) into what it computes in eval mode:
-    the self-attention and the feed-forward block, each added to its input, with the layer's
-    LayerNorms after (or, ``norm_first``, before) them. Its eval fast path
-    (``torch._transformer_encoder_layer_fwd``) computes the same. A sequence-first layer
-    (``batch_first=False``: [S, N, E], attention over dim 0) is the batch-first one between
-    transposes (everything but the attention is per token); its output made contiguous, as
-    torch's is. Where one such layer reads another's output, the transposes between them
-    cancel: a stack is transposed once in, once out. Other layers are left to the lowering,
-    which declines them with the reason (``_WHY_KEPT``)."""
-    graph = gm.graph
-    back: set[fx.Node] = set()  # the written outputs of sequence-first layers (contiguous)
-    for node, m in _calls_to_rewrite(gm, nn.TransformerEncoderLayer, _encoder_layer_why_not):
-        path, x, act = str(node.target), node.args[0], _activation(m.activation)
-        sequence_first = not m.self_attn.batch_first
-        with graph.inserting_before(node):
-            if sequence_first and x in back:  # the previous layer's batch-first output
-                x = x.args[0].args[0]
-            elif sequence_first:
-                x = graph.call_method("transpose", (x, 0, 1))
-
-            def sublayer(v: fx.Node, block: str) -> fx.Node:
-                if block == "attention":
-                    return _self_attention(graph, f"{path}.self_attn", m.self_attn, v)
-                hidden = graph.call_function(act, (graph.call_module(f"{path}.linear1", (v,)),))
-                return graph.call_module(f"{path}.linear2", (hidden,))
-            for block, norm in (("attention", "norm1"), ("feed_forward", "norm2")):
-                if m.norm_first:
-                    x = graph.call_function(operator.add, (x, sublayer(
-                        graph.call_module(f"{path}.{norm}", (x,)), block)))
-                else:
-                    x = graph.call_module(f"{path}.{norm}", (
-                        graph.call_function(operator.add, (x, sublayer(x, block))),))
-            if sequence_first:
-                x = graph.call_method("contiguous", (graph.call_method("transpose",
-                                                                       (x, 0, 1)),))
-                back.add(x)
-        node.replace_all_uses_with(x)
-        graph.erase_node(node)
-    for x in back:  # those the next layer read in its batch-first form
-        if not x.users:
-            transposed = x.args[0]
-            graph.erase_node(x)
-            graph.erase_node(transposed)
-    graph.lint()
-    gm.recompile()
-
-
-_ENCODER_ARGS = ("src", "mask", "src_key_padding_mask", "is_causal")
-
-
-def _encoder_why_not(node: fx.Node, m: nn.TransformerEncoder) -> str | None:
-    """Why :func:`_encoders` leaves this call of ``m`` to the lowering, or None."""
-    bound = dict(zip(_ENCODER_ARGS, node.args), **node.kwargs)
-    if len(node.args) > len(_ENCODER_ARGS) or set(bound) - set(_ENCODER_ARGS) \
-            or not isinstance(bound.get("src"), fx.Node) \
-            or any(bound.get(k) is not None for k in ("mask", "src_key_padding_mask")) \
-            or bound.get("is_causal"):
-        return "called with a mask or other arguments"
-    return None
-
-
-def _encoders(gm: fx.GraphModule) -> None:
-    """Rewrite ``nn.TransformerEncoder`` (a leaf to fx, as torch.nn's modules are) called
-    without masks into what it computes in eval mode: its layers in order, then its final norm
-    if it has one (without a padding mask its nested-tensor fast path is not taken). The layers
-    are then :func:`_encoder_layers`'s."""
-    graph = gm.graph
-    for node, m in _calls_to_rewrite(gm, nn.TransformerEncoder, _encoder_why_not):
-        path, x = str(node.target), dict(zip(_ENCODER_ARGS, node.args), **node.kwargs)["src"]
-        with graph.inserting_before(node):
-            for i in range(len(m.layers)):
-                x = graph.call_module(f"{path}.layers.{i}", (x,))
-            if m.norm is not None:
-                x = graph.call_module(f"{path}.norm", (x,))
-        node.replace_all_uses_with(x)
-        graph.erase_node(node)
-    graph.lint()
-    gm.recompile()
-
-
-def _multihead_attention_why_not(node: fx.Node, m: nn.MultiheadAttention) -> str | None:
-    """Why :func:`_multihead_attention` leaves this call of ``m`` to the lowering, or None."""
-    if m.batch_first:  # torch returns a transposed view, whose strides the ops after it keep
-        return "with batch_first=True (its result is a transposed view)"
-    names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
-             "average_attn_weights", "is_causal")
-    if len(node.args) > len(names) or any(k not in names for k in node.kwargs):
-        return "called with unusual arguments"
-    bound = dict(zip(names, node.args), **node.kwargs)
-    if not (isinstance(bound.get("query"), fx.Node)
-            and bound.get("query") is bound.get("key") is bound.get("value")):
-        return "as cross-attention (query, key and value differ)"
-    if any(bound.get(k) is not None for k in ("key_padding_mask", "attn_mask")) or \
-            bound.get("is_causal", False):
-        return "with a mask"
-    if not node.users or not all(u.op == "call_function" and u.target is operator.getitem
-                                 and u.args[1] == 0 for u in node.users):
-        return "with its attention weights read"
-    return _self_attention_why_not(m)
-
-
-def _multihead_attention(gm: fx.GraphModule) -> None:
-    """Rewrite ``nn.MultiheadAttention`` self-attention whose weights are not read (``out, _ =
-    attn(x, x, x)``) into what it computes in eval mode: the packed input projection
-    (``F.linear`` of ``in_proj_weight``), :func:`packed_attention` over batch-first tokens
-    (softmax of the scores scaled by 1 / sqrt(head width), the heads side by side), the
-    output projection. The sequence-first input is transposed to batch-first before the
-    attention and back after it (kernels of their own: copies). Other calls (masks, cross-
-    attention, weights read, ``batch_first``, ...) are left to the lowering, which declines
-    them with the reason (``_WHY_KEPT``)."""
-    graph = gm.graph
-    for node, m in _calls_to_rewrite(gm, nn.MultiheadAttention, _multihead_attention_why_not):
-        path, users = str(node.target), list(node.users)
-        x = node.args[0] if node.args else node.kwargs["query"]
-        with graph.inserting_before(node):  # batch-first for the attention kernel
-            out = _self_attention(graph, path, m, graph.call_method("transpose", (x, 0, 1)),
-                                  sequence_first=True)
-        for u in users:
-            u.replace_all_uses_with(out)
-            graph.erase_node(u)
-        graph.erase_node(node)
-    graph.lint()
-    gm.recompile()
-
-
-def _decompose(gm: fx.GraphModule) -> None:
-    """Rewrite composite ops whose lowering would need a kernel boundary inside them into the
-    primitive ops they are made of, so that the stages can cut between those: the triplet
-    margin loss (per-row distances, then their mean) as torch's formula,
-    ``mean(clamp_min(||a - p + eps|| - ||a - n + eps|| + margin, 0))`` over the last dim
-    (p-norm, no swap; other settings are left to the lowering, which declines them)."""
-    graph = gm.graph
-    for node in list(graph.nodes):
-        if node.op == "call_module":
-            m = gm.get_submodule(str(node.target))
-            if not isinstance(m, nn.TripletMarginLoss) or node.kwargs:
-                continue
-            kw = {"margin": m.margin, "p": m.p, "eps": m.eps, "swap": m.swap,
-                  "reduction": m.reduction}
-        elif node.op == "call_function" and node.target is F.triplet_margin_loss:
-            names = _SIGNATURES["triplet_margin_loss"]
-            kw = dict(zip(names[3:], node.args[3:]), **node.kwargs)
-        else:
-            continue
-        args = dict(zip(("anchor", "positive", "negative"), node.args))
-        if (len(args) != 3 or kw.get("swap") or kw.get("reduction", "mean") not in ("mean", "sum")
-                or any(kw.get(k) is not None for k in ("size_average", "reduce"))):
-            continue
-        p, eps, margin = float(kw.get("p", 2.0)), float(kw.get("eps", 1e-6)), \
-            float(kw.get("margin", 1.0))
-        with graph.inserting_before(node):
-            def dist(x):
-                diff = graph.call_function(operator.add, (
-                    graph.call_function(operator.sub, (args["anchor"], x)), eps))
-                return graph.call_function(torch.norm, (diff,), {"p": p, "dim": -1})
-            gap = graph.call_function(operator.add, (graph.call_function(
-                operator.sub, (dist(args["positive"]), dist(args["negative"]))), margin))
-            per_row = graph.call_function(torch.clamp_min, (gap, 0.0))
-            total = graph.call_function(torch.mean if kw.get("reduction", "mean") == "mean"
-                                        else torch.sum, (per_row,))
-        node.replace_all_uses_with(total)
-        graph.erase_node(node)
-    graph.lint()
-    gm.recompile()
-
-
-def _meta_shape(node: Any) -> tuple[int, ...] | None:
+def meta_shape(node: Any) -> tuple[int, ...] | None:
     """The shape a node's value had at the analysed size (its ``tensor_meta``), else None."""
     tm = node.meta.get("tensor_meta") if isinstance(node, fx.Node) else None
     return tuple(int(v) for v in tm.shape) if hasattr(tm, "shape") else None
 
 
-_FILLS = {torch.zeros_like: "sum", torch.ones_like: "prod"}
-_CUMULATIVE = {torch.cumsum: "sum", torch.cumprod: "prod"}
-
-
-def _cumulative(node: Any) -> tuple[str, dict[str, Any]] | None:
-    """(``sum`` or ``prod``, its arguments by name) of a cumsum/cumprod call, else None."""
-    if not isinstance(node, fx.Node):
-        return None
-    if node.op == "call_function" and node.target in _CUMULATIVE:
-        kind = _CUMULATIVE[node.target]
-    elif node.op == "call_method" and str(node.target) in ("cumsum", "cumprod"):
-        kind = str(node.target).removeprefix("cum")
-    else:
-        return None
-    return kind, dict(zip(("input", "dim"), node.args), **node.kwargs)
-
-
-def _exclusive_scans(gm: fx.GraphModule) -> None:
-    """Rewrite the exclusive scans tasks write as an inclusive one shifted by one into
-    :func:`exclusive_scan` nodes: ``torch.cat([zeros_like(Z), torch.cumsum(x.narrow(d, 0, n -
-    1), d)], d)`` with Z of x's shape but 1 along d, n = x.size(d) (cumprod with ones_like),
-    which the lowering could not express (a narrow by a traced size, a join). Needs the shapes
-    (``tensor_meta``); the nodes left unread are dropped."""
-    changed = False
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in CATS:
-            continue
-        bound = dict(zip(("tensors", "dim"), node.args), **node.kwargs)
-        parts, dim = bound.get("tensors"), bound.get("dim", 0)
-        out = _meta_shape(node)
-        if set(bound) - {"tensors", "dim"} or not isinstance(parts, (list, tuple)) or \
-                len(parts) != 2 or out is None or not isinstance(dim, int):
-            continue
-        d = dim % len(out)
-        fill, scan = parts
-        fill_kind = _FILLS.get(fill.target) if isinstance(fill, fx.Node) and \
-            fill.op == "call_function" and len(fill.args) == 1 and not fill.kwargs else None
-        cum = _cumulative(scan)
-        if fill_kind is None or cum is None or cum[0] != fill_kind:
-            continue
-        cargs = cum[1]
-        narrow = cargs.get("input")
-        if set(cargs) != {"input", "dim"} or not isinstance(narrow, fx.Node) or \
-                not isinstance(cargs["dim"], int) or cargs["dim"] % len(out) != d or not (
-                    (narrow.op == "call_method" and str(narrow.target) == "narrow")
-                    or (narrow.op == "call_function" and narrow.target is torch.narrow)):
-            continue
-        nargs = dict(zip(("input", "dim", "start", "length"), narrow.args), **narrow.kwargs)
-        x = nargs.get("input")
-        xs = _meta_shape(x)
-        if (xs != out or nargs.get("start") != 0 or not isinstance(nargs.get("dim"), int)
-                or nargs["dim"] % len(out) != d
-                or _meta_shape(narrow) != out[:d] + (out[d] - 1,) + out[d + 1:]
-                or _meta_shape(fill) != out[:d] + (1,) + out[d + 1:]
-                or fill.meta["tensor_meta"].dtype != x.meta["tensor_meta"].dtype):
-            continue
-        with gm.graph.inserting_before(node):
-            new = gm.graph.call_function(exclusive_scan, (x, d, fill_kind))
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
-        changed = True
-    if changed:
-        _drop_dead(gm)
-
-
-def _method_or_function(node: Any, method: str, functions: tuple[Any, ...]) -> bool:
-    return isinstance(node, fx.Node) and (
-        (node.op == "call_method" and str(node.target) == method)
-        or (node.op == "call_function" and node.target in functions))
-
-
-def _only_user(node: fx.Node, user: fx.Node) -> bool:
-    return list(node.users) == [user]
-
-
-def _swapped(node: Any, a: int, b: int) -> fx.Node | None:
+def swapped(node: Any, a: int, b: int) -> fx.Node | None:
     """The tensor that ``node`` views with its dims ``a`` and ``b`` swapped and the others in
     place (``x.transpose(a, b)``, ``swapaxes``, ``permute``; negative dims from the end), else
     None. Needs the shapes (``tensor_meta``)."""
@@ -2121,569 +1779,6 @@ def _swapped(node: Any, a: int, b: int) -> fx.Node | None:
     want = list(range(len(perm)))
     want[a % len(perm)], want[b % len(perm)] = want[b % len(perm)], want[a % len(perm)]
     return node.args[0] if perm == tuple(want) else None
-
-
-# Arithmetic of numbers in a traced forward (an attention's ``1.0 / math.sqrt(k.size(-1))``)
-_NUMBER_OPS = {math.sqrt, operator.truediv, operator.mul, operator.add, operator.sub,
-               operator.pow, operator.floordiv}
-
-
-def _number(node: Any, shape_of: Any) -> float | None:
-    """A number argument as its value: a constant, a size of a tensor (its shape at the analysed
-    size), or :data:`_NUMBER_OPS` of those, else None."""
-    if isinstance(node, (int, float)) and not isinstance(node, bool):
-        return float(node)
-    if not isinstance(node, fx.Node) or node.kwargs:
-        return None
-    if node.op == "call_method" and str(node.target) == "size" and len(node.args) == 2:
-        shape = shape_of(node.args[0])
-        return float(shape[node.args[1]]) if shape and isinstance(node.args[1], int) else None
-    args = [_number(a, shape_of) for a in node.args]
-    if node.op != "call_function" or node.target not in _NUMBER_OPS or \
-            any(a is None for a in args) or len(args) != (1 if node.target is math.sqrt else 2):
-        return None
-    return float(node.target(*args))
-
-
-def _sizes_within(node: fx.Node, block: set[fx.Node]) -> bool:
-    """Whether ``node`` is a size read (``k.size(-1)``, arithmetic of sizes) whose values end
-    in ``block`` alone (the attention's scale), so the block can go with it."""
-    todo, seen = [node], set()
-    while todo:
-        n = todo.pop()
-        if n in block or n in seen:
-            continue
-        number = n.op == "call_function" and n.target in _NUMBER_OPS and not any(
-            _meta_shape(a) is not None for a in n.args)  # arithmetic of numbers, no tensor
-        if not (shape_value(n) or number):
-            return False
-        seen.add(n)
-        todo += list(n.users)
-    return True
-
-
-def _attention_blocks(gm: fx.GraphModule) -> None:
-    """Rewrite multi-head self-attention written out as minGPT does into one
-    :func:`packed_attention` node, a kernel of its own: from ``qkv.split(C, dim=2)`` through
-    ``q.view(B, T, nh, C // nh).transpose(1, 2)`` (k and v alike), ``(q @ k.transpose(-2, -1))
-    * scale``, an optional ``masked_fill(buf[:, :, :T, :T] == 0, -inf)`` of a model buffer,
-    softmax over the keys or ReLU, an eval-mode dropout, ``@ v``, to ``.transpose(1, 2)
-    .contiguous().view(B, T, C)``. Each value of the block read by the next step alone; the
-    scale a number at the analysed size. Needs the shapes (``tensor_meta``)."""
-    graph = gm.graph
-    changed = False
-    for out in list(graph.nodes):
-        # the end: y.transpose(1, 2).contiguous().view(B, T, C)
-        if not (out.op == "call_method" and str(out.target) in ("view", "reshape")):
-            continue
-        cont = out.args[0]
-        if not (isinstance(cont, fx.Node) and cont.op == "call_method"
-                and str(cont.target) == "contiguous" and len(cont.args) == 1
-                and _only_user(cont, out)):
-            continue
-        y = _swapped(cont.args[0], 1, 2)
-        tr_out = cont.args[0]
-        if y is None or not _only_user(tr_out, cont) or not _only_user(y, tr_out):
-            continue
-        if not _method_or_function(y, "matmul", (torch.matmul, operator.matmul)) or \
-                len(y.args) != 2 or y.kwargs:
-            continue
-        p, v4 = y.args
-        # the probabilities: [dropout] <- act <- [masked_fill] <- [scale] <- q @ k^T
-        chain = [p]
-        if isinstance(p, fx.Node) and p.op == "call_module" and isinstance(
-                gm.get_submodule(str(p.target)), nn.modules.dropout._DropoutNd):
-            p = p.args[0]
-            chain.append(p)
-        act = None
-        if _method_or_function(p, "softmax", (torch.softmax, F.softmax)):
-            dim = dict(zip(("input", "dim"), p.args), **{k: v for k, v in p.kwargs.items()
-                                                          if k != "_stacklevel"}).get("dim")
-            if dim in (-1, 3) and p.kwargs.get("dtype") is None:
-                act = "softmax"
-        elif _method_or_function(p, "relu", (torch.relu, F.relu)) and len(p.args) == 1 \
-                and not p.kwargs.get("inplace"):
-            act = "relu"
-        elif isinstance(p, fx.Node) and p.op == "call_module" and isinstance(
-                gm.get_submodule(str(p.target)), nn.ReLU):
-            act = "relu"
-        if act is None:
-            continue
-        s = p.args[0]
-        mask = mask_view = None
-        if _method_or_function(s, "masked_fill", ()) and len(s.args) == 3 and not s.kwargs \
-                and s.args[2] == float("-inf"):
-            cond = s.args[1]
-            sliced = cond.args[0] if isinstance(cond, fx.Node) and cond.op == "call_function" \
-                and cond.target in (operator.eq, torch.eq) and len(cond.args) == 2 \
-                and cond.args[1] == 0 else None
-            buf = sliced.args[0] if isinstance(sliced, fx.Node) and \
-                sliced.op == "call_function" and sliced.target is operator.getitem else None
-            if not (isinstance(buf, fx.Node) and buf.op == "get_attr"):
-                continue
-            items = sliced.args[1]
-            if not (isinstance(items, tuple) and len(items) == 4 and all(
-                    isinstance(i, slice) and i.start in (None, 0) and i.step is None
-                    for i in items) and items[0].stop is None and items[1].stop is None):
-                continue
-            chain += [s, cond, sliced]
-            mask, mask_view = buf, sliced
-            s = s.args[0]
-        scale = 1.0
-        if isinstance(s, fx.Node) and s.op == "call_function" and s.target in (
-                operator.mul, operator.truediv) and len(s.args) == 2 and not s.kwargs:
-            factor = _number(s.args[1], _meta_shape)
-            if factor is None or factor == 0:
-                continue
-            scale = factor if s.target is operator.mul else 1.0 / factor
-            chain.append(s)
-            s = s.args[0]
-        if not _method_or_function(s, "matmul", (torch.matmul, operator.matmul)) or \
-                len(s.args) != 2:
-            continue
-        q4, kt = s.args
-        k4 = _swapped(kt, 2, 3)
-        if k4 is None:
-            continue
-        # q, k, v: views of the thirds of one split, in that order
-        thirds = []
-        for x4 in (q4, k4, v4):
-            view = _swapped(x4, 1, 2)
-            third = view.args[0] if isinstance(view, fx.Node) and \
-                view.op == "call_method" and str(view.target) in ("view", "reshape") else None
-            if not (isinstance(third, fx.Node) and third.op == "call_function"
-                    and third.target is operator.getitem and isinstance(third.args[1], int)):
-                thirds = None
-                break
-            thirds.append((third.args[0], third.args[1], _meta_shape(view)))
-        if not thirds or len({t[0] for t in thirds}) != 1 or [t[1] for t in thirds] != [0, 1, 2]:
-            continue
-        split = thirds[0][0]
-        if not (split.op == "call_method" and str(split.target) == "split"):
-            continue
-        sargs = dict(zip(("split_size", "dim"), split.args[1:]), **split.kwargs)
-        qkv = split.args[0]
-        qs, views = _meta_shape(qkv), [t[2] for t in thirds]
-        width = sargs.get("split_size")
-        if qs is None or len(qs) != 3 or sargs.get("dim") not in (2, -1) or \
-                not isinstance(width, int) or qs[2] != 3 * width or \
-                len(set(views)) != 1 or views[0] is None or len(views[0]) != 4 or \
-                views[0][:2] != qs[:2] or views[0][2] * views[0][3] != width or \
-                _meta_shape(out) != (qs[0], qs[1], width):
-            continue
-        heads = views[0][2]
-        if mask is not None:  # its top-left T x T block, over every batch and head
-            ms = _meta_shape(mask)
-            if ms is None or len(ms) != 4 or ms[:2] != (1, 1) or min(ms[2:]) < qs[1] or \
-                    _meta_shape(mask_view) != (1, 1, qs[1], qs[1]):
-                continue
-        # every value between the split and the end is read inside the block only
-        block = {out, cont, tr_out, y, *chain, s, kt} | {a for x4 in (q4, k4, v4)
-                                                          for a in (x4, x4.args[0],
-                                                                    x4.args[0].args[0])}
-        block |= {split}
-        if any(u not in block and not _sizes_within(u, block)
-               for n in block - {out} for u in n.users):
-            continue
-        with graph.inserting_before(out):
-            new = graph.call_function(packed_attention,
-                                      (qkv, mask, width, heads, float(scale), act))
-        new.meta = dict(out.meta)
-        out.replace_all_uses_with(new)
-        graph.erase_node(out)
-        changed = True
-    if changed:
-        _drop_dead(gm)
-
-
-def _attention_products(gm: fx.GraphModule) -> bool:
-    """Rewrite ``F.scaled_dot_product_attention(q, k, v)`` (no mask, no dropout, not causal, no
-    grouped heads) into what it computes, ``softmax(q @ k.transpose(-2, -1) * scale, -1) @ v``
-    (scale: the call's, else 1 / sqrt of q's last dim at the analysed size), so that the
-    stages plan it as products and a row kernel: heads of any width, where the attention
-    family's kernel keeps a head's values in registers. Whether anything changed (the new
-    nodes need their shapes). Needs the shapes (``tensor_meta``)."""
-    graph = gm.graph
-    changed = False
-    for node in list(graph.nodes):
-        if not (node.op == "call_function" and node.target is F.scaled_dot_product_attention):
-            continue
-        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
-                 "enable_gqa")
-        if len(node.args) > len(names) or any(k not in names for k in node.kwargs):
-            continue
-        bound = dict(zip(names, node.args), **node.kwargs)
-        q, k, v = (bound.get(n) for n in names[:3])
-        shapes = [_meta_shape(x) for x in (q, k, v)]
-        if (bound.get("attn_mask") is not None or bound.get("dropout_p", 0.0) != 0
-                or bound.get("is_causal", False) is not False or bound.get("enable_gqa", False)
-                or any(sh is None or len(sh) < 3 for sh in shapes)
-                or len({len(sh) for sh in shapes}) != 1
-                or len({sh[:-2] for sh in shapes}) != 1
-                or shapes[0][-1] != shapes[1][-1] or shapes[1][-2] != shapes[2][-2]):
-            continue  # declined by the lowering, which names the op
-        scale = bound.get("scale")
-        if scale is None:
-            scale = 1.0 / math.sqrt(shapes[0][-1])
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            continue
-        with graph.inserting_before(node):
-            kt = graph.call_method("transpose", (k, -2, -1))
-            scores = graph.call_function(torch.matmul, (q, kt))
-            scaled = graph.call_function(operator.mul, (scores, float(scale)))
-            probs = graph.call_function(torch.softmax, (scaled, -1))
-            out = graph.call_function(torch.matmul, (probs, v))
-        node.replace_all_uses_with(out)
-        graph.erase_node(node)
-        changed = True
-    if changed:
-        graph.lint()
-        gm.recompile()
-    return changed
-
-
-def _zero_fill(node: Any) -> bool:
-    """``torch.zeros_like(t)``, ``t.new_zeros(sizes)`` or ``torch.zeros(sizes)``: zeros of a
-    known shape, no value read."""
-    if not isinstance(node, fx.Node) or set(node.kwargs) - {"device", "dtype"}:
-        return False
-    return ((node.op == "call_function" and node.target in (torch.zeros_like, torch.zeros))
-            or (node.op == "call_method" and str(node.target) == "new_zeros"))
-
-
-def _zero_joins(gm: fx.GraphModule) -> bool:
-    """Rewrite the joins with zeros into :func:`zero_padded_cat`, whose zero parts the concat
-    kernel writes: ``torch.cat`` of a :func:`_zero_fill` part (Mamba2's ``initial_states =
-    torch.zeros_like(states[:, :1])`` before ``torch.cat([initial_states, states], dim=1)``)
-    and ``F.pad`` with zeros (constant mode, no cropping: one join per padded dim). Whether
-    anything changed (a pad of several dims makes joins with no shape yet). Needs the shapes
-    (``tensor_meta``); what it does not match is declined by the lowering."""
-    graph = gm.graph
-    changed = False
-    for node in list(graph.nodes):
-        if node.op != "call_function":
-            continue
-        shape = _meta_shape(node)
-        if node.target in (torch.cat, torch.concat, torch.concatenate):
-            bound = dict(zip(("tensors", "dim"), node.args), **node.kwargs)
-            parts, dim = bound.get("tensors"), bound.get("dim", 0)
-            if (set(bound) - {"tensors", "dim"} or not isinstance(parts, (list, tuple))
-                    or not any(_zero_fill(p) for p in parts) or shape is None
-                    or isinstance(dim, bool) or not isinstance(dim, int)
-                    or all(_zero_fill(p) for p in parts)):
-                continue
-            dtype = node.meta["tensor_meta"].dtype
-            if any(_zero_fill(p) and (_meta_shape(p) is None
-                                      or p.meta["tensor_meta"].dtype != dtype) for p in parts):
-                continue
-            dim %= len(shape)
-            joined = [_meta_shape(p)[dim] if _zero_fill(p) else p for p in parts]
-            with graph.inserting_before(node):
-                new = graph.call_function(zero_padded_cat, (joined, dim))
-        elif node.target is F.pad:
-            bound = dict(zip(("input", "pad", "mode", "value"), node.args), **node.kwargs)
-            pad, x = bound.get("pad"), bound.get("input")
-            if (set(bound) - {"input", "pad", "mode", "value"} or shape is None
-                    or bound.get("mode", "constant") != "constant"
-                    or bound.get("value") not in (None, 0) or not isinstance(pad, (list, tuple))
-                    or len(pad) % 2 or len(pad) > 2 * len(shape)
-                    or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0
-                               for p in pad)):
-                continue
-            new = x
-            with graph.inserting_before(node):
-                for i in range(len(pad) // 2):  # pairs from the last dim backwards
-                    before, after = pad[2 * i], pad[2 * i + 1]
-                    if before or after:
-                        joined = [n for n in (before, new, after) if not isinstance(n, int) or n]
-                        new = graph.call_function(zero_padded_cat,
-                                                  (joined, len(shape) - 1 - i))
-        else:
-            continue
-        if new is node.args[0]:  # F.pad by nothing
-            continue
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
-        changed = True
-    if changed:
-        _drop_dead(gm)
-    return changed
-
-
-def _bool_triangle(node: Any) -> tuple[bool, int] | None:
-    """(upper, diagonal) of ``torch.tril``/``triu`` (function or method) of ``torch.ones`` of
-    two sizes with ``dtype=torch.bool``, else None."""
-    upper = _method_or_function(node, "triu", (torch.triu,))
-    if not (upper or _method_or_function(node, "tril", (torch.tril,))):
-        return None
-    bound = dict(zip(("input", "diagonal"), node.args), **node.kwargs)
-    ones, diagonal = bound.get("input"), bound.get("diagonal", 0)
-    if (set(bound) - {"input", "diagonal"} or isinstance(diagonal, bool)
-            or not isinstance(diagonal, int) or not isinstance(ones, fx.Node)
-            or not (ones.op == "call_function" and ones.target is torch.ones)
-            or ones.kwargs.get("dtype") is not torch.bool or len(_meta_shape(ones) or ()) != 2):
-        return None
-    return upper, diagonal
-
-
-def _triangle_masks(gm: fx.GraphModule) -> bool:
-    """Rewrite ``x.masked_fill(mask, value)`` whose mask is a triangle of a bool ones matrix
-    made in the forward (``~torch.tril(torch.ones(T, T, dtype=bool))``, a causal mask of the
-    last two dims; triu, and not negated, too) into :func:`triangle_fill`, which the kernels
-    compute from the element's index (``ir`` op ``tri`` with a fill): the mask is no tensor any
-    kernel reads. Whether anything changed. Needs the shapes (``tensor_meta``); x's last two
-    dims must be the mask's."""
-    graph = gm.graph
-    changed = False
-    for node in list(graph.nodes):
-        if not _method_or_function(node, "masked_fill", (torch.masked_fill,)) or node.kwargs \
-                or len(node.args) != 3:
-            continue
-        x, mask, value = node.args
-        negated = (isinstance(mask, fx.Node) and mask.op == "call_function"
-                   and mask.target in (operator.invert, torch.logical_not))
-        triangle = _bool_triangle(mask.args[0] if negated else mask)
-        shape = _meta_shape(x)
-        if (triangle is None or isinstance(value, bool) or not isinstance(value, (int, float))
-                or shape is None or len(shape) < 2
-                or shape[-2:] != _meta_shape(mask.args[0] if negated else mask)):
-            continue
-        upper, diagonal = triangle
-        # kept where the mask is False: ~tril(d) keeps col - row <= d, tril(d) keeps >= d + 1,
-        # ~triu(d) keeps >= d, triu(d) keeps <= d - 1
-        if not negated:
-            upper, diagonal = not upper, diagonal + (1 if not upper else -1)
-        with graph.inserting_before(node):
-            fill = graph.call_function(triangle_fill, (x, upper, diagonal, float(value)))
-        fill.meta = dict(node.meta)
-        node.replace_all_uses_with(fill)
-        graph.erase_node(node)
-        changed = True
-    if changed:
-        _drop_dead(gm)
-    return changed
-
-
-# Tensor factories: a value made by one lives where its ``device=`` says, else on the CPU,
-# whatever device the module and the inputs are on.
-_FACTORIES = frozenset((torch.zeros, torch.ones, torch.empty, torch.full, torch.arange,
-                        torch.rand, torch.randn, torch.randint, torch.randperm, torch.tensor,
-                        torch.as_tensor, torch.eye, torch.linspace, torch.logspace))
-# Factories of random values: a forward that draws them matches no reference.
-_RANDOM = frozenset((torch.rand, torch.randn, torch.randint, torch.randperm, torch.rand_like,
-                     torch.randn_like, torch.randint_like, torch.normal, torch.bernoulli,
-                     torch.multinomial, torch.poisson))
-# Factories of the sizes given: traced as a node where a size is a traced value (a constant
-# mask of a traced length, ``torch.ones(T, T)``), as other calls with a traced argument are;
-# the random ones too, so that the decline names them (_RANDOM).
-_SIZED_FACTORIES = (torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.eye,
-                    torch.rand, torch.randn, torch.randint, torch.randperm)
-# The dtypes torch reads Python's types as (``torch.ones(n, dtype=bool)``).
-_PYTHON_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64,
-                  complex: torch.complex128}
-# Tensor methods that may move a value to another device (or change its dtype).
-_MOVES = frozenset(("to", "cpu", "cuda", "type"))
-
-
-class _Tracer(fx.Tracer):
-    """fx's tracer with the module's buffers as graph values (``get_attr``), as its parameters
-    are: a forward that slices a buffer by a traced size (a causal mask cut to the sequence,
-    ``self.bias[:, :, :T, :T]``) traces, where a plain tensor cannot take a traced index.
-
-    A branch on a comparison of devices or dtypes (a guard such as NetVLAD's ``if x.device !=
-    self.clusters.device: raise ...``) is decided while tracing, so that the branch not taken
-    is not traced: the verifier runs the module and its inputs on one device, so two values
-    computed from them share it; the dtypes of the forward's inputs (``inputs``, in the
-    forward's order) and of the module's tensors are known. Any other branch on a traced value
-    is a :class:`fx.proxy.TraceError` that says so."""
-
-    proxy_buffer_attributes = True
-
-    def __init__(self, inputs: list | tuple = ()) -> None:
-        # einops' functions are recorded as one node each (a traced value has no shape for
-        # einops to read), rewritten once shapes are known (tensor_algebra.einops_calls), and
-        # torch's factories likewise where a size is traced. fx finds the functions to wrap
-        # in the forward's globals; torch's and einops' namespaces are searched too, for
-        # ``torch.ones(...)`` and ``einops.rearrange(...)``.
-        super().__init__(autowrap_functions=EINOPS_FUNCTIONS + _SIZED_FACTORIES)
-        self._autowrap_search.append(torch)
-        if einops is not None:
-            self._autowrap_search.append(einops)
-        self._inputs = list(inputs)
-
-    def create_arg(self, a: Any) -> Any:
-        # ``dtype=bool`` (a Python type, which torch reads as its dtype) as that dtype: fx
-        # records no types
-        if isinstance(a, type) and a in _PYTHON_DTYPES:
-            return _PYTHON_DTYPES[a]
-        return super().create_arg(a)
-
-    def to_bool(self, obj: fx.Proxy) -> bool:
-        node = obj.node
-        if (node.op == "call_function" and node.target in (operator.eq, operator.ne)
-                and len(node.args) == 2 and not node.kwargs):
-            sides = [self._known(a) for a in node.args]
-            if None not in sides and sides[0][0] == sides[1][0]:
-                return (sides[0] == sides[1]) == (node.target is operator.eq)
-        raise fx.proxy.TraceError(
-            f"control flow on a traced value ({_written(node)}): only a comparison of two "
-            f"tensors' devices, or of the forward's inputs' and the module's tensors' dtypes, "
-            f"is decided while tracing")
-
-    def _known(self, arg: Any) -> tuple[str, Any] | None:
-        """``("device", None)`` for ``t.device`` of a value on the module's and inputs' device
-        (all are one), ``("dtype", dtype)`` for a known dtype; None where it is not known."""
-        if isinstance(arg, torch.dtype):
-            return ("dtype", arg)
-        if not (isinstance(arg, fx.Node) and arg.op == "call_function" and arg.target is getattr
-                and len(arg.args) == 2 and arg.args[1] in ("device", "dtype")):
-            return None
-        tensor, attr = arg.args
-        if attr == "device":
-            return ("device", None) if self._on_common_device(tensor) else None
-        value = self._concrete(tensor)
-        return ("dtype", value.dtype) if isinstance(value, torch.Tensor) else None
-
-    def _concrete(self, node: Any) -> Any:
-        """The forward's input or the module's tensor that ``node`` is, else None."""
-        if not isinstance(node, fx.Node):
-            return None
-        if node.op == "placeholder":
-            index = [n for n in node.graph.nodes if n.op == "placeholder"].index(node)
-            return self._inputs[index] if index < len(self._inputs) else None
-        if node.op == "get_attr":
-            # through the modules' own tables: while tracing, the tracer's patched
-            # ``Module.__getattr__`` would hand back the proxy of a parameter
-            *path, name = str(node.target).split(".")
-            owner = functools.reduce(lambda m, part: m._modules[part], path, self.root)
-            for table in (owner._parameters, owner._buffers, vars(owner)):
-                if name in table:
-                    return table[name]
-        return None
-
-    def _on_common_device(self, node: fx.Node) -> bool:
-        """Whether ``node`` is computed from the inputs or the module's tensors through no
-        move (``.to``, ``.cpu``, ...) and no tensor factory but one given a traced device
-        (``device=x.device``; one given none, or a constant such as ``"cpu"``, makes its
-        value on a fixed device, whatever device the verifier runs on)."""
-        seen, todo, rooted = set(), [node], False
-        while todo:
-            n = todo.pop()
-            if n in seen:
-                continue
-            seen.add(n)
-            if n.op in ("placeholder", "get_attr"):
-                rooted = rooted or isinstance(self._concrete(n), torch.Tensor)
-                continue
-            if ((n.op == "call_method" and n.target in _MOVES)
-                    or (n.op == "call_function" and n.target in _FACTORIES
-                        and not isinstance(n.kwargs.get("device"), fx.Node))):
-                return False
-            todo += n.all_input_nodes
-        return rooted
-
-
-def _written(node: Any) -> str:
-    """A traced value as the forward wrote it, near enough to find it: ``gt(sum_1, 0)``,
-    ``x.device``."""
-    if not isinstance(node, fx.Node):
-        return repr(node)
-    if node.op == "call_function" and node.target is getattr:
-        return f"{_written(node.args[0])}.{node.args[1]}"
-    if node.op in ("call_function", "call_method"):
-        name = getattr(node.target, "__name__", str(node.target))
-        return f"{name}({', '.join(_written(a) for a in node.args)})"
-    return node.name
-
-
-def _unpassed_nones(model: nn.Module, inputs: list) -> dict[str, None] | None:
-    """The forward's arguments past those ``get_inputs`` gives whose default is None, each as
-    None: traced so, ``if initial_states is None:`` takes the branch the verifier's calls take
-    (a traced argument is never None); fx checks the value in the graph, a check that
-    ``_drop_dead`` drops with the argument."""
-    try:
-        params = list(inspect.signature(model.forward).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    nones = {p.name: None for p in params[len(inputs):]
-             if p.default is None and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)}
-    return nones or None
-
-
-def trace(mod: Any, real: bool = False) -> fx.GraphModule:
-    """One executed task module (see :meth:`Task.module`) traced, its dead values dropped, its
-    composite losses decomposed and every node's shape propagated (``tensor_meta``).
-
-    Shapes are propagated on meta tensors (no memory at any size), or with ``real`` on real
-    CPU tensors: for a small task that is faster, because the first use of meta kernels imports
-    torch's meta registrations and decompositions (about 1.5 s of every translate/evolve step
-    of a CPU campaign)."""
-    try:
-        if real:
-            model = mod.Model(*init_inputs(mod)).eval()
-            inputs = make_inputs(mod, seed=0, device="cpu")
-        else:
-            model, inputs = _meta_model(mod), _meta_inputs(mod)
-    except Exception as e:  # noqa: BLE001
-        raise Unsupported(f"{PREFIX} this task: building it failed ({type(e).__name__}: {e})")
-    aliased = _augmented_alias(getattr(type(model), "forward", None))
-    if aliased is not None:
-        raise Unsupported(f"{PREFIX} an augmented assignment to {aliased!r} while another name "
-                          f"for that tensor is read after it (fx records it as a new value)")
-    try:
-        traced = _Tracer(inputs).trace(model, _unpassed_nones(model, inputs))
-        for node in traced.nodes:
-            # no ``torch.fx.wrap("torch.ones")`` in the module's code: run, it registers a
-            # global name that the next trace's patching cannot find (KeyError)
-            node.meta.pop("is_wrapped", None)
-        gm = fx.GraphModule(model, traced)
-    except Exception as e:  # noqa: BLE001
-        raise Unsupported(f"{PREFIX} a forward that torch.fx cannot trace "
-                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
-    for node, value in zip([n for n in gm.graph.nodes if n.op == "placeholder"], inputs):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            node.meta[NUMBER_ARG] = True
-    _follow_writes(gm)
-    _drop_dead(gm, passed=len(inputs))
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in _RANDOM:
-            # (L3_35's LSTM draws its initial states when the forward is not given them)
-            raise Unsupported(f"{PREFIX} a random tensor made in the forward "
-                              f"(torch.{node.target.__name__}: drawn anew at each call)")
-    _decompose(gm)
-    _encoders(gm)
-    _encoder_layers(gm)
-    _multihead_attention(gm)
-
-    def propagate() -> None:
-        # ShapeProp prints the failing node's traceback before raising; the decline says why.
-        with contextlib.redirect_stderr(io.StringIO()):
-            _ShapeProp(gm).propagate(*inputs)
-
-    try:
-        propagate()
-        if einops_calls(gm):
-            propagate()  # the new nodes' shapes
-        _exclusive_scans(gm)
-        _attention_blocks(gm)
-        # every rewrite runs; then the new nodes' shapes
-        if any([_zero_joins(gm), _triangle_masks(gm), _attention_products(gm),
-                einsum_products(gm)]):
-            propagate()
-    except Unsupported:
-        raise  # a rewrite's decline, which says why
-    except Exception as e:  # noqa: BLE001
-        einops_failed = einops_decline(e)
-        if einops_failed is not None:
-            raise einops_failed from None
-        # Most often an op without a meta kernel, which v1 could not express anyway: name it.
-        unknown = _first_unknown_op(gm)
-        if unknown is not None:
-            raise unknown from None
-        raise Unsupported(f"{PREFIX} this task: shape propagation failed "
-                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
-    return gm
 
 
 def analyze_graph(gm: fx.GraphModule) -> Analysis:
@@ -2704,143 +1799,6 @@ def analyze_graph(gm: fx.GraphModule) -> Analysis:
     if len(summary) > 160:  # composite ops expand into long formulas: name them instead
         summary = f"{plan.kind} kernel fusing {', '.join(ops)}"
     return Analysis(plan, s, ops, summary, _row_groups(plan, gm))
-
-
-# Ops whose result may share memory with their first argument (a write to one shows in the
-# other); getitem counts (basic indexing is a view).
-_VIEW_METHODS = RESHAPE_METHODS | {"permute", "transpose", "swapaxes", "swapdims", "t", "expand",
-                                   "expand_as", "view_as", "narrow", "select", "unflatten",
-                                   "diagonal", "unfold", "as_strided", "split", "chunk",
-                                   "unbind", "movedim", "detach", "contiguous"}
-
-
-def _in_place(node: fx.Node) -> bool:
-    """Whether ``node`` may write a tensor it is given (so it is kept even if unread)."""
-    if node.kwargs.get("inplace") or node.target is operator.setitem:
-        return True
-    if node.op == "call_method":
-        return str(node.target).endswith("_")
-    if node.op == "call_function":
-        return getattr(node.target, "__name__", "").endswith("_")
-    if node.op == "call_module":
-        m = module_of(node)
-        return m is None or bool(getattr(m, "inplace", False))
-    return True
-
-
-def _writes_first(node: fx.Node) -> bool:
-    """Whether ``node`` writes its first argument and returns it (``x.relu_()``,
-    ``F.relu(x, inplace=True)``, ``nn.ReLU(inplace=True)``; ``y += 1`` is no such node: fx
-    records it as ``y + 1``, see :func:`_augmented_alias`)."""
-    if node.op == "call_function":
-        return (node.kwargs.get("inplace") is True
-                or getattr(node.target, "__name__", "").endswith("_"))
-    if node.op == "call_method":
-        return str(node.target).endswith("_") and not str(node.target).startswith("_")
-    if node.op == "call_module":
-        return getattr(module_of(node), "inplace", False) is True
-    return False
-
-
-def _may_view(node: fx.Node) -> bool:
-    return ((node.op == "call_method" and str(node.target) in _VIEW_METHODS)
-            or (node.op == "call_function" and (node.target is operator.getitem
-                                                or node.target in RESHAPE_FUNCTIONS
-                                                or node.target in PERMUTE_FUNCTIONS)))
-
-
-def _augmented_alias(forward: Any) -> str | None:
-    """The name of a tensor that ``forward`` writes by an augmented assignment (``y += 1``)
-    while another name for it is read after that, else None. fx records ``y += 1`` on a traced
-    tensor as ``y = y + 1`` (a proxy has no in-place operators), so ``z = y; y += 1; return z``
-    would be computed as returning the old ``y``: eager returns the new one. Read from the
-    source (names bound to names, in line order); None where the source is not available."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
-    except Exception:  # noqa: BLE001 - no source (built-in, generated, wrapped oddly): no check
-        return None
-    steps = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign))),
-                   key=lambda n: (n.lineno, n.col_offset))
-    loads = [(n.lineno, n.id) for n in ast.walk(tree)
-             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
-    group: dict[str, object] = {}
-    for st in steps:
-        if isinstance(st, ast.Assign):
-            fresh = object()
-            for t in st.targets:
-                if isinstance(t, ast.Name):
-                    value = st.value
-                    group[t.id] = group.setdefault(value.id, object()) \
-                        if isinstance(value, ast.Name) else fresh
-        elif isinstance(st.target, ast.Name) and st.target.id in group:
-            name = st.target.id
-            others = {v for v, g in group.items() if g is group[name] and v != name}
-            if any(line > st.lineno and v in others for line, v in loads):
-                return name
-    return None
-
-
-def _follow_writes(gm: fx.GraphModule) -> None:
-    """Reads of a tensor after an in-place write to it read the written value, as in eager:
-    fx records ``z = y; y += 1; return z`` as ``iadd = y + 1`` with ``z`` still the node ``y``,
-    so the later reads of ``y`` are pointed at the write's result (the same tensor). A write
-    to or through a view whose other aliases are read after it is declined: the plan computes
-    values, not shared memory."""
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    changed = False
-    for node in list(gm.graph.nodes):
-        if not _writes_first(node) or not node.args or not isinstance(node.args[0], fx.Node):
-            continue
-        target = node.args[0]
-        for user in list(target.users):
-            if user is not node and order[user] > order[node]:
-                user.replace_input_with(target, node)
-                changed = True
-        # the tensors that share the written memory: what it views, and views taken of it
-        aliases = [target.args[0]] if _may_view(target) and target.args and \
-            isinstance(target.args[0], fx.Node) else []
-        aliases += [u for u in target.users if u is not node and _may_view(u)]
-        if any(order[u] > order[node] for a in aliases for u in a.users if u is not target):
-            raise Unsupported(f"{PREFIX} an in-place write to a tensor whose view (or base) is "
-                              f"read after it (the plan computes values, not shared memory)")
-    if changed:
-        gm.recompile()
-
-
-class _ShapeProp(ShapeProp):
-    """ShapeProp, with nn.GRU/nn.LSTM's outputs made from their shapes rather than by running
-    them: on meta tensors torch runs them step by step (KernelBench's 6-layer LSTM over 512
-    steps took 10 s to propagate; this takes none)."""
-
-    def call_module(self, target: Any, args: tuple, kwargs: dict) -> Any:
-        m = self.fetch_attr(target)
-        x = args[0] if args else None
-        if type(m) not in RECURRENT_MODULES or not isinstance(x, torch.Tensor) or x.dim() != 3:
-            return super().call_module(target, args, kwargs)
-        t, b = (x.shape[1], x.shape[0]) if m.batch_first else (x.shape[0], x.shape[1])
-        dirs = 2 if m.bidirectional else 1
-        out = torch.zeros((t, b, dirs * m.hidden_size), dtype=x.dtype, device=x.device)
-        state = torch.zeros((m.num_layers * dirs, b, m.hidden_size), dtype=x.dtype,
-                            device=x.device)
-        out = out.transpose(0, 1) if m.batch_first else out  # torch's strides
-        return (out, (state, state.clone())) if isinstance(m, nn.LSTM) else (out, state)
-
-
-def _drop_dead(gm: fx.GraphModule, passed: int | None = None) -> None:
-    """Remove the values no output depends on (KernelBench's LSTM tasks compute a linear layer
-    on the output sequence, then return the state), keeping whatever may write in place; with
-    ``passed`` (how many arguments ``get_inputs`` gives), also the forward's optional arguments
-    past those that nothing reads (NetVLAD's ``mask=None``): the forward is never given them."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for node in reversed(list(gm.graph.nodes)):
-        if node.op == "output" or node.users:
-            continue
-        if node.op == "placeholder":
-            if passed is not None and placeholders.index(node) >= passed and node.args:
-                gm.graph.erase_node(node)  # args: (its default,)
-        elif not _in_place(node):
-            gm.graph.erase_node(node)
-    gm.recompile()
 
 
 def shape_value(node: Any) -> bool:

@@ -4,7 +4,7 @@
 (:class:`~assay.propose.offline.ir.Recurrent`), the cross-entropy loss
 (:class:`~assay.propose.offline.ir.CrossEntropy`) and multi-head self-attention of a packed
 projection (:class:`~assay.propose.offline.ir.Attention`: a :func:`packed_attention` node, which
-``graph._attention_blocks`` writes for the block). The ``*_node`` predicates say where
+``rewrites.attention_blocks`` writes for the block). The ``*_node`` predicates say where
 :mod:`stages` cuts around them; the ``*_of`` functions plan a stage that is one of them.
 """
 
@@ -24,7 +24,7 @@ from assay.propose.offline.ir import (PERMUTE_MAX_DIMS, PREFIX, Analysis, Attent
 
 def zero_padded_cat(tensors: list, dim: int = 0) -> torch.Tensor:
     """``torch.cat(tensors, dim)`` where an int in ``tensors`` stands for that many slices of
-    zeros along ``dim`` (``graph._zero_joins``: a ``torch.zeros_like`` part, ``F.pad``): the
+    zeros along ``dim`` (``rewrites.zero_joins``: a ``torch.zeros_like`` part, ``F.pad``): the
     concat kernel writes them, no tensor of zeros is made."""
     ref = next(t for t in tensors if isinstance(t, torch.Tensor))
     d = dim % ref.dim()
@@ -158,7 +158,7 @@ def own_kernel(node: fx.Node) -> bool:
 def selections(node: fx.Node) -> list[fx.Node]:
     """The items a recurrent module's result is read through (``out, h_n = gru(x, h0)``;
     LSTM's ``(h_n, c_n)`` one level deeper), ending at the one tensor the task reads; [] if it
-    reads the tuple otherwise or more than one of its items (graph.trace drops dead items)."""
+    reads the tuple otherwise or more than one of its items (tracing.trace drops dead items)."""
     chain, at = [], node
     while not hasattr(at.meta.get("tensor_meta"), "shape"):
         users = list(at.users)
@@ -173,7 +173,7 @@ def selections(node: fx.Node) -> list[fx.Node]:
 
 def packed_attention(qkv: torch.Tensor, mask: torch.Tensor | None, split: int, heads: int,
                      scale: float, act: str) -> torch.Tensor:
-    """Multi-head self-attention of a packed projection, as :func:`_attention_blocks` finds it
+    """Multi-head self-attention of a packed projection, as :func:`rewrites.attention_blocks` finds it
     in a graph (minGPT's form: KernelBench's L3_43, 44, 50), with its meaning: q, k, v the
     thirds of ``qkv`` [B, T, 3 * split], each split into ``heads``; the scores scaled, -inf
     where ``mask``'s top-left T x T block is 0, softmax over the keys (or ReLU), times v, the
