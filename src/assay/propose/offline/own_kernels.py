@@ -173,8 +173,8 @@ def selections(node: fx.Node) -> list[fx.Node]:
 
 def packed_attention(qkv: torch.Tensor, mask: torch.Tensor | None, split: int, heads: int,
                      scale: float, act: str) -> torch.Tensor:
-    """Multi-head self-attention of a packed projection, as :func:`rewrites.attention_blocks` finds it
-    in a graph (minGPT's form: KernelBench's L3_43, 44, 50), with its meaning: q, k, v the
+    """Multi-head self-attention of a packed projection, as :func:`rewrites.attention_blocks`
+    finds it in a graph (minGPT's form: KernelBench's L3_43, 44, 50), with its meaning: q, k, v the
     thirds of ``qkv`` [B, T, 3 * split], each split into ``heads``; the scores scaled, -inf
     where ``mask``'s top-left T x T block is 0, softmax over the keys (or ReLU), times v, the
     heads side by side again: [B, T, split]."""

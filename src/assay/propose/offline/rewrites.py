@@ -37,6 +37,7 @@ from assay.propose.offline.ir import PREFIX, Unsupported
 from assay.propose.offline.own_kernels import (CATS, PERMUTE_FUNCTIONS, module_of,
                                                packed_attention, zero_padded_cat)
 
+
 def calls_to_rewrite(gm: fx.GraphModule, cls: type, why_not: Any) -> Any:
     """The calls of ``cls`` modules in ``gm`` that a rewrite takes, as (node, module); each
     other call marked with ``why_not(node, module)`` (``WHY_KEPT``) for the lowering's

@@ -30,6 +30,7 @@ from assay.propose.offline.tensor_algebra import (EINOPS_FUNCTIONS, einops, eino
                                                   einops_decline, einsum_products)
 from assay.tasks.instantiate import init_inputs, make_inputs
 
+
 def _meta_model(mod: Any) -> nn.Module:
     """The task's model with meta parameters (no memory), in eval mode like the verifier's."""
     args = init_inputs(mod)
