@@ -26,8 +26,8 @@ mse_loss, l1_loss, smooth_l1_loss, huber_loss and kl_div with their reductions) 
 into reductions and elementwise nodes here so that the code generator only knows three
 reductions (sum, max, min) and scalar formulas. triplet_margin_loss (a loss over rows of a
 per-row reduction) is decomposed into its ops (``rewrites.decompose``); cross_entropy is a
-kernel of its own (``own_kernels.xent_of``: logits and int64 class indices, the rows' losses and their
-reduction in one entry point).
+kernel of its own (``own_kernels.xent_of``: logits and int64 class indices, the rows' losses
+and their reduction in one entry point).
 
 A task may open with one matrix product or convolution (``torch.matmul``/``mm``/``bmm``,
 ``F.linear``/``nn.Linear``, ``F.conv2d``/``nn.Conv2d``) whose operands are inputs or parameters:
