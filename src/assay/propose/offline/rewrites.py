@@ -24,12 +24,13 @@ import inspect
 import math
 import operator
 import textwrap
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from assay.propose.offline.fx_edits import recompile, replace_node
 from assay.propose.offline.graph import (RESHAPE_FUNCTIONS, RESHAPE_METHODS, SIGNATURES, WHY_KEPT,
                                          exclusive_scan, meta_shape, shape_value, swapped,
                                          triangle_fill)
@@ -144,15 +145,13 @@ def encoder_layers(gm: fx.GraphModule) -> None:
                 x = graph.call_method("contiguous", (graph.call_method("transpose",
                                                                        (x, 0, 1)),))
                 back.add(x)
-        node.replace_all_uses_with(x)
-        graph.erase_node(node)
+        replace_node(node, x, same_shape=False)
     for x in back:  # those the next layer read in its batch-first form
         if not x.users:
             transposed = x.args[0]
             graph.erase_node(x)
             graph.erase_node(transposed)
-    graph.lint()
-    gm.recompile()
+    recompile(gm)
 
 
 _ENCODER_ARGS = ("src", "mask", "src_key_padding_mask", "is_causal")
@@ -182,10 +181,8 @@ def encoders(gm: fx.GraphModule) -> None:
                 x = graph.call_module(f"{path}.layers.{i}", (x,))
             if m.norm is not None:
                 x = graph.call_module(f"{path}.norm", (x,))
-        node.replace_all_uses_with(x)
-        graph.erase_node(node)
-    graph.lint()
-    gm.recompile()
+        replace_node(node, x, same_shape=False)
+    recompile(gm)
 
 
 def _multihead_attention_why_not(node: fx.Node, m: nn.MultiheadAttention) -> str | None:
@@ -226,11 +223,9 @@ def multihead_attention(gm: fx.GraphModule) -> None:
             out = _self_attention(graph, path, m, graph.call_method("transpose", (x, 0, 1)),
                                   sequence_first=True)
         for u in users:
-            u.replace_all_uses_with(out)
-            graph.erase_node(u)
+            replace_node(u, out, same_shape=False)
         graph.erase_node(node)
-    graph.lint()
-    gm.recompile()
+    recompile(gm)
 
 
 def decompose(gm: fx.GraphModule) -> None:
@@ -268,10 +263,8 @@ def decompose(gm: fx.GraphModule) -> None:
             per_row = graph.call_function(torch.clamp_min, (gap, 0.0))
             total = graph.call_function(torch.mean if kw.get("reduction", "mean") == "mean"
                                         else torch.sum, (per_row,))
-        node.replace_all_uses_with(total)
-        graph.erase_node(node)
-    graph.lint()
-    gm.recompile()
+        replace_node(node, total, same_shape=False)
+    recompile(gm)
 
 
 _FILLS = {torch.zeros_like: "sum", torch.ones_like: "prod"}
@@ -332,9 +325,7 @@ def exclusive_scans(gm: fx.GraphModule) -> None:
             continue
         with gm.graph.inserting_before(node):
             new = gm.graph.call_function(exclusive_scan, (x, d, fill_kind))
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
+        replace_node(node, new)
         changed = True
     if changed:
         drop_dead(gm)
@@ -515,9 +506,7 @@ def attention_blocks(gm: fx.GraphModule) -> None:
         with graph.inserting_before(out):
             new = graph.call_function(packed_attention,
                                       (qkv, mask, width, heads, float(scale), act))
-        new.meta = dict(out.meta)
-        out.replace_all_uses_with(new)
-        graph.erase_node(out)
+        replace_node(out, new)
         changed = True
     if changed:
         drop_dead(gm)
@@ -560,12 +549,10 @@ def attention_products(gm: fx.GraphModule) -> bool:
             scaled = graph.call_function(operator.mul, (scores, float(scale)))
             probs = graph.call_function(torch.softmax, (scaled, -1))
             out = graph.call_function(torch.matmul, (probs, v))
-        node.replace_all_uses_with(out)
-        graph.erase_node(node)
+        replace_node(node, out, same_shape=False)
         changed = True
     if changed:
-        graph.lint()
-        gm.recompile()
+        recompile(gm)
     return changed
 
 
@@ -629,9 +616,7 @@ def zero_joins(gm: fx.GraphModule) -> bool:
             continue
         if new is node.args[0]:  # F.pad by nothing
             continue
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
+        replace_node(node, new)
         changed = True
     if changed:
         drop_dead(gm)
@@ -683,9 +668,7 @@ def triangle_masks(gm: fx.GraphModule) -> bool:
             upper, diagonal = not upper, diagonal + (1 if not upper else -1)
         with graph.inserting_before(node):
             fill = graph.call_function(triangle_fill, (x, upper, diagonal, float(value)))
-        fill.meta = dict(node.meta)
-        node.replace_all_uses_with(fill)
-        graph.erase_node(node)
+        replace_node(node, fill)
         changed = True
     if changed:
         drop_dead(gm)
@@ -764,6 +747,131 @@ def augmented_alias(forward: Any) -> str | None:
             if any(line > st.lineno and v in others for line, v in loads):
                 return name
     return None
+
+
+# Reads of a module's plain tensor attribute (not a parameter or buffer: fx's GraphModule
+# makes every tensor it copies a buffer), marked by tracing; REASSIGNED: one that the forward
+# sets (``self.hidden = ...``), whose value is the one the previous call left.
+PLAIN = "assay_plain_attribute"
+REASSIGNED = "assay_reassigned_attribute"
+# Tensor factories: a value made by one lives where its ``device=`` says, else on the CPU,
+# whatever device the module and the inputs are on.
+FACTORIES = frozenset((torch.zeros, torch.ones, torch.empty, torch.full, torch.arange,
+                       torch.rand, torch.randn, torch.randint, torch.randperm, torch.tensor,
+                       torch.as_tensor, torch.eye, torch.linspace, torch.logspace))
+# Tensor methods that may move a value to another device (or change its dtype).
+MOVES = frozenset(("to", "cpu", "cuda", "type"))
+
+
+def one_node_per_attribute(gm: fx.GraphModule, plain: set[str], reassigned: set[str]
+                           ) -> None:
+    """One ``get_attr`` node per module tensor: fx records a read of a plain tensor attribute
+    (``self.hidden``) as a node at each read, and a write in place through one of them
+    (``self.hidden.copy_(h0)``) must be seen by the reads after it (:func:`follow_writes`).
+    The reads of a plain tensor attribute (``plain``: qualified names) are marked ``PLAIN``,
+    of one in ``reassigned`` (those the forward set) ``REASSIGNED`` too, for
+    :func:`module_state` and :func:`device_moves`."""
+    first: dict[str, fx.Node] = {}
+    for node in list(gm.graph.nodes):
+        if node.op != "get_attr":
+            continue
+        target = str(node.target)
+        if target in first:
+            replace_node(node, first[target], same_shape=False)
+            continue
+        first[target] = node
+        if target in plain:
+            node.meta[PLAIN] = True
+        if target in reassigned:
+            node.meta[REASSIGNED] = True
+    gm.recompile()
+
+
+def module_state(gm: fx.GraphModule) -> None:
+    """A module tensor that the forward writes (in place, or by setting the attribute) is
+    state kept between calls, which a plan cannot hold: declined where the forward reads it
+    before it is overwritten whole. Overwritten whole first (KernelBench's L3_33: its hidden
+    state copied from the forward's argument, ``self.hidden.copy_(initial_hidden)``), the
+    output depends on this call's inputs alone: the reads after the copy read its source.
+    Needs the shapes (``tensor_meta``)."""
+    for node in list(gm.graph.nodes):
+        if node.op != "get_attr":
+            continue
+        writes = [u for u in node.users if _writes_first(u) and u.args and u.args[0] is node]
+        if not writes and not node.meta.get(REASSIGNED):
+            continue
+        copy = writes[0] if writes else None
+        source = copy.args[1] if copy is not None and len(copy.args) == 2 else None
+        if (copy is None or len(node.users) != 1 or copy.op != "call_method"
+                or str(copy.target) != "copy_" or copy.kwargs
+                or not isinstance(source, fx.Node) or meta_shape(source) != meta_shape(node)
+                or source.meta["tensor_meta"].dtype != node.meta["tensor_meta"].dtype):
+            raise Unsupported(f"{PREFIX} state kept on the module between calls (self."
+                              f"{node.target}: the forward writes it and reads the value the "
+                              f"previous call left)")
+        replace_node(copy, source, same_shape=False)
+        gm.graph.erase_node(node)
+    recompile(gm)
+
+
+def on_common_device(node: fx.Node, root: Callable[[fx.Node], bool | None]) -> bool:
+    """Whether ``node`` is computed on the device the verifier runs the module and its inputs
+    on: from tensors ``root`` says are there (``root(n)`` of a placeholder or ``get_attr``:
+    True, False for a tensor on a device of its own, None for no tensor), through no move
+    (``.to``, ``.cpu``, ...) and no tensor factory but one given a traced device
+    (``device=x.device``; one given none, or a constant such as ``"cpu"``, makes its value on
+    a fixed device, whatever device the verifier runs on)."""
+    seen, todo, rooted = set(), [node], False
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op in ("placeholder", "get_attr"):
+            at = root(n)
+            if at is False:
+                return False
+            rooted = rooted or bool(at)
+            continue
+        if ((n.op == "call_method" and n.target in MOVES)
+                or (n.op == "call_function" and n.target in FACTORIES
+                    and not isinstance(n.kwargs.get("device"), fx.Node))):
+            return False
+        todo += n.all_input_nodes
+    return rooted
+
+
+def _traced_root(node: fx.Node) -> bool | None:
+    """:func:`on_common_device`'s ``root`` for a traced graph with shapes: a plain tensor
+    attribute (``PLAIN``) stays where it was made; other module tensors and the forward's
+    tensor inputs are on the verifier's device."""
+    if node.meta.get(PLAIN):
+        return False
+    return True if node.op == "get_attr" or "tensor_meta" in node.meta else None
+
+
+def device_moves(gm: fx.GraphModule) -> None:
+    """``v.to(t.device)`` (or ``device=t.device``) where ``v`` and ``t`` are both on the
+    verifier's device (:func:`on_common_device`) moves nothing: ``v`` itself. Needs the shapes
+    (``tensor_meta``: which inputs are tensors). A move to a fixed device, or of a value
+    that may be elsewhere, stays (and the lowering declines it)."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if not (node.op == "call_method" and node.target == "to" and node.args):
+            continue
+        value, rest = node.args[0], node.args[1:]
+        device = rest[0] if len(rest) == 1 and not node.kwargs else \
+            node.kwargs.get("device") if not rest and set(node.kwargs) == {"device"} else None
+        if not (isinstance(device, fx.Node) and device.op == "call_function"
+                and device.target is getattr and device.args[1:] == ("device",)
+                and isinstance(value, fx.Node) and isinstance(device.args[0], fx.Node)):
+            continue
+        if on_common_device(value, _traced_root) and \
+                on_common_device(device.args[0], _traced_root):
+            replace_node(node, value, same_shape=False)
+            changed = True
+    if changed:
+        drop_dead(gm)
 
 
 def follow_writes(gm: fx.GraphModule) -> None:

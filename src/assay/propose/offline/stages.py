@@ -296,16 +296,17 @@ def _viewed_as_traced(chain: list[fx.Node]) -> bool:
     return all(a == b for a, b, size in zip(t.stride(), last.stride, last.shape) if size != 1)
 
 
-def _forward_view(node: fx.Node, expr: str, names: dict[fx.Node, str], prelude: list[str]
-                  ) -> None:
-    """``node`` made by ModelNew.forward before the first kernel, as ``view<k> = expr``, and
-    named so in ``names`` for the stages that read it."""
+def _forward_view(node: fx.Node, expr: str, names: dict[fx.Node, str],
+                  prelude: dict[fx.Node, str]) -> None:
+    """``node`` made by ModelNew.forward before the first kernel, as the line ``view<k> =
+    expr`` of ``prelude`` (in the forward's order), and named so in ``names`` for the stages
+    that read it."""
     names[node] = f"view{len(prelude)}"
-    prelude.append(f"{names[node]} = {expr}")
+    prelude[node] = f"{names[node]} = {expr}"
 
 
-def _joined_parameters(todo: list[fx.Node], names: dict[fx.Node, str], prelude: list[str]
-                       ) -> list[fx.Node]:
+def _joined_parameters(todo: list[fx.Node], names: dict[fx.Node, str],
+                       prelude: dict[fx.Node, str]) -> list[fx.Node]:
     """Parameters expanded over sizes of the forward's inputs and joined by a torch.cat
     (ViT's class token, ``self.cls_token.expand(x.size(0), -1, -1)``), made by the forward
     (:func:`_forward_view`): a join reads only arguments, and such a part is no kernel's
@@ -323,7 +324,8 @@ def _joined_parameters(todo: list[fx.Node], names: dict[fx.Node, str], prelude: 
     return made
 
 
-def _input_views(nodes: list[fx.Node], names: dict[fx.Node, str], prelude: list[str]) -> bool:
+def _input_views(nodes: list[fx.Node], names: dict[fx.Node, str],
+                 prelude: dict[fx.Node, str]) -> bool:
     """``nodes`` (views and size queries of the forward's inputs), their views made by the
     forward (:func:`_forward_view`, size-generic); False, and nothing made, where one is not a
     view of a named tensor that view_expr can write."""
@@ -332,10 +334,11 @@ def _input_views(nodes: list[fx.Node], names: dict[fx.Node, str], prelude: list[
     for n in views:
         src = n.args[0] if n.args else None
         # a view of a parameter too (einops' blocks of Mamba2's A, B, C); not of a stage's
-        # output, which the forward has not computed before the first kernel
-        viewed = names.get(src) if src in names else _parameter_expr(src)
-        if viewed is not None and viewed.startswith(STAGE_INPUT.format("")):
+        # output, which the forward has not computed before the first kernel: only its
+        # inputs and the views it made already are
+        if src in names and not (src.op == "placeholder" or src in prelude):
             return False
+        viewed = names.get(src) if src in names else _parameter_expr(src)
         expr = view_expr(n, names) if viewed is not None else None
         if expr is None:
             return False
@@ -378,7 +381,7 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
     names: dict[fx.Node, str] = {n: str(n.target) for n in forward_inputs}
     stages: list[Analysis] = []
     views: list[str] = []
-    prelude: list[str] = []
+    prelude: dict[fx.Node, str] = {}
     todo = [n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
     joined = set(_joined_parameters(todo, names, prelude))  # the forward expands them
     todo = [n for n in todo if n not in joined]
@@ -458,7 +461,7 @@ def split(gm: fx.GraphModule, analyze: Callable[[fx.GraphModule], Analysis]) -> 
     if len(stages) == 1 and not views[0] and not prelude:  # pragma: no cover - tried whole
         raise Unsupported(f"{PREFIX} this task")
     pipeline = Pipeline(tuple(stages), tuple(str(n.target) for n in forward_inputs),
-                        tuple(views), tuple(prelude))
+                        tuple(views), tuple(prelude.values()))
     ops = tuple(dict.fromkeys(op for st in stages for op in st.ops))
     summary = f"{len(stages)} kernels: " + "; ".join(st.summary for st in stages)
     if len(summary) > 160:

@@ -28,6 +28,7 @@ import torch
 from torch import fx
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
+from assay.propose.offline.fx_edits import recompile, replace_node
 from assay.propose.offline.ir import PREFIX, Unsupported
 
 try:
@@ -159,12 +160,10 @@ def einops_calls(gm: fx.GraphModule) -> bool:
             except einops.EinopsError as e:
                 raise Unsupported(f"{PREFIX} einops.{node.target.__name__}: "
                                   f"{' '.join(str(e).split())}") from None
-        node.replace_all_uses_with(out.proxy.node if out is not source else x)
-        graph.erase_node(node)
+        replace_node(node, out.proxy.node if out is not source else x, same_shape=False)
         changed = True
     if changed:
-        graph.lint()
-        gm.recompile()
+        recompile(gm)
     return changed
 
 
@@ -373,8 +372,7 @@ def einsum_products(gm: fx.GraphModule) -> bool:
         graph.erase_node(node)
         changed = True
     if changed:
-        graph.lint()
-        gm.recompile()
+        recompile(gm)
     return changed
 
 

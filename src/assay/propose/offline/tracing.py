@@ -23,9 +23,10 @@ from assay.propose.offline.graph import NUMBER_ARG, first_unknown_op
 from assay.propose.offline.ir import PREFIX, Unsupported
 from assay.propose.offline.own_kernels import RECURRENT_MODULES
 from assay.propose.offline.rewrites import (attention_blocks, attention_products, augmented_alias,
-                                            decompose, drop_dead, encoder_layers, encoders,
-                                            exclusive_scans, follow_writes, multihead_attention,
-                                            triangle_masks, zero_joins)
+                                            decompose, device_moves, drop_dead, encoder_layers,
+                                            encoders, exclusive_scans, follow_writes,
+                                            module_state, multihead_attention, on_common_device,
+                                            one_node_per_attribute, triangle_masks, zero_joins)
 from assay.propose.offline.tensor_algebra import (EINOPS_FUNCTIONS, einops, einops_calls,
                                                   einops_decline, einsum_products)
 from assay.tasks.instantiate import init_inputs, make_inputs
@@ -51,11 +52,6 @@ def _meta_inputs(mod: Any) -> list:
         return make_inputs(mod, seed=0, device="cpu")
 
 
-# Tensor factories: a value made by one lives where its ``device=`` says, else on the CPU,
-# whatever device the module and the inputs are on.
-_FACTORIES = frozenset((torch.zeros, torch.ones, torch.empty, torch.full, torch.arange,
-                        torch.rand, torch.randn, torch.randint, torch.randperm, torch.tensor,
-                        torch.as_tensor, torch.eye, torch.linspace, torch.logspace))
 # Factories of random values: a forward that draws them matches no reference.
 _RANDOM = frozenset((torch.rand, torch.randn, torch.randint, torch.randperm, torch.rand_like,
                      torch.randn_like, torch.randint_like, torch.normal, torch.bernoulli,
@@ -68,8 +64,6 @@ _SIZED_FACTORIES = (torch.zeros, torch.ones, torch.empty, torch.full, torch.aran
 # The dtypes torch reads Python's types as (``torch.ones(n, dtype=bool)``).
 _PYTHON_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64,
                   complex: torch.complex128}
-# Tensor methods that may move a value to another device (or change its dtype).
-_MOVES = frozenset(("to", "cpu", "cuda", "type"))
 
 
 class Tracer(fx.Tracer):
@@ -127,7 +121,7 @@ class Tracer(fx.Tracer):
             return None
         tensor, attr = arg.args
         if attr == "device":
-            return ("device", None) if self._on_common_device(tensor) else None
+            return ("device", None) if on_common_device(tensor, self._root) else None
         value = self._concrete(tensor)
         return ("dtype", value.dtype) if isinstance(value, torch.Tensor) else None
 
@@ -148,26 +142,17 @@ class Tracer(fx.Tracer):
                     return table[name]
         return None
 
-    def _on_common_device(self, node: fx.Node) -> bool:
-        """Whether ``node`` is computed from the inputs or the module's tensors through no
-        move (``.to``, ``.cpu``, ...) and no tensor factory but one given a traced device
-        (``device=x.device``; one given none, or a constant such as ``"cpu"``, makes its
-        value on a fixed device, whatever device the verifier runs on)."""
-        seen, todo, rooted = set(), [node], False
-        while todo:
-            n = todo.pop()
-            if n in seen:
-                continue
-            seen.add(n)
-            if n.op in ("placeholder", "get_attr"):
-                rooted = rooted or isinstance(self._concrete(n), torch.Tensor)
-                continue
-            if ((n.op == "call_method" and n.target in _MOVES)
-                    or (n.op == "call_function" and n.target in _FACTORIES
-                        and not isinstance(n.kwargs.get("device"), fx.Node))):
+    def _root(self, node: fx.Node) -> bool | None:
+        """For :func:`on_common_device`: whether ``node`` (an input or a module tensor) is a
+        tensor that the verifier puts on its device, None where it is no tensor. A plain tensor
+        attribute is not one: ``Module.to`` moves parameters and buffers only."""
+        if node.op == "get_attr":
+            *path, name = str(node.target).split(".")
+            owner = functools.reduce(lambda m, part: m._modules[part], path, self.root)
+            if name not in owner._parameters and name not in owner._buffers and \
+                    isinstance(vars(owner).get(name), torch.Tensor):
                 return False
-            todo += n.all_input_nodes
-        return rooted
+        return True if isinstance(self._concrete(node), torch.Tensor) else None
 
 
 def _written(node: Any) -> str:
@@ -181,6 +166,26 @@ def _written(node: Any) -> str:
         name = getattr(node.target, "__name__", str(node.target))
         return f"{name}({', '.join(_written(a) for a in node.args)})"
     return node.name
+
+
+def _tensor_attributes(model: nn.Module) -> dict[str, tuple[nn.Module, torch.Tensor]]:
+    """The model's tensors that are plain attributes (not parameters or buffers), by qualified
+    name: the module that holds each and the tensor."""
+    return {f"{path}.{name}" if path else name: (m, value)
+            for path, m in model.named_modules()
+            for name, value in vars(m).items() if isinstance(value, torch.Tensor)}
+
+
+def _restore(attributes: dict[str, tuple[nn.Module, torch.Tensor]]) -> set[str]:
+    """Give each module its tensor attribute back where the traced forward set another value;
+    the qualified names of those."""
+    reassigned = set()
+    for qualified, (m, value) in attributes.items():
+        name = qualified.rsplit(".", 1)[-1]
+        if vars(m).get(name) is not value:
+            vars(m)[name] = value
+            reassigned.add(qualified)
+    return reassigned
 
 
 def _unpassed_nones(model: nn.Module, inputs: list) -> dict[str, None] | None:
@@ -217,16 +222,21 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
     if aliased is not None:
         raise Unsupported(f"{PREFIX} an augmented assignment to {aliased!r} while another name "
                           f"for that tensor is read after it (fx records it as a new value)")
+    attributes = _tensor_attributes(model)
     try:
         traced = Tracer(inputs).trace(model, _unpassed_nones(model, inputs))
         for node in traced.nodes:
             # no ``torch.fx.wrap("torch.ones")`` in the module's code: run, it registers a
             # global name that the next trace's patching cannot find (KeyError)
             node.meta.pop("is_wrapped", None)
+        # a forward that sets a tensor attribute (``self.hidden = ...``) left a traced value
+        # there: the module gets its tensor back, and the graph's reads of it are marked
+        reassigned = _restore(attributes)
         gm = fx.GraphModule(model, traced)
     except Exception as e:  # noqa: BLE001
         raise Unsupported(f"{PREFIX} a forward that torch.fx cannot trace "
                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+    one_node_per_attribute(gm, set(attributes), reassigned)
     for node, value in zip([n for n in gm.graph.nodes if n.op == "placeholder"], inputs):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             node.meta[NUMBER_ARG] = True
@@ -251,6 +261,8 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
         propagate()
         if einops_calls(gm):
             propagate()  # the new nodes' shapes
+        module_state(gm)
+        device_moves(gm)
         exclusive_scans(gm)
         attention_blocks(gm)
         # every rewrite runs; then the new nodes' shapes
