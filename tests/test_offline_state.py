@@ -75,6 +75,14 @@ FORMS = {
         self.hidden = torch.tanh(x + self.hidden)
         return self.hidden * self.w
 """, None),
+    # set by the forward, its old value read by nothing the output needs (dropped)
+    "reassigned_unread": ("""        self.hidden = torch.zeros(rows, n)
+
+    def forward(self, x, h):
+        unused = self.hidden * x
+        self.hidden = torch.tanh(x + h)
+        return self.hidden * self.w
+""", None),
     # the value the previous call left, read
     "carried_attribute": ("""        self.hidden = torch.zeros(rows, n)
 
@@ -124,7 +132,7 @@ def forms_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", [n for n, (_, why) in FORMS.items() if why is None])
-def test_state_overwritten_whole_first_is_planned(forms_dir, tmp_path, name):
+def test_a_forward_that_reads_no_state_of_a_previous_call_is_planned(forms_dir, tmp_path, name):
     ctx = task_ctx(forms_dir, name)
     prop = OfflineSynthesizer("cpu").translate(ctx, 1, random.Random(0))[0]
     assert prop.code is not None, prop.declined

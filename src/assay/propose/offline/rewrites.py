@@ -800,6 +800,9 @@ def module_state(gm: fx.GraphModule) -> None:
         writes = [u for u in node.users if _writes_first(u) and u.args and u.args[0] is node]
         if not writes and not node.meta.get(REASSIGNED):
             continue
+        if not node.users:  # set by the forward, its old value never read
+            gm.graph.erase_node(node)
+            continue
         copy = writes[0] if writes else None
         source = copy.args[1] if copy is not None and len(copy.args) == 2 else None
         if (copy is None or len(node.users) != 1 or copy.op != "call_method"

@@ -133,22 +133,25 @@ class Tracer(fx.Tracer):
             index = [n for n in node.graph.nodes if n.op == "placeholder"].index(node)
             return self._inputs[index] if index < len(self._inputs) else None
         if node.op == "get_attr":
-            # through the modules' own tables: while tracing, the tracer's patched
-            # ``Module.__getattr__`` would hand back the proxy of a parameter
-            *path, name = str(node.target).split(".")
-            owner = functools.reduce(lambda m, part: m._modules[part], path, self.root)
+            owner, name = self._owner(node)
             for table in (owner._parameters, owner._buffers, vars(owner)):
                 if name in table:
                     return table[name]
         return None
+
+    def _owner(self, node: fx.Node) -> tuple[nn.Module, str]:
+        """The module holding ``get_attr`` node's tensor, and its name there: through the
+        modules' own tables, since while tracing the tracer's patched ``Module.__getattr__``
+        would hand back the proxy of a parameter."""
+        *path, name = str(node.target).split(".")
+        return functools.reduce(lambda m, part: m._modules[part], path, self.root), name
 
     def _root(self, node: fx.Node) -> bool | None:
         """For :func:`on_common_device`: whether ``node`` (an input or a module tensor) is a
         tensor that the verifier puts on its device, None where it is no tensor. A plain tensor
         attribute is not one: ``Module.to`` moves parameters and buffers only."""
         if node.op == "get_attr":
-            *path, name = str(node.target).split(".")
-            owner = functools.reduce(lambda m, part: m._modules[part], path, self.root)
+            owner, name = self._owner(node)
             if name not in owner._parameters and name not in owner._buffers and \
                     isinstance(vars(owner).get(name), torch.Tensor):
                 return False
