@@ -756,11 +756,11 @@ PLAIN = "assay_plain_attribute"
 REASSIGNED = "assay_reassigned_attribute"
 # Tensor factories: a value made by one lives where its ``device=`` says, else on the CPU,
 # whatever device the module and the inputs are on.
-FACTORIES = frozenset((torch.zeros, torch.ones, torch.empty, torch.full, torch.arange,
-                       torch.rand, torch.randn, torch.randint, torch.randperm, torch.tensor,
-                       torch.as_tensor, torch.eye, torch.linspace, torch.logspace))
+_FACTORIES = frozenset((torch.zeros, torch.ones, torch.empty, torch.full, torch.arange,
+                        torch.rand, torch.randn, torch.randint, torch.randperm, torch.tensor,
+                        torch.as_tensor, torch.eye, torch.linspace, torch.logspace))
 # Tensor methods that may move a value to another device (or change its dtype).
-MOVES = frozenset(("to", "cpu", "cuda", "type"))
+_MOVES = frozenset(("to", "cpu", "cuda", "type"))
 
 
 def one_node_per_attribute(gm: fx.GraphModule, plain: set[str], reassigned: set[str]
@@ -800,9 +800,6 @@ def module_state(gm: fx.GraphModule) -> None:
         writes = [u for u in node.users if _writes_first(u) and u.args and u.args[0] is node]
         if not writes and not node.meta.get(REASSIGNED):
             continue
-        if not node.users:  # set by the forward, its old value never read
-            gm.graph.erase_node(node)
-            continue
         copy = writes[0] if writes else None
         source = copy.args[1] if copy is not None and len(copy.args) == 2 else None
         if (copy is None or len(node.users) != 1 or copy.op != "call_method"
@@ -836,8 +833,8 @@ def on_common_device(node: fx.Node, root: Callable[[fx.Node], bool | None]) -> b
                 return False
             rooted = rooted or bool(at)
             continue
-        if ((n.op == "call_method" and n.target in MOVES)
-                or (n.op == "call_function" and n.target in FACTORIES
+        if ((n.op == "call_method" and n.target in _MOVES)
+                or (n.op == "call_function" and n.target in _FACTORIES
                     and not isinstance(n.kwargs.get("device"), fx.Node))):
             return False
         todo += n.all_input_nodes
@@ -862,9 +859,10 @@ def device_moves(gm: fx.GraphModule) -> None:
     for node in list(gm.graph.nodes):
         if not (node.op == "call_method" and node.target == "to" and node.args):
             continue
-        value, rest = node.args[0], node.args[1:]
-        device = rest[0] if len(rest) == 1 and not node.kwargs else \
-            node.kwargs.get("device") if not rest and set(node.kwargs) == {"device"} else None
+        value = node.args[0]
+        bound = dict(zip(("device",), node.args[1:]), **node.kwargs)
+        device = bound.get("device") if len(node.args) <= 2 and set(bound) == {"device"} \
+            else None
         if not (isinstance(device, fx.Node) and device.op == "call_function"
                 and device.target is getattr and device.args[1:] == ("device",)
                 and isinstance(value, fx.Node) and isinstance(device.args[0], fx.Node)):
@@ -916,6 +914,6 @@ def drop_dead(gm: fx.GraphModule, passed: int | None = None) -> None:
         if node.op == "placeholder":
             if passed is not None and placeholders.index(node) >= passed and node.args:
                 gm.graph.erase_node(node)  # args: (its default,)
-        elif not _in_place(node):
+        elif node.op == "get_attr" or not _in_place(node):  # (a module tensor nothing reads)
             gm.graph.erase_node(node)
     gm.recompile()
