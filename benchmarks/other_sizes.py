@@ -3,7 +3,7 @@
     python benchmarks/other_sizes.py --source ../shared/kernelbench --out /tmp/kb_other
     PYTHONPATH=src python benchmarks/synth_suite.py --source /tmp/kb_other --plans-only \\
         --device cuda --out /tmp/plans_other
-    python benchmarks/other_sizes.py --compare /tmp/plans/plans.md /tmp/plans_other/plans.md
+    python benchmarks/other_sizes.py --compare /tmp/plans/plans.json /tmp/plans_other/plans.json
 
 The same task code at other sizes is a check the synthesizer must pass (a plan that depends on
 a size coincidence, or a size tuned into a template, fails it). Each task file's module-level
@@ -16,7 +16,7 @@ own reference cannot run at those sizes (a LayerNorm's shape given apart from it
 join of feature maps that odd sizes misalign: run on the meta device, no memory), the batch
 size alone is moved; where even that breaks it, the file is copied unchanged and listed.
 
-``--compare`` reads two ``plans.md`` (``synth_suite.py --plans-only``) and lists the tasks
+``--compare`` reads two ``plans.json`` (``synth_suite.py --plans-only``) and lists the tasks
 planned in the first and not in the second, with the second's reason (exit status 1 if any).
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import re
 import shutil
 import sys
@@ -114,22 +115,15 @@ def write_copies(source: Path, out: Path) -> dict[str, list[str]]:
 
 
 def plans(path: Path) -> tuple[set[str], dict[str, str]]:
-    """The tasks a ``plans.md`` plans, and the declined ones with their reasons."""
-    planned, declined = set(), {}
-    section = None
-    for line in path.read_text().splitlines():
-        if line.startswith("## "):
-            section = line[3:].strip().lower()
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 3 or not line.startswith("|") or set(cells[0]) <= set("- "):
-            continue
-        if section == "planned" and re.match(r"L\d+_", cells[0]):
-            planned.add(cells[0])
-        elif section and section.startswith("declined") and cells[0].isdigit():
-            for task in cells[2].split(", "):
-                declined[task.strip()] = cells[1]
-    return planned, declined
+    """The tasks a ``plans.json`` (``synth_suite.py --plans-only``) plans, and the declined ones
+    with their reasons."""
+    try:
+        rows = json.loads(path.read_text())["tasks"]
+        planned = {r["task"] for r in rows if r["declined"] is None}
+        return planned, {r["task"]: r["declined"] for r in rows if r["declined"] is not None}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"error: {path}: not a plans.json of synth_suite.py --plans-only "
+                 f"({type(e).__name__}: {e})")
 
 
 def compare(first: Path, second: Path) -> int:
@@ -148,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", type=Path, help="a KernelBench-format folder (level*/)")
     ap.add_argument("--out", type=Path, help="where the copies go (level*/)")
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("FIRST", "SECOND"),
-                    help="two plans.md: the tasks the first plans and the second does not")
+                    help="two plans.json: the tasks the first plans and the second does not")
     args = ap.parse_args(argv)
     if args.compare:
         return compare(*args.compare)

@@ -6,7 +6,7 @@
     PYTHONPATH=src python benchmarks/synth_suite.py --device cpu --tasks 'L1_1_*,L2_1_*' \\
         --out /tmp/synth                                                           # smoke test
     PYTHONPATH=src python benchmarks/synth_suite.py --source ../shared/kernelbench --plans-only \
-        --out /tmp/plans                        # no device: coverage and declines (plans.md)
+        --out /tmp/plans                        # no device: coverage and declines (plans.md, plans.json)
     PYTHONPATH=src python benchmarks/synth_suite.py --kernels triton --out $OUT/synth-triton
         # target=triton: the synthesizer's Triton forms (elementwise, row, GEMM, pooling),
         # compiled by Triton at their first launch (no build phase); on --device cpu, Triton's
@@ -383,6 +383,14 @@ def by_reason(pairs: Any) -> list[str]:
             for reason, ids in sorted(why.items(), key=lambda kv: -len(kv[1]))]
 
 
+def plan_rows(runs: list[TaskRun]) -> list[dict[str, Any]]:
+    """``--plans-only``'s rows for programs (``plans.json``; ``plans.md`` shortens the reasons
+    and the lists of tasks): per task its plan's kernels and forms, or its whole reason."""
+    return [{"task": r.id, "level": r.level, "kernels": r.kernels if r.cands else 0,
+             "forms": sorted({f"{c.strategy} ({c.policy})" for c in r.cands}),
+             "declined": None if r.cands else (r.declined or r.error or "")} for r in runs]
+
+
 def plans_summary(runs: list[TaskRun], meta: dict[str, Any]) -> str:
     """``--plans-only``: which tasks the synthesizer writes kernels for (how many kernels, which
     templates and policies), and why it declines the others. No device, nothing verified."""
@@ -653,7 +661,9 @@ def plans_only(args: argparse.Namespace, out: Path) -> int:
     _propose_all(runs, kernels, size, args, out)
     meta = {"source": args.source, "target": kernels, "size": size}
     (out / "plans.md").write_text(plans_summary(runs, meta))
-    log(f"wrote {out / 'plans.md'}")
+    (out / "plans.json").write_text(json.dumps({**meta, "source": str(meta["source"]),
+                                                "tasks": plan_rows(runs)}, indent=1) + "\n")
+    log(f"wrote {out / 'plans.md'} and plans.json")
     return 0
 
 

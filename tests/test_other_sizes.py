@@ -1,10 +1,13 @@
 """benchmarks/other_sizes.py: KernelBench-format task files at other sizes (the module's
 non-structural int sizes moved off their values, the batch alone where the reference breaks
-otherwise, the file unchanged where it breaks even so), and the comparison of two plans.md."""
+otherwise, the file unchanged where it breaks even so), and the comparison of two plans.json."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+
+import pytest
 
 from helpers import REPO
 
@@ -70,23 +73,26 @@ def test_a_reference_broken_by_the_sizes_gets_the_batch_alone_or_no_change(tmp_p
     assert (out / "3_no_batch.py").read_text() == (src / "level1" / "3_no_batch.py").read_text()
 
 
-def _plans_md(planned: list[str], declined: dict[str, str]) -> str:
-    lines = ["# plans", "", "## Declined, by reason", "", "| tasks | reason | which |",
-             "| --- | --- | --- |"]
-    for reason in sorted(set(declined.values())):
-        which = [t for t, r in declined.items() if r == reason]
-        lines.append(f"| {len(which)} | {reason} | {', '.join(which)} |")
-    lines += ["", "## Planned", "", "| task | level | kernels | templates (policy) |",
-              "| --- | --- | --- | --- |"]
-    lines += [f"| {t} | 1 | 1 | row (strict) |" for t in planned]
-    return "\n".join(lines) + "\n"
+def _plans_json(planned: list[str], declined: dict[str, str]) -> str:
+    rows = [{"task": t, "level": 1, "kernels": 1, "forms": ["row (strict)"], "declined": None}
+            for t in planned]
+    rows += [{"task": t, "level": 1, "kernels": 0, "forms": [], "declined": why}
+             for t, why in declined.items()]
+    return json.dumps({"source": "kb", "target": "cuda", "size": "large", "tasks": rows})
 
 
 def test_compare_lists_what_only_the_first_sizes_plan(tmp_path, capsys):
-    first, second = tmp_path / "a.md", tmp_path / "b.md"
-    first.write_text(_plans_md(["L1_1_A", "L1_2_B"], {"L1_3_C": "no"}))
-    second.write_text(_plans_md(["L1_1_A"], {"L1_2_B": "a size coincidence", "L1_3_C": "no"}))
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(_plans_json(["L1_1_A", "L1_2_B"], {"L1_3_C": "no"}))
+    second.write_text(_plans_json(["L1_1_A"], {"L1_2_B": "a size coincidence", "L1_3_C": "no"}))
     assert other_sizes.compare(first, second) == 1
     out = capsys.readouterr().out
     assert "planned at the first sizes only: 1" in out and "L1_2_B: a size coincidence" in out
     assert other_sizes.compare(first, first) == 0
+
+
+def test_compare_names_a_file_that_is_not_a_plans_json(tmp_path):
+    bad = tmp_path / "plans.md"
+    bad.write_text("# plans\n")
+    with pytest.raises(SystemExit, match=r"plans.md: not a plans.json"):
+        other_sizes.compare(bad, bad)

@@ -94,6 +94,9 @@ def test_plans_only_reports_coverage_and_declines_without_a_device(tmp_path):
     assert "Level 1: a plan for 2/2 tasks" in md and "Level 3: a plan for 2/3 tasks" in md
     assert "| 1 | offline synthesizer v1 cannot express" in md and "L3_2_Sort_Rows" in md
     assert "| L3_1_MLP | 3 | 3 |" in md and "| L3_4_ResNet_BasicBlock | 3 |" in md
+    rows = {r["task"]: r for r in json.loads((out / "plans.json").read_text())["tasks"]}
+    assert rows["L3_1_MLP"]["kernels"] == 3 and rows["L3_1_MLP"]["declined"] is None
+    assert rows["L3_2_Sort_Rows"]["declined"].startswith("offline synthesizer v1 cannot express")
     assert not (out / "results.json").exists() and not (out / "tasks").exists()
 
 

@@ -306,7 +306,7 @@ def _sum_private(term: _Term, others: list[_Term], out: str) -> _Term:
 
 def _lower_einsum(graph: fx.Graph, node: fx.Node, equation: str, operands: list[Any]) -> None:
     """Append the ops ``torch.einsum(equation, *operands)`` stands for before ``node`` and
-    point its readers at them (see the module's doc)."""
+    point its readers at them, ``node`` erased (see the module's doc)."""
     why = f"{PREFIX} torch.einsum {equation!r}"
     if not all(isinstance(o, fx.Node) for o in operands):
         raise Unsupported(f"{why}: an operand that is not a tensor of the graph")
@@ -349,7 +349,7 @@ def _lower_einsum(graph: fx.Graph, node: fx.Node, equation: str, operands: list[
             result = result.permute(tuple(memory.index(c) for c in out))
     if result.node not in operands:  # einsum's shape and strides, for a later rewrite
         result.node.meta["tensor_meta"] = node.meta["tensor_meta"]
-    node.replace_all_uses_with(result.node)
+    replace_node(node, result.node, same_shape=False)
 
 
 def einsum_products(gm: fx.GraphModule) -> bool:
@@ -369,7 +369,6 @@ def einsum_products(gm: fx.GraphModule) -> bool:
         if product_form(equation, len(operands)) is not None:
             continue  # one product of the gemm family as it stands
         _lower_einsum(graph, node, equation, operands)
-        graph.erase_node(node)
         changed = True
     if changed:
         recompile(gm)
