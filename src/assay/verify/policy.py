@@ -208,6 +208,9 @@ def call_signature(rows: list[dict[str, Any]], device: str) -> tuple[str, ...]:
 # Timed calls that got an independent verified set and those that did not: their median device
 # time may differ by this factor at most (same shapes, same kernels: only noise separates them).
 TIMED_DEVICE_TIME_RATIO = 2.0
+# At most one call in this many may lack kernel records the other calls have (cuda): records the
+# device trace dropped, not a different implementation (see audit_consistency).
+LOST_RECORD_SHARE = 100
 
 
 def audit_consistency(audit_info: dict[str, Any], device: str) -> tuple[bool, str]:
@@ -231,11 +234,25 @@ def audit_consistency(audit_info: dict[str, Any], device: str) -> tuple[bool, st
     for c in calls:
         sig = call_signature(c["rows"], device)
         groups[sig] = groups.get(sig, 0) + 1
-    if len(groups) > 1:
-        parts = [f"{n} ran {', '.join(sig[:4]) or 'nothing that computes'}"
-                 for sig, n in sorted(groups.items(), key=lambda kv: -kv[1])]
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1])
+    common = set(ranked[0][0])
+    short = sum(n for sig, n in ranked[1:])
+    # CUPTI drops an activity record now and then under load (on an H100, one kernel of the
+    # ~10,000 that 200 calls of a 35-kernel ViT block launched: that call's signature lacked
+    # it). A call that lacks a kernel the others ran, in at most 1% of the calls, cannot move
+    # the median that is reported; a call that ran anything the others did not never passes.
+    lost = device.startswith("cuda") and len(ranked) > 1 \
+        and short <= len(calls) // LOST_RECORD_SHARE \
+        and all(set(sig) < common for sig, _ in ranked[1:])
+    if len(groups) > 1 and not lost:
+        parts = [f"{ranked[0][1]} ran {', '.join(ranked[0][0][:4]) or 'nothing that computes'}"]
+        for sig, n in ranked[1:4]:
+            extra, missing = sorted(set(sig) - common), sorted(common - set(sig))
+            parts.append(f"{n} ran " + ", ".join(
+                [f"also {', '.join(extra[:3])}"] * bool(extra)
+                + [f"without {', '.join(missing[:3])}"] * bool(missing)))
         return False, f"the {len(calls)} timed calls did not all run the same code: " + \
-            "; ".join(parts[:4])
+            "; ".join(parts)
     if device.startswith("cuda"):
         def median(xs: list[float]) -> float:
             xs = sorted(xs)
@@ -247,4 +264,7 @@ def audit_consistency(audit_info: dict[str, Any], device: str) -> tuple[bool, st
         if a > 0 and b > 0 and max(a, b) / min(a, b) > TIMED_DEVICE_TIME_RATIO:
             return False, (f"verified timed calls took {b:.1f} us of device time, the others "
                            f"{a:.1f} us: not the same work")
+    if lost:
+        return True, (f"{len(calls)} timed calls audited, all running the same code ({short} "
+                      f"lacking a kernel record of the others': records the trace dropped)")
     return True, f"{len(calls)} timed calls audited, all running the same code"
