@@ -359,7 +359,7 @@ def test_audit_consistency():
     many = [["a", "b", "c"]] * 199
     dropped = {"expected": 200, "found": 200, "calls": _calls(many + [["a", "c"]])}
     passed, detail = audit_consistency(dropped, "cuda")
-    assert passed and "1 lacking a kernel record" in detail, detail
+    assert passed and "1 lacking one kernel record" in detail, detail
     on_cpu = {**dropped, "calls": [{"phase": "timed", "rows": [
         {**r, "kind": "interpreted"} for r in c["rows"]]} for c in dropped["calls"]]}
     assert not audit_consistency(on_cpu, "cpu")[0]  # no device trace to drop a record
@@ -371,6 +371,18 @@ def test_audit_consistency():
     assert not passed and "1 ran also cublasGemm" in detail, detail
     swapped = {"expected": 200, "found": 200, "calls": _calls(many + [["a", "c", "d"]])}
     assert not audit_consistency(swapped, "cuda")[0]
+    # a call that ran none of the kernels, or lacks two, is no dropped record
+    for sig in ([], ["a"]):
+        short = {"expected": 200, "found": 200, "calls": _calls(many + [sig])}
+        assert not audit_consistency(short, "cuda")[0], sig
+    # nor is a call that lacks an ATen op (the host's profiler records, not the device trace)
+    rows = [{"name": n, "kind": "op" if n.startswith("aten::") else "kernel", "count": 1,
+             "device_us": 10.0, "cpu_us": 0.0} for n in ("k", "aten::mm")]
+    host = {"expected": 200, "found": 200,
+            "calls": [{"phase": "timed", "rows": rows}] * 199 + [{"phase": "timed",
+                                                                   "rows": rows[:1]}]}
+    passed, detail = audit_consistency(host, "cuda")
+    assert not passed and "without aten::mm" in detail, detail
     # Movement kernels do not make calls differ (an allocation on the first timed call).
     moved = {"expected": 9, "found": 9, "calls": _calls([["k"], ["k", "Memset (Device)"]])}
     assert audit_consistency(moved, "cuda")[0]
