@@ -101,7 +101,9 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
     Check("audit_consistency", "a candidate that runs another implementation when it thinks "
           "it is audited (asks torch whether a profiler runs, reads its caller's stack, counts "
           "calls, times the gaps between them): timed calls that ran different ATen ops or "
-          "kernels, a trace that lost calls (the profiler stopped), on cuda verified timed "
+          "kernels (on cuda, at most 1% of the calls may each lack one device-kernel record of "
+          "the others' and differ in nothing else: records the device trace dropped), a trace "
+          "that lost calls (the profiler stopped), on cuda verified timed "
           "calls whose device time differs from the others' by over 2x; a worker report "
           "without the audit the job asked for (cut on its way out)",
           when="`verify.audit` is on"),
