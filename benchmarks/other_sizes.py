@@ -28,7 +28,6 @@ import json
 import re
 import shutil
 import sys
-import types
 from pathlib import Path
 
 # Names of sizes that define what a task computes, or that its own arithmetic constrains.
@@ -69,12 +68,15 @@ def resized(source: str, names: re.Pattern | None = None) -> tuple[str, dict[str
 
 
 def runs(source: str, name: str) -> bool:
-    """Whether the task ``source`` builds its model and runs its forward on the meta device."""
+    """Whether the task ``source`` builds its model and runs its forward on the meta device
+    (loaded as every task file is: :meth:`assay.tasks.model.Task.module`)."""
     import torch
 
-    mod = types.ModuleType(name)
+    from assay.tasks.model import Task, source_hash
+
+    task = Task(name, 0, 0, name, Path(name), source, source_hash(source))
     try:
-        exec(compile(source, name, "exec"), mod.__dict__)
+        mod = task.module()
         with torch.device("meta"):
             mod.Model(*mod.get_init_inputs())(*mod.get_inputs())
     except Exception:  # noqa: BLE001 - any failure: the task does not run at these sizes
