@@ -50,6 +50,9 @@
 #               files (under $S/dag) or rules made again with what depends on them (a task's
 #               gen_0/proposals.json: all its stages, as `assay run --rerun` forces them);
 #               ends with the call's jobs per rule (benchmarks/dag_times.py)
+#   retime      benchmarks/kb_retime.py: the DAG's ($S/dag, CAMPAIGN) baselines of another GPU timed
+#               again on this one, into the baseline cache (kb_baselines.py --cache reads it);
+#               JOBS in flight (3), ONLY: task-id globs; resumes (a cached task is skipped)
 #   joins       benchmarks/probe_joins.py: the stream waits the audit sees of a joined side
 #               stream (issue #19)
 #   prewarm     benchmarks/probe_compile_prewarm.py on PROBE (task files; default KernelBench's
@@ -182,6 +185,10 @@ baselines.prewarm=${PREWARM:-true}]"
       # this call's jobs per rule (the log's last invocation: this call started it)
       n=$(grep -c "^Building DAG of jobs" "$S/dag.log")
       python3 benchmarks/dag_times.py "$S/dag.log" --from-invocation "$n" ;;
+    retime)  # the DAG's baselines timed on another GPU, timed again on this one (issue #16)
+      run_for $((secs + 30)) "$S/retime.log" python3 benchmarks/kb_retime.py \
+        --campaign "$S/dag/${CAMPAIGN:-kb}" --source "$PWD/.kb" --jobs "${JOBS:-3}" \
+        --budget-s "$secs" --out "$S/retime.jsonl" ${ONLY:+--only $ONLY} ;;
     joins)
       run_for "$secs" "$S/joins.log" python3 benchmarks/probe_joins.py --out "$S/joins.md" ;;
     prewarm)
@@ -191,7 +198,7 @@ baselines.prewarm=${PREWARM:-true}]"
     streams)
       run_for "$secs" "$S/streams.md" python3 benchmarks/probe_streams.py \
         ${PROBE:-.kb/level2/19_ConvTranspose2d_GELU_GroupNorm.py .kb/level2/34_ConvTranspose3d_LayerNorm_GELU_Scaling.py} ;;
-    *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, inline, batch, verify1, streams, synthkb, dag, joins, prewarm)" ;;
+    *) echo "unknown phase: $name (selfcheck, redteam, gputests, audit, triton, inline, batch, verify1, streams, synthkb, dag, retime, joins, prewarm)" ;;
   esac
 done
 [ -n "${LANE:-}" ] || { tar czf "$OUT/state.tgz" -C "$S" . && ls -la "$OUT"; }

@@ -273,6 +273,59 @@ def test_a_reference_returning_a_view_that_is_not_dense_is_accepted_as_it_is(wri
     assert _layout_mismatches({**meta, "stride": [1, 64]}, ref, "cpu", "cpu", (96, 1))
 
 
+PERMUTED = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):   # dense, in another memory order (as SDPA's fused backends return)
+        return (x * 2).transpose(1, 2)
+
+def get_inputs():
+    return [torch.randn(4, 8, 16)]
+
+def get_init_inputs():
+    return []
+"""
+
+CONTIGUOUS_CANDIDATE = """
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return (x * 2).transpose(1, 2).contiguous()
+"""
+
+
+def test_a_contiguous_output_is_accepted_whatever_order_the_reference_returns(write_file,
+                                                                             tmp_path):
+    """Which dense memory order a library returns is its run-time choice (SDPA on an H100:
+    (batch, seq, heads, dim) order, KernelBench's L1_97), so a contiguous output passes the
+    layout check; another order than the reference's and the contiguous one does not, and a
+    dim of size 1 addresses nothing."""
+    import torch
+
+    from assay.tasks.model import Task
+    from assay.verify.harness import _layout_mismatches, strides_accepted
+    from assay.verify.settings import VerifyConfig
+    from assay.verify.harness import verify
+
+    ref = torch.zeros(2, 3, 4, 5).permute(0, 2, 1, 3)  # shape (2, 4, 3, 5), strides (60, 5, 20, 1)
+    meta = {"device": "cpu", "shape": [2, 4, 3, 5], "dtype": "float32"}
+    assert not _layout_mismatches({**meta, "stride": [60, 5, 20, 1]}, ref, "cpu", "cpu")
+    assert not _layout_mismatches({**meta, "stride": [60, 15, 5, 1]}, ref, "cpu", "cpu")
+    assert _layout_mismatches({**meta, "stride": [60, 1, 20, 4]}, ref, "cpu", "cpu")
+    assert strides_accepted((2, 1, 3), (3, 99, 1), [(3, 3, 1)])
+    assert not strides_accepted((2, 2, 3), (6, 1, 2), [(6, 3, 1)])
+    task = Task.from_file(write_file("level1/93_Permuted.py", PERMUTED), size="small")
+    cand = tmp_path / "contiguous.py"
+    cand.write_text(CONTIGUOUS_CANDIDATE)
+    verdict = verify(task, cand, "cpu", VerifyConfig(policy="permissive", budget_s=0.05,
+                                                     min_runs=3, max_runs=10))
+    assert verdict.checks["output_layout"]["passed"], verdict.checks["output_layout"]
+
+
 def test_out_of_memory_beside_other_tasks_defers_the_task(monkeypatch, tmp_path):
     """A worker out of device memory while other tasks share the GPU is no verdict on the
     reference: the row says deferred (run again with fewer in flight); alone, it is one."""

@@ -61,7 +61,8 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           "unreadable or malformed report"),
     Check("timeout", "a worker that outlives `verify.timeout_s`"),
     Check("parameters", "a ModelNew whose parameters cannot take the reference's weights"),
-    Check("output_layout", "wrong shape (also one that would broadcast), dtype or strides"),
+    Check("output_layout", "wrong shape (also one that would broadcast), dtype or strides "
+          "(those of the reference or contiguous ones)"),
     Check("lazy_output", "an output that is not a plain tensor with its values in memory (a "
           "tensor subclass or a wrapper that computes when compared)"),
     Check("correctness", "values outside per-dtype tolerances on any input set, against a "
