@@ -67,7 +67,8 @@ REGISTRY: dict[str, Check] = {c.name: c for c in (
           "tensor subclass or a wrapper that computes when compared)"),
     Check("correctness", "values outside per-dtype tolerances on any input set, against a "
           "float64 reference (at most a millionth of a large output's elements may be off by "
-          "rounding at the scale of its largest values); NaN anywhere the reference has none "
+          "rounding at the scale of its largest values, or of the task-dtype reference's own "
+          "worst element); NaN anywhere the reference has none "
           "(allocator memory is poisoned with NaN before each call, so unwritten outputs show)"),
     Check("precision", "compute in a lower precision than the task's dtype (bf16/fp16 inside an "
           "fp32 task, approximate math): the error is measured against float64 and must stay "

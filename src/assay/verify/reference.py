@@ -68,6 +68,8 @@ def reduction_length(model, inputs: list) -> tuple[list[torch.Tensor], int, list
                     w = ts[1]
                     fan = w.shape[0] if "transpose" in name else w.shape[1]
                     k = fan * math.prod(w.shape[2:])
+                elif name == "scaled_dot_product_attention" and len(ts) > 1:
+                    k = max(ts[0].shape[-1], ts[1].shape[-2])  # q.k over dims, p.v over keys
                 elif name in ("softmax", "log_softmax", "_softmax", "logsumexp", "cumsum",
                               "cumprod", "_log_softmax") and ts:
                     d = args[1] if len(args) > 1 else kwargs.get("dim", -1)
@@ -304,13 +306,20 @@ def _to(values: list, device: str) -> list:
     return [moved(v, device) if isinstance(v, torch.Tensor) else v for v in values]
 
 
-def borrowed_error(stats: list[dict[str, float]], rms: float) -> dict[str, float]:
+def borrowed_error(stats: list[dict[str, float]], rms: float,
+                   top: float | None = None) -> dict[str, float]:
     """For a set without a float64 reference: the task-dtype reference's own error, estimated
     from the correctness sets' (``stats``: theirs) as the largest relative error among them
-    times this set's RMS (``err_rms_est``, read by :func:`compare_tensor`)."""
+    times this set's RMS (``err_rms_est``, read by :func:`compare_tensor`); with ``top``, this
+    set's largest magnitude, its worst element's likewise (``err_max_est``)."""
     rel = [st["err_rms"] / st["rms64"] for st in stats
            if st.get("rms64", 0.0) > 0 and "err_rms" in st]
-    return {"err_rms_est": max(rel) * rms} if rel else {}
+    out = {"err_rms_est": max(rel) * rms} if rel else {}
+    worst = [st["err_max"] / st["max64"] for st in stats
+             if st.get("max64", 0.0) > 0 and "err_max" in st]
+    if top is not None and worst:
+        out["err_max_est"] = max(worst) * top
+    return out
 
 
 def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None) -> Prepared:
@@ -427,7 +436,8 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
                 if st:
                     st.update(borrowed_error([stats[c][j] for c in check
                                               if dists[c] == dist] or
-                                             [stats[c][j] for c in check], st["rms"]))
+                                             [stats[c][j] for c in check], st["rms"],
+                                             st.get("max")))
                 stats[-1].append(st)
         if i == 0:
             out_meta = [(tuple(o.shape), o.dtype, st) for o, st in zip(r, ref_strides)]
