@@ -54,6 +54,23 @@ def test_key_covers_content_size_device_torch_and_timing(tmp_path):
     assert len({base, *others}) == 1 + len(others)
 
 
+def test_a_task_with_a_norm_takes_the_task_modes_version_in_its_keys(tmp_path, monkeypatch):
+    """Baselines and records of a task with BatchNorm made before its norms ran on batch
+    statistics (instantiate.task_mode) are not reused; other tasks keep their keys."""
+    from assay.tasks import instantiate
+
+    bn = tmp_path / "2_BN.py"
+    bn.write_text(RELU.read_text().replace("torch.relu(x)", "nn.BatchNorm2d(3)(x)"))
+    relu, norm, cfg = Task.from_file(RELU), Task.from_file(bn), TimingConfig()
+    before = {t.path: (baseline_key(t, "H100", "2.11", cfg, True), record_key(t, "H100", "2.11"))
+              for t in (relu, norm)}
+    monkeypatch.setattr(instantiate, "TASK_MODE", "another mode")
+    after = {t.path: (baseline_key(t, "H100", "2.11", cfg, True), record_key(t, "H100", "2.11"))
+             for t in (relu, norm)}
+    assert after[relu.path] == before[relu.path]
+    assert all(a != b for a, b in zip(after[norm.path], before[norm.path]))
+
+
 # --------------------------------------------------------------------------------------------
 # Task records (cost + degeneracy), cached beside the baselines.
 

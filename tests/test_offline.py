@@ -442,9 +442,11 @@ def test_cuda_candidates_match_reference(task_dir, tmp_path, name):
 # Each task reads its sizes from module globals; the tests try several (tile edges, K slabs,
 # sizes that rule out vector loads).
 
+# BatchNorm in eval mode, as a task may ask (KernelBench's stay in training mode: batch
+# statistics, tests/test_offline_stages.py "bn_training"): its running statistics, an affine
 _RANDOM_STATS = ("with torch.no_grad():\n    {m}.running_mean.uniform_(-1.0, 1.0)\n"
                  "    {m}.running_var.uniform_(0.5, 2.0)\n    {m}.weight.uniform_(0.5, 2.0)\n"
-                 "    {m}.bias.uniform_(-0.5, 0.5)")
+                 "    {m}.bias.uniform_(-0.5, 0.5)\n{m}.eval()")
 
 _GEMM_FOOTER = """
 
@@ -518,7 +520,7 @@ GEMM_TASKS = {
                              "return torch.tanh(self.conv(x) - 0.25)",
                              "torch.randn(b, cin, h, w)",
                              {"b": 2, "cin": 4, "cout": 6, "h": 5, "w": 3}),
-    # BatchNorm as the verifier runs it (eval mode, running statistics): statistics made
+    # BatchNorm in eval mode (its task asks; running statistics): statistics made
     # non-trivial so that a kernel ignoring them fails
     "conv3d_bn_relu": ("cin, cout", "self.conv = nn.Conv3d(cin, cout, 2)\n"
                        "self.bn = nn.BatchNorm3d(cout)\n" + _RANDOM_STATS.format(m="self.bn"),
@@ -679,8 +681,9 @@ def test_gemm_cpu_candidates_match_reference(gemm_dir, tmp_path, name):
 
 
 def test_batch_norm_kernels_refuse_training_mode(gemm_dir, tmp_path):
-    """A kernel computing BatchNorm from the running statistics is right in eval mode only (the
-    verifier's); in training mode torch would use batch statistics, so the candidate refuses."""
+    """A kernel computing BatchNorm from the running statistics (a task that put it in eval
+    mode) is right in eval mode only; in training mode torch would use batch statistics, so the
+    candidate refuses."""
     ctx = _gctx(gemm_dir, "linear_bn_gelu")
     prop = OfflineSynthesizer("cpu").translate(ctx, n=1, rng=random.Random(0))[0]
     cand = _import(prop.code, tmp_path / "cand_bn.py")

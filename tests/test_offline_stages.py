@@ -28,12 +28,15 @@ from helpers import (KERNELBENCH, assert_calls_as_declared, assert_matches_refer
 pytestmark = pytest.mark.usefixtures("offline_builds")
 
 
+# BatchNorm in eval mode, as a task may ask (its running statistics: an affine the epilogue
+# folds in); KernelBench's tasks leave it in training mode (batch statistics: "bn_training")
 _STATS = """
 with torch.no_grad():
     for m in self.modules():
         if isinstance(m, nn.BatchNorm2d):
             m.running_mean.uniform_(-1.0, 1.0)
             m.running_var.uniform_(0.5, 2.0)
+            m.eval()
 """
 
 # name: (init body, forward body, inputs, sizes, other sizes, kernels)
@@ -51,6 +54,17 @@ TASKS = {
                        "return self.relu(self.bn2(self.conv2(out)) + x)",
                        "torch.randn(b, c, h, w)", {"b": 2, "c": 4, "h": 6, "w": 5},
                        {"b": 1, "c": 3, "h": 3, "w": 9}, 2),
+    # the same block as KernelBench runs it (BatchNorm on the batch's statistics): each
+    # BatchNorm the mean over the planes, then over the batch, of the values and of their
+    # squared deviations (four reductions), then the normalization with the next stage
+    "bn_training": ("self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)\n"
+                    "self.bn1 = nn.BatchNorm2d(c)\nself.relu = nn.ReLU(inplace=True)\n"
+                    "self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)\n"
+                    "self.bn2 = nn.BatchNorm2d(c)",
+                    "out = self.relu(self.bn1(self.conv1(x)))\n"
+                    "return self.relu(self.bn2(self.conv2(out)) + x)",
+                    "torch.randn(b, c, h, w)", {"b": 2, "c": 4, "h": 6, "w": 5},
+                    {"b": 3, "c": 3, "h": 3, "w": 9}, 14),
     # a CNN head: convolution, pooling after it, a view between two kernels, a linear layer
     "cnn_head": ("self.conv = nn.Conv2d(3, c, 3, padding=1)\nself.pool = nn.MaxPool2d(2)\n"
                  "self.fc = nn.Linear(c * (h // 2) * (w // 2), n)",
@@ -370,10 +384,13 @@ def test_triton_declines_multi_kernel_plans(task_dir):
 
 @pytest.mark.skipif(not KERNELBENCH.is_dir(), reason="KernelBench checkout not present")
 @pytest.mark.parametrize("stem, kernels", [
-    ("level3/1_MLP", 3), ("level3/4_LeNet5", 7), ("level3/8_ResNetBasicBlock", 3),
+    # (a BatchNorm on the batch's statistics, as KernelBench runs it, is four reductions and a
+    # normalization that the next kernel takes: ResNetBasicBlock's 3 kernels in eval mode are
+    # 21; DenseNet121 now declines, "size reads relu, a value inside another kernel")
+    ("level3/1_MLP", 3), ("level3/4_LeNet5", 7), ("level3/8_ResNetBasicBlock", 21),
     ("level3/11_VGG16", 21), ("level3/6_GoogleNetInceptionModule", 8),
-    ("level3/14_DenseNet121DenseBlock", 18), ("level3/17_SqueezeNetFireModule", 4),
-    ("level3/25_ShuffleNetUnit", 5), ("level3/15_DenseNet121", 187), ("level2/35_Conv2d_Subtract_HardSwish_MaxPool_Mish", 2),
+    ("level3/14_DenseNet121DenseBlock", 48), ("level3/17_SqueezeNetFireModule", 4),
+    ("level3/25_ShuffleNetUnit", 29), ("level2/35_Conv2d_Subtract_HardSwish_MaxPool_Mish", 2),
     ("level2/45_Gemm_Sigmoid_LogSumExp", 2),
 ])
 def test_kernelbench_multi_kernel_tasks_get_a_plan(stem, kernels):

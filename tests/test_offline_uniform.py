@@ -1,7 +1,7 @@
 """What the broadcast leaves alone compute, once per vector (families.shared.vector_uniform).
 
-BatchNorm as the verifier runs it (eval mode) is ``(x - mean) * rsqrt(var + eps) * w + b`` per
-channel: the square root and the division depend on the channel only. A vectorized CUDA
+BatchNorm in eval mode (a task that asks for it: its running statistics) is
+``(x - mean) * rsqrt(var + eps) * w + b`` per channel: the square root and the division depend on the channel only. A vectorized CUDA
 kernel computes them once per vector of a plane, where its broadcast leaves' flags hold (a
 plane a multiple of the vector), and per element otherwise; both must equal the reference.
 """
@@ -32,6 +32,7 @@ class Model(nn.Module):
             self.bn.running_var.uniform_(0.5, 2.0)
             self.bn.weight.uniform_(0.5, 2.0)
             self.bn.bias.uniform_(-0.5, 0.5)
+        self.bn.eval()
 
     def forward(self, x):
         return torch.sigmoid(self.bn(x)) * 2.0

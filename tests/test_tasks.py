@@ -281,3 +281,58 @@ def test_a_forward_without_a_meta_kernel_is_sized_from_its_inputs_and_counted_on
         record.analyze({**spec, "max_bytes": 1000})
     line = str(e.value)
     assert "absurd size: inputs (16, 64) need" in line and "outputs" not in line, line
+
+
+MODES = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(3)
+        self.kept = nn.BatchNorm2d(3)
+        self.kept.eval()     # a task that asks for its running statistics
+        self.drop = nn.Dropout(0.5)
+        self.rnn = nn.GRU(4, 4, num_layers=2, dropout=0.5)
+
+    def forward(self, x):
+        return self.drop(self.kept(self.bn(x)))
+
+def get_inputs():
+    return [torch.randn(2, 3, 4, 4)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_tasks_run_as_kernelbench_runs_them_without_its_randomness(write_file):
+    """instantiate.task_mode: KernelBench never calls .eval(), so a BatchNorm normalizes with
+    the batch's statistics (a CNN's output then moves with its input, where eval mode's default
+    running statistics made it a constant); one its task put in eval mode keeps its running
+    statistics; dropout and recurrent dropout are identity (a random output cannot be
+    checked). The reference and the baselines get it from build_model, the worker for the
+    candidate from task_mode itself."""
+    import torch
+
+    from assay.tasks.instantiate import make_inputs, reference_model
+    from assay.tasks.model import Task
+
+    task = Task.from_file(write_file("level1/5_Modes.py", MODES))
+    model = reference_model(task.module(), 0, "cpu")
+    assert model.bn.training and not model.kept.training
+    assert not any(m.training for m in (model, model.drop, model.rnn))
+    x, = make_inputs(task.module(), 1, "cpu")
+    with torch.no_grad():
+        y, again = model(x), model(x)
+    assert torch.equal(y, again)  # no dropout drawn
+    mu = x.mean(dim=(0, 2, 3), keepdim=True)
+    var = x.var(dim=(0, 2, 3), unbiased=False, keepdim=True)
+    bn = (x - mu) / torch.sqrt(var + 1e-5)  # the batch's statistics (weight 1, bias 0 kept)
+    w, b = model.bn.weight.view(1, -1, 1, 1), model.bn.bias.view(1, -1, 1, 1)
+    kept = model.kept
+    expected = ((bn * w + b) - kept.running_mean.view(1, -1, 1, 1)) / torch.sqrt(
+        kept.running_var.view(1, -1, 1, 1) + 1e-5) * kept.weight.view(1, -1, 1, 1) \
+        + kept.bias.view(1, -1, 1, 1)
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)

@@ -50,6 +50,17 @@ def baseline_key(task: Task, device_name: str, torch_version: str, cfg: TimingCo
     parts = {"task": task.source_hash, "size": task.size, "device": device_name,
              "torch": torch_version, "timing": dataclasses.asdict(cfg), "compile": compile_,
              "compile_mode": compile_mode, "method": METHOD, "threads": threads}
+    return _key(parts, task)
+
+
+def _key(parts: dict[str, Any], task: Task) -> str:
+    """The hash of ``parts``, with the task mode's version where the task has a norm whose
+    mode matters (``instantiate.task_mode``: its batch statistics since 2026-12-08; what was
+    timed or recorded in eval mode is not reused). Other tasks keep their keys."""
+    from assay.tasks.instantiate import MODE_DEPENDENT, TASK_MODE
+
+    if MODE_DEPENDENT.search(task.source):
+        parts = {**parts, "task_mode": TASK_MODE}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -129,7 +140,7 @@ def record_key(task: Task, device_name: str, torch_version: str) -> str:
     thread count)."""
     parts = {"task": task.source_hash, "size": task.size, "device": device_name,
              "torch": torch_version, "method": RECORD_METHOD}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+    return _key(parts, task)
 
 
 def cached_record(task: Task, device: str,

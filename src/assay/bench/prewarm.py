@@ -33,7 +33,7 @@ def compile_fake(task_file: str, size: str, device: str, mode: str) -> dict:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from assay.tasks.instantiate import init_inputs, make_inputs, set_fp32_numerics
+    from assay.tasks.instantiate import init_inputs, make_inputs, set_fp32_numerics, task_mode
     from assay.tasks.model import Task
 
     t0 = time.perf_counter()
@@ -45,7 +45,7 @@ def compile_fake(task_file: str, size: str, device: str, mode: str) -> dict:
             # Made on the device, not moved there (a module of fake parameters cannot be
             # swapped onto another device) and not randomized (values: the graph is the same)
             with torch.device(device):
-                model = module.Model(*init_inputs(module)).eval()
+                model = task_mode(module.Model(*init_inputs(module)))
             inputs = make_inputs(module, 100, device)
             compiled = torch.compile(model, backend=_compile_only(mode))
             with torch.no_grad():

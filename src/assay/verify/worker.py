@@ -75,7 +75,7 @@ from assay.bench import inline as inline_builds  # noqa: E402
 from assay.bench import timing  # noqa: E402  (captures the original clocks at import)
 from assay.bench.build import cache_dir  # noqa: E402
 from assay.tasks import instantiate  # noqa: E402
-from assay.tasks.instantiate import as_outputs, seeded, set_fp32_numerics  # noqa: E402
+from assay.tasks.instantiate import as_outputs, seeded, set_fp32_numerics, task_mode  # noqa: E402
 from assay.verify.memory import CANARY_PAD_B, plan_slots, sets_stay_on_host  # noqa: E402
 from assay.verify.policy import COMPILED_GRAPH  # noqa: E402
 from assay.verify.quiet import no_kineto_markers  # noqa: E402
@@ -1059,7 +1059,7 @@ def run(job_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     result["stage"] = "construct"
     with seeded(job["init_seed"]):
         model = mod.ModelNew(*init_args)
-    model = model.to(device).eval()
+    model = task_mode(model.to(device))  # (the reference's: its norms on batch statistics)
     own = model.state_dict()
     ref_shapes = {k: list(v.shape) for k, v in state_dict.items()}
     own_shapes = {k: list(v.shape) for k, v in own.items()}

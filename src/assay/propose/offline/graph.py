@@ -1126,14 +1126,16 @@ class _Lowering:
         return out
 
     def channel_norm(self, x: Any, m: nn.Module, t: str) -> int:
-        """BatchNorm and InstanceNorm of an (N, C, ...) tensor, as the verifier runs them (eval
-        mode): with running statistics, a per-channel affine ``(x - mean) * rsqrt(var + eps)``
-        (then the module's weight and bias); InstanceNorm without them normalizes each (sample,
-        channel) over its spatial dims, a row plan. The kernel reads the statistics at run time
-        and refuses training mode (batch statistics it does not compute)."""
+        """BatchNorm and InstanceNorm of an (N, C, ...) tensor. The verifier runs them in
+        training mode, as KernelBench does (``instantiate.task_mode``): InstanceNorm normalizes
+        each (sample, channel) over its spatial dims, a row plan; BatchNorm on the batch's
+        statistics (a normalization over dims 0, 2, ...) is declined. A module in eval mode
+        with running statistics (a forward that calls ``.eval()`` on it) is a per-channel
+        affine ``(x - mean) * rsqrt(var + eps)`` (then the module's weight and bias), whose
+        kernel reads the statistics at run time and refuses training mode."""
         kind = type(m).__name__
         shape = self.shape(x)
-        stats = m.track_running_stats and m.running_mean is not None
+        stats = m.track_running_stats and m.running_mean is not None and not m.training
         # num_features matters only to the affine and the running statistics (torch ignores
         # it, with a warning, in an InstanceNorm that has neither).
         if len(shape) < 2 or ((m.affine or stats) and shape[1] != m.num_features):
@@ -1154,9 +1156,13 @@ class _Lowering:
             if w is not None:
                 out = b.op("mul", out, w)
             return b.op("add", out, bias) if bias is not None else out
+        if "Batch" in kind and len(shape) >= 2:  # the batch's statistics: dims 0, 2, ...
+            return self.normalize(x, (0,) + tuple(range(2, len(shape))), shape, w, bias,
+                                  float(m.eps))
         if "Batch" in kind or len(shape) < 3:  # batch statistics: a reduction over dims 0, 2..
-            raise Unsupported(f"{PREFIX} nn.{kind} {t!r} without running statistics (batch "
-                              f"statistics: normalization over non-trailing dims)")
+            raise Unsupported(f"{PREFIX} nn.{kind} {t!r} on the batch's statistics (training "
+                              f"mode, as KernelBench runs it: normalization over non-trailing "
+                              f"dims)")
         return self.normalize(x, tuple(range(2, len(shape))), shape, w, bias, float(m.eps))
 
     def global_pool(self, x: Any, size: Any, spatial: int, what: str) -> int:

@@ -228,9 +228,43 @@ def multihead_attention(gm: fx.GraphModule) -> None:
     recompile(gm)
 
 
+def _batch_statistics(gm: fx.GraphModule, node: fx.Node, m: nn.Module) -> bool:
+    """A BatchNorm2d/3d in training mode (as KernelBench runs it) of an (N, C, d1, ...) input as its
+    ops: the mean over the spatial dims then over the batch (groups of one size: the mean of
+    their means is the whole mean), the same for the squared deviations (the biased variance
+    torch normalizes with), then the module's affine; each reduction a contiguous block of dims,
+    so that the stages can cut between them. False where it is not that."""
+    # (before shapes are propagated: the rank is the module's; BatchNorm1d's (N, C) input is
+    # a row normalization over dim 0, graph.channel_norm's, and its (N, C, L) one declined)
+    rank = {nn.BatchNorm2d: 4, nn.BatchNorm3d: 5}.get(type(m))
+    if node.kwargs or len(node.args) != 1 or rank is None or not m.training:
+        return False
+    graph, x = gm.graph, node.args[0]
+    spatial = tuple(range(2, rank))
+    view = (int(m.num_features),) + (1,) * len(spatial)
+
+    def mean(v: fx.Node) -> fx.Node:
+        per_sample = graph.call_function(torch.mean, (v, spatial), {"keepdim": True})
+        return graph.call_function(torch.mean, (per_sample, 0), {"keepdim": True})
+
+    with graph.inserting_before(node):
+        d = graph.call_function(operator.sub, (x, mean(x)))
+        var = mean(graph.call_function(operator.mul, (d, d)))
+        out = graph.call_function(operator.mul, (d, graph.call_function(
+            torch.rsqrt, (graph.call_function(operator.add, (var, float(m.eps))),))))
+        if m.affine:
+            w = graph.call_method("view", (graph.get_attr(f"{node.target}.weight"), view))
+            b = graph.call_method("view", (graph.get_attr(f"{node.target}.bias"), view))
+            out = graph.call_function(operator.add, (graph.call_function(
+                operator.mul, (out, w)), b))
+    replace_node(node, out)
+    return True
+
+
 def decompose(gm: fx.GraphModule) -> None:
     """Rewrite composite ops whose lowering would need a kernel boundary inside them into the
-    primitive ops they are made of, so that the stages can cut between those: the triplet
+    primitive ops they are made of, so that the stages can cut between those: BatchNorm on the
+    batch's statistics (:func:`_batch_statistics`), and the triplet
     margin loss (per-row distances, then their mean) as torch's formula,
     ``mean(clamp_min(||a - p + eps|| - ||a - n + eps|| + margin, 0))`` over the last dim
     (p-norm, no swap; other settings are left to the lowering, which declines them)."""
@@ -238,6 +272,9 @@ def decompose(gm: fx.GraphModule) -> None:
     for node in list(graph.nodes):
         if node.op == "call_module":
             m = gm.get_submodule(str(node.target))
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                _batch_statistics(gm, node, m)
+                continue
             if not isinstance(m, nn.TripletMarginLoss) or node.kwargs:
                 continue
             kw = {"margin": m.margin, "p": m.p, "eps": m.eps, "swap": m.swap,

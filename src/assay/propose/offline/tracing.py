@@ -29,18 +29,19 @@ from assay.propose.offline.rewrites import (attention_blocks, attention_products
                                             one_node_per_attribute, triangle_masks, zero_joins)
 from assay.propose.offline.tensor_algebra import (EINOPS_FUNCTIONS, einops, einops_calls,
                                                   einops_decline, einsum_products)
-from assay.tasks.instantiate import init_inputs, make_inputs
+from assay.tasks.instantiate import init_inputs, make_inputs, task_mode
 
 
 def _meta_model(mod: Any) -> nn.Module:
-    """The task's model with meta parameters (no memory), in eval mode like the verifier's."""
+    """The task's model with meta parameters (no memory), in the mode the verifier runs it
+    (``instantiate.task_mode``: norms on batch statistics, the rest in eval mode)."""
     args = init_inputs(mod)
     try:
         with torch.device("meta"):
             model = mod.Model(*args)
     except Exception:  # noqa: BLE001 - an __init__ that needs real data: build it on the CPU
         model = mod.Model(*args)
-    return model.eval()
+    return task_mode(model)
 
 
 def _meta_inputs(mod: Any) -> list:
@@ -215,7 +216,7 @@ def trace(mod: Any, real: bool = False) -> fx.GraphModule:
     of a CPU campaign)."""
     try:
         if real:
-            model = mod.Model(*init_inputs(mod)).eval()
+            model = task_mode(mod.Model(*init_inputs(mod)))
             inputs = make_inputs(mod, seed=0, device="cpu")
         else:
             model, inputs = _meta_model(mod), _meta_inputs(mod)
