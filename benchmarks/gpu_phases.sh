@@ -53,8 +53,8 @@
 #   retime      benchmarks/kb_retime.py: the DAG's ($S/dag, CAMPAIGN) baselines of another GPU timed
 #               again on this one, into the baseline cache (kb_baselines.py --cache reads it);
 #               JOBS in flight (3), ONLY: task-id globs; resumes (a cached task is skipped);
-#               TRAIN=1: only eager in training mode of the tasks with BatchNorm, as KernelBench
-#               timed them (into $S/retime-train.jsonl)
+#               NORMS=1: also the tasks with a norm, whatever GPU timed them (their baselines
+#               may predate instantiate.task_mode)
 #   joins       benchmarks/probe_joins.py: the stream waits the audit sees of a joined side
 #               stream (issue #19)
 #   prewarm     benchmarks/probe_compile_prewarm.py on PROBE (task files; default KernelBench's
@@ -188,10 +188,9 @@ baselines.prewarm=${PREWARM:-true}]"
       n=$(grep -c "^Building DAG of jobs" "$S/dag.log")
       python3 benchmarks/dag_times.py "$S/dag.log" --from-invocation "$n" ;;
     retime)  # the DAG's baselines timed on another GPU, timed again on this one (issue #16)
-      run_for $((secs + 30)) "$S/retime${TRAIN:+-train}.log" python3 benchmarks/kb_retime.py \
+      run_for $((secs + 30)) "$S/retime.log" python3 benchmarks/kb_retime.py \
         --campaign "$S/dag/${CAMPAIGN:-kb}" --source "$PWD/.kb" --jobs "${JOBS:-3}" \
-        --budget-s "$secs" --out "$S/retime${TRAIN:+-train}.jsonl" ${ONLY:+--only $ONLY} \
-        ${TRAIN:+--train-mode} ;;
+        --budget-s "$secs" --out "$S/retime.jsonl" ${ONLY:+--only $ONLY} ${NORMS:+--norms} ;;
     joins)
       run_for "$secs" "$S/joins.log" python3 benchmarks/probe_joins.py --out "$S/joins.md" ;;
     prewarm)

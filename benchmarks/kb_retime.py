@@ -60,60 +60,17 @@ def to_retime(campaign: Path, here: str) -> list[str]:
     return out
 
 
-def train_mode(task, tcfg) -> dict:
-    """Eager in training mode, as KernelBench timed its tasks (``Model(*init_inputs)``, never
-    ``.eval()``: BatchNorm on the batch's statistics), under PyTorch's default numerics
-    (``eager_train_ms``), for a model with BatchNorm; the verifier and its baselines run every
-    task in eval mode (running statistics), which KernelBench's published times do not
-    measure. Nothing for a model without it (no difference in time)."""
-    import torch
+def with_norms(campaign: Path, source: Path) -> list[str]:
+    """The campaign's timed tasks whose source has a norm whose mode matters
+    (``instantiate.MODE_DEPENDENT``): baselines timed before ``task_mode`` ran them in eval
+    mode."""
+    from assay.tasks.instantiate import MODE_DEPENDENT
 
-    from assay.bench.timing import time_calls
-    from assay.tasks.instantiate import make_inputs, reference_model, set_fp32_numerics
-
-    module = task.module()
-    model = reference_model(module, 0, "cuda")
-    if not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-        return {}
-    sets = [make_inputs(module, 100 + i, "cuda") for i in range(3)]
-    model.train()
-    torch.backends.cudnn.allow_tf32 = True  # torch's default, as KernelBench ran
-    try:
-        with torch.no_grad():
-            t = time_calls(lambda i: model(*sets[i % len(sets)]), torch.device("cuda"), tcfg)
-    finally:
-        set_fp32_numerics(False)
-    return {"eager_train_ms": t.median_ms}
-
-
-def train_mode_only(task_id: str, source: str, overrides: list[str]) -> dict:
-    """:func:`train_mode` alone (worker process; the device taken for it)."""
-    import torch
-    from filelock import FileLock
-
-    from assay import app
-    from assay.bench.timing import TimingConfig
-
-    cfg = config(source, overrides)
-    task = app.load_task(cfg, task_id, "cuda")
-    torch.zeros(1, device="cuda")
-    with FileLock(LOCK):
-        try:
-            out = train_mode(task, TimingConfig.of(cfg.verify))
-        finally:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-    return {"task": task_id, "mode": "train", **out}
-
-
-def with_batch_norm(campaign: Path, source: Path) -> list[str]:
-    """The campaign's timed tasks whose source names a BatchNorm (a first cut, by the text;
-    :func:`train_mode` looks at the built model)."""
     out = []
     for f in sorted((campaign / "baselines").glob("*.json")):
         m = re.match(r"L(\d+)_(\d+)_", f.stem)
         hits = m and list((source / f"level{m.group(1)}").glob(f"{m.group(2)}_*.py"))
-        if hits and "BatchNorm" in hits[0].read_text() and \
+        if hits and MODE_DEPENDENT.search(hits[0].read_text()) and \
                 json.loads(f.read_text()).get("eager_ms") is not None:
             out.append(f.stem)
     return out
@@ -147,15 +104,14 @@ def retime(task_id: str, source: str, overrides: list[str]) -> dict:
             timed, _ = cached_baseline(
                 task, "cuda", tcfg, compile_,
                 lambda: {**time_reference(task, "cuda", tcfg, compile_, mode),
-                         "device_name": here, **train_mode(task, tcfg)}, mode)
+                         "device_name": here}, mode)
         finally:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()  # (the next task's timings get the whole device)
     return {"task": task_id, "cached": False, "seconds": round(time.perf_counter() - t0, 1),
             "prewarm_s": warm.get("seconds"), "before_device_s": round(waited, 1),
             "eager_ms": timed.get("eager_ms"), "eager_default_ms": timed.get("eager_default_ms"),
-            "compile_ms": timed.get("compile_ms"), "compile_error": timed.get("compile_error"),
-            "eager_train_ms": timed.get("eager_train_ms")}
+            "compile_ms": timed.get("compile_ms"), "compile_error": timed.get("compile_error")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--only", nargs="*", default=[], help="task-id globs")
     a.add_argument("--override", nargs="*", default=[], help="config overrides (KEY=VALUE)")
     a.add_argument("--out", help="a JSONL file: one row per task timed")
-    a.add_argument("--train-mode", action="store_true", help="only eager in training mode "
-                   "(eager_train_ms) of every task with BatchNorm among --only's, whatever GPU "
-                   "its baseline was timed on (KernelBench timed its tasks so)")
+    a.add_argument("--norms", action="store_true", help="also the tasks with a BatchNorm or "
+                   "InstanceNorm, whatever GPU timed them: their campaign's baselines may "
+                   "predate instantiate.task_mode (eval mode, running statistics)")
     args = a.parse_args(argv)
     import torch
 
@@ -180,13 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no CUDA device: baselines are timed again on a GPU", file=sys.stderr)
         return 2
     here = device_name("cuda")
-    if args.train_mode:
-        todo, work = with_batch_norm(Path(args.campaign), Path(args.source)), train_mode_only
-        print(f"{len(todo)} tasks with BatchNorm: eager in training mode on {here}", flush=True)
-    else:
-        todo, work = to_retime(Path(args.campaign), here), retime
-        print(f"{len(todo)} baselines of {args.campaign} timed on another GPU than {here}",
-              flush=True)
+    todo = to_retime(Path(args.campaign), here)
+    print(f"{len(todo)} baselines of {args.campaign} timed on another GPU than {here}",
+          flush=True)
+    if args.norms:
+        norms = [t for t in with_norms(Path(args.campaign), Path(args.source)) if t not in todo]
+        print(f"and {len(norms)} with a norm (timed again in the task mode)", flush=True)
+        todo += norms
     todo = [t for t in todo if not args.only or any(fnmatch.fnmatch(t, g) for g in args.only)]
     t0, done, rows = time.perf_counter(), 0, []
     pending: dict = {}
@@ -201,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 while queue and len(pending) < args.jobs and not (
                         args.budget_s and time.perf_counter() - t0 > args.budget_s):
                     t = queue.pop(0)
-                    pending[pool.submit(work, t, args.source, args.override)] = t
+                    pending[pool.submit(retime, t, args.source, args.override)] = t
                 if not pending:
                     queue = []  # the budget is spent
                     break
