@@ -1128,11 +1128,13 @@ class _Lowering:
     def channel_norm(self, x: Any, m: nn.Module, t: str) -> int:
         """BatchNorm and InstanceNorm of an (N, C, ...) tensor. The verifier runs them in
         training mode, as KernelBench does (``instantiate.task_mode``): InstanceNorm normalizes
-        each (sample, channel) over its spatial dims, a row plan; BatchNorm on the batch's
-        statistics (a normalization over dims 0, 2, ...) is declined. A module in eval mode
-        with running statistics (a forward that calls ``.eval()`` on it) is a per-channel
-        affine ``(x - mean) * rsqrt(var + eps)`` (then the module's weight and bias), whose
-        kernel reads the statistics at run time and refuses training mode."""
+        each (sample, channel) over its spatial dims, a row plan; BatchNorm over the batch's
+        statistics, dims 0, 2, ...: one block of dims for an (N, C) input (BatchNorm2d/3d are
+        decomposed before, ``rewrites._batch_statistics``; an (N, C, L) BatchNorm1d is
+        declined by the reduction). A module its task put in eval mode, with running
+        statistics, is a per-channel affine ``(x - mean) * rsqrt(var + eps)`` (then the
+        module's weight and bias), whose kernel reads the statistics at run time and refuses
+        training mode."""
         kind = type(m).__name__
         shape = self.shape(x)
         stats = m.track_running_stats and m.running_mean is not None and not m.training
@@ -1156,13 +1158,12 @@ class _Lowering:
             if w is not None:
                 out = b.op("mul", out, w)
             return b.op("add", out, bias) if bias is not None else out
-        if "Batch" in kind and len(shape) >= 2:  # the batch's statistics: dims 0, 2, ...
+        if "Batch" in kind:  # the batch's statistics: dims 0, 2, ...
             return self.normalize(x, (0,) + tuple(range(2, len(shape))), shape, w, bias,
                                   float(m.eps))
-        if "Batch" in kind or len(shape) < 3:  # batch statistics: a reduction over dims 0, 2..
-            raise Unsupported(f"{PREFIX} nn.{kind} {t!r} on the batch's statistics (training "
-                              f"mode, as KernelBench runs it: normalization over non-trailing "
-                              f"dims)")
+        if len(shape) < 3:
+            raise Unsupported(f"{PREFIX} nn.{kind} {t!r} of a {len(shape)}-D input (no spatial "
+                              f"dims to normalize each channel over)")
         return self.normalize(x, tuple(range(2, len(shape))), shape, w, bias, float(m.eps))
 
     def global_pool(self, x: Any, size: Any, spatial: int, what: str) -> int:
@@ -1767,6 +1768,9 @@ def first_unknown_op(gm: fx.GraphModule) -> Unsupported | None:
 # Where a rewrite of torch's attention modules left a call to the lowering: why (the lowering's
 # decline says it, rather than that the module is not in its table).
 WHY_KEPT = "assay_why_not_rewritten"
+# meta key of a rewrite's result: the node whose shape it has at every size (the ops a
+# rewrite made of a module that kept its input's shape, rewrites._batch_statistics)
+SAME_SHAPE_AS = "assay_same_shape_as"
 
 
 def meta_shape(node: Any) -> tuple[int, ...] | None:
@@ -1841,7 +1845,11 @@ _SAME_SHAPE_MODULES = (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.Mish, nn.SELU, 
 
 def same_shape_source(node: fx.Node) -> fx.Node | None:
     """The tensor whose shape ``node``'s output has for every size (an activation, a dropout,
-    a normalization of it, arithmetic with numbers), or None."""
+    a normalization of it, arithmetic with numbers, a rewrite's result that says so:
+    ``SAME_SHAPE_AS``), or None."""
+    same = node.meta.get(SAME_SHAPE_AS)
+    if isinstance(same, fx.Node) and not getattr(same, "_erased", False):
+        return same
     tensors = [a for a in node.args if isinstance(a, fx.Node)]
     if len(tensors) != 1 or node.args[0] is not tensors[0] or any(
             isinstance(v, fx.Node) for v in node.kwargs.values()):

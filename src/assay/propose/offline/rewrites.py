@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from assay.propose.offline.fx_edits import recompile, replace_node
-from assay.propose.offline.graph import (RESHAPE_FUNCTIONS, RESHAPE_METHODS, SIGNATURES, WHY_KEPT,
-                                         exclusive_scan, meta_shape, shape_value, swapped,
-                                         triangle_fill)
+from assay.propose.offline.graph import (RESHAPE_FUNCTIONS, RESHAPE_METHODS, SAME_SHAPE_AS,
+                                         SIGNATURES, WHY_KEPT, exclusive_scan, meta_shape,
+                                         shape_value, swapped, triangle_fill)
 from assay.propose.offline.ir import PREFIX, Unsupported
 from assay.propose.offline.own_kernels import (CATS, PERMUTE_FUNCTIONS, module_of,
                                                packed_attention, zero_padded_cat)
@@ -258,6 +258,7 @@ def _batch_statistics(gm: fx.GraphModule, node: fx.Node, m: nn.Module) -> bool:
             out = graph.call_function(operator.add, (graph.call_function(
                 operator.mul, (out, w)), b))
     replace_node(node, out)
+    out.meta[SAME_SHAPE_AS] = x  # (DenseNet's relu(bn(x)).size(0), read between kernels)
     return True
 
 
