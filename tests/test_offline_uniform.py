@@ -1,9 +1,10 @@
 """What the broadcast leaves alone compute, once per vector (families.shared.vector_uniform).
 
 BatchNorm in eval mode (a task that asks for it: its running statistics) is
-``(x - mean) * rsqrt(var + eps) * w + b`` per channel: the square root and the division depend on the channel only. A vectorized CUDA
-kernel computes them once per vector of a plane, where its broadcast leaves' flags hold (a
-plane a multiple of the vector), and per element otherwise; both must equal the reference.
+``(x - mean) * rsqrt(var + eps) * w + b`` per channel: the square root and the division depend
+on the channel only. A vectorized CUDA kernel computes them once per vector of a plane, where
+its broadcast leaves' flags hold (a plane a multiple of the vector), and per element otherwise;
+both must equal the reference.
 """
 
 from __future__ import annotations

@@ -107,7 +107,8 @@ def reference_stats(ref: torch.Tensor, ref64: torch.Tensor | None, device=None,
                     chunk: int = CHUNK) -> dict[str, float]:
     """What the comparison needs of one reference output: its RMS and largest magnitude and,
     against float64, the task-dtype reference's own error (RMS, L2 and largest) and the float64
-    output's L2 norm and largest magnitude (finite elements only). A chunk at a time, on ``device`` (default: the reference's)."""
+    output's L2 norm and largest magnitude (finite elements only). A chunk at a time, on
+    ``device`` (default: the reference's)."""
     if not is_inexact(ref):
         return {}
     device = device or ref.device
@@ -174,9 +175,10 @@ def compare_tensor(val: torch.Tensor, ref: torch.Tensor, ref64: torch.Tensor | N
     honest fp32 kernel summing in another order than torch's was 2.8e-3 off on 92 of 537 M
     elements) and such elements are at most ``outlier_fraction`` of the output (1e-6: none in
     an output under a million elements); a set without r64 takes the same bound on |v - ref|
-    from the estimate (``err_max_est``), plus that estimate. KernelBench's ConvTranspose2d_Add_Min_GELU_Multiply run as its own
-    candidate on an H200 had 4 of 277 M elements one float32 ulp at 1.0 off (cuDNN's algorithm
-    in another process), the value itself 2e-4.
+    from the estimate (``err_max_est``), plus that estimate. KernelBench's
+    ConvTranspose2d_Add_Min_GELU_Multiply run as its own candidate on an H200 had 4 of 277 M
+    elements one float32 ulp at 1.0 off (cuDNN's algorithm in another process), the value
+    itself 2e-4.
     A chunk at a time on ``device`` (default: the reference's), so the float64 temporaries
     stay bounded and the tensors may live anywhere (a host landing arena, host references).
     """
