@@ -6,13 +6,14 @@ H100 times": a campaign resumed across an H200 and an H100 holds baselines of bo
         [--only GLOB ...] [--override KEY=VALUE ...]
 
 Each baseline goes where the verify step looks for this GPU's (``assay.bench.baseline_cache``,
-``$ASSAY_BASELINE_CACHE``), timed as that step's ``this_gpu`` times it (the campaign's config:
+``$ASSAY_BASELINE_CACHE``), timed as that step times it (``bench.baseline.baseline_here``; the
+campaign's config:
 ``campaign=kb`` and the overrides; the verify config's timing protocol): a later verification of
 the task finds it, and ``benchmarks/kb_baselines.py --cache`` compares it with KernelBench's
 published times. A task already cached for this GPU is skipped, so a run stopped at its budget
 (or killed) goes on where it stopped. ``--jobs`` tasks are in flight: each compiles its
 torch.compile on fake tensors first (``assay.bench.prewarm``, CPU only), then takes the device
-alone (a file lock) for its timings. One line per task; the summary at the end.
+alone (``gpu.DeviceTurns``) for its timings. One line per task; the summary at the end.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import argparse
 import fnmatch
 import json
 import multiprocessing
-import re
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -30,9 +30,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-LOCK = "/tmp/assay-retime-device.lock"
-
-
 def config(source: str, overrides: list[str]):
     from assay.app import compose
 
@@ -40,51 +37,51 @@ def config(source: str, overrides: list[str]):
                     "tasks.levels=[1,2,3]", "target=cuda", *overrides])
 
 
-def to_retime(campaign: Path, here: str) -> list[str]:
-    """The campaign's timed baselines (eager_ms set) of another GPU than ``here`` (one that
-    names none was timed on the campaign's ``device.json`` GPU)."""
+def timed_baselines(campaign: Path) -> dict[str, dict]:
+    """The campaign's baselines that hold a timing (``eager_ms``; a declined task's has none),
+    by task; a file that is not JSON ends the run naming it."""
     if not (campaign / "baselines").is_dir():
         sys.exit(f"error: {campaign}: no baselines/ folder (a campaign's results folder?)")
-    try:
-        default = json.loads((campaign / "device.json").read_text()).get("name")
-    except (OSError, ValueError):
-        default = None
-    out = []
+    out = {}
     for f in sorted((campaign / "baselines").glob("*.json")):
         try:
             b = json.loads(f.read_text())
         except ValueError as e:
             sys.exit(f"error: {f}: not JSON ({e.msg})")
-        if b.get("eager_ms") is not None and (b.get("device_name") or default) != here:
-            out.append(f.stem)
+        if b.get("eager_ms") is not None:
+            out[f.stem] = b
     return out
 
 
-def with_norms(campaign: Path, source: Path) -> list[str]:
-    """The campaign's timed tasks whose source has a norm whose mode matters
-    (``instantiate.MODE_DEPENDENT``): baselines timed before ``task_mode`` ran them in eval
-    mode."""
+def to_retime(campaign: Path, here: str) -> list[str]:
+    """The campaign's timed baselines of another GPU than ``here`` (one that names none was
+    timed on the campaign's ``device.json`` GPU)."""
+    try:
+        default = json.loads((campaign / "device.json").read_text()).get("name")
+    except (OSError, ValueError):
+        default = None
+    return [t for t, b in timed_baselines(campaign).items()
+            if (b.get("device_name") or default) != here]
+
+
+def with_norms(campaign: Path, paths: dict[str, Path]) -> list[str]:
+    """The campaign's timed tasks whose file (``paths``: task id -> file, the campaign's task
+    suite) has a norm whose mode matters (``instantiate.MODE_DEPENDENT``): baselines timed
+    before ``task_mode`` ran them in eval mode."""
     from assay.tasks.instantiate import MODE_DEPENDENT
 
-    out = []
-    for f in sorted((campaign / "baselines").glob("*.json")):
-        m = re.match(r"L(\d+)_(\d+)_", f.stem)
-        hits = m and list((source / f"level{m.group(1)}").glob(f"{m.group(2)}_*.py"))
-        if hits and MODE_DEPENDENT.search(hits[0].read_text()) and \
-                json.loads(f.read_text()).get("eager_ms") is not None:
-            out.append(f.stem)
-    return out
+    return [t for t in timed_baselines(campaign)
+            if t in paths and MODE_DEPENDENT.search(paths[t].read_text())]
 
 
 def retime(task_id: str, source: str, overrides: list[str]) -> dict:
-    """One task's baseline on this GPU, in the cache (worker process)."""
+    """One task's baseline on this GPU, in the cache (worker process): its torch.compile
+    compiled on fake tensors first, then the device taken alone for the timings."""
     import torch
-    from filelock import FileLock
 
-    from assay import app
-    from assay.bench.baseline import time_reference
-    from assay.bench.baseline_cache import baseline_is_cached, cached_baseline
-    from assay.bench.device import device_name
+    from assay import app, gpu
+    from assay.bench.baseline import baseline_here
+    from assay.bench.baseline_cache import baseline_is_cached
     from assay.bench.prewarm import prewarm
     from assay.bench.timing import TimingConfig
 
@@ -96,15 +93,11 @@ def retime(task_id: str, source: str, overrides: list[str]) -> dict:
     if baseline_is_cached(task, "cuda", tcfg, compile_, mode):
         return {"task": task_id, "cached": True, "seconds": 0.0}
     warm = prewarm(task.path, task.size, "cuda", mode) if compile_ else {}
-    here = device_name("cuda")
     torch.zeros(1, device="cuda")  # (the CUDA context made beside another task's timings)
-    with FileLock(LOCK):
+    with gpu.DeviceTurns("cuda").alone():  # (the turns verifications sharing a GPU take)
         waited = time.perf_counter() - t0
         try:
-            timed, _ = cached_baseline(
-                task, "cuda", tcfg, compile_,
-                lambda: {**time_reference(task, "cuda", tcfg, compile_, mode),
-                         "device_name": here}, mode)
+            timed, _ = baseline_here(task, tcfg, compile_, mode)
         finally:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()  # (the next task's timings get the whole device)
@@ -140,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(todo)} baselines of {args.campaign} timed on another GPU than {here}",
           flush=True)
     if args.norms:
-        norms = [t for t in with_norms(Path(args.campaign), Path(args.source)) if t not in todo]
+        from assay.app import task_refs
+
+        paths = {ref.id: ref.path for ref in task_refs(config(args.source, args.override))[0]}
+        norms = [t for t in with_norms(Path(args.campaign), paths) if t not in todo]
         print(f"and {len(norms)} with a norm (timed again in the task mode)", flush=True)
         todo += norms
     todo = [t for t in todo if not args.only or any(fnmatch.fnmatch(t, g) for g in args.only)]

@@ -54,6 +54,32 @@ def test_key_covers_content_size_device_torch_and_timing(tmp_path):
     assert len({base, *others}) == 1 + len(others)
 
 
+def test_the_verify_step_times_another_gpus_baseline_again_once_and_names_this_gpu(
+        monkeypatch):
+    """steps/verify.this_gpu: a campaign baseline of another GPU is timed again here
+    (bench.baseline.baseline_here, kb_retime.py's too), cached and named with this GPU; one of
+    this GPU is used as it is."""
+    import assay.bench.baseline as baseline
+    import assay.bench.device as device
+    from assay.app import compose
+    from assay.steps import verify as step
+
+    calls = []
+    monkeypatch.setattr(device, "device_name", lambda dev="cuda": "GPU B")
+    monkeypatch.setattr(baseline, "time_reference", lambda *a, **k: calls.append(1) or {
+        "eager_ms": 2.0, "compile_ms": 1.0})
+    cfg, task = compose(["verify=strict"]), Task.from_file(RELU, size="small")
+    other = {"eager_ms": 1.0, "device_name": "GPU A"}
+    for _ in range(2):  # timed the first time, from the cache the second
+        shared = {}
+        got, _peaks = step.this_gpu(cfg, task, other, None, shared)
+        assert (got["eager_ms"], got["device_name"], len(calls)) == (2.0, "GPU B", 1)
+        assert shared["baseline_retimed"] == ("the campaign's baseline was timed on GPU A, "
+                                              "not on this GPU B")
+    mine = {"eager_ms": 1.0, "device_name": "GPU B"}
+    assert step.this_gpu(cfg, task, mine, None, {})[0] is mine and len(calls) == 1
+
+
 def test_a_task_with_a_norm_takes_the_task_modes_version_in_its_keys(tmp_path, monkeypatch):
     """Baselines and records of a task with BatchNorm made before its norms ran on batch
     statistics (instantiate.task_mode) are not reused; other tasks keep their keys."""

@@ -130,3 +130,20 @@ def time_reference(task: Task, device: str, cfg: TimingConfig, compile_: bool = 
                 except Exception as e:  # noqa: BLE001 - a recompile that fails mid-timing
                     out["compile_error"] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
     return out
+
+
+def baseline_here(task: Task, cfg: TimingConfig, compile_: bool, compile_mode: str = "default"
+                  ) -> tuple[dict[str, Any], bool]:
+    """The task's baseline on this process's GPU: from the baseline cache, else timed now
+    (:func:`time_reference`) and stored there naming the GPU (``device_name``, which
+    ``benchmarks/kb_baselines.py --cache`` reads); and whether it came from the cache. The
+    verify step's baseline where the campaign's was another GPU's, and
+    ``benchmarks/kb_retime.py``'s."""
+    from assay.bench.baseline_cache import cached_baseline
+    from assay.bench.device import device_name
+
+    here = device_name("cuda")
+    return cached_baseline(
+        task, "cuda", cfg, compile_,
+        lambda: {**time_reference(task, "cuda", cfg, compile_, compile_mode),
+                 "device_name": here}, compile_mode)

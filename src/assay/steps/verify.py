@@ -171,8 +171,7 @@ def this_gpu(cfg: DictConfig, task, baseline: dict, peaks: dict | None, shared: 
     torch version) in the baseline cache and measured once per GPU; the seconds it took in
     ``shared``. (The device is taken already: torch.compile's compile holds it, as in the
     baseline step, whose warm-up runs on it.)"""
-    from assay.bench.baseline import time_reference
-    from assay.bench.baseline_cache import cached_baseline
+    from assay.bench.baseline import baseline_here
     from assay.bench.device import device_name, peaks as device_peaks
     from assay.bench.timing import TimingConfig
 
@@ -185,11 +184,7 @@ def this_gpu(cfg: DictConfig, task, baseline: dict, peaks: dict | None, shared: 
         return baseline, peaks
     t = time.perf_counter()
     tcfg = TimingConfig.of(cfg.verify)
-    timed, cached = cached_baseline(
-        task, "cuda", tcfg, cfg.baselines.compile,
-        lambda: {**time_reference(task, "cuda", tcfg, cfg.baselines.compile,
-                                  cfg.baselines.compile_mode), "device_name": here},
-        cfg.baselines.compile_mode)  # (named: benchmarks/kb_baselines.py --cache reads it)
+    timed, cached = baseline_here(task, tcfg, cfg.baselines.compile, cfg.baselines.compile_mode)
     # (in every verdict's times: which baseline its speedups divide by, and why)
     shared["baseline_here_s"] = time.perf_counter() - t
     if not cached and isinstance(timed.get("compile_s"), (int, float)):
