@@ -307,9 +307,8 @@ def test_a_contiguous_output_is_accepted_whatever_order_the_reference_returns(wr
     import torch
 
     from assay.tasks.model import Task
-    from assay.verify.harness import _layout_mismatches, strides_accepted
+    from assay.verify.harness import _layout_mismatches, strides_accepted, verify
     from assay.verify.settings import VerifyConfig
-    from assay.verify.harness import verify
 
     ref = torch.zeros(2, 3, 4, 5).permute(0, 2, 1, 3)  # shape (2, 4, 3, 5), strides (60, 5, 20, 1)
     meta = {"device": "cpu", "shape": [2, 4, 3, 5], "dtype": "float32"}

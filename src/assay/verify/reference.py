@@ -306,18 +306,18 @@ def _to(values: list, device: str) -> list:
     return [moved(v, device) if isinstance(v, torch.Tensor) else v for v in values]
 
 
-def borrowed_error(stats: list[dict[str, float]], rms: float,
-                   top: float | None = None) -> dict[str, float]:
+def borrowed_error(stats: list[dict[str, float]], rms: float, top: float) -> dict[str, float]:
     """For a set without a float64 reference: the task-dtype reference's own error, estimated
     from the correctness sets' (``stats``: theirs) as the largest relative error among them
-    times this set's RMS (``err_rms_est``, read by :func:`compare_tensor`); with ``top``, this
-    set's largest magnitude, its worst element's likewise (``err_max_est``)."""
+    times this set's RMS (``err_rms_est``, read by :func:`compare_tensor`), and its worst
+    element's as the largest relative one times this set's largest magnitude ``top``
+    (``err_max_est``)."""
     rel = [st["err_rms"] / st["rms64"] for st in stats
            if st.get("rms64", 0.0) > 0 and "err_rms" in st]
     out = {"err_rms_est": max(rel) * rms} if rel else {}
     worst = [st["err_max"] / st["max64"] for st in stats
              if st.get("max64", 0.0) > 0 and "err_max" in st]
-    if top is not None and worst:
+    if worst:
         out["err_max_est"] = max(worst) * top
     return out
 
@@ -437,7 +437,7 @@ def prepare(task: Task, device: str, cfg: VerifyConfig, plan: Plan | None = None
                     st.update(borrowed_error([stats[c][j] for c in check
                                               if dists[c] == dist] or
                                              [stats[c][j] for c in check], st["rms"],
-                                             st.get("max")))
+                                             st["max"]))
                 stats[-1].append(st)
         if i == 0:
             out_meta = [(tuple(o.shape), o.dtype, st) for o, st in zip(r, ref_strides)]

@@ -228,17 +228,17 @@ def multihead_attention(gm: fx.GraphModule) -> None:
     recompile(gm)
 
 
-def _batch_statistics(gm: fx.GraphModule, node: fx.Node, m: nn.Module) -> bool:
+def _batch_statistics(gm: fx.GraphModule, node: fx.Node, m: nn.Module) -> None:
     """A BatchNorm2d/3d in training mode (as KernelBench runs it) of an (N, C, d1, ...) input as its
     ops: the mean over the spatial dims then over the batch (groups of one size: the mean of
     their means is the whole mean), the same for the squared deviations (the biased variance
     torch normalizes with), then the module's affine; each reduction a contiguous block of dims,
-    so that the stages can cut between them. False where it is not that."""
+    so that the stages can cut between them. Any other call is left to the lowering."""
     # (before shapes are propagated: the rank is the module's; BatchNorm1d's (N, C) input is
     # a row normalization over dim 0, graph.channel_norm's, and its (N, C, L) one declined)
     rank = {nn.BatchNorm2d: 4, nn.BatchNorm3d: 5}.get(type(m))
     if node.kwargs or len(node.args) != 1 or rank is None or not m.training:
-        return False
+        return
     graph, x = gm.graph, node.args[0]
     spatial = tuple(range(2, rank))
     view = (int(m.num_features),) + (1,) * len(spatial)
@@ -259,7 +259,6 @@ def _batch_statistics(gm: fx.GraphModule, node: fx.Node, m: nn.Module) -> bool:
                 operator.mul, (out, w)), b))
     replace_node(node, out)
     out.meta[SAME_SHAPE_AS] = x  # (DenseNet's relu(bn(x)).size(0), read between kernels)
-    return True
 
 
 def decompose(gm: fx.GraphModule) -> None:
